@@ -94,6 +94,11 @@ def spans_from_arrow(table: pa.Table) -> pd.DataFrame:
 def _types_mapper_for(column: str):
     if column == "attrs":
         return lambda arrow_type: pd.ArrowDtype(arrow_type)
+    if column in ("inv", "depth"):
+        # straight to the nullable dtype: via float64 (what nulls would force)
+        # 64-bit invocation ids would lose their low bits
+        dtype = _PANDAS_DTYPES[column]
+        return lambda arrow_type: pd.api.types.pandas_dtype(dtype)
     return None
 
 
@@ -136,7 +141,7 @@ def attr_columns(spans: pd.DataFrame, keys: list[str] | tuple[str, ...]) -> pd.D
     return pd.DataFrame(
         {
             key: pd.Series(
-                pc.map_lookup(arrow, pa.scalar(key, pa.string()), "first").to_pandas(),
+                pc.map_lookup(arrow, pa.scalar(key, pa.string()), "first").to_numpy(zero_copy_only=False),
                 index=spans.index,
                 dtype="string[pyarrow]",
             )

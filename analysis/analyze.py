@@ -1,0 +1,148 @@
+"""``analyze``: read artifacts, build the swimlane, compute every figure, write the outputs.
+
+Each step is a separate module (swimlane, validation, skew, tails, pipeline,
+serving); this one only wires them together and assembles ``summary.json``
+(schema in docs/SUMMARY_SCHEMA.md).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import dsprof
+from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.pipeline import pipeline_figures
+from dsprof.analysis.serving import serving_figures
+from dsprof.analysis.skew import skew_figures
+from dsprof.analysis.spans import Trace
+from dsprof.analysis.swimlane import Swimlane, build_swimlane
+from dsprof.analysis.tails import tail_figures
+from dsprof.analysis.validation import validate
+
+SUMMARY_SCHEMA = "dsprof.summary/1"
+
+
+@dataclass
+class AnalysisResult:
+    summary: dict
+    swimlane: Swimlane
+    trace: Trace
+    outputs: dict[str, Path] = field(default_factory=dict)
+
+
+def analyze(
+    paths: Sequence[str | os.PathLike] | str | os.PathLike,
+    out_dir: str | os.PathLike | None = None,
+    *,
+    threshold_ms: float = 5.0,
+    expect_ranks: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> AnalysisResult:
+    """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write summary.json, summary.md and combined-swimlane.json."""
+    trace = read_paths(paths, progress=progress)
+    result = analyze_trace(trace, threshold_ms=threshold_ms, expect_ranks=expect_ranks, progress=progress)
+    if out_dir is not None:
+        result.outputs = write_outputs(result, Path(out_dir), progress=progress)
+    return result
+
+
+def analyze_trace(
+    trace: Trace,
+    *,
+    threshold_ms: float = 5.0,
+    expect_ranks: int | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> AnalysisResult:
+    """Every figure of an already-read trace (no files written)."""
+    swimlane = build_swimlane(trace, progress=progress)
+    roots = swimlane.roots
+    if progress:
+        progress("figures: skew, tails, pipeline, serving")
+    figures, step_list, steps = skew_figures(roots)
+    late_block, tail_block, _, _ = tail_figures(roots, steps, threshold_ms)
+    performance = trace.extras.get("performance_summary")
+    performance = performance if isinstance(performance, dict) else {}
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "dsprof_version": dsprof.__version__,
+        "inputs": {
+            "files": [str(f) for f in trace.files],
+            "records_read": int(trace.records_read),
+            "spans": int(len(trace.spans)),
+            "dropped": {str(k): int(v) for k, v in trace.dropped.items()},
+        },
+        "workload": performance.get("workload"),
+        "exit_status": performance.get("exit_status"),
+        "validation": validate(swimlane, expect_ranks=expect_ranks, dropped=trace.dropped),
+        "figures": figures,
+        "per_step": step_list,
+        "late_starts": late_block,
+        "tail_steps": tail_block,
+        "pipeline": pipeline_figures(roots),
+        "serving": serving_figures(trace),
+    }
+    return AnalysisResult(summary=summary, swimlane=swimlane, trace=trace)
+
+
+def write_outputs(result: AnalysisResult, out_dir: Path, progress: Callable[[str], None] | None = None) -> dict[str, Path]:
+    """summary.json, summary.md and combined-swimlane.json in ``out_dir``."""
+    from dsprof.analysis.outputs.combined_swimlane import write_combined_swimlane
+    from dsprof.analysis.outputs.summary_json import write_summary_json
+    from dsprof.analysis.outputs.summary_md import write_summary_md
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = {
+        "summary.json": write_summary_json(result.summary, out_dir / "summary.json"),
+        "summary.md": write_summary_md(result.summary, out_dir / "summary.md"),
+    }
+    if progress:
+        progress(f"writing {out_dir / 'combined-swimlane.json'}")
+    outputs["combined-swimlane.json"] = write_combined_swimlane(
+        result.swimlane,
+        out_dir / "combined-swimlane.json",
+        process_names=result.trace.extras.get("process_names"),
+        thread_names=result.trace.extras.get("thread_names"),
+    )
+    return outputs
+
+
+def _fmt(value, unit: str = "") -> str:
+    if value is None:
+        return "n/a"
+    return f"{value}{unit}"
+
+
+def format_summary_table(summary: dict) -> str:
+    """A readable fixed-width table of the headline figures, for the CLI printout."""
+    validation = summary["validation"]
+    figures = summary["figures"]
+    serving = summary["serving"]
+    pipeline = summary["pipeline"]
+    tails = summary["tail_steps"]
+    late = summary["late_starts"]
+    rows: list[tuple[str, str]] = [
+        ("valid", "yes" if validation["valid"] else "NO: " + "; ".join(validation["problems"])),
+        ("ranks / decode steps / rank roots", f"{validation['ranks']} / {validation['decode_steps']} / {validation['rank_roots']}"),
+        ("exit status", _fmt(summary.get("exit_status"))),
+        ("tokens returned / expected", f"{_fmt(serving['tokens_returned'])} / {_fmt(serving['tokens_expected'])}"),
+        ("batch elapsed", _fmt(serving["batch_elapsed_s"], " s")),
+        ("throughput", _fmt(serving["throughput_tok_s"], " tok/s")),
+        ("effective TPOT", _fmt(serving["effective_tpot_ms"], " ms")),
+    ]
+    table = ["{:<36} {}".format(k, v) for k, v in rows]
+    table.append("")
+    table.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format("figure (ms)", "p50", "p95", "p99", "max", "count"))
+    for name in ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms"):
+        block = figures[name]
+        cells = [_fmt(block[k]) for k in ("p50", "p95", "p99", "max")]
+        table.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(name, *cells, block["count"]))
+    table.append("")
+    table.append(f"late starts (> {late['threshold_ms']} ms): {late['count']}")
+    table.append(f"tail steps (> {tails['threshold_ms']} ms): {tails['count']}; straggler: {tails['straggler']['verdict']}")
+    for item in tails["items"][:5]:
+        table.append(f"  step {item['step']}: rank {item['rank']} ({item['device']}) +{item['excess_ms']} ms, {item['phase']}")
+    table.append(f"pipeline: {pipeline['diagnosis']}")
+    return "\n".join(table)

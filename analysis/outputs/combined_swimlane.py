@@ -1,0 +1,165 @@
+"""combined-swimlane.json: the serving trace plus one process lane per device (Chrome trace JSON).
+
+* Serving (SA_PROFILE / Chrome) events are re-emitted as read: name, cat, ph,
+  ts/dur in µs (integers when the source had integer µs), pid, tid and args.
+  Argument values that are JSON text (numbers, objects, arrays, true/false/null
+  — how the readers keep non-string values) are written as JSON, others as
+  strings.
+* Runtime host spans go to a process per device (pid ``DEVICE_PID_BASE + rank``,
+  named ``device <dev> (rank <r>)``), one thread per (OS thread, pipeline-slot
+  lane). Args carry step, rank, device, inv, phase, callable, lane and
+  ``wall_ns`` (a string: wall nanoseconds exceed 2**53). Device-clock spans
+  (``clk=dev``) are never placed on this host axis: their duration is attached
+  to the runner_run span of their invocation as ``device_wall_dur_ns``.
+
+Every line of event text is built column-wise in Arrow.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsprof.analysis.swimlane import Swimlane
+from dsprof.profiler.synthetic import join_text, text_buffer
+
+DEVICE_PID_BASE = 100_000_000
+_JSON_LITERAL = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|[\{\[].*)$"
+
+
+def json_string(values) -> pa.Array:
+    """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped)."""
+    text = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, pa.string(), from_pandas=True)
+    text = pc.fill_null(pc.cast(text, pa.string()), "")
+    text = pc.replace_substring(text, "\\", "\\\\")
+    text = pc.replace_substring(text, '"', '\\"')
+    if pc.any(pc.match_substring_regex(text, r"[\x00-\x1f]")).as_py():
+        for code in range(0x20):  # the 32 control characters, not the rows
+            text = pc.replace_substring(text, chr(code), f"\\u{code:04x}")
+    return join_text('"', text, '"')
+
+
+def _us_text(ns: pd.Series) -> pa.Array:
+    """µs text of integer ns: ``12`` when whole, else ``12.345``."""
+    values = ns.to_numpy(np.int64)
+    whole = pa.array(values // 1000)
+    frac = pa.array(values % 1000)
+    with_frac = join_text(whole, ".", pc.utf8_lpad(pc.cast(frac, pa.string()), 3, "0"))
+    return pc.if_else(pc.equal(frac, 0), pc.cast(whole, pa.string()), with_frac)
+
+
+def _json_int_or_null(values: pd.Series, quoted: bool = False) -> pa.Array:
+    text = pc.cast(pa.array(values, type=pa.int64() if str(values.dtype) != "UInt64" else pa.uint64(), from_pandas=True), pa.string())
+    if quoted:
+        text = join_text('"', text, '"')
+    return pc.fill_null(text, "null")
+
+
+def _args_objects(attrs: pd.Series) -> pa.Array:
+    """JSON object text of each row's attribute map."""
+    maps = pa.chunked_array(attrs.array._pa_array).combine_chunks() if len(attrs) else pa.array([], attrs.dtype.pyarrow_dtype)
+    if isinstance(maps, pa.ChunkedArray):
+        maps = maps.combine_chunks()
+    keys = maps.keys
+    items = pc.fill_null(maps.items, "null")
+    literal = pc.match_substring_regex(items, _JSON_LITERAL)
+    values = pc.if_else(literal, items, json_string(items))
+    pairs = join_text(json_string(keys), ":", values)
+    offsets = pc.subtract(maps.offsets, maps.offsets[0]) if len(maps) else maps.offsets
+    first = maps.offsets[0].as_py() if len(maps) else 0
+    last = maps.offsets[-1].as_py() if len(maps) else 0
+    lists = pa.ListArray.from_arrays(offsets, pairs.slice(first, last - first))
+    return join_text("{", pc.binary_join(lists, ","), "}")
+
+
+def _serving_events(serving: pd.DataFrame) -> pa.Array:
+    is_instant = (serving["ph"] == "i").to_numpy()
+    timing = pc.if_else(
+        pa.array(is_instant),
+        pa.scalar('"s":"t"'),
+        join_text('"dur":', _us_text(serving["dur_ns"])),
+    )
+    return join_text(
+        '{"name":', json_string(serving["name"]), ',"cat":', json_string(serving["cat"]),
+        ',"ph":', json_string(serving["ph"]), ',"ts":', _us_text(serving["ts_ns"]), ",", timing,
+        ',"pid":', pa.array(serving["pid"].to_numpy()), ',"tid":', pa.array(serving["tid"].to_numpy()),
+        ',"args":', _args_objects(serving["attrs"]), "}",
+    )
+
+
+def _runtime_events(swimlane: Swimlane) -> tuple[pa.Array, list[dict]]:
+    runtime = swimlane.runtime
+    device_wall = swimlane.device_clock[swimlane.device_clock["phase"] == "device_wall"].drop_duplicates(["pid", "inv"])
+    runtime = runtime.merge(
+        device_wall[["pid", "inv", "dur_ns"]].rename(columns={"dur_ns": "device_wall_dur_ns"}), on=["pid", "inv"], how="left"
+    )
+    runtime["device_wall_dur_ns"] = runtime["device_wall_dur_ns"].where(runtime["phase"] == "runner_run")
+    rank = runtime["rank"].astype("int64")
+    thread_lane = runtime[["rank", "tid", "lane"]].drop_duplicates().sort_values(["rank", "tid", "lane"])
+    thread_lane["chrome_tid"] = thread_lane.groupby("rank").cumcount() + 1
+    chrome_tid = runtime.merge(thread_lane, on=["rank", "tid", "lane"], how="left")["chrome_tid"]
+    events = join_text(
+        '{"name":', json_string(runtime["name"]), ',"cat":"runtime","ph":"X","ts":', _us_text(runtime["ts_ns"]),
+        ',"dur":', _us_text(runtime["dur_ns"]), ',"pid":', pa.array((rank + DEVICE_PID_BASE).to_numpy()),
+        ',"tid":', pa.array(chrome_tid.to_numpy(np.int64)),
+        ',"args":{"step":', _json_int_or_null(runtime["step"]), ',"rank":', pa.array(rank.to_numpy()),
+        ',"device":', json_string(runtime["device"]), ',"inv":', _json_int_or_null(runtime["inv"], quoted=True),
+        ',"phase":', json_string(runtime["phase"]), ',"callable":', json_string(runtime["callable"]),
+        ',"lane":', pa.array(runtime["lane"].to_numpy(np.int64)),
+        ',"os_pid":', pa.array(runtime["pid"].to_numpy()), ',"os_tid":', pa.array(runtime["tid"].to_numpy()),
+        ',"wall_ns":', _json_int_or_null(runtime["wall_ns"], quoted=True),
+        ',"device_wall_dur_ns":', _json_int_or_null(runtime["device_wall_dur_ns"].astype("Int64")), "}}",
+    )
+    meta: list[dict] = []
+    processes = swimlane.processes.sort_values("rank")
+    for row in processes.itertuples(index=False):  # one metadata event per device, not per span
+        pid = DEVICE_PID_BASE + int(row.rank)
+        meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
+                     "args": {"name": f"device {row.device} (rank {int(row.rank)}, pid {int(row.pid)})"}})
+        meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": int(row.rank)}})
+    for row in thread_lane.itertuples(index=False):  # one per (thread, lane)
+        meta.append({"ph": "M", "name": "thread_name", "pid": DEVICE_PID_BASE + int(row.rank), "tid": int(row.chrome_tid),
+                     "args": {"name": f"tid {int(row.tid)} lane {int(row.lane)}"}})
+    return events, meta
+
+
+def write_combined_swimlane(
+    swimlane: Swimlane,
+    path: str | Path,
+    *,
+    process_names: dict | None = None,
+    thread_names: dict | None = None,
+) -> Path:
+    """Write the combined swimlane; ``process_names``/``thread_names`` are the serving trace's metadata."""
+    path = Path(path)
+    meta = [{"ph": "M", "name": "process_name", "pid": int(pid), "tid": 0, "args": {"name": name}}
+            for pid, name in (process_names or {}).items()]
+    meta += [{"ph": "M", "name": "thread_name", "pid": int(pid), "tid": int(tid), "args": {"name": name}}
+             for (pid, tid), name in (thread_names or {}).items()]
+    runtime_events, runtime_meta = _runtime_events(swimlane)
+    parts = [pa.array([json.dumps(m) for m in meta + runtime_meta], pa.string())]
+    if len(swimlane.serving):
+        parts.append(_serving_events(swimlane.serving[swimlane.serving["ph"].isin(["X", "i"])]))
+    parts.append(runtime_events)
+    events = pa.concat_arrays([p.combine_chunks() if isinstance(p, pa.ChunkedArray) else p for p in parts])
+    header = {
+        "displayTimeUnit": "ns",
+        "otherData": {
+            "producer": "dsprof combined swimlane",
+            "clock": "host CLOCK_MONOTONIC, ts/dur in us; wall_ns args from CLOCK_ANCHOR",
+            "device_clock_spans_off_host_axis": int(len(swimlane.device_clock)),
+        },
+    }
+    with open(path, "wb") as f:
+        f.write(json.dumps(header)[:-1].encode() + b', "traceEvents": [\n')
+        if len(events):
+            separators = np.full(len(events), ",\n", dtype=object)
+            separators[-1] = "\n"
+            f.write(text_buffer(join_text(events, pa.array(separators, pa.string()))))
+        f.write(b"]}\n")
+    return path

@@ -1,0 +1,63 @@
+"""summary.md: the verification block to paste into a pull request."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def _v(value, unit: str = "") -> str:
+    return "n/a" if value is None else f"{value}{unit}"
+
+
+def format_summary_md(summary: dict) -> str:
+    """Markdown: workload, exit status, serving figures, skew percentiles, late starts, validation, tails."""
+    validation = summary["validation"]
+    serving = summary["serving"]
+    figures = summary["figures"]
+    late = summary["late_starts"]
+    tails = summary["tail_steps"]
+    pipeline = summary["pipeline"]
+    workload = summary.get("workload") or {}
+    lines = ["## dsprof verification", ""]
+    if workload:
+        lines.append("Workload: " + ", ".join(f"{k}={v}" for k, v in workload.items()))
+    lines.append(f"Exit status: {_v(summary.get('exit_status'))}")
+    lines.append(
+        f"Tokens: {_v(serving['tokens_returned'])} / {_v(serving['tokens_expected'])} expected; "
+        f"batch {_v(serving['batch_elapsed_s'], ' s')}; throughput {_v(serving['throughput_tok_s'], ' tok/s')}; "
+        f"effective TPOT {_v(serving['effective_tpot_ms'], ' ms')}"
+        + (f"; acceptance {serving['acceptance_rate']}" if serving.get("acceptance_rate") is not None else "")
+    )
+    lines.append("")
+    if validation["valid"]:
+        lines.append(
+            f"Validation: combined swimlane validated with {validation['decode_steps']} decode steps "
+            f"and {validation['rank_roots']} rank roots"
+        )
+    else:
+        lines.append(
+            f"Validation: FAILED ({validation['decode_steps']} decode steps, {validation['rank_roots']} rank roots): "
+            + "; ".join(validation["problems"])
+        )
+    lines += ["", "| figure | p50 ms | p95 ms | p99 ms | max ms | count |", "|---|---|---|---|---|---|"]
+    for name in ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms"):
+        b = figures[name]
+        lines.append(f"| {name} | {_v(b['p50'])} | {_v(b['p95'])} | {_v(b['p99'])} | {_v(b['max'])} | {b['count']} |")
+    lines.append("")
+    lines.append(f"Late starts (> {late['threshold_ms']} ms): {late['count']}")
+    for item in late["items"][:10]:
+        lines.append(f"- step {item['step']}, rank {item['rank']} ({item['device']}): +{item['excess_ms']} ms, {item['phase']}")
+    lines.append(f"Tail steps (> {tails['threshold_ms']} ms): {tails['count']}; straggler: {tails['straggler']['verdict']}")
+    for item in tails["items"][:10]:
+        lines.append(
+            f"- step {item['step']}, rank {item['rank']} ({item['device']}): end skew {item['runner_end_skew_ms']} ms, "
+            f"{item['phase']} +{item['phase_excess_ms']} ms"
+        )
+    lines.append(f"Pipeline: {pipeline['diagnosis']}")
+    return "\n".join(lines) + "\n"
+
+
+def write_summary_md(summary: dict, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(format_summary_md(summary))
+    return path

@@ -1,0 +1,282 @@
+"""Invocations, span trees, decode steps and pipeline-slot lanes (SPEC §2-§3).
+
+Everything here is a groupby/merge over the span table: an invocation is the
+set of STRACE rows sharing ``(pid, inv)``; its root is the ``depth == 0`` row
+and every other row of the invocation is a child by ``inv`` (never by
+timestamp containment), named by its span name. The result is the
+:class:`Swimlane` described in docs/ARCHITECTURE.md.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from dsprof.analysis.spans import Trace, attr_columns
+
+ROOT_NAME = "chip.run"
+DECODE_CALLABLE = "decode.main+verify+mtp"
+EXTERNAL_PREFIX = "ext."
+# the phases of a root that the figures use, by their phase label
+ROOT_PHASES = ("bind", "runner_run", "claim_release", "validate", "native_fence_wait")
+ROOT_ATTRS = ("callable", "rank", "device", "run_epoch", "slot_id", "step")
+
+
+@dataclass
+class Swimlane:
+    """The analysed trace; column contracts are in docs/ARCHITECTURE.md ("Swimlane")."""
+
+    runtime: pd.DataFrame
+    roots: pd.DataFrame
+    serving: pd.DataFrame
+    device_clock: pd.DataFrame
+    left_out_invocations: int
+    # invocations whose rows were read but whose root never closed (crash, torn log)
+    rootless_invocations: int = 0
+    # roots repeated for one (pid, inv): the first is kept
+    duplicate_roots: int = 0
+    serving_window_ns: tuple[int, int] | None = None
+    # callable label -> number of roots in the window; decode_label names the decode bucket
+    callables: dict[str, int] = field(default_factory=dict)
+    decode_label: str | None = None
+    # runtime pids without a CLOCK_ANCHOR
+    unanchored_pids: list[int] = field(default_factory=list)
+    # pid -> (rank, device) as resolved
+    processes: pd.DataFrame = field(default_factory=pd.DataFrame)
+
+
+def phase_of(names: pd.Series) -> pd.Series:
+    """Phase label from the span name: ``chip.run`` -> root, ``chip.run.runner_run.X`` -> X."""
+    phase = names.str.replace(r"^chip\.run\.?", "", regex=True)
+    phase = phase.str.replace(r"^runner_run\.", "", regex=True)
+    return phase.mask(phase == "", "root")
+
+
+def _natural_key(text: str) -> tuple:
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
+
+
+def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) -> Swimlane:
+    """Rebuild invocations from the span table and lay them out per device and lane."""
+    spans = trace.spans
+    is_strace = spans["inv"].notna() & spans["depth"].notna()
+    serving = spans[~is_strace].reset_index(drop=True)
+    runtime_all = spans[is_strace & ~spans["name"].str.startswith(EXTERNAL_PREFIX)]
+    device_clock = runtime_all[runtime_all["clk"] == "dev"]
+    host = runtime_all[runtime_all["clk"] != "dev"]
+    if progress:
+        progress(f"swimlane: {len(host)} host runtime spans, {len(serving)} serving spans")
+
+    roots = host[host["depth"] == 0].sort_values(["pid", "inv", "ts_ns"], kind="stable")
+    duplicate = roots.duplicated(["pid", "inv"])
+    duplicate_roots = int(duplicate.sum())
+    roots = roots[~duplicate]
+    keys_all = host[["pid", "inv"]].drop_duplicates()
+    rootless = len(keys_all) - len(keys_all.merge(roots[["pid", "inv"]], on=["pid", "inv"]))
+
+    attrs = attr_columns(roots, list(ROOT_ATTRS))
+    inv = pd.DataFrame(
+        {
+            "pid": roots["pid"].to_numpy(),
+            "tid": roots["tid"].to_numpy(),
+            "inv": roots["inv"].to_numpy(),
+            "hid": roots["hid"].to_numpy(),
+            "root_ts_ns": roots["ts_ns"].to_numpy(),
+            "root_end_ns": (roots["ts_ns"] + roots["dur_ns"]).to_numpy(),
+            "callable_attr": attrs["callable"].to_numpy(),
+            "rank_attr": pd.to_numeric(attrs["rank"], errors="coerce").astype("Int64").to_numpy(),
+            "device_attr": attrs["device"].to_numpy(),
+            "run_epoch": pd.to_numeric(attrs["run_epoch"], errors="coerce").astype("Int64").to_numpy(),
+            "slot_id": pd.to_numeric(attrs["slot_id"], errors="coerce").astype("Int64").to_numpy(),
+            "step_attr": pd.to_numeric(attrs["step"], errors="coerce").astype("Int64").to_numpy(),
+        }
+    )
+
+    # profile window: invocations whose roots overlap the serving spans
+    window = None
+    timed = serving[(serving["ph"] == "X") & (serving["clk"] != "dev")]
+    if len(timed):
+        window = (int(timed["ts_ns"].min()), int((timed["ts_ns"] + timed["dur_ns"]).max()))
+        inside = (inv["root_ts_ns"] < window[1]) & (inv["root_end_ns"] > window[0])
+    else:
+        inside = pd.Series(True, index=inv.index)
+    left_out = int((~inside).sum())
+    inv = inv[inside.to_numpy()].reset_index(drop=True)
+
+    inv["callable"], decode_label = _label_callables(inv)
+    processes = _resolve_processes(inv, trace)
+    inv = inv.merge(processes, on="pid", how="left")
+    inv["lane"] = assign_lanes(inv)
+    inv["is_decode"] = inv["callable"] == decode_label
+
+    decode = inv[inv["is_decode"]].sort_values(["rank", "root_ts_ns", "pid", "inv"], kind="stable")
+    inv["step"] = pd.Series(pd.NA, index=inv.index, dtype="Int64")
+    inv.loc[decode.index, "step"] = decode.groupby("rank", dropna=False).cumcount().to_numpy()
+
+    # runtime rows of the kept invocations, with their invocation's identity
+    join_cols = ["pid", "inv", "rank", "device", "step", "callable", "lane"]
+    runtime = host.merge(inv[join_cols], on=["pid", "inv"], how="inner")
+    runtime["phase"] = phase_of(runtime["name"]).astype("string[pyarrow]")
+    runtime["wall_ns"] = _wall_ns(runtime, trace.anchors)
+    device_clock = device_clock.merge(inv[join_cols], on=["pid", "inv"], how="inner")
+    device_clock["phase"] = phase_of(device_clock["name"]).astype("string[pyarrow]")
+
+    root_table = _decode_roots(inv[inv["is_decode"]], runtime, device_clock)
+    anchored = set(trace.anchors["pid"].tolist())
+    unanchored = sorted(int(p) for p in processes["pid"] if int(p) not in anchored)
+    callables = inv["callable"].value_counts().to_dict()
+    if progress:
+        progress(f"swimlane: {len(root_table)} decode roots on {processes['rank'].nunique()} ranks")
+    return Swimlane(
+        runtime=runtime,
+        roots=root_table,
+        serving=serving,
+        device_clock=device_clock,
+        left_out_invocations=left_out,
+        rootless_invocations=int(rootless),
+        duplicate_roots=duplicate_roots,
+        serving_window_ns=window,
+        callables={str(k): int(v) for k, v in callables.items()},
+        decode_label=decode_label,
+        unanchored_pids=unanchored,
+        processes=processes,
+    )
+
+
+def _label_callables(inv: pd.DataFrame) -> tuple[pd.Series, str | None]:
+    """Label each root's callable bucket (by hid); decode = its ``callable`` attribute, else the biggest bucket."""
+    if len(inv) == 0:
+        return pd.Series([], dtype="string[pyarrow]"), None
+    named = inv.dropna(subset=["callable_attr"])
+    label_by_hid = (
+        named.groupby(["hid", "callable_attr"], observed=True).size().reset_index(name="n")
+        .sort_values(["hid", "n"], ascending=[True, False]).drop_duplicates("hid")
+        .set_index("hid")["callable_attr"]
+    )
+    bucket_sizes = inv["hid"].value_counts()
+    labels = inv["hid"].map(label_by_hid)
+    if (label_by_hid == DECODE_CALLABLE).any():
+        decode_label = DECODE_CALLABLE
+    elif (label_by_hid.str.startswith("decode")).any():
+        decode_label = str(label_by_hid[label_by_hid.str.startswith("decode")].iloc[0])
+    else:
+        # no callable names: the most frequent bucket is decode (SPEC §2)
+        biggest = bucket_sizes.index[0]
+        decode_label = str(label_by_hid.get(biggest, "decode"))
+        labels = labels.mask(inv["hid"] == biggest, decode_label)
+    labels = labels.fillna("hid:" + inv["hid"].astype(str))
+    return labels.astype("string[pyarrow]"), decode_label
+
+
+def _resolve_processes(inv: pd.DataFrame, trace: Trace) -> pd.DataFrame:
+    """pid -> device (chip_process lines, else root attribute) and rank (root attribute, else device order)."""
+    pids = pd.DataFrame({"pid": np.sort(inv["pid"].unique())})
+    chip = trace.chip_devices.drop_duplicates("pid")[["pid", "device"]]
+    attr_device = inv.dropna(subset=["device_attr"]).groupby("pid")["device_attr"].agg(lambda s: s.mode().iloc[0])
+    attr_rank = inv.dropna(subset=["rank_attr"]).groupby("pid")["rank_attr"].min()
+    out = pids.merge(chip, on="pid", how="left")
+    out["device"] = out["device"].astype("object").fillna(out["pid"].map(attr_device))
+    out["rank"] = out["pid"].map(attr_rank).astype("Int64")
+    if out["rank"].isna().any():
+        # ranks follow the order of devices (natural order: npu:2 before npu:10), then of pids;
+        # this sorts processes, not spans
+        order_key = [((0, _natural_key(d)) if isinstance(d, str) else (1, ()), p) for d, p in zip(out["device"], out["pid"])]
+        ranked = sorted(range(len(out)), key=order_key.__getitem__)
+        fallback = np.empty(len(out), dtype=np.int64)
+        fallback[ranked] = np.arange(len(out))
+        out["rank"] = out["rank"].fillna(pd.Series(fallback, index=out.index)).astype("Int64")
+    out["device"] = out["device"].fillna("pid:" + out["pid"].astype(str)).astype("string[pyarrow]")
+    return out[["pid", "rank", "device"]]
+
+
+def assign_lanes(inv: pd.DataFrame) -> np.ndarray:
+    """Pipeline-slot lane per root within its thread, such that overlapping roots never share a lane.
+
+    Start from the root's ``slot_id`` (the ping-pong slot) where every root of
+    the thread has one, else take turns over as many lanes as the thread's
+    deepest overlap; then move roots that still overlap their lane's
+    predecessor to a fresh lane until no lane holds two overlapping roots. Each round is
+    vectorised and settles at least one root; real traces need none.
+    """
+    if len(inv) == 0:
+        return np.zeros(0, dtype=np.int64)
+    frame = pd.DataFrame(
+        {
+            "thread": inv.groupby(["pid", "tid"], sort=True).ngroup().to_numpy(),
+            "start": inv["root_ts_ns"].to_numpy(np.int64),
+            "end": inv["root_end_ns"].to_numpy(np.int64),
+            "slot": inv["slot_id"].to_numpy(),
+        }
+    ).sort_values(["thread", "start"], kind="stable")
+    # roots running at each start = started before it - ended at or before it, within the thread;
+    # times are dense-ranked so that (thread, time) packs into one sortable int64 key
+    times, codes = np.unique(np.concatenate([frame["start"].to_numpy(), frame["end"].to_numpy()]), return_inverse=True)
+    width = len(times) + 1
+    thread = frame["thread"].to_numpy(np.int64)
+    start_key = thread * width + codes[: len(frame)]
+    end_key = np.sort(thread * width + codes[len(frame) :])
+    thread_first = np.searchsorted(end_key, thread * width, side="left")
+    ended = np.searchsorted(end_key, start_key, side="right") - thread_first
+    started = frame.groupby("thread").cumcount().to_numpy()
+    running = pd.Series(np.maximum(started - ended, 0), index=frame.index)
+    depth = running.groupby(frame["thread"]).transform("max").to_numpy() + 1
+    slot_known = frame["slot"].notna().groupby(frame["thread"]).transform("all").to_numpy()
+    lane = np.where(slot_known, pd.array(frame["slot"], dtype="Int64").fillna(0).to_numpy(np.int64), started % depth)
+
+    frame["lane"] = lane
+    while True:
+        by_lane = frame.sort_values(["thread", "lane", "start"], kind="stable")
+        previous_end = by_lane.groupby(["thread", "lane"])["end"].shift()
+        clash = by_lane.index[(by_lane["start"] < previous_end).to_numpy()]
+        if len(clash) == 0:
+            break
+        frame.loc[clash, "lane"] = frame["lane"].max() + 1
+    # number lanes 0.. densely within each thread
+    dense = frame.groupby("thread")["lane"].rank(method="dense").astype(np.int64) - 1
+    return dense.sort_index().to_numpy()
+
+
+def _wall_ns(rows: pd.DataFrame, anchors: pd.DataFrame) -> pd.Series:
+    """Wall-clock start per row from its pid's CLOCK_ANCHOR (integers; null when unanchored)."""
+    first = anchors.drop_duplicates("pid").set_index("pid")
+    mono = rows["pid"].map(first["mono_ns"]).astype("Int64")
+    wall = rows["pid"].map(first["wall_ns"]).astype("Int64")
+    return (wall + (rows["ts_ns"].astype("Int64") - mono)).astype("Int64")
+
+
+def _decode_roots(decode: pd.DataFrame, runtime: pd.DataFrame, device_clock: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode root with the times of its phases (first span of each phase)."""
+    base = decode[["pid", "inv", "rank", "device", "step", "run_epoch", "slot_id", "root_ts_ns", "root_end_ns", "step_attr"]]
+    phases = runtime[runtime["phase"].isin(ROOT_PHASES) & runtime["step"].notna()]
+    phases = phases.sort_values("ts_ns", kind="stable").drop_duplicates(["pid", "inv", "phase"])
+    phases = phases.assign(end_ns=phases["ts_ns"] + phases["dur_ns"])
+    wide = phases.pivot(index=["pid", "inv"], columns="phase", values=["ts_ns", "end_ns", "dur_ns"])
+    out = base.reset_index(drop=True)
+
+    def column(kind: str, phase: str) -> pd.Series:
+        if (kind, phase) not in wide.columns:
+            return pd.Series(pd.NA, index=out.index, dtype="Int64")
+        series = wide[(kind, phase)]
+        keys = pd.MultiIndex.from_arrays([out["pid"], out["inv"]])
+        return pd.Series(series.reindex(keys).to_numpy(), index=out.index).astype("Int64")
+
+    out["bind_ts_ns"] = column("ts_ns", "bind")
+    out["bind_end_ns"] = column("end_ns", "bind")
+    out["runner_ts_ns"] = column("ts_ns", "runner_run")
+    out["runner_end_ns"] = column("end_ns", "runner_run")
+    out["claim_ts_ns"] = column("ts_ns", "claim_release")
+    out["validate_ts_ns"] = column("ts_ns", "validate")
+    out["validate_end_ns"] = column("end_ns", "validate")
+    out["fence_wait_dur_ns"] = column("dur_ns", "native_fence_wait")
+    dev = device_clock[device_clock["phase"] == "device_wall"].drop_duplicates(["pid", "inv"])
+    dev_dur = dev.set_index(["pid", "inv"])["dur_ns"]
+    out["device_wall_dur_ns"] = pd.Series(
+        dev_dur.reindex(pd.MultiIndex.from_arrays([out["pid"], out["inv"]])).to_numpy(), index=out.index
+    ).astype("Int64")
+    for col in ("root_ts_ns", "root_end_ns"):
+        out[col] = out[col].astype("int64")
+    return out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)

@@ -1,0 +1,152 @@
+"""Late starts, tail steps with phase attribution, and the straggler verdict (SPEC §3).
+
+Attribution compares the late rank's phase durations with the median of the
+*other* ranks for the same step:
+
+* a late start (start(runner_run) − min_r start > threshold) is explained by
+  ``bind`` when the rank's bind took at least half the excess longer than the
+  others' median bind; otherwise it is ``before runner_run, unattributed``;
+* a tail step (runner-end skew > threshold) names the rank that ended last. Its
+  lateness splits into a late start (start − others' median start) and a longer
+  runner_run (dur − others' median dur). When the start part is the larger the
+  late-start attribution applies; otherwise the deepest runner phase whose
+  excess covers at least half the runner excess: ``device_wall`` (the device
+  was slow, so the host waited), else ``native_fence_wait`` (the host waited on
+  a fence the device had already passed), else — and always when the run has
+  no device-phase markers — ``inside runner_run, unattributed``.
+
+Straggler rule: a rank is *the* straggler when it is the late rank in at least
+half of the flagged steps (steps with a tail or a late start) and late in at
+least 10% of all steps. A healthy run has no flagged steps, so the verdict is
+``none``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from dsprof.analysis.skew import ns_to_ms, root_durations
+
+UNATTRIBUTED_RUNNER = "inside runner_run, unattributed"
+UNATTRIBUTED_START = "before runner_run, unattributed"
+EXPLAINS_SHARE = 0.5
+STRAGGLER_SHARE_OF_FLAGGED = 0.5
+STRAGGLER_SHARE_OF_STEPS = 0.10
+
+
+def _with_others_median(flagged: pd.DataFrame, table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
+    """For each flagged (step, rank): the median of ``columns`` over the other ranks of that step."""
+    pairs = flagged[["step", "rank"]].merge(table[["step", "rank", *columns]], on="step", suffixes=("", "_other"))
+    pairs = pairs[pairs["rank"] != pairs["rank_other"]]
+    medians = pairs.groupby(["step", "rank"])[columns].median().add_suffix("_others_median").reset_index()
+    return flagged.merge(medians, on=["step", "rank"], how="left")
+
+
+def _phase_table(roots: pd.DataFrame) -> pd.DataFrame:
+    durations = root_durations(roots)
+    return pd.DataFrame(
+        {
+            "step": roots["step"].astype("int64"),
+            "rank": roots["rank"].astype("int64"),
+            "device": roots["device"].astype(str),
+            "start_ns": roots["runner_ts_ns"].astype("float64"),
+            "end_ns": roots["runner_end_ns"].astype("float64"),
+            "runner_ns": durations["runner_ns"].astype("float64"),
+            "bind_ns": durations["bind_ns"].astype("float64"),
+            "fence_ns": roots["fence_wait_dur_ns"].astype("float64"),
+            "device_wall_ns": roots["device_wall_dur_ns"].astype("float64"),
+        }
+    ).dropna(subset=["start_ns", "end_ns"])
+
+
+def _start_attribution(rows: pd.DataFrame, delay: pd.Series) -> tuple[pd.Series, pd.Series]:
+    bind_excess = rows["bind_ns"] - rows["bind_ns_others_median"]
+    is_bind = bind_excess >= EXPLAINS_SHARE * delay
+    phase = pd.Series(np.where(is_bind, "bind", UNATTRIBUTED_START), index=rows.index)
+    return phase, pd.Series(np.where(is_bind, bind_excess, delay), index=rows.index)
+
+
+def find_late_starts(roots: pd.DataFrame, threshold_ms: float = 5.0) -> pd.DataFrame:
+    """(step, rank) whose runner_run started more than ``threshold_ms`` after the step's first rank."""
+    table = _phase_table(roots)
+    table["excess_ns"] = table["start_ns"] - table.groupby("step")["start_ns"].transform("min")
+    late = table[table["excess_ns"] > threshold_ms * 1e6]
+    late = _with_others_median(late, table, ["start_ns", "bind_ns"])
+    phase, phase_excess = _start_attribution(late, late["excess_ns"])
+    return late.assign(phase=phase, phase_excess_ns=phase_excess).sort_values(["step", "rank"]).reset_index(drop=True)
+
+
+def find_tail_steps(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: float = 5.0) -> pd.DataFrame:
+    """Steps whose runner-end skew exceeds ``threshold_ms``, with the rank that ended last and why."""
+    table = _phase_table(roots)
+    tails = steps[steps["runner_end_skew_ns"] > threshold_ms * 1e6][["step", "latest_end_rank", "runner_end_skew_ns"]]
+    tails = tails.rename(columns={"latest_end_rank": "rank"}).astype({"rank": "int64"})
+    tails = tails.merge(table, on=["step", "rank"], how="left")
+    tails = _with_others_median(tails, table, ["start_ns", "runner_ns", "bind_ns", "fence_ns", "device_wall_ns"])
+    start_delay = tails["start_ns"] - tails["start_ns_others_median"]
+    runner_excess = tails["runner_ns"] - tails["runner_ns_others_median"]
+    device_excess = tails["device_wall_ns"] - tails["device_wall_ns_others_median"]
+    fence_excess = tails["fence_ns"] - tails["fence_ns_others_median"]
+
+    start_phase, start_phase_excess = _start_attribution(tails, start_delay)
+    half = EXPLAINS_SHARE * runner_excess
+    runner_phase = np.select(
+        [device_excess.fillna(-np.inf) >= half, fence_excess.fillna(-np.inf) >= half],
+        ["device_wall", "native_fence_wait"],
+        UNATTRIBUTED_RUNNER,
+    )
+    runner_phase_excess = np.select(
+        [runner_phase == "device_wall", runner_phase == "native_fence_wait"], [device_excess, fence_excess], runner_excess
+    )
+    late_start_dominates = start_delay > runner_excess
+    tails["phase"] = np.where(late_start_dominates, start_phase, runner_phase)
+    tails["phase_excess_ns"] = np.where(late_start_dominates, start_phase_excess, runner_phase_excess)
+    tails["excess_ns"] = tails["runner_end_skew_ns"]
+    return tails.sort_values("step").reset_index(drop=True)
+
+
+def straggler_verdict(late: pd.DataFrame, tails: pd.DataFrame, total_steps: int) -> dict:
+    """Name a rank that is late in most flagged steps and a real share of all steps (module docstring)."""
+    flagged = pd.concat([late[["step", "rank", "device"]], tails[["step", "rank", "device"]]]).drop_duplicates(["step", "rank"])
+    flagged_steps = flagged["step"].nunique()
+    if flagged_steps == 0 or total_steps == 0:
+        return {"verdict": "none", "rank": None, "device": None, "share": 0.0}
+    per_rank = flagged.groupby("rank").agg(steps=("step", "nunique"), device=("device", "first"))
+    top_rank = int(per_rank["steps"].idxmax())
+    top = per_rank.loc[top_rank]
+    share = float(top["steps"]) / total_steps
+    is_straggler = top["steps"] >= STRAGGLER_SHARE_OF_FLAGGED * flagged_steps and share >= STRAGGLER_SHARE_OF_STEPS
+    if not is_straggler:
+        return {"verdict": "none", "rank": None, "device": None, "share": round(share, 4)}
+    return {"verdict": f"rank {top_rank} ({top['device']})", "rank": top_rank, "device": str(top["device"]), "share": round(share, 4)}
+
+
+def tail_figures(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: float = 5.0) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame]:
+    """The ``late_starts`` and ``tail_steps`` blocks of summary.json, plus the tables behind them."""
+    late = find_late_starts(roots, threshold_ms)
+    tails = find_tail_steps(roots, steps, threshold_ms)
+    late_block = {
+        "threshold_ms": threshold_ms,
+        "count": int(len(late)),
+        "items": [
+            {"step": int(r.step), "rank": int(r.rank), "device": r.device, "excess_ms": ns_to_ms(r.excess_ns),
+             "phase": r.phase, "phase_excess_ms": ns_to_ms(r.phase_excess_ns)}
+            for r in late.itertuples(index=False)  # output items, one per late start
+        ],
+    }
+    devices = tails["device"].dropna().unique()
+    tail_block = {
+        "threshold_ms": threshold_ms,
+        "count": int(len(tails)),
+        "items": [
+            {"step": int(r.step), "rank": int(r.rank), "device": r.device,
+             "runner_end_skew_ms": ns_to_ms(r.runner_end_skew_ns), "excess_ms": ns_to_ms(r.excess_ns),
+             "phase": r.phase, "phase_excess_ms": ns_to_ms(r.phase_excess_ns)}
+            for r in tails.itertuples(index=False)  # output items, one per tail step
+        ],
+        "same_device": None if len(devices) == 0 else bool(len(devices) == 1),
+        "devices": {str(k): int(v) for k, v in tails["device"].value_counts().items()},
+        "straggler": straggler_verdict(late, tails, int(steps["step"].nunique()) if len(steps) else 0),
+    }
+    return late_block, tail_block, late, tails

@@ -1,0 +1,457 @@
+"""SA_PROFILE recorder (SPEC §1): serving-level Chrome-trace fragments, one per process.
+
+Switched on by ``SA_PROFILE_OUTPUT`` / ``SA_PROFILE_LEVEL`` (read at import) or
+by :func:`configure`. Each process appends JSON lines to
+``<fragments dir>/trace.<pid>.jsonl``. Events are serialised when recorded and
+buffered; a batch is written with one ``os.write`` of whole lines when it
+reaches ``flush_every`` events or ``flush_interval_s`` has passed, and at exit,
+so a process killed with SIGKILL loses at most its last unflushed batch (and a
+write cut short by the kill leaves at most one torn final line, which
+:func:`merge_fragments` skips and counts).
+
+Fork safety: the buffer lock is held across ``fork`` and the child starts with
+an empty buffer, a new lock and no open fragment, so it writes its own
+``trace.<pid>.jsonl`` and never the parent's pending events. Children started
+by :mod:`multiprocessing` flush at their exit through a multiprocessing
+finaliser; a bare ``os.fork`` child that leaves with ``os._exit`` must call
+:func:`flush` (or :func:`shutdown`) first.
+"""
+
+from __future__ import annotations
+
+import atexit
+import functools
+import json
+import math
+import multiprocessing.util
+import os
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dsprof.errors import DsprofError
+from dsprof.profiler.strace import NOOP_SPAN
+
+ENV_OUTPUT = "SA_PROFILE_OUTPUT"
+ENV_LEVEL = "SA_PROFILE_LEVEL"
+DEFAULT_LEVEL = "e2e"
+# Categories each level records; "verbose" records every category.
+LEVEL_CATEGORIES: dict[str, frozenset[str] | None] = {
+    "e2e": frozenset({"request", "serving", "scheduler", "worker", "executor"}),
+    "kernel": frozenset({"kernel"}),
+    "verbose": None,
+}
+FLUSH_EVERY_EVENTS = 256
+FLUSH_INTERVAL_S = 1.0
+MERGED_NAME = "trace.json"
+_FRAGMENT_RE = re.compile(r"^trace\.(\d+)\.jsonl$")
+
+
+def fragments_dir(output: str | os.PathLike) -> Path:
+    """Where the fragments of ``output`` live: ``D/fragments`` or ``<path>.fragments``."""
+    output = Path(output)
+    if output.suffix == ".json":
+        return output.with_name(output.name + ".fragments")
+    return output / "fragments"
+
+
+def merged_path(output: str | os.PathLike) -> Path:
+    output = Path(output)
+    return output if output.suffix == ".json" else output / MERGED_NAME
+
+
+def _parse_levels(levels: str | Iterable[str]) -> frozenset[str] | None:
+    """The categories recorded at ``levels`` (None = every category)."""
+    names = levels.split(",") if isinstance(levels, str) else list(levels)
+    names = [n.strip().lower() for n in names if n.strip()]
+    if not names:
+        names = [DEFAULT_LEVEL]
+    unknown = [n for n in names if n not in LEVEL_CATEGORIES]
+    if unknown:
+        raise DsprofError(f"{ENV_LEVEL}: unknown level {unknown[0]!r} (expected a comma-separated list of e2e, kernel, verbose)")
+    categories: set[str] = set()
+    for name in names:
+        level_categories = LEVEL_CATEGORIES[name]
+        if level_categories is None:
+            return None
+        categories |= level_categories
+    return frozenset(categories)
+
+
+def _json_safe(value: object) -> object:
+    """A JSON-serialisable copy: ints stay ints, non-finite floats and other objects become str."""
+    if isinstance(value, bool) or value is None or isinstance(value, (int, str)):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_json_safe(v) for v in value]
+    return str(value)
+
+
+# Built once: json.dumps with non-default options would build an encoder per event.
+_ENCODER = json.JSONEncoder(separators=(",", ":"), allow_nan=False, default=str)
+
+
+def _dumps(event: dict) -> str:
+    try:
+        return _ENCODER.encode(event)
+    except (TypeError, ValueError):  # NaN/inf, or dict keys json cannot take
+        return _ENCODER.encode(_json_safe(event))
+
+
+class _Recorder:
+    """Process-wide recorder state; one instance, reset in forked children."""
+
+    def __init__(self) -> None:
+        self.active = False
+        self.categories: frozenset[str] | None = None
+        self.output: Path | None = None
+        self.fragments: Path | None = None
+        self.flush_every = FLUSH_EVERY_EVENTS
+        self.flush_interval_s = FLUSH_INTERVAL_S
+        self._reset_process_state()
+
+    def _reset_process_state(self) -> None:
+        self.pid = os.getpid()
+        self.lock = threading.Lock()
+        self.buffer: list[str] = []
+        self.fd: int | None = None
+        self.last_flush = time.monotonic()
+
+    def after_fork_in_child(self) -> None:
+        # The inherited fd points at the parent's fragment: close it, never write it.
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+        self._reset_process_state()
+
+    def add(self, line: str) -> None:
+        with self.lock:
+            self.buffer.append(line)
+            if len(self.buffer) >= self.flush_every or time.monotonic() - self.last_flush >= self.flush_interval_s:
+                self._flush_locked()
+
+    def flush(self) -> None:
+        with self.lock:
+            self._flush_locked()
+
+    def _flush_locked(self) -> None:
+        if os.getpid() != self.pid:  # forked without the at-fork hooks (e.g. from C)
+            self.after_fork_in_child()
+            return
+        self.last_flush = time.monotonic()
+        if not self.buffer or self.fragments is None:
+            self.buffer.clear()
+            return
+        if self.fd is None:
+            self.fd = self._open_fragment()
+        data = ("\n".join(self.buffer) + "\n").encode()
+        self.buffer.clear()
+        os.write(self.fd, data)
+
+    def _open_fragment(self) -> int:
+        self.fragments.mkdir(parents=True, exist_ok=True)
+        path = self.fragments / f"trace.{self.pid}.jsonl"
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        # A recycled pid may find a fragment whose last line was torn by a kill;
+        # start on a fresh line so that torn line does not swallow our first event.
+        size = os.fstat(fd).st_size
+        if size:
+            with open(path, "rb") as existing:
+                existing.seek(size - 1)
+                if existing.read(1) != b"\n":
+                    os.write(fd, b"\n")
+        return fd
+
+    def close(self) -> None:
+        with self.lock:
+            self._flush_locked()
+            if self.fd is not None:
+                os.close(self.fd)
+                self.fd = None
+
+
+_rec = _Recorder()
+
+
+def _before_fork() -> None:
+    _rec.lock.acquire()
+
+
+def _after_fork_in_parent() -> None:
+    _rec.lock.release()
+
+
+def _after_fork_in_child() -> None:
+    _rec.after_fork_in_child()
+
+
+os.register_at_fork(before=_before_fork, after_in_parent=_after_fork_in_parent, after_in_child=_after_fork_in_child)
+atexit.register(_rec.flush)
+
+
+def _register_multiprocessing_exit_flush(recorder: _Recorder) -> None:
+    # multiprocessing children leave with os._exit (no atexit) after running their
+    # finalisers; the registry is cleared at child start, so register from its after-fork hook.
+    multiprocessing.util.Finalize(recorder, recorder.flush, exitpriority=100)
+
+
+multiprocessing.util.register_after_fork(_rec, _register_multiprocessing_exit_flush)
+
+
+def configure(
+    output: str | os.PathLike | None = None,
+    levels: str | Iterable[str] | None = None,
+    *,
+    main: bool = False,
+    flush_every: int = FLUSH_EVERY_EVENTS,
+    flush_interval_s: float = FLUSH_INTERVAL_S,
+) -> bool:
+    """Start (or stop) recording; returns whether recording is on.
+
+    ``output=None`` reads ``SA_PROFILE_OUTPUT`` (unset = off); ``levels=None``
+    reads ``SA_PROFILE_LEVEL`` (default ``e2e``). ``main=True`` marks the main
+    process of a run: it removes fragments an earlier run left behind.
+    """
+    if output is None:
+        output = os.environ.get(ENV_OUTPUT) or None
+    if levels is None:
+        levels = os.environ.get(ENV_LEVEL) or DEFAULT_LEVEL
+    categories = _parse_levels(levels)
+    _rec.close()
+    with _rec.lock:
+        _rec.active = output is not None
+        _rec.output = Path(output) if output is not None else None
+        _rec.fragments = fragments_dir(output) if output is not None else None
+        _rec.categories = categories
+        _rec.flush_every = max(1, int(flush_every))
+        _rec.flush_interval_s = float(flush_interval_s)
+    if _rec.active and main:
+        _remove_stale_fragments(_rec.fragments)
+    return _rec.active
+
+
+def _remove_stale_fragments(directory: Path) -> int:
+    if not directory.is_dir():
+        return 0
+    removed = 0
+    for entry in directory.iterdir():
+        if _FRAGMENT_RE.match(entry.name):
+            entry.unlink(missing_ok=True)
+            removed += 1
+    return removed
+
+
+def is_active() -> bool:
+    return _rec.active
+
+
+def enabled(cat: str) -> bool:
+    """Whether events of category ``cat`` are recorded at the configured levels."""
+    return _rec.active and (_rec.categories is None or cat in _rec.categories)
+
+
+_perf_counter_ns = time.perf_counter_ns
+
+
+def _now_us() -> int:
+    return _perf_counter_ns() // 1000
+
+
+def _add_event(event: dict) -> None:
+    _rec.add(_dumps(event))
+
+
+class _Span:
+    """An open SA_PROFILE span; ``set(**args)`` adds args before it closes."""
+
+    __slots__ = ("name", "cat", "args", "ts_us")
+
+    def __init__(self, name: str, cat: str, args: dict):
+        self.name = name
+        self.cat = cat
+        self.args = args
+
+    def set(self, **args) -> None:
+        self.args.update(args)
+
+    def __enter__(self) -> _Span:
+        self.ts_us = _perf_counter_ns() // 1000
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        end_us = _perf_counter_ns() // 1000
+        if not _rec.active:
+            return
+        if exc_type is not None:
+            self.args["error"] = exc_type.__name__
+        _add_event(
+            {
+                "name": self.name,
+                "cat": self.cat,
+                "ph": "X",
+                "ts": self.ts_us,
+                "dur": end_us - self.ts_us,
+                "pid": _rec.pid,
+                "tid": threading.get_native_id(),
+                "args": self.args,
+            }
+        )
+
+
+def span(name: str, cat: str, **args):
+    """Context manager recording a complete (``ph: X``) event when the category is enabled."""
+    if not enabled(cat):
+        return NOOP_SPAN
+    return _Span(name, cat, args)
+
+
+def traced(name: str | None = None, cat: str = "serving", **args) -> Callable:
+    """Decorator: record each call of the function as a span (name defaults to its qualname)."""
+
+    def decorate(func: Callable) -> Callable:
+        span_name = name or func.__qualname__
+
+        @functools.wraps(func)
+        def wrapper(*f_args, **f_kwargs):
+            if not enabled(cat):
+                return func(*f_args, **f_kwargs)
+            with _Span(span_name, cat, dict(args)):
+                return func(*f_args, **f_kwargs)
+
+        return wrapper
+
+    return decorate
+
+
+def instant(name: str, cat: str, **args) -> None:
+    """Record an instant (``ph: i``, thread scope) event now."""
+    if not enabled(cat):
+        return
+    _add_event(
+        {"name": name, "cat": cat, "ph": "i", "s": "t", "ts": _now_us(), "pid": _rec.pid, "tid": threading.get_native_id(), "args": args}
+    )
+
+
+def complete(name: str, cat: str, ts_us: int, dur_us: int, *, tid: int | None = None, **args) -> None:
+    """Record a span measured elsewhere (``ts_us`` on the perf_counter µs clock)."""
+    if not enabled(cat):
+        return
+    _add_event(
+        {
+            "name": name,
+            "cat": cat,
+            "ph": "X",
+            "ts": int(ts_us),
+            "dur": int(dur_us),
+            "pid": _rec.pid,
+            "tid": threading.get_native_id() if tid is None else tid,
+            "args": args,
+        }
+    )
+
+
+def _metadata(kind: str, value: str) -> None:
+    if not _rec.active:
+        return
+    _add_event({"name": kind, "ph": "M", "pid": _rec.pid, "tid": threading.get_native_id(), "args": {"name": value}})
+
+
+def set_process_name(name: str) -> None:
+    _metadata("process_name", name)
+
+
+def set_thread_name(name: str) -> None:
+    _metadata("thread_name", name)
+
+
+def flush() -> None:
+    """Write the buffered events of this process to its fragment now."""
+    _rec.flush()
+
+
+def shutdown() -> None:
+    """Flush, close this process's fragment and stop recording."""
+    _rec.close()
+    with _rec.lock:
+        _rec.active = False
+
+
+@dataclass(frozen=True)
+class MergeResult:
+    path: Path
+    events: int
+    skipped_lines: int
+    fragments: int
+
+
+def _fragment_order(path: Path) -> tuple[int, str]:
+    match = _FRAGMENT_RE.match(path.name)
+    return (int(match.group(1)) if match else -1, path.name)
+
+
+def _valid_event_lines(data: bytes) -> tuple[list[str], int]:
+    """The lines of one fragment that are JSON objects, and how many were not.
+
+    The whole fragment is parsed as one JSON array first (one C-level pass);
+    only a fragment that fails is checked line by line.
+    """
+    text = data.decode("utf-8", errors="replace")
+    lines = [line for line in text.split("\n") if line.strip()]
+    if not lines:
+        return [], 0
+    try:
+        parsed = json.loads("[" + ",".join(lines) + "]")
+        if len(parsed) == len(lines) and all(type(event) is dict for event in parsed):
+            return lines, 0
+    except ValueError:
+        pass
+    valid = []
+    for line in lines:
+        try:
+            event = json.loads(line)
+        except ValueError:
+            continue
+        if type(event) is dict:
+            valid.append(line)
+    return valid, len(lines) - len(valid)
+
+
+def merge_fragments(output: str | os.PathLike, progress: Callable[[str], None] | None = None) -> MergeResult:
+    """Merge every fragment of ``output`` into ``trace.json`` (``{"traceEvents": [...]}``).
+
+    Malformed or torn lines are skipped and counted in ``skipped_lines``, never fatal.
+    """
+    if _rec.active:
+        _rec.flush()
+    directory = fragments_dir(output)
+    paths = sorted((p for p in directory.glob("trace.*.jsonl") if _FRAGMENT_RE.match(p.name)), key=_fragment_order) if directory.is_dir() else []
+    events: list[str] = []
+    skipped = 0
+    for index, path in enumerate(paths, 1):
+        lines, bad = _valid_event_lines(path.read_bytes())
+        events.extend(lines)
+        skipped += bad
+        if progress is not None:
+            progress(f"merged fragment {index}/{len(paths)}: {path.name} ({len(lines)} events, {bad} skipped)")
+    target = merged_path(output)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.with_name(target.name + f".{os.getpid()}.tmp")
+    with open(partial, "w", encoding="utf-8") as out:
+        out.write('{"traceEvents":[\n')
+        out.write(",\n".join(events))
+        out.write("\n]}\n")
+    os.replace(partial, target)
+    return MergeResult(path=target, events=len(events), skipped_lines=skipped, fragments=len(paths))
+
+
+if os.environ.get(ENV_OUTPUT):
+    configure()

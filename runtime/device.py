@@ -1,0 +1,231 @@
+"""The device layer: one in-order stream per rank with completion fences.
+
+On CPU a rank's "device" is an executor thread that runs submitted programs in
+order (like an accelerator stream) and signals a fence when each one is done;
+device-phase times come from the executor's clock. On CUDA the same interface
+uses a real stream and events. Either way a run's device timeline is reported
+relative to that run's launch (a per-invocation device clock origin), never as
+host timestamps.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+
+import torch
+
+
+class PhaseClock:
+    """Collects named device phases of one program run (CPU: executor clock)."""
+
+    def __init__(self, origin_ns: int):
+        self.origin_ns = origin_ns
+        self.phases: list[tuple[str, int, int]] = []  # (name, start offset ns, dur ns)
+
+    def phase(self, name: str) -> _Phase:
+        return _Phase(self, name)
+
+    def resolve(self) -> list[tuple[str, int, int]]:
+        return self.phases
+
+
+class _Phase:
+    __slots__ = ("clock", "name", "start")
+
+    def __init__(self, clock: PhaseClock, name: str):
+        self.clock, self.name = clock, name
+
+    def __enter__(self):
+        self.start = time.monotonic_ns()
+        return self
+
+    def __exit__(self, *exc):
+        end = time.monotonic_ns()
+        self.clock.phases.append((self.name, self.start - self.clock.origin_ns, end - self.start))
+
+
+class Fence:
+    """Completion fence of one submitted program.
+
+    ``device_phases()`` returns ``[("device_wall", start, dur), (phase, start, dur), ...]``
+    with offsets from the program's launch on the device clock.
+    """
+
+    def __init__(self, launch_ns: int, clock: PhaseClock):
+        self.launch_ns = launch_ns
+        self.clock = clock
+        self.start_ns = 0
+        self.end_ns = 0
+        self.error: BaseException | None = None
+        self._done = threading.Event()
+
+    def wait(self, timeout: float | None = None) -> None:
+        if not self._done.wait(timeout):
+            raise TimeoutError("device fence not signalled in time")
+        if self.error is not None:
+            raise RuntimeError(f"device program failed: {self.error!r}") from self.error
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def device_phases(self) -> list[tuple[str, int, int]]:
+        wall = ("device_wall", self.start_ns - self.launch_ns, self.end_ns - self.start_ns)
+        return [wall, *self.clock.resolve()]
+
+
+class CpuDevice:
+    """A rank's CPU "device": an in-order executor thread with completion fences."""
+
+    kind = "cpu"
+
+    def __init__(self, index: int, copy_latency_ms: float = 0.0, on_start: Callable[[], None] | None = None):
+        self.index = index
+        self.name = f"cpu:{index}"
+        self.torch_device = torch.device("cpu")
+        self.copy_latency_s = copy_latency_ms / 1000.0
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._on_start = on_start
+        self._thread = threading.Thread(target=self._loop, name=f"device-{self.name}", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        if self._on_start is not None:
+            self._on_start()
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            fn, fence, signal_delay_s = item
+            fence.start_ns = time.monotonic_ns()
+            try:
+                fn(fence.clock)
+            except BaseException as error:  # the host sees it when it waits on the fence
+                fence.error = error
+            fence.end_ns = time.monotonic_ns()
+            if signal_delay_s > 0:  # a late completion fence (fault injection)
+                time.sleep(signal_delay_s)
+            fence._done.set()
+
+    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0) -> Fence:
+        """Queue ``fn(phase_clock)`` behind earlier work; returns its completion fence."""
+        launch = time.monotonic_ns()
+        fence = Fence(launch, PhaseClock(launch))
+        self._queue.put((fn, fence, signal_delay_s))
+        return fence
+
+    def copy_to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        """Synchronous host-to-device copy: ordered on the stream, waits for completion.
+
+        The CPU device models the transfer's latency (``copy_latency_ms``): it is
+        what a real synchronous H2D copy plus stream sync costs the caller.
+        """
+        def copy(_clock: PhaseClock) -> None:
+            dst.copy_(src.reshape(dst.shape))
+            if self.copy_latency_s > 0:
+                time.sleep(self.copy_latency_s)
+
+        self.submit(copy).wait()
+
+    def copy_from_device(self, src: torch.Tensor) -> torch.Tensor:
+        return src.clone()
+
+    def close(self) -> None:
+        self._queue.put(None)
+        self._thread.join(timeout=5)
+
+
+class _CudaPhaseClock(PhaseClock):
+    def __init__(self, origin_event):
+        super().__init__(0)
+        self.origin_event = origin_event
+        self.events: list[tuple[str, object, object]] = []
+
+    def phase(self, name: str):
+        clock = self
+
+        class _Ev:
+            def __enter__(self):
+                self.start = torch.cuda.Event(enable_timing=True)
+                self.start.record()
+
+            def __exit__(self, *exc):
+                end = torch.cuda.Event(enable_timing=True)
+                end.record()
+                clock.events.append((name, self.start, end))
+
+        return _Ev()
+
+    def resolve(self) -> list[tuple[str, int, int]]:
+        out = []
+        for name, start, end in self.events:
+            out.append((name, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6)))
+        return out
+
+
+class _CudaFence(Fence):
+    def __init__(self, launch_ns, clock, start_event, end_event, signal_delay_s):
+        super().__init__(launch_ns, clock)
+        self.start_event, self.end_event, self.signal_delay_s = start_event, end_event, signal_delay_s
+
+    def wait(self, timeout: float | None = None) -> None:
+        self.end_event.synchronize()
+        if self.signal_delay_s > 0 and not self._done.is_set():
+            time.sleep(self.signal_delay_s)
+        self._done.set()
+
+    def done(self) -> bool:
+        return self._done.is_set() or self.end_event.query()
+
+    def device_phases(self) -> list[tuple[str, int, int]]:
+        origin = self.clock.origin_event
+        wall = ("device_wall", int(origin.elapsed_time(self.start_event) * 1e6),
+                int(self.start_event.elapsed_time(self.end_event) * 1e6))
+        return [wall, *self.clock.resolve()]
+
+
+class CudaDevice:
+    """A rank's CUDA device: one stream; programs are launched asynchronously on it."""
+
+    kind = "cuda"
+
+    def __init__(self, index: int, copy_latency_ms: float = 0.0, on_start=None):
+        self.index = index
+        self.name = f"cuda:{index}"
+        self.torch_device = torch.device(self.name)
+        torch.cuda.set_device(self.torch_device)
+        self.stream = torch.cuda.Stream(self.torch_device)
+
+    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0) -> Fence:
+        launch = time.monotonic_ns()
+        with torch.cuda.stream(self.stream):
+            origin = torch.cuda.Event(enable_timing=True)
+            origin.record()
+            start = torch.cuda.Event(enable_timing=True)
+            end = torch.cuda.Event(enable_timing=True)
+            clock = _CudaPhaseClock(origin)
+            start.record()
+            fn(clock)
+            end.record()
+        return _CudaFence(launch, clock, start, end, signal_delay_s)
+
+    def copy_to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
+        with torch.cuda.stream(self.stream):
+            dst.copy_(src.reshape(dst.shape), non_blocking=False)
+        self.stream.synchronize()
+
+    def copy_from_device(self, src: torch.Tensor) -> torch.Tensor:
+        self.stream.synchronize()
+        return src.to("cpu")
+
+    def close(self) -> None:
+        self.stream.synchronize()
+
+
+def make_device(index: int, copy_latency_ms: float, on_start: Callable[[], None] | None = None):
+    """The rank's device: CUDA device ``index`` when CUDA is available, else the CPU executor."""
+    if torch.cuda.is_available():
+        return CudaDevice(index % torch.cuda.device_count(), copy_latency_ms, on_start)
+    return CpuDevice(index, copy_latency_ms, on_start)

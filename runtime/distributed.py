@@ -1,0 +1,92 @@
+"""Rank processes joined by torch.distributed (gloo on CPU, NCCL on CUDA).
+
+Rendezvous is on loopback with a free port by default; under torchrun the
+standard RANK / WORLD_SIZE / MASTER_ADDR / MASTER_PORT variables are used.
+Rank layout: ``tp`` consecutive ranks form one TP group (one DP replica);
+experts are sharded over all ranks (EP = world size).
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import socket
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from dsprof.errors import DsprofError
+
+
+def free_port() -> int:
+    """A TCP port on loopback that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun_env() -> tuple[int, int] | None:
+    """(rank, world size) when launched by torchrun (or any launcher setting RANK/WORLD_SIZE)."""
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        try:
+            return int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+        except ValueError:
+            raise DsprofError("RANK and WORLD_SIZE must be integers") from None
+    return None
+
+
+@dataclass
+class ParallelContext:
+    rank: int
+    world: int
+    tp: int
+    backend: str
+    tp_group: object | None  # None when tp == 1
+
+    @property
+    def tp_rank(self) -> int:
+        return self.rank % self.tp
+
+    @property
+    def dp_rank(self) -> int:
+        return self.rank // self.tp
+
+    @property
+    def dp(self) -> int:
+        return self.world // self.tp
+
+    def all_reduce_tp(self, tensor: torch.Tensor) -> torch.Tensor:
+        if self.tp > 1:
+            dist.all_reduce(tensor, group=self.tp_group)
+        return tensor
+
+    def all_to_all(self, send: torch.Tensor) -> torch.Tensor:
+        """Equal-split all-to-all over every rank (the EP dispatch/combine)."""
+        recv = torch.empty_like(send)
+        dist.all_to_all_single(recv, send)
+        return recv
+
+
+def init_distributed(rank: int, world: int, tp: int, master_addr: str, master_port: int,
+                     timeout_s: float = 120.0) -> ParallelContext:
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    os.environ.setdefault("MASTER_ADDR", master_addr)
+    os.environ.setdefault("MASTER_PORT", str(master_port))
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+                            timeout=datetime.timedelta(seconds=timeout_s))
+    tp_group = None
+    if tp == world and tp > 1:
+        tp_group = dist.group.WORLD
+    elif tp > 1:
+        for first in range(0, world, tp):  # every rank creates every group, in the same order
+            group = dist.new_group(list(range(first, first + tp)))
+            if first <= rank < first + tp:
+                tp_group = group
+    return ParallelContext(rank, world, tp, backend, tp_group)
+
+
+def shutdown_distributed() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,325 @@
+"""Launcher: start every rank process, collect the returned tokens, write the artifacts.
+
+Artifact directory (docs/ARCHITECTURE.md): ``server.log`` (all ranks' stderr:
+each rank's fd 2 is the one file descriptor the launcher opened on it),
+``serving-trace/`` (SA_PROFILE fragments + merged ``trace.json``),
+``performance_summary.json`` and, when faults are injected, ``faults.json``.
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import queue as queue_module
+import sys
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from dsprof.errors import DsprofError
+from dsprof.profiler import sa_profile, strace
+from dsprof.runtime.config import RuntimeConfig
+from dsprof.runtime.device import make_device
+from dsprof.runtime.distributed import free_port, init_distributed, shutdown_distributed
+from dsprof.runtime.faults import FAULTS_SCHEMA, FaultPlan, parse_faults
+from dsprof.runtime.serving import RankServer, plan_serving
+from dsprof.runtime.worker import DistributedWorker
+
+SUMMARY_SCHEMA = "dsprof.performance_summary/1"
+SERVING_TRACE = "serving-trace"
+EXIT_OK, EXIT_RANK_FAILED, EXIT_TOKENS_MISSING = 0, 1, 3
+_KILL_GRACE_S = 2.0  # after a rank fails: SIGTERM the rest, SIGKILL what is left after this
+_PROGRESS_INTERVAL_S = 0.3
+# Errors a rank sees because a *peer* died (not its own fault).
+_PEER_ERROR_MARKS = ("connection closed", "connection reset", "gloo", "nccl", "broken pipe", "timed out")
+
+
+@dataclass
+class RunOutcome:
+    exit_status: int
+    out_dir: Path
+    summary: dict | None
+    failed_rank: int | None
+    message: str
+
+
+class QueueSink:
+    """A rank's channel to the launcher (tokens, faults, lifecycle)."""
+
+    def __init__(self, channel):
+        self.channel = channel
+
+    def tokens(self, rank: int, step: int, returned: dict[int, list[int]], verified: int, accepted: int) -> None:
+        self.channel.put(("tokens", rank, step, returned, verified, accepted))
+
+    def fault(self, event: dict) -> None:
+        self.channel.put(("fault", event))
+
+    def send(self, *message) -> None:
+        self.channel.put(message)
+
+
+def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, master_port: int,
+             out_dir: Path, sink) -> dict:
+    """Body of one rank process: join the group, build the shard, prefill, decode."""
+    torch.set_num_threads(1)
+    if config.profile:
+        strace.enable(2)
+        sa_profile.configure(out_dir / SERVING_TRACE, config.profile_level)
+    else:
+        strace.disable()
+    par = init_distributed(rank, world, config.tp, master_addr, master_port)
+    device = make_device(rank, config.copy_latency_ms, on_start=lambda: torch.set_num_threads(1))
+    try:
+        strace.chip_process_ready(device.name)
+        sa_profile.set_process_name(f"rank {rank} ({device.name})")
+        sa_profile.set_thread_name("host")
+        worker = DistributedWorker(rank, device)
+        plan = plan_serving(config)
+        faults = FaultPlan(parse_faults(config.inject, config.ranks), config.ranks, config.seed)
+        with sa_profile.span("worker.init", "worker", rank=rank):
+            server = RankServer(config, par, device, worker, plan, sink, faults)
+        sink.send("up", rank, device.name, os.getpid())
+        dist.barrier()
+        sink.send("start", rank, time.perf_counter_ns())
+        server.prefill()
+        server.decode()
+        dist.barrier()
+        stats = {"verified": server.verified, "accepted": server.accepted, "allocations": worker.allocations()}
+        sink.send("done", rank, stats)
+        return stats
+    finally:
+        device.close()
+        sa_profile.flush()
+
+
+def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, log_fd: int, channel) -> None:
+    """Entry of a forked rank: stderr becomes the shared server.log descriptor."""
+    sys.stderr.flush()
+    os.dup2(log_fd, 2)
+    sink = QueueSink(channel)
+    code = 0
+    try:
+        run_rank(config, rank, config.ranks, "127.0.0.1", port, out_dir, sink)
+        shutdown_distributed()
+    except BaseException as error:  # report, then die: the launcher stops the job
+        traceback.print_exc()
+        text = f"{type(error).__name__}: {error}"
+        sink.send("failed", rank, text, any(mark in text.lower() for mark in _PEER_ERROR_MARKS))
+        code = 1
+    finally:
+        sa_profile.flush()
+        channel.close()
+        channel.join_thread()
+    os._exit(code)
+
+
+class _Collector:
+    """Launcher-side state: what the ranks reported."""
+
+    def __init__(self, config: RuntimeConfig, plan, progress: Callable[[str], None] | None):
+        self.config, self.plan, self.progress = config, plan, progress
+        self.devices: dict[int, str] = {}
+        self.starts: dict[int, int] = {}
+        self.done: set[int] = set()
+        self.failures: list[tuple[int, str, bool]] = []
+        self.faults: list[dict] = []
+        self.tokens: dict[int, list[int]] = {rid: [] for rid in range(config.requests)}
+        self.last_token_ns: dict[int, int] = {}
+        self.verified: dict[int, int] = {}
+        self.accepted: dict[int, int] = {}
+        self.step = -1
+        self.returned = 0
+        self.expected = sum(plan.tokens_expected.values())
+        self._last_progress = 0.0
+
+    def handle(self, message: tuple) -> None:
+        kind = message[0]
+        if kind == "tokens":
+            _, rank, step, returned, verified, accepted = message
+            now = time.perf_counter_ns()
+            for rid, toks in returned.items():
+                self.tokens[rid].extend(toks)
+                self.last_token_ns[rid] = now
+                self.returned += len(toks)
+            self.verified[rank], self.accepted[rank] = verified, accepted
+            self.step = max(self.step, step)
+            self._report(f"decode step {self.step + 1}/{self.plan.decode_steps - self.plan.warmup}, "
+                         f"tokens {self.returned}/{self.expected}")
+        elif kind == "fault":
+            self.faults.append(message[1])
+        elif kind == "up":
+            self.devices[message[1]] = message[2]
+            self._report(f"ranks up {len(self.devices)}/{self.config.ranks}", force=len(self.devices) == self.config.ranks)
+        elif kind == "start":
+            self.starts[message[1]] = message[2]
+        elif kind == "done":
+            self.done.add(message[1])
+        elif kind == "failed":
+            self.failures.append((message[1], message[2], message[3]))
+
+    def _report(self, text: str, force: bool = False) -> None:
+        now = time.monotonic()
+        if self.progress is not None and (force or now - self._last_progress >= _PROGRESS_INTERVAL_S):
+            self._last_progress = now
+            self.progress(text)
+
+
+def _culprit(collector: _Collector, procs: list) -> tuple[int, str]:
+    """The rank that failed first on its own (not because a peer vanished)."""
+    own = [f for f in collector.failures if not f[2]]
+    if own:
+        return own[0][0], own[0][1]
+    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
+              and r not in {f[0] for f in collector.failures}]
+    if silent:
+        code = procs[silent[0]].exitcode
+        how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+        return silent[0], f"rank process died ({how})"
+    rank, text, _ = collector.failures[0]
+    return rank, text
+
+
+def _stop(procs: list) -> None:
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.terminate()
+    deadline = time.monotonic() + _KILL_GRACE_S
+    for proc in procs:
+        proc.join(max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join(1.0)
+
+
+def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike,
+                 progress: Callable[[str], None] | None = None) -> RunOutcome:
+    """Run the workload in ``config.ranks`` rank processes and write the artifact directory."""
+    config.validate()
+    out = Path(out_dir)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise DsprofError(f"cannot create output directory {out}: {error.strerror}") from None
+    for stale in ("performance_summary.json", "faults.json"):
+        (out / stale).unlink(missing_ok=True)
+    trace_dir = out / SERVING_TRACE
+    if config.profile:
+        sa_profile.configure(trace_dir, config.profile_level, main=True)
+        sa_profile.set_process_name("dsprof launcher")
+    plan = plan_serving(config)
+    collector = _Collector(config, plan, progress)
+    log_fd = os.open(out / "server.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    context = multiprocessing.get_context("fork")
+    channel = context.Queue()
+    port = free_port()
+    procs = [context.Process(target=_rank_process, args=(config, rank, port, out, log_fd, channel),
+                             name=f"dsprof-rank{rank}") for rank in range(config.ranks)]
+    launch_ns = time.perf_counter_ns()
+    try:
+        for proc in procs:
+            proc.start()
+        failed_at = None
+        while len(collector.done) < config.ranks:
+            try:
+                collector.handle(channel.get(timeout=0.05))
+                continue
+            except queue_module.Empty:
+                pass
+            dead = [p for p in procs if p.exitcode is not None and p.exitcode != 0]
+            if collector.failures or dead:
+                failed_at = failed_at or time.monotonic()
+                if time.monotonic() - failed_at > 0.3:  # let the first reports of a failure arrive
+                    break
+            elif all(p.exitcode is not None for p in procs):
+                break
+        _drain(channel, collector)
+        if len(collector.done) == config.ranks:
+            for proc in procs:
+                proc.join(10.0)
+        failed = collector.failures or any(p.exitcode not in (0, None) for p in procs) \
+            or len(collector.done) < config.ranks
+        failed_rank, message = (None, "")
+        if failed:
+            failed_rank, reason = _culprit(collector, procs) if (collector.failures or any(
+                p.exitcode not in (0, None) for p in procs)) else (None, "ranks stopped without finishing")
+            device = collector.devices.get(failed_rank, "?")
+            message = f"rank {failed_rank} ({device}) failed: {reason}" if failed_rank is not None else reason
+        _stop(procs)
+        _drain(channel, collector)
+    finally:
+        _stop(procs)
+        os.close(log_fd)
+    return _finish(config, out, plan, collector, launch_ns, failed_rank, message, progress)
+
+
+def _drain(channel, collector: _Collector) -> None:
+    while True:
+        try:
+            collector.handle(channel.get_nowait())
+        except (queue_module.Empty, OSError, ValueError):
+            return
+
+
+def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launch_ns: int,
+            failed_rank: int | None, message: str, progress) -> RunOutcome:
+    start_ns = min(collector.starts.values()) if collector.starts else launch_ns
+    end_ns = max(collector.last_token_ns.values()) if collector.last_token_ns else start_ns
+    elapsed_s = (end_ns - start_ns) / 1e9
+    missing = {rid: plan.tokens_expected[rid] - len(toks) for rid, toks in collector.tokens.items()
+               if len(toks) != plan.tokens_expected[rid]}
+    if failed_rank is not None or message:
+        status = EXIT_RANK_FAILED
+    elif missing:
+        status = EXIT_TOKENS_MISSING
+        message = f"{len(missing)} request(s) did not get all their tokens back"
+    else:
+        status = EXIT_OK
+        message = f"{collector.returned} tokens returned by {config.ranks} ranks"
+    if config.profile:
+        dp_rank_of = {rid: dp for dp, rids in enumerate(plan.requests_of_dp) for rid in rids}
+        with sa_profile.span("serving.batch", "serving", requests=config.requests):
+            pass
+        for rid, last in collector.last_token_ns.items():
+            sa_profile.complete("request", "request", start_ns // 1000, (last - start_ns) // 1000, request_id=rid,
+                                dp_rank=dp_rank_of[rid], prompt_tokens=config.prompt_tokens,
+                                output_tokens=len(collector.tokens[rid]))
+        sa_profile.complete("serving.batch", "serving", start_ns // 1000, (end_ns - start_ns) // 1000,
+                            requests=config.requests, tokens=collector.returned)
+        sa_profile.flush()
+        if progress:
+            progress("merging SA_PROFILE fragments")
+        sa_profile.merge_fragments(out / SERVING_TRACE)
+    verified = sum(collector.verified.values())
+    per_request = plan.tokens_expected[0] if plan.tokens_expected else config.output_tokens
+    summary = {
+        "schema": SUMMARY_SCHEMA,
+        "exit_status": status,
+        "batch_elapsed_s": round(elapsed_s, 6),
+        "tokens_returned": collector.returned,
+        "tokens_expected": collector.expected,
+        "throughput_tok_s": round(collector.returned / elapsed_s, 3) if elapsed_s > 0 else None,
+        "effective_tpot_ms": round(elapsed_s * 1000 / per_request, 3) if per_request else None,
+        "acceptance_rate": round(sum(collector.accepted.values()) / verified, 4) if verified else None,
+        "acceptance_rate_configured": config.acceptance_rate,
+        "acceptance_synthetic": True,
+        "decode_steps": plan.decode_steps - plan.warmup,
+        "warmup_steps": plan.warmup,
+        "failed_rank": failed_rank,
+        "message": message,
+        "devices": {str(r): d for r, d in sorted(collector.devices.items())},
+        "workload": config.workload(),
+    }
+    (out / "performance_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if config.inject:
+        faults = sorted(collector.faults, key=lambda f: (f["step"] if f["step"] is not None else -1, f["rank"], f["kind"]))
+        (out / "faults.json").write_text(json.dumps(
+            {"schema": FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults}, indent=2) + "\n")
+    return RunOutcome(status, out, summary, failed_rank, message)

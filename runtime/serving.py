@@ -1,0 +1,330 @@
+"""Serving layer: requests, the DP scheduler, and one rank's prefill + decode loop.
+
+The synthetic acceptance rate: random weights almost never make the target
+model agree with the MTP draft, so whether a draft is accepted is decided by a
+seeded draw per (request, decode step) at ``acceptance_rate`` (default 0.79).
+The draw is a function of the seed and the global request id only, so it is
+the same on every rank and for both metadata paths; the real compute (target
+forward over last token + draft, verify, MTP draft) still runs every step and
+the emitted tokens are the model's own argmax tokens.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from dsprof.profiler import sa_profile
+from dsprof.runtime.config import RuntimeConfig
+from dsprof.runtime.device import PhaseClock
+from dsprof.runtime.distributed import ParallelContext
+from dsprof.runtime.faults import FaultPlan, fault_event
+from dsprof.runtime.kv_cache import PagedKVCache, context_slots, slots_for
+from dsprof.runtime.model import DeepSeekLite
+from dsprof.runtime.pipeline import DECODE_CALLABLE, PREFILL_CALLABLE, ChipRunLane, Run
+from dsprof.runtime.task_args import Placement, TaskArgs
+from dsprof.runtime.worker import DistributedWorker
+
+DECODE_TOKENS = 2  # last accepted token + one MTP draft
+
+
+class InjectedCrash(RuntimeError):
+    """A crash requested with ``--inject crash:...``."""
+
+
+def acceptance_table(config: RuntimeConfig, request_id: int, steps: int) -> list[bool]:
+    """Seeded synthetic draft-acceptance decisions of one request, per decode step."""
+    gen = torch.Generator().manual_seed(config.seed * 1_000_003 + request_id)
+    return (torch.rand(steps, generator=gen) < config.acceptance_rate).tolist()
+
+
+def prompt_of(config: RuntimeConfig, request_id: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(config.seed * 7_368_787 + request_id)
+    return torch.randint(0, config.vocab, (config.prompt_tokens,), generator=gen)
+
+
+@dataclass
+class ServingPlan:
+    """What the DP scheduler decided before serving: request placement and step count."""
+
+    requests_of_dp: list[list[int]]  # global request ids per DP group
+    decode_steps: int  # decode runs every rank executes (warm-up included)
+    warmup: int
+    tokens_expected: dict[int, int]  # per global request id
+    accept: dict[int, list[bool]]
+
+
+def plan_serving(config: RuntimeConfig) -> ServingPlan:
+    """Spread requests round-robin over DP groups and fix the number of decode steps.
+
+    Every rank must run the same number of decode steps (the MoE all-to-all is
+    collective); with the synthetic acceptance schedule known in advance the
+    scheduler plans it exactly: enough steps for the slowest request, or
+    ``warmup + rounds`` for the microbenchmark.
+    """
+    dp = config.dp
+    per_dp = [list(range(g, config.requests, dp)) for g in range(dp)]
+    horizon = config.output_tokens if config.rounds is None else config.warmup + config.rounds
+    accept = {rid: acceptance_table(config, rid, horizon) for rid in range(config.requests)}
+    steps_needed, produced_after = {}, {}
+    for rid in range(config.requests):
+        produced, step = 1, 0  # prefill emits the first token
+        while produced < config.output_tokens and step < horizon:
+            produced += 2 if accept[rid][step] and config.output_tokens - produced >= 2 else 1
+            step += 1
+        steps_needed[rid], produced_after[rid] = step, produced
+    steps = horizon if config.rounds is not None else max(steps_needed.values())
+    return ServingPlan(per_dp, steps, config.warmup if config.rounds is not None else 0, produced_after, accept)
+
+
+class RankServer:
+    """One rank: model shard, paged KV cache, device state, fused programs, and the lane."""
+
+    def __init__(self, config: RuntimeConfig, par: ParallelContext, device, worker: DistributedWorker,
+                 plan: ServingPlan, sink, faults: FaultPlan):
+        self.config, self.par, self.device, self.worker = config, par, device, worker
+        self.plan, self.sink, self.faults = plan, sink, faults
+        self.requests = plan.requests_of_dp[par.dp_rank]
+        self.returns_tokens = par.tp_rank == 0  # one rank per DP replica answers the caller
+        B = len(self.requests)
+        self.batch = B
+        self.token_capacity = -(-max(len(r) for r in plan.requests_of_dp) * max(DECODE_TOKENS, config.prompt_tokens)
+                                // par.tp)
+        self.decode_capacity = -(-max(len(r) for r in plan.requests_of_dp) * DECODE_TOKENS // par.tp)
+        self.model = DeepSeekLite(config, par, worker)
+        max_tokens = config.prompt_tokens + config.output_tokens + 2 * DECODE_TOKENS + 2
+        self.cache = PagedKVCache(worker, config.layers, B, max_tokens, config.block_size, config.kv_latent)
+        # device-resident decode state, advanced by the programs in stream order
+        self.state = {name: self._device_tensor(f"state.{name}", (B,))[1] for name in ("ctx", "produced", "last", "draft")}
+        limit_base, self.limit = self._device_tensor("state.limit", (B,))
+        worker.copy_to(limit_base, torch.full((B,), config.output_tokens, dtype=torch.int64))
+        placement = Placement.HOST_SHARED if config.metadata == "host-shared" else Placement.DEVICE_RESIDENT
+        mb = self.cache.max_blocks_per_seq
+        self.slots = [self._slot(i, placement, DECODE_TOKENS, mb) for i in range(config.depth)]
+        self.prefill_slot = self._slot(0, placement, config.prompt_tokens, mb, prompt=True)
+        self.lane = ChipRunLane(par.rank, device, self.slots, serialize_metadata=config.metadata == "device-resident",
+                                device_phases=config.device_phases)
+        # host view of each request, as of the last validated run
+        self.ctx_known = [0] * B
+        self.produced_known = [0] * B
+        self.unvalidated = 0
+        self.verified = 0
+        self.accepted = 0
+        self.tokens: dict[int, list[int]] = {rid: [] for rid in self.requests}
+
+    def _device_tensor(self, tag: str, shape: tuple[int, ...]) -> tuple[int, torch.Tensor]:
+        """An int64 device buffer: (allocation base, view)."""
+        base = self.worker.malloc(max(1, torch.Size(shape).numel()) * 8, tag=tag)
+        return base, self.worker.view(base, torch.int64, shape)
+
+    def _slot(self, slot_id: int, placement: Placement, tokens: int, max_blocks: int, prompt: bool = False) -> TaskArgs:
+        args = TaskArgs(slot_id, self.worker)
+        B = self.batch
+        if prompt:
+            args.add("prompt", placement, torch.int64, (B, tokens))
+        else:
+            args.add("accept", placement, torch.int64, (B,))
+        args.add("block_table", placement, torch.int64, (B, max_blocks))
+        args.add("seq_lens", placement, torch.int64, (B,))
+        args.add("slot_mapping", placement, torch.int64, (B, tokens))
+        args.add("block_counts", placement, torch.int64, (B,))
+        for name, shape in (("out_tokens", (B, DECODE_TOKENS)), ("out_counts", (B,)), ("out_delta", (B,)),
+                            ("out_accepted", (B,))):
+            args.add(name, Placement.DEVICE_RESIDENT, torch.int64, shape)
+        return args
+
+    # -- prefill --------------------------------------------------------------------------
+
+    def prefill(self) -> None:
+        config = self.config
+        P = config.prompt_tokens
+
+        def stage(slot: TaskArgs) -> None:
+            for i in range(self.batch):
+                self.cache.ensure(i, P)
+            meta = self.cache.metadata([0] * self.batch, P, [True] * self.batch)
+            slot.stage("prompt", torch.stack([prompt_of(config, rid) for rid in self.requests]))
+            self._stage_meta(slot, meta)
+
+        with sa_profile.span("worker.prefill", "worker", rank=self.par.rank, requests=self.batch):
+            run = self.lane.bind(step=-1, callable_name=PREFILL_CALLABLE, dispatch_id=1, profiled=True,
+                                 stage_args=stage, bind_prebuilt=self._bind_prebuilt, slot=self.prefill_slot)
+            self.lane.launch(run, self._prefill_program)
+            self.lane.finish(run, self._validate)
+
+    def _prefill_program(self, slot: TaskArgs, clock: PhaseClock) -> None:
+        P = self.config.prompt_tokens
+        with sa_profile.span("executor.run", "executor", callable=PREFILL_CALLABLE):
+            with clock.phase("forward"), sa_profile.span("kernel.prefill_fwd", "kernel", tokens=self.batch * P):
+                positions = torch.arange(P).expand(self.batch, P)
+                h, logits = self.model.forward(slot["prompt"], positions, slot["slot_mapping"],
+                                               context_slots(slot["block_table"], slot.scalars["max_blocks"], self.config.block_size),
+                                               self.cache.pools, self.token_capacity)
+                first = logits[:, -1].argmax(-1)
+            with clock.phase("mtp"), sa_profile.span("kernel.mtp_draft", "kernel"):
+                draft = self.model.mtp_draft(h[:, -1], first)
+            st = self.state
+            st["ctx"].fill_(P)
+            st["produced"].fill_(1)
+            st["last"].copy_(first)
+            st["draft"].copy_(draft)
+            slot["out_tokens"][:, 0] = first
+            slot["out_tokens"][:, 1] = -1
+            slot["out_counts"].fill_(1)
+            slot["out_delta"].zero_()
+            slot["out_accepted"].zero_()
+
+    # -- decode ---------------------------------------------------------------------------
+
+    def _stage_meta(self, slot: TaskArgs, meta) -> None:
+        slot.stage("block_table", meta.block_table)
+        slot.stage("seq_lens", meta.seq_lens)
+        slot.stage("slot_mapping", meta.slot_mapping)
+        slot.stage("block_counts", meta.block_counts)
+        slot.scalars["max_blocks"] = meta.max_blocks
+
+    def _bind_prebuilt(self, slot: TaskArgs) -> None:
+        """Attach the prebuilt (static) arguments: KV pools and decode state."""
+        slot.scalars["kv_pools"] = len(self.cache.pools)
+        slot.scalars["batch"] = self.batch
+
+    def _stage_decode(self, step: int):
+        def stage(slot: TaskArgs) -> None:
+            with sa_profile.span("scheduler.step", "scheduler", step=step, rank=self.par.rank):
+                delay_ms = self.faults.slow_bind_ms(self.par.rank, step)
+                if delay_ms:
+                    self.sink.fault(fault_event("slow_bind", self.par.rank, step, delay_ms))
+                    time.sleep(delay_ms / 1000.0)
+                # Worst case: every unvalidated run in flight accepted its draft.
+                ahead = 2 * self.unvalidated
+                first, active = [], []
+                for i in range(self.batch):
+                    live = self.produced_known[i] < self.config.output_tokens
+                    first.append(self.ctx_known[i] + ahead if live else 0)
+                    active.append(live)
+                    if live:
+                        self.cache.ensure(i, first[-1] + DECODE_TOKENS)
+                meta = self.cache.metadata(first, DECODE_TOKENS, active)
+                slot.stage("accept", torch.tensor([int(self.plan.accept[rid][step]) for rid in self.requests]))
+                self._stage_meta(slot, meta)
+        return stage
+
+    def _decode_program(self, step: int):
+        straggle_s = self.faults.straggler_ms(self.par.rank) / 1000.0
+        profiled = step >= self.plan.warmup
+
+        def program(slot: TaskArgs, clock: PhaseClock) -> None:
+            st, bs = self.state, self.config.block_size
+            with sa_profile.span("executor.run", "executor", callable=DECODE_CALLABLE, step=step) if profiled else _NOOP:
+                with clock.phase("forward"), (sa_profile.span("kernel.decode_fwd", "kernel", step=step) if profiled else _NOOP):
+                    active = st["produced"] < self.limit
+                    pos_wc = slot["seq_lens"] - DECODE_TOKENS
+                    delta = torch.where(active, pos_wc - st["ctx"], torch.zeros_like(pos_wc))
+                    positions = st["ctx"].unsqueeze(1) + torch.arange(DECODE_TOKENS)
+                    slots = slots_for(slot["block_table"], positions, bs, active)  # device-side correction
+                    tokens = torch.stack([st["last"], st["draft"]], 1)
+                    h, logits = self.model.forward(tokens, positions, slots,
+                                                   context_slots(slot["block_table"], slot.scalars["max_blocks"], bs),
+                                                   self.cache.pools, self.decode_capacity)
+                with clock.phase("verify"), (sa_profile.span("kernel.verify", "kernel", step=step) if profiled else _NOOP):
+                    argmax = logits.argmax(-1)
+                    remaining = self.limit - st["produced"]
+                    acc = (slot["accept"] == 1) & active & (remaining >= DECODE_TOKENS)
+                    counts = torch.where(active, 1 + acc.long(), torch.zeros_like(remaining))
+                    next_last = torch.where(acc, argmax[:, 1], argmax[:, 0])
+                    h_sel = torch.where(acc.unsqueeze(1), h[:, 1], h[:, 0])
+                    if straggle_s:
+                        time.sleep(straggle_s)  # a slow device (fault injection)
+                with clock.phase("mtp"), (sa_profile.span("kernel.mtp_draft", "kernel", step=step) if profiled else _NOOP):
+                    draft = self.model.mtp_draft(h_sel, next_last)
+                slot["out_tokens"][:, 0] = torch.where(acc, st["draft"], argmax[:, 0])
+                slot["out_tokens"][:, 1] = torch.where(acc, argmax[:, 1], torch.full_like(next_last, -1))
+                slot["out_counts"].copy_(counts)
+                slot["out_delta"].copy_(delta)
+                slot["out_accepted"].copy_(acc.long())
+                st["ctx"].add_(counts)
+                st["produced"].add_(counts)
+                st["last"].copy_(torch.where(active, next_last, st["last"]))
+                st["draft"].copy_(torch.where(active, draft, st["draft"]))
+        return program
+
+    def _validate(self, run: Run) -> None:
+        """Check the run's outputs and accept its tokens (returned to the caller)."""
+        with sa_profile.span("worker.validate", "worker", step=run.step) if run.profiled else _NOOP:
+            slot = run.slot
+            B = self.batch
+            tokens = self.worker.copy_from(slot.base("out_tokens"), torch.int64, (B, DECODE_TOKENS)).tolist()
+            counts = self.worker.copy_from(slot.base("out_counts"), torch.int64, (B,)).tolist()
+            deltas = self.worker.copy_from(slot.base("out_delta"), torch.int64, (B,)).tolist()
+            accepted = self.worker.copy_from(slot.base("out_accepted"), torch.int64, (B,)).tolist()
+            decode = run.step >= 0
+            returned: dict[int, list[int]] = {}
+            for i, rid in enumerate(self.requests):
+                limit = self.config.output_tokens
+                live = self.produced_known[i] < limit
+                expected_counts = (1, 2) if live else (0,)
+                if counts[i] not in expected_counts or (decode and live and deltas[i] not in (0, 1, 2)):
+                    raise RuntimeError(f"rank {self.par.rank} step {run.step}: request {rid} produced "
+                                       f"{counts[i]} tokens (correction {deltas[i]}), expected {expected_counts}")
+                new = tokens[i][: counts[i]]
+                if any(not 0 <= t < self.config.vocab for t in new):
+                    raise RuntimeError(f"rank {self.par.rank} step {run.step}: token out of vocabulary for request {rid}")
+                if decode and live and limit - self.produced_known[i] >= 2:
+                    self.verified += 1
+                    self.accepted += accepted[i]
+                if run.step < 0:
+                    self.ctx_known[i] = self.config.prompt_tokens
+                else:
+                    self.ctx_known[i] += counts[i]
+                self.produced_known[i] += counts[i]
+                if new:
+                    returned[rid] = new
+                    self.tokens[rid].extend(new)
+                if live and self.produced_known[i] >= limit:
+                    self.cache.release(i)
+            if decode:
+                self.unvalidated -= 1
+            if self.returns_tokens:
+                self.sink.tokens(self.par.rank, run.step, returned, self.verified, self.accepted)
+
+    def decode(self) -> None:
+        """The depth-2 decode loop: bind+launch run N+1, then drain and validate run N."""
+        steps, rank = self.plan.decode_steps, self.par.rank
+        runs: dict[int, Run] = {}
+
+        def start(step: int) -> None:
+            if self.faults.crashes(rank, step):
+                self.sink.fault(fault_event("crash", rank, step, None))
+                raise InjectedCrash(f"rank {rank} crashed at decode step {step} (injected)")
+            profiled = step >= self.plan.warmup
+            run = self.lane.bind(step=step - self.plan.warmup, callable_name=DECODE_CALLABLE, dispatch_id=step + 2,
+                                 profiled=profiled, stage_args=self._stage_decode(step),
+                                 bind_prebuilt=self._bind_prebuilt)
+            fence_ms = self.faults.fence_delay_ms(rank, step)
+            if fence_ms:
+                self.sink.fault(fault_event("fence_delay", rank, step, fence_ms))
+            straggle_ms = self.faults.straggler_ms(rank)
+            if straggle_ms:
+                self.sink.fault(fault_event("straggler", rank, step, straggle_ms))
+            self.unvalidated += 1
+            self.lane.launch(run, self._decode_program(step), fence_delay_s=fence_ms / 1000.0)
+            runs[step] = run
+
+        start(0)
+        for step in range(steps):
+            if step + 1 < steps:
+                start(step + 1)
+            self.lane.finish(runs.pop(step), self._validate)
+
+
+class _Noop:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+_NOOP = _Noop()

@@ -1,0 +1,85 @@
+"""TaskArgs: the ordered, placement-aware argument list of one fused-program launch.
+
+Each slot is either HOST_SHARED (a host shared-memory tensor owned by the
+TaskArgs and handed to the program by reference: staging it is a plain write)
+or DEVICE_RESIDENT (a device buffer from ``DistributedWorker.malloc``: staging
+it is a synchronous copy outside the dispatch). The chip-run lane keeps one
+TaskArgs per ping-pong slot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+import torch
+
+from dsprof.runtime.worker import DistributedWorker
+
+
+class Placement(Enum):
+    HOST_SHARED = "host_shared"
+    DEVICE_RESIDENT = "device_resident"
+
+
+@dataclass
+class ArgSlot:
+    name: str
+    placement: Placement
+    tensor: torch.Tensor  # what the program reads (host shared tensor or device view)
+    base: int | None  # device allocation base (DEVICE_RESIDENT only)
+
+
+class TaskArgs:
+    """Ordered arguments of one ping-pong slot; ``generation`` counts its reuses."""
+
+    def __init__(self, slot_id: int, worker: DistributedWorker):
+        self.slot_id = slot_id
+        self.worker = worker
+        self.generation = -1
+        self._slots: dict[str, ArgSlot] = {}
+        # Host scalars of the launch (e.g. how many cache blocks the longest sequence spans).
+        self.scalars: dict[str, int] = {}
+
+    def add(self, name: str, placement: Placement, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+        if name in self._slots:
+            raise ValueError(f"TaskArgs slot {self.slot_id} already has an argument {name!r}")
+        if placement is Placement.HOST_SHARED:
+            tensor = torch.zeros(shape, dtype=dtype).share_memory_()
+            base = None
+        else:
+            nbytes = max(1, torch.empty(shape, dtype=dtype).nbytes)
+            base = self.worker.malloc(nbytes, tag=f"taskargs[{self.slot_id}].{name}")
+            tensor = self.worker.view(base, dtype, shape)
+        self._slots[name] = ArgSlot(name, placement, tensor, base)
+        return tensor
+
+    def stage(self, name: str, value: torch.Tensor) -> None:
+        """Put a host value into the argument: in place (host-shared) or by device copy."""
+        slot = self._slots[name]
+        if slot.placement is Placement.HOST_SHARED:
+            slot.tensor.copy_(value.reshape(slot.tensor.shape))
+        else:
+            self.worker.copy_to(slot.base, value.to(slot.tensor.dtype))
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self._slots[name].tensor
+
+    def base(self, name: str) -> int:
+        """Device allocation base of a DEVICE_RESIDENT argument."""
+        base = self._slots[name].base
+        if base is None:
+            raise ValueError(f"argument {name!r} is host-shared: it has no device allocation")
+        return base
+
+    def placement(self, name: str) -> Placement:
+        return self._slots[name].placement
+
+    def names(self) -> list[str]:
+        return list(self._slots)
+
+    def release(self) -> None:
+        for slot in self._slots.values():
+            if slot.base is not None:
+                self.worker.free(slot.base)
+        self._slots.clear()

@@ -1,0 +1,157 @@
+"""Known-answer tests: figures of generated logs equal the values computed by hand from the injected timings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dsprof.analysis.analyze import analyze
+from dsprof.analysis.skew import per_step, root_durations
+from dsprof.analysis.tails import UNATTRIBUTED_RUNNER, UNATTRIBUTED_START
+from dsprof.profiler.synthetic import SyntheticRun
+
+RANKS, STEPS = 6, 40
+
+
+def ms(ns: float) -> float:
+    return round(float(ns) / 1e6, 3)
+
+
+def block(values_ns: np.ndarray) -> dict:
+    values = np.asarray(values_ns, dtype=np.float64).ravel()
+    p50, p95, p99, top = np.percentile(values, [50, 95, 99, 100])
+    return {"p50": ms(p50), "p95": ms(p95), "p99": ms(p99), "max": ms(top), "count": len(values)}
+
+
+@pytest.fixture(scope="module")
+def jittered(tmp_path_factory):
+    """Every phase jittered per (rank, step) at ns resolution; no delay above the threshold."""
+    rng = np.random.default_rng(7)
+    shape = (RANKS, STEPS)
+    run = SyntheticRun(
+        ranks=RANKS, steps=STEPS,
+        bind_start_offset_ns=rng.integers(0, 400_000, shape),
+        bind_ns=rng.integers(800_000, 1_300_000, shape),
+        fence_wait_ns=rng.integers(8_000_000, 9_000_000, shape),
+        device_wall_ns=rng.integers(8_000_000, 9_000_000, shape),
+        runner_to_validate_ns=rng.integers(100_000, 400_000, shape),
+        validate_ns=rng.integers(400_000, 900_000, shape),
+        two_per_line_every=5, warmup_steps=3,
+    )
+    out = tmp_path_factory.mktemp("jittered")
+    run.write(out / "run")
+    return run, analyze([out / "run"], out / "analysis")
+
+
+def test_per_step_skew_to_the_nanosecond(jittered):
+    run, result = jittered
+    t = run.timings()
+    steps = per_step(result.swimlane.roots)
+    np.testing.assert_array_equal(steps["runner_start_skew_ns"], t.runner_start_ns.max(0) - t.runner_start_ns.min(0))
+    np.testing.assert_array_equal(steps["runner_end_skew_ns"], t.runner_end_ns.max(0) - t.runner_end_ns.min(0))
+    np.testing.assert_array_equal(steps["latest_start_rank"], t.runner_start_ns.argmax(0))
+    durations = root_durations(result.swimlane.roots).sort_values(["rank", "step"])
+    np.testing.assert_array_equal(durations["runner_to_validate_gap_ns"].to_numpy(np.int64),
+                                  (t.validate_start_ns - t.runner_end_ns).ravel())
+    np.testing.assert_array_equal(durations["bind_ns"].to_numpy(np.int64), (t.bind_end_ns - t.bind_start_ns).ravel())
+
+
+def test_percentile_blocks_match_hand_computation(jittered):
+    run, result = jittered
+    t = run.timings()
+    figures = result.summary["figures"]
+    assert figures["runner_start_skew_ms"] == block(t.runner_start_ns.max(0) - t.runner_start_ns.min(0))
+    assert figures["runner_end_skew_ms"] == block(t.runner_end_ns.max(0) - t.runner_end_ns.min(0))
+    assert figures["runner_to_validate_gap_ms"] == block(t.validate_start_ns - t.runner_end_ns)
+    assert figures["validate_ms"] == block(t.validate_end_ns - t.validate_start_ns)
+    assert figures["bind_ms"] == block(t.bind_end_ns - t.bind_start_ns)
+    assert figures["root_ms"] == block(t.root_end_ns - t.root_start_ns)
+    for rank in range(RANKS):
+        per_rank = figures["per_rank"][str(rank)]
+        assert per_rank["device"] == f"npu:{rank}"
+        assert per_rank["bind_ms"] == block(t.bind_end_ns[rank] - t.bind_start_ns[rank])
+        assert per_rank["root_ms"] == block(t.root_end_ns[rank] - t.root_start_ns[rank])
+    first = result.summary["per_step"][0]
+    assert first["runner_start_skew_ms"] == ms(t.runner_start_ns[:, 0].max() - t.runner_start_ns[:, 0].min())
+
+
+def test_clean_run_invents_no_late_starts_tails_or_straggler(jittered):
+    _, result = jittered
+    summary = result.summary
+    assert summary["late_starts"]["count"] == 0
+    assert summary["tail_steps"]["count"] == 0
+    assert summary["tail_steps"]["straggler"]["verdict"] == "none"
+    assert summary["tail_steps"]["same_device"] is None
+    assert summary["validation"]["valid"], summary["validation"]["problems"]
+
+
+def inject(device_phases: bool = True):
+    """Known delays: each (rank, step) -> what was injected and the phase that must be named."""
+    shape = (8, 30)
+    offset = np.zeros(shape, dtype=np.int64)
+    bind = np.full(shape, 1_000_000, dtype=np.int64)
+    fence = np.full(shape, 9_000_000, dtype=np.int64)
+    device = np.full(shape, 9_100_000, dtype=np.int64)
+    bind[3, 4] += 7_000_000            # slow bind: late start 7 ms, explained by bind
+    offset[6, 11] += 9_000_000         # late arrival: late start 9 ms, not bind
+    fence[5, 17] += 12_000_000         # slow device: fence wait and device wall both +12 ms
+    device[5, 17] += 12_000_000
+    fence[2, 23] += 8_000_000          # fence delay: the host waited, the device did not
+    run = SyntheticRun(ranks=8, steps=30, bind_ns=bind, bind_start_offset_ns=offset, fence_wait_ns=fence,
+                       device_wall_ns=device, device_phases=device_phases)
+    return run
+
+
+@pytest.fixture(scope="module")
+def injected(tmp_path_factory):
+    out = tmp_path_factory.mktemp("injected")
+    run = inject()
+    run.write(out / "run")
+    return run, analyze([out / "run"], threshold_ms=5.0)
+
+
+def test_injected_late_starts_found_with_rank_and_phase(injected):
+    _, result = injected
+    items = result.summary["late_starts"]["items"]
+    assert [(i["step"], i["rank"], i["device"], i["phase"]) for i in items] == [
+        (4, 3, "npu:3", "bind"),
+        (11, 6, "npu:6", UNATTRIBUTED_START),
+    ]
+    assert items[0]["excess_ms"] == 7.0 and items[0]["phase_excess_ms"] == 7.0
+    assert items[1]["excess_ms"] == 9.0
+
+
+def test_injected_tails_found_with_rank_and_phase(injected):
+    _, result = injected
+    tails = result.summary["tail_steps"]
+    got = [(i["step"], i["rank"], i["phase"], i["runner_end_skew_ms"], i["phase_excess_ms"]) for i in tails["items"]]
+    assert got == [
+        (4, 3, "bind", 7.0, 7.0),
+        (11, 6, UNATTRIBUTED_START, 9.0, 9.0),
+        (17, 5, "device_wall", 12.0, 12.0),
+        (23, 2, "native_fence_wait", 8.0, 8.0),
+    ]
+    assert tails["same_device"] is False
+    assert tails["straggler"]["verdict"] == "none"
+
+
+def test_device_phases_off_leaves_runner_tails_unattributed(tmp_path):
+    inject(device_phases=False).write(tmp_path / "run")
+    result = analyze([tmp_path / "run"])
+    phases = {i["step"]: i["phase"] for i in result.summary["tail_steps"]["items"]}
+    assert phases == {4: "bind", 11: UNATTRIBUTED_START, 17: UNATTRIBUTED_RUNNER, 23: UNATTRIBUTED_RUNNER}
+    assert result.swimlane.roots["fence_wait_dur_ns"].isna().all()
+
+
+def test_persistent_straggler_is_named(tmp_path):
+    fence = np.full((4, 20), 9_000_000, dtype=np.int64)
+    device = np.full((4, 20), 9_100_000, dtype=np.int64)
+    fence[2, ::3] += 6_000_000           # rank 2 is slow on every third step
+    device[2, ::3] += 6_000_000
+    fence[0, 10] += 7_000_000            # and rank 0 once
+    device[0, 10] += 7_000_000
+    SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=device, pipelined=False).write(tmp_path / "run")
+    tails = analyze([tmp_path / "run"]).summary["tail_steps"]
+    assert tails["count"] == 8
+    assert tails["straggler"] == {"verdict": "rank 2 (npu:2)", "rank": 2, "device": "npu:2", "share": 0.35}
+    assert tails["devices"] == {"npu:2": 7, "npu:0": 1}

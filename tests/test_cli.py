@@ -1,0 +1,144 @@
+"""The dsprof command: entry point, one-line errors, progress, and each command end to end."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from dsprof import __version__
+from dsprof.cli.main import ProgressPrinter, cli
+from dsprof.errors import DsprofError
+
+DSPROF = Path(sys.executable).with_name("dsprof")
+COMMANDS = ("analyze", "diff", "export", "gate", "ingest", "merge", "report", "run")
+
+
+def _one_line_error(result, *fragments: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert result.output.count("\n") == 1, result.output
+    assert result.output.startswith("dsprof: error: ")
+    assert "Traceback" not in result.output
+    for fragment in fragments:
+        assert fragment in result.output
+
+
+def test_console_script_help_and_version():
+    help_run = subprocess.run([str(DSPROF), "--help"], capture_output=True, text=True, timeout=60)
+    assert help_run.returncode == 0, help_run.stderr
+    listed = {line.split()[0] for line in help_run.stdout.split("Commands:")[1].splitlines() if line.strip()}
+    assert listed == set(COMMANDS)
+    assert "--debug" in help_run.stdout and "--version" in help_run.stdout
+    version_run = subprocess.run([str(DSPROF), "--version"], capture_output=True, text=True, timeout=60)
+    assert version_run.returncode == 0
+    assert version_run.stdout.strip() == f"dsprof, version {__version__}"
+
+
+def test_console_script_error_is_one_line_without_traceback(tmp_path):
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[[rule]]\ncheck = \"validation.valid = true\"\n")
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
+    proc = subprocess.run([str(DSPROF), "gate", str(summary), "--rules", str(rules)],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"dsprof: error: {rules}: [[rule]] #1")
+    debug = subprocess.run([str(DSPROF), "--debug", "gate", str(summary), "--rules", str(rules)],
+                           capture_output=True, text=True, timeout=60)
+    assert debug.returncode != 0
+    assert "Traceback" in debug.stderr and "InputError" in debug.stderr
+
+
+@pytest.mark.parametrize(
+    "args, fragments",
+    [
+        (["run", "--inject", "meteor:rank=0"], ["bad --inject spec 'meteor:rank=0'", "unknown fault kind"]),
+        (["run", "--ranks", "4", "--requests", "2"], ["invalid runtime config", "requests=2"]),
+        (["run", "--inject", "straggler:rank=9,ms=5"], ["rank 9 is outside 0..3"]),
+    ],
+)
+def test_bad_run_options_fail_before_starting_ranks(args, fragments, tmp_path):
+    result = CliRunner().invoke(cli, [*args, "-o", str(tmp_path / "run")])
+    _one_line_error(result, *fragments)
+    assert not (tmp_path / "run").exists()
+
+
+def test_debug_lets_the_exception_through(tmp_path):
+    result = CliRunner().invoke(cli, ["--debug", "run", "--inject", "meteor:rank=0"])
+    assert isinstance(result.exception, DsprofError)
+    assert "dsprof: error" not in result.output
+
+
+def test_os_errors_are_one_line(tmp_path):
+    summary = tmp_path / "summary.json"
+    summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[[rule]]\ncheck = \"validation.valid == true\"\n")
+    target = tmp_path / "no-such-dir" / "verdict.json"
+    result = CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules), "--verdict", str(target)])
+    _one_line_error(result, str(target), "No such file or directory")
+
+
+def test_usage_errors_exit_2():
+    runner = CliRunner()
+    assert runner.invoke(cli, ["analyze"]).exit_code == 2
+    missing = runner.invoke(cli, ["analyze", "/definitely/not/here"])
+    assert missing.exit_code == 2 and "does not exist" in missing.output
+    assert runner.invoke(cli, ["run", "--metadata", "sideways"]).exit_code == 2
+    assert runner.invoke(cli, ["frobnicate"]).exit_code == 2
+
+
+def test_progress_plain_lines_and_in_place_on_a_terminal():
+    plain = io.StringIO()
+    printer = ProgressPrinter(plain)
+    printer("ranks up 4/4")
+    printer("step 3/10")
+    printer.done()
+    assert plain.getvalue() == "ranks up 4/4\nstep 3/10\n"
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    printer = ProgressPrinter(terminal)
+    printer("step 1/10")
+    printer("step 2/10")
+    printer.done()
+    assert terminal.getvalue() == "\r\x1b[Kstep 1/10\r\x1b[Kstep 2/10\n"
+
+
+def test_merge_counts_events_and_torn_lines(tmp_path):
+    fragments = tmp_path / "serving-trace" / "fragments"
+    fragments.mkdir(parents=True)
+    event = {"name": "serving.step", "cat": "serving", "ph": "X", "ts": 10, "dur": 5, "pid": 11, "tid": 1, "args": {}}
+    (fragments / "trace.11.jsonl").write_text(json.dumps(event) + "\n" + json.dumps({**event, "ts": 20}) + "\n")
+    (fragments / "trace.12.jsonl").write_text(json.dumps({**event, "pid": 12}) + "\n{\"name\": \"torn")
+    result = CliRunner().invoke(cli, ["merge", str(tmp_path / "serving-trace")])
+    assert result.exit_code == 0, result.output
+    merged = tmp_path / "serving-trace" / "trace.json"
+    assert f"merged 3 events from 2 fragment(s) into {merged} (1 malformed line(s) skipped)" in result.output
+    assert len(json.loads(merged.read_text())["traceEvents"]) == 3
+
+
+def test_ingest_writes_span_table_and_reports_drops(tmp_path):
+    from dsprof.profiler.synthetic import SyntheticRun
+
+    # 2 ranks x 3 decode steps x 9 spans (root, bind, bind.args, bind.prebuilt, runner_run,
+    # native_fence_wait, device_wall, claim_release, validate) + 2 prefill spans per rank = 58,
+    # and the torn last record is dropped by reason.
+    SyntheticRun(ranks=2, steps=3, torn_tail=True, sa_profile=False, performance_summary=False).write(tmp_path)
+    output = tmp_path / "spans.parquet"
+    result = CliRunner().invoke(cli, ["ingest", str(tmp_path / "server.log"), "-o", str(output)])
+    assert result.exit_code == 0, result.output
+    assert "spans kept: 58 (strace 58)" in result.output
+    assert "torn_record: 1" in result.output
+    import pyarrow.parquet as pq
+
+    assert pq.read_table(output).num_rows == 58

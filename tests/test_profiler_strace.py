@@ -1,0 +1,302 @@
+"""The STRACE emitter writes exactly the SPEC §2 text, one atomic write per record."""
+
+from __future__ import annotations
+
+import os
+import re
+import threading
+import time
+
+import pytest
+
+from dsprof.profiler import strace
+from dsprof.profiler.strace_format import (
+    MAX_VALUE_CHARS,
+    PIPE_BUF,
+    decode_value,
+    format_anchor_payload,
+    format_chip_ready_payload,
+    format_prefix,
+    format_strace_payload,
+)
+
+LINE_RE = re.compile(r"^\[mono_ns=(\d+)\]\[T0x([0-9a-f]+)\]\[(\w+)\] (\S+): (.*)$")
+
+
+def parse_line(line: str) -> dict:
+    """Split one log line into its prefix fields and payload (test-local, independent of the readers)."""
+    match = LINE_RE.match(line)
+    assert match, f"not a log record: {line!r}"
+    mono, thread_hex, level, func, payload = match.groups()
+    out = {"mono_ns": int(mono), "thread": int(thread_hex, 16), "level": level, "func": func, "payload": payload}
+    if payload.startswith("[STRACE] "):
+        fields = dict(token.split("=", 1) for token in payload[len("[STRACE] ") :].split(" "))
+        out["kind"] = "strace"
+        out["fields"] = fields
+    elif payload.startswith("[CLOCK_ANCHOR] "):
+        out["kind"] = "anchor"
+        out["fields"] = dict(token.split("=", 1) for token in payload[len("[CLOCK_ANCHOR] ") :].split(" "))
+    else:
+        out["kind"] = "other"
+    return out
+
+
+@pytest.fixture
+def log(tmp_path):
+    """Enable the emitter on a fresh file; yields a function returning the parsed lines."""
+    path = tmp_path / "server.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    strace.enable(fd)
+
+    def lines() -> list[str]:
+        return path.read_text().splitlines()
+
+    lines.path = path
+    yield lines
+    strace.disable()
+    os.close(fd)
+
+
+def strace_records(lines: list[str]) -> list[dict]:
+    return [p for p in map(parse_line, lines) if p["kind"] == "strace"]
+
+
+def test_span_line_matches_the_format_functions(log):
+    inv = strace.new_invocation()
+    with strace.span("chip.run", inv=inv, hid="9f3a", rank=2, device="cpu:2") as sp:
+        sp.set(step=7)
+    lines = log()
+    assert len(lines) == 2
+    anchor, rec = parse_line(lines[0]), parse_line(lines[1])
+    assert anchor["kind"] == "anchor" and rec["kind"] == "strace"
+    f = rec["fields"]
+    expected = format_prefix(rec["mono_ns"], threading.get_ident(), "INFO", strace.SPAN_FUNC) + format_strace_payload(
+        pid=os.getpid(),
+        tid=threading.get_native_id(),
+        inv=inv,
+        hid="9f3a",
+        depth=0,
+        name="chip.run",
+        ts_ns=int(f["ts"]),
+        dur_ns=int(f["dur"]),
+        attrs={"rank": 2, "device": "cpu:2", "step": 7},
+    )
+    assert lines[1] == expected
+    a = anchor["fields"]
+    assert lines[0] == format_prefix(anchor["mono_ns"], threading.get_ident(), "INFO", strace.ANCHOR_FUNC) + format_anchor_payload(
+        os.getpid(), int(a["mono_ns"]), int(a["wall_ns"])
+    )
+    # the record's end (prefix mono_ns) is ts + dur on the monotonic clock
+    assert rec["mono_ns"] == int(f["ts"]) + int(f["dur"])
+
+
+def test_timestamps_are_host_monotonic_and_anchor_maps_to_wall(log):
+    before = time.monotonic_ns()
+    wall_before = time.time_ns()
+    with strace.span("a", inv=1, hid="h"):
+        time.sleep(0.002)
+    after = time.monotonic_ns()
+    anchor, rec = (parse_line(x) for x in log())
+    ts, dur = int(rec["fields"]["ts"]), int(rec["fields"]["dur"])
+    assert before <= ts and ts + dur <= after and dur >= 2_000_000
+    mono, wall = int(anchor["fields"]["mono_ns"]), int(anchor["fields"]["wall_ns"])
+    assert before <= mono <= after and wall >= wall_before
+    # wall time of the span start from the anchor, within the test's own wall window
+    assert wall_before - 1_000_000 <= wall + (ts - mono) <= time.time_ns()
+
+
+def test_depth_is_thread_local_nesting(log):
+    barrier = threading.Barrier(3)
+
+    def work(tag: str) -> None:
+        with strace.span(f"{tag}.root", inv=1, hid="h"):
+            barrier.wait()
+            with strace.span(f"{tag}.child", inv=1, hid="h"):
+                with strace.span(f"{tag}.grandchild", inv=1, hid="h"):
+                    barrier.wait()
+            with strace.span(f"{tag}.child2", inv=1, hid="h"):
+                pass
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in ("t0", "t1", "t2")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    records = strace_records(log())
+    depths = {r["fields"]["name"]: int(r["fields"]["depth"]) for r in records}
+    for tag in ("t0", "t1", "t2"):
+        assert depths[f"{tag}.root"] == 0
+        assert depths[f"{tag}.child"] == 1
+        assert depths[f"{tag}.grandchild"] == 2
+        assert depths[f"{tag}.child2"] == 1
+    assert len(records) == 12
+    assert len({r["fields"]["tid"] for r in records}) == 3
+    # one anchor despite three threads racing to write the first record
+    assert sum(parse_line(x)["kind"] == "anchor" for x in log()) == 1
+
+
+def test_exception_leaves_depth_balanced_and_marks_error(log):
+    with pytest.raises(KeyError):
+        with strace.span("outer", inv=1, hid="h"):
+            raise KeyError("x")
+    with strace.span("after", inv=1, hid="h"):
+        pass
+    records = {r["fields"]["name"]: r["fields"] for r in strace_records(log())}
+    assert records["outer"]["error"] == "KeyError"
+    assert records["after"]["depth"] == "0"
+
+
+def test_escaping_and_cap_round_trip(log):
+    name = "odd name[1]=%x"
+    value = "a b\tc\n[d]=e%f"
+    long_value = "z" * 1000
+    with strace.span(name, inv=1, hid="h", text=value, long=long_value, unicode="héllo wörld"):
+        pass
+    line = log()[-1]
+    rec = parse_line(line)
+    f = rec["fields"]
+    assert decode_value(f["name"]) == name
+    assert decode_value(f["text"]) == value
+    assert decode_value(f["unicode"]) == "héllo wörld"
+    assert f["long"].endswith("~") and len(f["long"]) == MAX_VALUE_CHARS
+    assert f["long"] == "z" * (MAX_VALUE_CHARS - 1) + "~"
+    # the only raw spaces are the field separators
+    assert "\n" not in line and "\t" not in line
+
+
+def test_record_fits_pipe_buf_and_keeps_clk_dev(log):
+    huge = {f"attr{i}": "é" * 200 for i in range(60)}  # far beyond PIPE_BUF once encoded
+    strace.record("chip.run.runner_run.device_wall", inv=5, hid="h", depth=2, ts_ns=10, dur_ns=20, clk="dev", **huge)
+    with strace.span("big", inv=5, hid="h", **huge):
+        pass
+    raw = log.path.read_bytes()
+    records = raw.split(b"\n")[1:-1]
+    assert len(records) == 2
+    for line in records:
+        assert len(line) + 1 <= PIPE_BUF
+        assert line.endswith(b" trunc=1")
+    dev = parse_line(records[0].decode())["fields"]
+    assert dev["clk"] == "dev" and dev["ts"] == "10" and dev["dur"] == "20" and dev["depth"] == "2"
+    kept = [k for k in dev if k.startswith("attr")]
+    assert 0 < len(kept) < 60 and kept == [f"attr{i}" for i in range(len(kept))]
+
+
+def test_record_explicit_fields_and_tid(log):
+    strace.record("chip.run.bind", inv=2**64 - 1, hid="ab", depth=3, ts_ns=123, dur_ns=456, tid=4242, slot_id=1)
+    f = strace_records(log())[0]["fields"]
+    assert f == {
+        "v": "1",
+        "pid": str(os.getpid()),
+        "tid": "4242",
+        "inv": str(2**64 - 1),
+        "hid": "ab",
+        "depth": "3",
+        "name": "chip.run.bind",
+        "ts": "123",
+        "dur": "456",
+        "slot_id": "1",
+    }
+    assert "clk" not in f
+
+
+def test_chip_process_ready_line(log):
+    strace.chip_process_ready("cpu:3")
+    lines = log()
+    assert parse_line(lines[0])["kind"] == "anchor"
+    assert parse_line(lines[1])["payload"] == format_chip_ready_payload(os.getpid(), "cpu:3") == f"[chip_process pid={os.getpid()} dev=cpu:3] ready"
+
+
+def test_disabled_writes_nothing_and_costs_a_shared_noop(tmp_path):
+    path = tmp_path / "quiet.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        strace.enable(fd)
+        strace.disable()
+        assert not strace.is_enabled()
+        first = strace.span("a", inv=1, hid="h", x=1)
+        assert first is strace.span("b", inv=2, hid="h")
+        with first as sp:
+            sp.set(y=2)
+        assert strace.record("c", inv=1, hid="h", depth=0, ts_ns=0, dur_ns=1) is None
+        strace.chip_process_ready("cpu:0")
+        strace.emit_clock_anchor()
+    finally:
+        os.close(fd)
+    assert path.read_bytes() == b""
+
+
+def test_invocation_ids_unique_64bit_and_fresh_after_fork(tmp_path):
+    ids = [strace.new_invocation() for _ in range(10_000)]
+    assert len(set(ids)) == len(ids)
+    assert all(0 <= i < 2**64 for i in ids)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os.close(read_fd)
+            child_ids = [strace.new_invocation() for _ in range(1000)]
+            os.write(write_fd, ",".join(map(str, child_ids)).encode())
+        finally:
+            os._exit(0)
+    os.close(write_fd)
+    with os.fdopen(read_fd, "rb") as r:
+        child_ids = [int(x) for x in r.read().decode().split(",")]
+    os.waitpid(pid, 0)
+    assert len(set(child_ids)) == 1000
+    assert not set(child_ids) & set(ids)
+
+
+def test_forked_children_share_one_pipe_without_interleaving(tmp_path):
+    """Several forked ranks write big records concurrently to one pipe; every line arrives whole."""
+    read_fd, write_fd = os.pipe()
+    strace.enable(write_fd)
+    children = 4
+    spans_per_child = 150
+    payload = "x" * 250
+    try:
+        with strace.span("parent.before_fork", inv=1, hid="h"):
+            pass
+        pids = []
+        for rank in range(children):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.close(read_fd)
+                    strace.chip_process_ready(f"cpu:{rank}")
+                    inv = strace.new_invocation()
+                    for i in range(spans_per_child):
+                        with strace.span("chip.run", inv=inv, hid="h", rank=rank, i=i, a=payload, b=payload, c=payload):
+                            with strace.span("chip.run.bind", inv=inv, hid="h", a=payload):
+                                pass
+                finally:
+                    os._exit(0)
+            pids.append(pid)
+    finally:
+        strace.disable()
+        os.close(write_fd)
+    chunks = []
+    with os.fdopen(read_fd, "rb") as r:
+        while data := r.read(65536):
+            chunks.append(data)
+    for pid in pids:
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+    lines = b"".join(chunks).decode().splitlines()
+    parsed = [parse_line(line) for line in lines]  # asserts every line is one whole record
+    anchors = [p for p in parsed if p["kind"] == "anchor"]
+    assert sorted(int(a["fields"]["pid"]) for a in anchors) == sorted([os.getpid(), *pids])
+    records = [p["fields"] for p in parsed if p["kind"] == "strace"]
+    assert len(records) == 1 + children * spans_per_child * 2
+    for pid in pids:
+        mine = [r for r in records if r["pid"] == str(pid)]
+        assert len(mine) == spans_per_child * 2
+        # the child's own tid (its main thread), never the parent's
+        assert {r["tid"] for r in mine} == {str(pid)}
+        assert sorted(int(r["i"]) for r in mine if r["name"] == "chip.run") == list(range(spans_per_child))
+        assert all(r["a"] == payload for r in mine)
+        # each child's anchor comes before its first record
+        first_anchor = next(i for i, p in enumerate(parsed) if p["kind"] == "anchor" and p["fields"]["pid"] == str(pid))
+        first_record = next(i for i, p in enumerate(parsed) if p["kind"] == "strace" and p["fields"]["pid"] == str(pid))
+        assert first_anchor < first_record
+    ready = [p["payload"] for p in parsed if p["payload"].startswith("[chip_process")]
+    assert sorted(ready) == sorted(f"[chip_process pid={pid} dev=cpu:{rank}] ready" for rank, pid in enumerate(pids))
