@@ -88,6 +88,7 @@ def skew_figures(roots: pd.DataFrame) -> tuple[dict, list[dict], pd.DataFrame]:
         "runner_to_validate_gap_ms": percentile_block(durations["runner_to_validate_gap_ns"]),
         "validate_ms": percentile_block(durations["validate_ns"]),
         "bind_ms": percentile_block(durations["bind_ns"]),
+        "runner_run_ms": percentile_block(durations["runner_ns"]),
         "root_ms": percentile_block(durations["root_ns"]),
     }
     per_rank: dict[str, dict] = {}

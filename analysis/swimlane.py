@@ -21,8 +21,6 @@ from dsprof.analysis.spans import Trace, attr_columns
 ROOT_NAME = "chip.run"
 DECODE_CALLABLE = "decode.main+verify+mtp"
 EXTERNAL_PREFIX = "ext."
-# the phases of a root that the figures use, by their phase label
-ROOT_PHASES = ("bind", "runner_run", "claim_release", "validate", "native_fence_wait")
 ROOT_ATTRS = ("callable", "rank", "device", "run_epoch", "slot_id", "step")
 
 
@@ -50,10 +48,15 @@ class Swimlane:
 
 
 def phase_of(names: pd.Series) -> pd.Series:
-    """Phase label from the span name: ``chip.run`` -> root, ``chip.run.runner_run.X`` -> X."""
-    phase = names.str.replace(r"^chip\.run\.?", "", regex=True)
+    """Phase label from the span name: ``chip.run`` -> root, ``chip.run.runner_run.X`` -> X.
+
+    Computed once per distinct name (a trace has a handful), then spread to the rows.
+    """
+    codes, uniques = pd.factorize(names)
+    phase = pd.Series(uniques).str.replace(r"^chip\.run\.?", "", regex=True)
     phase = phase.str.replace(r"^runner_run\.", "", regex=True)
-    return phase.mask(phase == "", "root")
+    phase = phase.mask(phase == "", "root").astype("string[pyarrow]")
+    return pd.Series(phase.array.take(codes), index=names.index, dtype="string[pyarrow]")
 
 
 def _natural_key(text: str) -> tuple:
@@ -65,7 +68,9 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
     spans = trace.spans
     is_strace = spans["inv"].notna() & spans["depth"].notna()
     serving = spans[~is_strace].reset_index(drop=True)
-    runtime_all = spans[is_strace & ~spans["name"].str.startswith(EXTERNAL_PREFIX)]
+    name_codes, names = pd.factorize(spans["name"])
+    external = pd.Series(names, dtype="string[pyarrow]").str.startswith(EXTERNAL_PREFIX).to_numpy(bool)
+    runtime_all = spans[is_strace & ~external[name_codes]]
     device_clock = runtime_all[runtime_all["clk"] == "dev"]
     host = runtime_all[runtime_all["clk"] != "dev"]
     if progress:
@@ -118,14 +123,17 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
     inv.loc[decode.index, "step"] = decode.groupby("rank", dropna=False).cumcount().to_numpy()
 
     # runtime rows of the kept invocations, with their invocation's identity
-    join_cols = ["pid", "inv", "rank", "device", "step", "callable", "lane"]
+    inv["inv_row"] = np.arange(len(inv))
+    join_cols = ["pid", "inv", "inv_row", "rank", "device", "step", "callable", "lane"]
     runtime = host.merge(inv[join_cols], on=["pid", "inv"], how="inner")
-    runtime["phase"] = phase_of(runtime["name"]).astype("string[pyarrow]")
+    runtime["phase"] = phase_of(runtime["name"])
     runtime["wall_ns"] = _wall_ns(runtime, trace.anchors)
     device_clock = device_clock.merge(inv[join_cols], on=["pid", "inv"], how="inner")
-    device_clock["phase"] = phase_of(device_clock["name"]).astype("string[pyarrow]")
+    device_clock["phase"] = phase_of(device_clock["name"])
 
-    root_table = _decode_roots(inv[inv["is_decode"]], runtime, device_clock)
+    root_table = _decode_roots(inv, runtime, device_clock)
+    runtime = runtime.drop(columns="inv_row")
+    device_clock = device_clock.drop(columns="inv_row")
     anchored = set(trace.anchors["pid"].tolist())
     unanchored = sorted(int(p) for p in processes["pid"] if int(p) not in anchored)
     callables = inv["callable"].value_counts().to_dict()
@@ -248,35 +256,32 @@ def _wall_ns(rows: pd.DataFrame, anchors: pd.DataFrame) -> pd.Series:
     return (wall + (rows["ts_ns"].astype("Int64") - mono)).astype("Int64")
 
 
-def _decode_roots(decode: pd.DataFrame, runtime: pd.DataFrame, device_clock: pd.DataFrame) -> pd.DataFrame:
-    """One row per decode root with the times of its phases (first span of each phase)."""
-    base = decode[["pid", "inv", "rank", "device", "step", "run_epoch", "slot_id", "root_ts_ns", "root_end_ns", "step_attr"]]
-    phases = runtime[runtime["phase"].isin(ROOT_PHASES) & runtime["step"].notna()]
-    phases = phases.sort_values("ts_ns", kind="stable").drop_duplicates(["pid", "inv", "phase"])
-    phases = phases.assign(end_ns=phases["ts_ns"] + phases["dur_ns"])
-    wide = phases.pivot(index=["pid", "inv"], columns="phase", values=["ts_ns", "end_ns", "dur_ns"])
-    out = base.reset_index(drop=True)
+def _decode_roots(inv: pd.DataFrame, runtime: pd.DataFrame, device_clock: pd.DataFrame) -> pd.DataFrame:
+    """One row per decode root with the times of its phases (the earliest span of each phase).
 
-    def column(kind: str, phase: str) -> pd.Series:
-        if (kind, phase) not in wide.columns:
-            return pd.Series(pd.NA, index=out.index, dtype="Int64")
-        series = wide[(kind, phase)]
-        keys = pd.MultiIndex.from_arrays([out["pid"], out["inv"]])
-        return pd.Series(series.reindex(keys).to_numpy(), index=out.index).astype("Int64")
+    Rows carry ``inv_row`` (their invocation's row in ``inv``), so each phase
+    column is one scatter into an array per invocation; scattering in
+    descending start order leaves the earliest span of a repeated phase.
+    """
+    out = inv[["pid", "inv", "rank", "device", "step", "run_epoch", "slot_id", "root_ts_ns", "root_end_ns", "step_attr"]].copy()
 
-    out["bind_ts_ns"] = column("ts_ns", "bind")
-    out["bind_end_ns"] = column("end_ns", "bind")
-    out["runner_ts_ns"] = column("ts_ns", "runner_run")
-    out["runner_end_ns"] = column("end_ns", "runner_run")
-    out["claim_ts_ns"] = column("ts_ns", "claim_release")
-    out["validate_ts_ns"] = column("ts_ns", "validate")
-    out["validate_end_ns"] = column("end_ns", "validate")
-    out["fence_wait_dur_ns"] = column("dur_ns", "native_fence_wait")
-    dev = device_clock[device_clock["phase"] == "device_wall"].drop_duplicates(["pid", "inv"])
-    dev_dur = dev.set_index(["pid", "inv"])["dur_ns"]
-    out["device_wall_dur_ns"] = pd.Series(
-        dev_dur.reindex(pd.MultiIndex.from_arrays([out["pid"], out["inv"]])).to_numpy(), index=out.index
-    ).astype("Int64")
-    for col in ("root_ts_ns", "root_end_ns"):
-        out[col] = out[col].astype("int64")
+    def scatter(rows: pd.DataFrame, values: pd.Series) -> pd.Series:
+        column = np.zeros(len(inv), dtype=np.int64)
+        present = np.zeros(len(inv), dtype=bool)
+        order = np.argsort(-rows["ts_ns"].to_numpy(), kind="stable")
+        target = rows["inv_row"].to_numpy()[order]
+        column[target] = values.to_numpy(np.int64)[order]
+        present[target] = True
+        return pd.Series(pd.arrays.IntegerArray(column, ~present), index=out.index)
+
+    for phase, prefix in (("bind", "bind"), ("runner_run", "runner"), ("claim_release", "claim"), ("validate", "validate")):
+        rows = runtime[runtime["phase"] == phase]
+        out[f"{prefix}_ts_ns"] = scatter(rows, rows["ts_ns"])
+        if prefix != "claim":
+            out[f"{prefix}_end_ns"] = scatter(rows, rows["ts_ns"] + rows["dur_ns"])
+    fence = runtime[runtime["phase"] == "native_fence_wait"]
+    out["fence_wait_dur_ns"] = scatter(fence, fence["dur_ns"])
+    device_wall = device_clock[device_clock["phase"] == "device_wall"]
+    out["device_wall_dur_ns"] = scatter(device_wall, device_wall["dur_ns"])
+    out = out[inv["is_decode"].to_numpy()]
     return out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)

@@ -55,6 +55,14 @@ def validate(swimlane: Swimlane, *, expect_ranks: int | None = None, dropped: di
         _check(checks, problems, "equal_steps", False, detail)
     else:
         _check(checks, problems, "equal_steps", True, f"every rank has {decode_steps} decode steps")
+    ranks_per_step = roots.groupby("step")["rank"].nunique() if len(roots) else pd.Series(dtype="int64")
+    partial = ranks_per_step[ranks_per_step < ranks]
+    if len(partial):
+        first, last = int(partial.index.min()), int(partial.index.max())
+        where = f"step {first}" if first == last else f"{len(partial)} steps between {first} and {last}"
+        _check(checks, problems, "complete_steps", False,
+               f"{where} present on only {int(partial.min())}-{int(partial.max())} of {ranks} ranks; "
+               "their figures use the ranks that have them")
     if expect_ranks is not None:
         missing = sorted(set(range(expect_ranks)) - set(int(r) for r in steps_per_rank.index))
         if missing:

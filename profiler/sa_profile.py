@@ -153,9 +153,10 @@ class _Recorder:
             return
         if self.fd is None:
             self.fd = self._open_fragment()
-        data = ("\n".join(self.buffer) + "\n").encode()
+        data = memoryview(("\n".join(self.buffer) + "\n").encode())
         self.buffer.clear()
-        os.write(self.fd, data)
+        while data:  # one write in practice; continue after a short write (one writer per file)
+            data = data[os.write(self.fd, data) :]
 
     def _open_fragment(self) -> int:
         self.fragments.mkdir(parents=True, exist_ok=True)

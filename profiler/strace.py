@@ -40,6 +40,8 @@ _UINT64_MASK = (1 << 64) - 1
 # encoding; bounded so arbitrary attribute values cannot grow it without limit.
 _ENCODED_CACHE_MAX = 4096
 _ENCODED_CACHE_MAX_LEN = 64
+# ints below this print in fewer than MAX_VALUE_CHARS digits, so need no cap
+_SHORT_INT_LIMIT = 10 ** (MAX_VALUE_CHARS - 2)
 
 _fd: int | None = None
 _pid: int = os.getpid()
@@ -176,11 +178,15 @@ def _build_head(state: _ThreadState) -> str:
 
 
 def _attr_text(attrs: dict) -> str:
-    """`` k=v`` for every attribute, encoded; a plain loop is cheaper than a comprehension for the usual few."""
+    """`` k=v`` for every attribute, encoded; ints and cached strings skip the encoder call."""
     cached = _encoded.get
     text = ""
     for key, value in attrs.items():
-        text += f" {cached(key) or _encode(key)}={_encode(value)}"
+        kind = type(value)
+        if kind is int and -_SHORT_INT_LIMIT < value < _SHORT_INT_LIMIT:
+            text += f" {cached(key) or _encode(key)}={value}"
+        else:
+            text += f" {cached(key) or _encode(key)}={(kind is str and cached(value)) or _encode(value)}"
     return text
 
 

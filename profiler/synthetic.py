@@ -126,6 +126,7 @@ class SyntheticRun:
     missing_steps: dict[int, int] = field(default_factory=dict)  # rank -> steps it lacks at the end
     base_pid: int = 41000
     sa_profile: bool = True
+    sa_worker_spans: bool = True      # worker/kernel spans per (rank, step) in the SA_PROFILE trace
     performance_summary: bool = True
     requests_per_rank: int = 4
     output_tokens: int = 256
@@ -366,26 +367,40 @@ class SyntheticRun:
         return np.full(self.ranks * self.requests_per_rank, self.output_tokens, dtype=np.int64)
 
     def write_sa_profile(self, path: str | Path) -> None:
+        """The merged SA_PROFILE trace: request and serving spans, a scheduler span per step and,
+        with ``sa_worker_spans``, a worker and a kernel span per (rank, step) (built column-wise)."""
         t = self.timings()
-        events = [{"ph": "M", "name": "process_name", "pid": self.base_pid - 1, "tid": 0, "args": {"name": "serving"}}]
+        serving_pid = self.base_pid - 1
+        events = [{"ph": "M", "name": "process_name", "pid": serving_pid, "tid": 0, "args": {"name": "serving"}}]
         events += self.request_spans()
         w0, w1 = self.serving_window_ns
         events.append({"name": "serving.batch", "cat": "serving", "ph": "X", "ts": w0 // 1000, "dur": (w1 - w0) // 1000,
-                       "pid": self.base_pid - 1, "tid": 1, "args": {}})
+                       "pid": serving_pid, "tid": 1, "args": {}})
+        lines = [json.dumps(e) for e in events]
         step_start = t.root_start_ns.min(axis=0) // 1000
         step_end = t.root_end_ns.max(axis=0) // 1000
-        for s in range(self.steps):  # per step, not per span: the fragment writer's granularity
-            events.append({"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": int(step_start[s]),
-                           "dur": int(step_end[s] - step_start[s]), "pid": self.base_pid - 1, "tid": 2, "args": {"step": s}})
-        counts = self.steps_per_rank()
-        rs, ss = np.nonzero(np.arange(self.steps)[None, :] < counts[:, None])
-        for r, s in zip(rs.tolist(), ss.tolist()):
-            pid = self.pid(r)
-            events.append({"name": "worker.execute", "cat": "worker", "ph": "X", "ts": int(t.root_start_ns[r, s] // 1000),
-                           "dur": int((t.root_end_ns[r, s] - t.root_start_ns[r, s]) // 1000), "pid": pid, "tid": pid, "args": {"step": s}})
-            events.append({"name": "kernel.decode_fwd", "cat": "kernel", "ph": "X", "ts": int(t.runner_start_ns[r, s] // 1000),
-                           "dur": int((t.runner_end_ns[r, s] - t.runner_start_ns[r, s]) // 1000), "pid": pid, "tid": pid, "args": {}})
-        Path(path).write_text(json.dumps({"traceEvents": events}))
+        steps = np.arange(self.steps)
+        columns = [join_text('{"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": ', step_start,
+                             ', "dur": ', step_end - step_start, f', "pid": {serving_pid}, "tid": 2, "args": {{"step": ', steps, "}}")]
+        if not self.sa_worker_spans:  # the worker category still appears, once per step
+            columns.append(join_text('{"name": "worker.step", "cat": "worker", "ph": "X", "ts": ', step_start,
+                                     ', "dur": ', step_end - step_start, f', "pid": {serving_pid}, "tid": 3, "args": {{"step": ', steps, "}}"))
+        else:
+            rs, ss = np.nonzero(steps[None, :] < self.steps_per_rank()[:, None])
+            pid = rs + self.base_pid
+            for name, cat, start, end in (("worker.execute", "worker", t.root_start_ns, t.root_end_ns),
+                                          ("kernel.decode_fwd", "kernel", t.runner_start_ns, t.runner_end_ns)):
+                ts = start[rs, ss] // 1000
+                columns.append(join_text(f'{{"name": "{name}", "cat": "{cat}", "ph": "X", "ts": ', ts,
+                                         ', "dur": ', end[rs, ss] // 1000 - ts, ', "pid": ', pid, ', "tid": ', pid,
+                                         ', "args": {"step": ', ss, "}}"))
+        text = pa.concat_arrays([pa.array(lines, pa.string()), *columns])
+        separators = np.full(len(text), ",\n", dtype=object)
+        separators[-1] = "\n"
+        with open(path, "wb") as f:
+            f.write(b'{"traceEvents": [\n')
+            f.write(text_buffer(pc.binary_join_element_wise(text, pa.array(separators, pa.string()), "")))
+            f.write(b"]}\n")
 
     def performance_summary_dict(self) -> dict:
         tokens = int(self.tokens_returned_per_request().sum())

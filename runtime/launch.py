@@ -16,7 +16,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -47,22 +47,34 @@ class RunOutcome:
     summary: dict | None
     failed_rank: int | None
     message: str
+    tokens: dict[int, list[int]] = field(default_factory=dict)  # request id -> output tokens returned
 
 
 class QueueSink:
-    """A rank's channel to the launcher (tokens, faults, lifecycle)."""
+    """A rank's channel to the launcher (tokens, faults, lifecycle); ``channel`` has ``put``."""
 
     def __init__(self, channel):
         self.channel = channel
 
     def tokens(self, rank: int, step: int, returned: dict[int, list[int]], verified: int, accepted: int) -> None:
-        self.channel.put(("tokens", rank, step, returned, verified, accepted))
+        self.channel.put(("tokens", rank, step, returned, verified, accepted, time.perf_counter_ns()))
 
     def fault(self, event: dict) -> None:
         self.channel.put(("fault", event))
 
     def send(self, *message) -> None:
         self.channel.put(message)
+
+
+class ListSink(QueueSink):
+    """Keeps a rank's messages in a list (torchrun: gathered to rank 0 at the end)."""
+
+    def __init__(self):
+        self.messages: list[tuple] = []
+        super().__init__(self)
+
+    def put(self, message: tuple) -> None:
+        self.messages.append(message)
 
 
 def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, master_port: int,
@@ -75,7 +87,11 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
     else:
         strace.disable()
     par = init_distributed(rank, world, config.tp, master_addr, master_port)
-    device = make_device(rank, config.copy_latency_ms, on_start=lambda: torch.set_num_threads(1))
+    def on_device_thread_start() -> None:
+        torch.set_num_threads(1)
+        sa_profile.set_thread_name(f"device executor (rank {rank})")
+
+    device = make_device(rank, config.copy_latency_ms, on_start=on_device_thread_start)
     try:
         strace.chip_process_ready(device.name)
         sa_profile.set_process_name(f"rank {rank} ({device.name})")
@@ -142,8 +158,7 @@ class _Collector:
     def handle(self, message: tuple) -> None:
         kind = message[0]
         if kind == "tokens":
-            _, rank, step, returned, verified, accepted = message
-            now = time.perf_counter_ns()
+            _, rank, step, returned, verified, accepted, now = message
             for rid, toks in returned.items():
                 self.tokens[rid].extend(toks)
                 self.last_token_ns[rid] = now
@@ -285,8 +300,6 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
         message = f"{collector.returned} tokens returned by {config.ranks} ranks"
     if config.profile:
         dp_rank_of = {rid: dp for dp, rids in enumerate(plan.requests_of_dp) for rid in rids}
-        with sa_profile.span("serving.batch", "serving", requests=config.requests):
-            pass
         for rid, last in collector.last_token_ns.items():
             sa_profile.complete("request", "request", start_ns // 1000, (last - start_ns) // 1000, request_id=rid,
                                 dp_rank=dp_rank_of[rid], prompt_tokens=config.prompt_tokens,
@@ -322,4 +335,33 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
         faults = sorted(collector.faults, key=lambda f: (f["step"] if f["step"] is not None else -1, f["rank"], f["kind"]))
         (out / "faults.json").write_text(json.dumps(
             {"schema": FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults}, indent=2) + "\n")
-    return RunOutcome(status, out, summary, failed_rank, message)
+    return RunOutcome(status, out, summary, failed_rank, message, collector.tokens)
+
+
+def run_torchrun_rank(config: RuntimeConfig, out_dir: str | os.PathLike, rank: int, world: int) -> int:
+    """One rank started by torchrun (RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT set).
+
+    Ranks keep their reports locally; rank 0 gathers them after the final
+    barrier and writes performance_summary.json (and faults.json). The ranks'
+    stderr is wherever torchrun sends it: redirect it to ``DIR/server.log``.
+    """
+    if world != config.ranks:
+        raise DsprofError(f"WORLD_SIZE={world} does not match --ranks {config.ranks}")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    sink = ListSink()
+    launch_ns = time.perf_counter_ns()
+    run_rank(config, rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"),
+             int(os.environ.get("MASTER_PORT", "29500")), out, sink)
+    gathered: list | None = [None] * world if rank == 0 else None
+    dist.gather_object(sink.messages, gathered, dst=0)
+    status = EXIT_OK
+    if rank == 0:
+        plan = plan_serving(config)
+        collector = _Collector(config, plan, None)
+        for messages in gathered:
+            for message in messages:
+                collector.handle(message)
+        status = _finish(config, out, plan, collector, launch_ns, None, "", None).exit_status
+    shutdown_distributed()
+    return status

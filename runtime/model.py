@@ -129,8 +129,10 @@ class DeepSeekLite:
                   ctx_slots: torch.Tensor, kv_pool: torch.Tensor) -> torch.Tensor:
         """MLA-style attention: cache the compressed latent, up-project K/V from it.
 
-        ``positions`` [B, T] of the new tokens, ``slots`` [B, T] their cache slots,
-        ``ctx_slots`` [B, L] cache slots of context positions 0..L-1.
+        The K/V up-projections are absorbed into the query and the output (as MLA
+        does in decode), so attention runs directly on the cached latents.
+        ``positions`` [B, T] of the new tokens, ``slots`` [B, T] their cache
+        slots, ``ctx_slots`` [B, L] cache slots of context positions 0..L-1.
         """
         s, p = self.shape, self.attn[layer]
         B, T, _ = x.shape
@@ -140,13 +142,12 @@ class DeepSeekLite:
         kv_pool.index_copy_(0, slots.reshape(-1), latent.reshape(-1, s.latent))
         ctx = kv_pool[ctx_slots]  # [B, L, latent]
         L = ctx.shape[1]
-        k = (ctx @ p["w_uk"]).view(B, L, hl, hd)
-        v = (ctx @ p["w_uv"]).view(B, L, hl, hd)
-        scores = torch.einsum("bthd,blhd->bhtl", q, k) / math.sqrt(hd)
-        key_pos = torch.arange(L, device=x.device)
-        allowed = key_pos.view(1, 1, L) <= positions.view(B, T, 1)
+        q_latent = torch.einsum("bthd,lhd->bthl", q, p["w_uk"].view(s.latent, hl, hd))
+        scores = torch.einsum("bthl,bsl->bhts", q_latent, ctx) / math.sqrt(hd)
+        allowed = torch.arange(L, device=x.device).view(1, 1, L) <= positions.view(B, T, 1)
         scores = scores.masked_fill(~allowed.unsqueeze(1), float("-inf"))
-        out = torch.einsum("bhtl,blhd->bthd", scores.softmax(-1), v).reshape(B, T, hl * hd)
+        out_latent = torch.einsum("bhts,bsl->bthl", scores.softmax(-1), ctx)
+        out = torch.einsum("bthl,lhd->bthd", out_latent, p["w_uv"].view(s.latent, hl, hd)).reshape(B, T, hl * hd)
         return self.par.all_reduce_tp(out @ p["wo"])
 
     def dense(self, x: torch.Tensor, layer: int) -> torch.Tensor:

@@ -29,6 +29,7 @@ HEALTHY = {
     "figures": {
         "runner_start_skew_ms": _block(0.1, 0.3, 0.45, 0.5),
         "runner_end_skew_ms": _block(0.2, 0.8, 1.0, 1.2),
+        "runner_run_ms": _block(18.0, 19.0, 19.5, 20.0),
         "root_ms": _block(20.0, 22.0, 23.0, 25.0),
         "per_rank": {"0": {"root_ms": _block(20.0, 21.0, 22.0, 23.0)}},
     },
@@ -282,7 +283,7 @@ def test_ci_rules_fail_a_serialized_pipeline():
     serialized = copy.deepcopy(HEALTHY)
     serialized["pipeline"]["serialized"] = True
     serialized["pipeline"]["violations"] = 36
-    serialized["pipeline"]["cadence_p50_ms"] = 26.0  # cadence beyond the root duration: no overlap
+    serialized["pipeline"]["cadence_p50_ms"] = 26.0  # bind + runner_run: longer than one runner_run (18.0)
     serialized["pipeline"]["achieved_depth"] = {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
     verdict = gate(serialized, REPO / "examples" / "ci-rules.toml", baseline=HEALTHY)
     failed = {r.path for r in verdict.results if r.failed}

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import os
 import re
+import subprocess
+import sys
 import threading
 import time
 
@@ -239,11 +241,13 @@ def test_invocation_ids_unique_64bit_and_fresh_after_fork(tmp_path):
         finally:
             os._exit(0)
     os.close(write_fd)
+    parent_ids_after_fork = [strace.new_invocation() for _ in range(1000)]
     with os.fdopen(read_fd, "rb") as r:
         child_ids = [int(x) for x in r.read().decode().split(",")]
     os.waitpid(pid, 0)
     assert len(set(child_ids)) == 1000
-    assert not set(child_ids) & set(ids)
+    # the child starts a sequence of its own: no id of the parent, before or after the fork
+    assert not set(child_ids) & (set(ids) | set(parent_ids_after_fork))
 
 
 def test_forked_children_share_one_pipe_without_interleaving(tmp_path):
@@ -300,3 +304,23 @@ def test_forked_children_share_one_pipe_without_interleaving(tmp_path):
         assert first_anchor < first_record
     ready = [p["payload"] for p in parsed if p["payload"].startswith("[chip_process")]
     assert sorted(ready) == sorted(f"[chip_process pid={pid} dev=cpu:{rank}] ready" for rank, pid in enumerate(pids))
+
+
+@pytest.mark.parametrize("switch", ["1", None])
+def test_environment_switch_writes_to_stderr(switch):
+    code = (
+        "from dsprof.profiler import strace\n"
+        "with strace.span('chip.run', inv=7, hid='h', rank=0):\n"
+        "    pass\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "DSPROF_STRACE"}
+    if switch is not None:
+        env["DSPROF_STRACE"] = switch
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and proc.stdout == ""
+    if switch is None:
+        assert proc.stderr == ""
+        return
+    anchor, rec = (parse_line(line) for line in proc.stderr.splitlines())
+    assert anchor["kind"] == "anchor" and anchor["fields"]["pid"] == rec["fields"]["pid"]
+    assert (rec["fields"]["name"], rec["fields"]["inv"], rec["fields"]["depth"], rec["fields"]["rank"]) == ("chip.run", "7", "0", "0")

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.outputs.html_report import _script_json, _swimlane_data, render_html, write_html_report
-from dsprof.analysis.swimlane import build_swimlane
+from dsprof.analysis.analyze import analyze
+from dsprof.analysis.outputs.html_report import REPORT_NAME, _script_json, _swimlane_data, render_html, report_from_dir, write_html_report
+from dsprof.errors import InputError
 from dsprof.profiler.synthetic import SyntheticRun
 
 RANKS = 4
@@ -35,46 +35,38 @@ def _fence_plan() -> np.ndarray:
 
 
 def _write_run(directory: Path) -> Path:
-    """A synthetic artifact dir with two tail steps and hostile names in the serving trace."""
+    """A synthetic artifact dir with two tail steps and hostile text in the serving trace and workload."""
     SyntheticRun(ranks=RANKS, steps=STEPS, fence_wait_ns=_fence_plan()).write(directory)
     merged = directory / "serving-trace" / "trace.json"
     doc = json.loads(merged.read_text())
     first = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
     doc["traceEvents"].append({"name": XSS, "cat": XSS_CAT, "ph": "X", "ts": first + 100, "dur": 50, "pid": 7, "tid": 7, "args": {}})
     merged.write_text(json.dumps(doc))
+    performance = directory / "performance_summary.json"
+    summary = json.loads(performance.read_text())
+    summary["workload"]["preset"] = XSS
+    performance.write_text(json.dumps(summary))
     return directory
 
 
-def _summary() -> dict:
-    """The figures the analysis reports for this run, computed here from the injected delays."""
-    per_step = [
-        {"step": s, "runner_start_skew_ms": 0.0, "runner_end_skew_ms": TAILS.get(s, 0) / 1e6, "latest_start_rank": 0, "latest_end_rank": LATE_RANK}
-        for s in range(STEPS)
-    ]
-    tails = [
-        {"step": s, "rank": LATE_RANK, "device": f"npu:{LATE_RANK}", "runner_end_skew_ms": d / 1e6, "excess_ms": d / 1e6,
-         "phase": "native_fence_wait", "phase_excess_ms": d / 1e6}
-        for s, d in TAILS.items()
-    ]
-    return {
-        "schema": "dsprof.summary/1",
-        "workload": {"preset": XSS, "ranks": RANKS},
-        "exit_status": 0,
-        "validation": {"valid": True, "decode_steps": STEPS, "rank_roots": STEPS * RANKS, "ranks": RANKS, "problems": [], "checks": []},
-        "figures": {"runner_end_skew_ms": {"p50": 0.0, "p95": 11.6, "p99": 18.2, "max": 20.0, "count": STEPS}},
-        "per_step": per_step,
-        "late_starts": {"threshold_ms": 5.0, "count": 0, "items": []},
-        "tail_steps": {"threshold_ms": 5.0, "count": len(tails), "items": tails, "same_device": True,
-                       "straggler": {"verdict": f"rank {LATE_RANK} (npu:{LATE_RANK})", "rank": LATE_RANK, "device": f"npu:{LATE_RANK}", "share": 2 / STEPS}},
-        "pipeline": {"serialized": False, "diagnosis": "pipelined", "cadence_ms": {"0": {"p50": 9.57, "p95": 9.57, "p99": 9.57, "max": 9.57, "count": STEPS - 1}}},
-        "serving": {"tokens_returned": 4096, "tokens_expected": 4096},
-    }
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory):
+    return _write_run(tmp_path_factory.mktemp("run"))
 
 
 @pytest.fixture(scope="module")
-def swimlane(tmp_path_factory):
-    directory = _write_run(tmp_path_factory.mktemp("run"))
-    return build_swimlane(read_paths([directory]))
+def analysed(run_dir):
+    return analyze([run_dir])
+
+
+@pytest.fixture(scope="module")
+def swimlane(analysed):
+    return analysed.swimlane
+
+
+@pytest.fixture(scope="module")
+def summary(analysed):
+    return analysed.summary
 
 
 def test_script_json_cannot_end_the_script_block():
@@ -111,7 +103,7 @@ def test_every_span_is_drawn_once_without_a_budget(swimlane):
     assert XSS in names
 
 
-def test_over_budget_keeps_the_worst_steps_in_detail(swimlane):
+def test_over_budget_keeps_the_worst_steps_in_detail(swimlane, summary):
     per_step = len(swimlane.runtime[swimlane.runtime["step"] == 0])
     budget = 2 * per_step + 200  # room for two steps in detail (the aggregate part takes 1/10)
     data = _swimlane_data(swimlane, span_budget=budget)
@@ -131,14 +123,14 @@ def test_over_budget_keeps_the_worst_steps_in_detail(swimlane):
     for lo, hi in zip(agg["step_lo"], agg["step_hi"]):
         covered.update(range(lo, hi + 1))
     assert set(range(STEPS)) - detailed <= covered
-    page = render_html(swimlane, _summary(), span_budget=budget)
+    page = render_html(swimlane, summary, span_budget=budget)
     assert "over the span budget" in page
 
 
-def test_page_is_one_offline_file_with_escaped_text(swimlane, tmp_path):
+def test_page_is_one_offline_file_with_escaped_text(swimlane, summary, tmp_path):
     from plotly.offline import get_plotlyjs
 
-    path = write_html_report(swimlane, _summary(), tmp_path / "report.html")
+    path = write_html_report(swimlane, summary, tmp_path / "report.html")
     page = path.read_text()
     assert page.count(get_plotlyjs()[:500]) == 1
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)
@@ -242,8 +234,8 @@ def _undo_left(row: np.ndarray, prev: np.ndarray, bpp: int, predict) -> np.ndarr
 
 
 @pytest.mark.browser
-def test_report_renders_in_headless_chromium(swimlane, tmp_path):
-    page = render_html(swimlane, _summary())
+def test_report_renders_in_headless_chromium(swimlane, summary, tmp_path):
+    page = render_html(swimlane, summary)
     page = page.replace("<head>", "<head>" + ERROR_HOOK, 1).replace("</body>", CHECK % {"xss": json.dumps(XSS)} + "</body>", 1)
     path = tmp_path / "report.html"
     path.write_text(page)
@@ -265,8 +257,8 @@ def test_report_renders_in_headless_chromium(swimlane, tmp_path):
 
 
 @pytest.mark.browser
-def test_screenshot_is_not_blank(swimlane, tmp_path):
-    path = write_html_report(swimlane, _summary(), tmp_path / "report.html")
+def test_screenshot_is_not_blank(swimlane, summary, tmp_path):
+    path = write_html_report(swimlane, summary, tmp_path / "report.html")
     shot = tmp_path / "shot.png"
     _chromium(["--window-size=800,900", f"--screenshot={shot}", path.as_uri()], tmp_path)
     assert shot.exists(), "chromium wrote no screenshot"
@@ -276,3 +268,22 @@ def test_screenshot_is_not_blank(swimlane, tmp_path):
     assert gray.std() > 20  # text, bars and axes on white
     colors = {tuple(p) for p in pixels[::4, ::4, :3].reshape(-1, 3).tolist()}
     assert len(colors) > 50
+
+
+def test_report_from_dir_lists_the_tail_steps_the_analysis_found(run_dir, tmp_path):
+    progress: list[str] = []
+    path = report_from_dir(run_dir, tmp_path / "out.html", progress=progress.append)
+    page = path.read_text()
+    # the analysis finds the two injected tails on rank 2; each entry zooms to its step
+    assert re.findall(r'<ol class="tail-steps">(.*?)</ol>', page, re.S)
+    buttons = re.findall(r'<button type="button" class="zoom" data-step="(\d+)">', page)
+    assert sorted(map(int, buttons)) == sorted(TAILS)
+    assert "late rank 2 (npu:2)" in page and "native_fence_wait" in page
+    assert progress and progress[-1].startswith("writing ")
+
+
+def test_report_from_dir_defaults_into_the_directory_and_rejects_a_file(run_dir, tmp_path):
+    assert report_from_dir(run_dir) == run_dir / REPORT_NAME
+    assert (run_dir / REPORT_NAME).stat().st_size > 1_000_000
+    with pytest.raises(InputError, match="not a directory"):
+        report_from_dir(run_dir / "server.log")

@@ -17,7 +17,7 @@ import pytest
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.spans import SPAN_COLUMNS
 from dsprof.profiler import sa_profile, strace
-from dsprof.profiler.strace_format import MAX_VALUE_CHARS
+from dsprof.profiler.strace_format import MAX_VALUE_CHARS, PIPE_BUF, encode_value
 
 HID = "9f3ab2c4d5e6f708"
 RANKS = 4
@@ -256,3 +256,30 @@ def test_both_recorders_share_the_host_clock(tmp_path, sa_off):
     # SA_PROFILE ends are floored to whole µs, so allow under 1 µs at the end
     assert ((host["ts_ns"] + host["dur_ns"]) < (serving["ts_ns"] + serving["dur_ns"] + 1000)).all()
     assert [attrs_of(r)["step"] for _, r in host.iterrows()] == [str(s) for s in range(5)]
+
+
+def test_strace_truncated_and_escaped_records(tmp_path):
+    """A record trimmed to PIPE_BUF comes back with its leading attributes intact and ``trunc=1``."""
+    log = tmp_path / "server.log"
+    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    strace.enable(fd)
+    values = {f"k{i}": f"value {i} ü" + "v" * 150 for i in range(40)}  # ~6.5 KB of attributes
+    try:
+        strace.record("odd name=[x]", inv=2**63 + 1, hid="ab cd", depth=0, ts_ns=100, dur_ns=200, clk="dev", **values)
+    finally:
+        strace.disable()
+        os.close(fd)
+    raw_record = log.read_bytes().splitlines()[-1]
+    assert len(raw_record) + 1 <= PIPE_BUF
+    trace = read_paths([log])
+    assert trace.dropped == {}
+    row = trace.spans.iloc[0]
+    assert (row["name"], row["hid"], row["inv"], row["clk"], row["ts_ns"], row["dur_ns"]) == ("odd name=[x]", "ab cd", 2**63 + 1, "dev", 100, 200)
+    attrs = attrs_of(row)
+    assert attrs.pop("trunc") == "1"
+    kept = len(attrs)
+    assert 0 < kept < len(values)
+    assert attrs == {f"k{i}": values[f"k{i}"] for i in range(kept)}
+    # the next attribute would not have fitted in one atomic write
+    next_attr = f" k{kept}={encode_value(values[f'k{kept}'])}".encode()
+    assert len(raw_record) + len(next_attr) + 1 > PIPE_BUF

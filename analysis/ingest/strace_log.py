@@ -56,23 +56,28 @@ LINES_PER_BATCH = 1 << 18
 REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 # A token of the k=v grammar: no spaces, brackets or '=' (they are escaped).
 _TOKEN = r"[^\s\[\]=]"
-# One record after its "[STRACE]" marker. Digit counts are capped so that
-# casting cannot overflow by more than the range check below catches.
-STRACE_PATTERN = (
+_HEAD = (
     r"^ v=(?P<v>\d{1,9}) pid=(?P<pid>-?\d{1,19}) tid=(?P<tid>-?\d{1,19}) inv=(?P<inv>\d{1,20})"
     r" hid=(?P<hid>" + _TOKEN + r"+) depth=(?P<depth>\d{1,19}) name=(?P<name>" + _TOKEN + r"*)"
     r" ts=(?P<ts>-?\d{1,19}) dur=(?P<dur>-?\d{1,19})"
-    r"(?P<tail>(?: +" + _TOKEN + r"+=" + _TOKEN + r"*)*)(?:\s|\[|$)"
+)
+# One record after its "[STRACE]" marker, followed by anything that cannot
+# belong to it (space, '[' of the next log prefix, end). Digit counts are capped
+# so that the range check in _out_of_range sees every overflow.
+STRACE_PATTERN = _HEAD + r"(?P<tail>(?: +" + _TOKEN + r"+=" + _TOKEN + r"*)*)(?:\s|\[|$)"
+# The common shape, checked without captures (fast DFA): a version-1 record,
+# single spaces, that is the rest of its line. Its fields are then cut out by
+# splitting on spaces instead of by the (much slower) capturing regex.
+PLAIN_RECORD_PATTERN = (
+    r"^ v=1 pid=-?\d{1,19} tid=-?\d{1,19} inv=\d{1,20} hid=" + _TOKEN + r"+ depth=\d{1,19} name=" + _TOKEN + r"*"
+    r" ts=-?\d{1,19} dur=-?\d{1,19}(?: " + _TOKEN + r"+=" + _TOKEN + r"*)*\r?\n?$"
 )
 _STRACE_RE = re.compile(STRACE_PATTERN, re.ASCII)
-_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur", "tail")
+_VALUE_FIELDS = ("pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 
 ANCHOR_PATTERN = r"\[CLOCK_ANCHOR\] v=(?P<v>\d{1,9}) pid=(?P<pid>\d{1,19}) mono_ns=(?P<mono_ns>-?\d{1,19}) wall_ns=(?P<wall_ns>-?\d{1,19})(?:\s|\[|$)"
 CHIP_PATTERN = r"\[chip_process pid=(?P<pid>\d{1,19}) dev=(?P<device>" + _TOKEN + r"+)\] ready"
 
-_INT64_MAX = str(2**63 - 1)
-_INT64_MIN_ABS = str(2**63)
-_UINT64_MAX = str(2**64 - 1)
 
 Progress = Callable[[str], None] | None
 
@@ -94,33 +99,26 @@ def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Tra
     n_lines = len(log.lines)
     dropped: dict[str, int] = {}
 
-    batches: list[pa.Table] = []
+    parts: list[_Records] = []
     slow: list[_SlowRecord] = []
+    side_lines: list[np.ndarray] = []  # lines that may hold anchors / chip_process lines
     for start in range(0, n_lines, LINES_PER_BATCH):
-        table, batch_slow = _extract_batch(log, start, min(start + LINES_PER_BATCH, n_lines))
-        if table.num_rows:
-            batches.append(table)
+        records, batch_slow, batch_side = _extract_batch(log, start, min(start + LINES_PER_BATCH, n_lines), dropped)
+        parts.append(records)
         slow.extend(batch_slow)
+        side_lines.append(batch_side)
         if progress is not None and n_lines > LINES_PER_BATCH:
             progress(f"{file}: {min(start + LINES_PER_BATCH, n_lines):,}/{n_lines:,} lines")
     slow.extend(_marker_split_records(log))
-
     recovered = _finish_slow_records(slow, log, dropped)
-    if recovered:
-        batches.append(
-            pa.table(
-                {"line": pa.array([line for line, _ in recovered], pa.int64())}
-                | {f: pa.array([groups[f] for _, groups in recovered], pa.large_string()) for f in _FIELDS}
-            )
-        )
-    records_found = sum(t.num_rows for t in batches) + len(slow) - len(recovered)
-    fields = pa.concat_tables(batches) if batches else None
-    if recovered:  # records from the slow path go back to the place of their first line
-        fields = fields.take(pc.sort_indices(fields, [("line", "ascending")]))
+    parts.append(recovered)
+    records = _Records.concat(parts)
+    records_found = len(records) + sum(dropped.values())  # only record drops are counted so far
 
-    anchors = _anchors(log.lines, dropped)
-    chips = _chip_devices(log.lines, dropped)
-    spans = _spans_from_fields(fields, file, dropped)
+    side = log.lines.take(pa.array(np.concatenate(side_lines + [np.empty(0, np.int64)])))
+    anchors = _anchors(side, dropped)
+    chips = _chip_devices(side, dropped)
+    spans = _spans_from_records(records, file, dropped, in_line_order=len(slow) > 0)
 
     if len(spans) == 0 and len(anchors) == 0 and len(chips) == 0 and records_found == 0 and binary_at is not None:
         raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
@@ -134,6 +132,64 @@ def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Tra
         files=[file],
         extras={"lines_read": n_lines},
     )
+
+
+class _Records:
+    """Records as text fields (one Arrow column per field) plus their attribute tokens.
+
+    ``tokens`` holds every trailing ``k=v`` token (still encoded) and
+    ``token_row`` the record each belongs to, in record order. ``order`` is the
+    record's position in the log (line, then place on the line).
+    """
+
+    def __init__(self, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tokens: pa.Array, token_row: np.ndarray):
+        self.line, self.order, self.fields, self.tokens, self.token_row = line, order, fields, tokens, token_row
+
+    def __len__(self) -> int:
+        return len(self.line)
+
+    @classmethod
+    def concat(cls, parts: list["_Records"]) -> "_Records":
+        parts = [p for p in parts if len(p)]
+        if not parts:
+            return cls.empty()
+        row_base = np.cumsum([0] + [len(p) for p in parts[:-1]])
+        return cls(
+            np.concatenate([p.line for p in parts]),
+            np.concatenate([p.order for p in parts]),
+            {f: pa.concat_arrays([p.fields[f].cast(pa.large_string()) for p in parts]) for f in _VALUE_FIELDS},
+            pa.concat_arrays([p.tokens.cast(pa.large_string()) for p in parts]),
+            np.concatenate([p.token_row + base for p, base in zip(parts, row_base)]),
+        )
+
+    @classmethod
+    def empty(cls) -> "_Records":
+        nothing = pa.array([], pa.large_string())
+        return cls(np.empty(0, np.int64), np.empty(0, np.int64), {f: nothing for f in _VALUE_FIELDS}, nothing, np.empty(0, np.int64))
+
+    @classmethod
+    def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> "_Records":
+        """Records whose attributes are still one text per record (``tail``)."""
+        tails = pa.array(tails, pa.large_string()) if not isinstance(tails, pa.Array) else tails
+        token_lists = pc.split_pattern(pc.utf8_rtrim(tails, "\r\n"), " ")
+        tokens = token_lists.flatten()
+        token_row = pc.list_parent_indices(token_lists)
+        nonempty = pc.greater(pc.binary_length(tokens), 0)
+        return cls(line, order, fields, tokens.filter(nonempty), token_row.filter(nonempty).to_numpy().astype(np.int64))
+
+    def filter(self, keep: np.ndarray) -> "_Records":
+        if keep.all():
+            return self
+        new_row = np.cumsum(keep) - 1
+        token_keep = keep[self.token_row]
+        mask = pa.array(keep)
+        return _Records(
+            self.line[keep],
+            self.order[keep],
+            {f: a.filter(mask) for f, a in self.fields.items()},
+            self.tokens.filter(pa.array(token_keep)),
+            new_row[self.token_row[token_keep]],
+        )
 
 
 def _as_utf8(data: bytes) -> tuple[bytes, int | None]:
@@ -182,47 +238,91 @@ class _Log:
 
 
 # A record for the Python path: the line it starts on (0-based), its text after
-# the marker up to the end of that line or the next marker, and the line that
-# may continue it (None when something else follows it on its line).
-_SlowRecord = tuple[int, str, int | None]
-# Characters the record pattern matches besides its groups: " v=", " pid=", ...
-_LITERAL_BYTES = sum(len(f" {name}=") for name in REQUIRED_FIELDS)
+# the marker up to the end of that line or the next marker, the line that may
+# continue it (None when something else follows it on its line), and its
+# position in the log.
+_SlowRecord = tuple[int, str, int | None, int]
+# Order keys: line * _ORDER_STRIDE + place of the record on its line.
+_ORDER_STRIDE = 1 << 20
 
 
-def _extract_batch(log: _Log, first: int, stop: int) -> tuple[pa.Table, list[_SlowRecord]]:
-    """Fields of every well-formed record in lines [first, stop); the rest go to the Python path.
+def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) -> tuple[_Records, list[_SlowRecord], np.ndarray]:
+    """The records of lines [first, stop): plain ones by splitting, others by regex, the rest in Python.
 
-    Also sent there: well-formed records that end their line when the next line
-    could be the rest of them (a newline injected inside the attributes); in a
-    log whose lines carry the usual prefix the next line opens with '[' and
-    rules that out at once.
+    Sent to the Python path: what the record pattern rejects, and records that
+    end their line when the next line could be the rest of them (a newline
+    injected inside the attributes) — in a log whose lines carry the usual
+    prefix the next line opens with '[' and rules that out at once. Also
+    returns the lines that may hold clock anchors or chip_process lines.
     """
     batch = log.lines.slice(first, stop - first)
-    has_marker = pc.match_substring(batch, STRACE_MARKER)
-    line_index = np.flatnonzero(has_marker.to_numpy(zero_copy_only=False)) + first
-    pieces = pc.split_pattern(batch.filter(has_marker), STRACE_MARKER)
-    list_offsets = pieces.offsets.to_numpy()
+    pieces = pc.split_pattern(batch, STRACE_MARKER)
+    list_offsets = pieces.offsets.to_numpy().astype(np.int64)
+    pieces_per_line = np.diff(list_offsets)
     flat = pieces.flatten()
-    parent = pc.list_parent_indices(pieces).to_numpy()
     is_record = np.ones(len(flat), dtype=bool)
     is_record[list_offsets[:-1]] = False  # the text before the first marker
     is_last = np.zeros(len(flat), dtype=bool)
     is_last[list_offsets[1:] - 1] = True
+    piece_line = np.repeat(np.arange(first, stop, dtype=np.int64), pieces_per_line)
+    place = np.arange(len(flat), dtype=np.int64) - list_offsets[:-1].repeat(pieces_per_line)
     segments = flat.filter(pa.array(is_record))
-    seg_line = line_index[parent[is_record]]
+    seg_line = piece_line[is_record]
+    seg_order = seg_line * _ORDER_STRIDE + place[is_record]
     seg_last = is_last[is_record]
 
-    fields = pc.extract_regex(segments, STRACE_PATTERN)
-    matched = fields.is_valid().to_numpy(zero_copy_only=False)
     continues = seg_last & log.may_continue(seg_line)
-    to_python = ~matched | continues
-    slow = [
-        (int(seg_line[i]), segments[int(i)].as_py().rstrip("\r\n"), int(seg_line[i]) + 1 if continues[i] else None)
-        for i in np.flatnonzero(to_python)
-    ]
-    keep = pa.array(~to_python)
-    table = pa.table({"line": pa.array(seg_line + 1, pa.int64()).filter(keep)} | {f: fields.field(f).filter(keep) for f in _FIELDS})
-    return table, slow
+    plain = pc.match_substring_regex(segments, PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False) & ~continues
+    parts = [_plain_records(segments.filter(pa.array(plain)), seg_line[plain] + 1, seg_order[plain])]
+
+    other = np.flatnonzero(~plain)
+    slow: list[_SlowRecord] = []
+    if len(other):
+        others = segments.take(pa.array(other))
+        fields = pc.extract_regex(others, STRACE_PATTERN)
+        matched = fields.is_valid().to_numpy(zero_copy_only=False)
+        version_ok = pc.equal(fields.field("v"), str(STRACE_VERSION)).fill_null(False).to_numpy(zero_copy_only=False)
+        _count(dropped, "unknown_version", (matched & ~version_ok).sum())
+        good = matched & version_ok & ~continues[other]
+        mask = pa.array(good)
+        parts.append(
+            _Records.from_tails(
+                seg_line[other][good] + 1,
+                seg_order[other][good],
+                {f: fields.field(f).filter(mask) for f in _VALUE_FIELDS},
+                fields.field("tail").filter(mask),
+            )
+        )
+        for j in np.flatnonzero(~matched | (version_ok & continues[other])):
+            i = other[j]
+            next_line = int(seg_line[i]) + 1 if continues[i] else None
+            slow.append((int(seg_line[i]), others[int(j)].as_py().rstrip("\r\n"), next_line, int(seg_order[i])))
+
+    # anchors and chip_process lines: on lines without a record, or next to an unusual one
+    side = np.union1d(np.flatnonzero(pieces_per_line == 1) + first, seg_line[other])
+    return _Records.concat(parts), slow, side
+
+
+def _plain_records(segments: pa.Array, line: np.ndarray, order: np.ndarray) -> _Records:
+    """Fields of records known to be ``" v=1 pid=.. tid=.. ... dur=.. k=v ..."``: split on spaces."""
+    token_lists = pc.split_pattern(segments, " ")
+    offsets = token_lists.offsets.to_numpy().astype(np.int64)
+    tokens = token_lists.values if offsets[0] == 0 else token_lists.flatten()
+    offsets -= offsets[0]
+    starts = offsets[:-1]
+    fields = {}
+    # token 0 is the empty text before the first space, tokens 1.. are v=, pid=, ...
+    for position, name in enumerate(REQUIRED_FIELDS, start=1):
+        if name == "v":
+            continue
+        value = pc.utf8_slice_codeunits(tokens.take(pa.array(starts + position)), len(name) + 1)
+        fields[name] = pc.utf8_rtrim(value, "\r\n") if name == "dur" else value
+    per_record = np.diff(offsets)
+    position = np.arange(len(tokens), dtype=np.int64) - np.repeat(starts, per_record)
+    is_attr = position > len(REQUIRED_FIELDS)
+    token_row = np.repeat(np.arange(len(line), dtype=np.int64), per_record)[is_attr]
+    attr_tokens = pc.utf8_rtrim(tokens.filter(pa.array(is_attr)), "\r\n")
+    return _Records(line, order, fields, attr_tokens, token_row)
 
 
 def _marker_split_records(log: _Log) -> list[_SlowRecord]:
@@ -234,34 +334,44 @@ def _marker_split_records(log: _Log) -> list[_SlowRecord]:
     buf = log.buf
     marker = STRACE_MARKER.encode()
     found: list[_SlowRecord] = []
-    newline_at = log.offsets[1:] - 1
-    if len(newline_at) < 2:
+    newline_at = log.offsets[1:-1] - 1  # every line but the last, which nothing follows
+    if len(newline_at) == 0:
         return found
-    ends_with_newline = buf[newline_at] == 10
-    for k in range(1, len(marker)):
-        mask = ends_with_newline & (newline_at >= k)
-        for j in range(k):
-            mask &= buf[np.clip(newline_at - k + j, 0, None)] == marker[j]
-        for i in np.flatnonzero(mask[:-1]):
-            nxt = log.text(int(i) + 1)
-            if nxt.startswith(STRACE_MARKER[k:]):
-                rest = nxt[len(marker) - k :]
-                cut = rest.find(STRACE_MARKER)
-                found.append((int(i), rest if cut < 0 else rest[:cut], int(i) + 2 if cut < 0 else None))
+    # only lines whose last character could end a cut marker
+    last_char = buf[np.clip(newline_at - 1, 0, None)]
+    candidates = np.flatnonzero((buf[newline_at] == 10) & np.isin(last_char, np.frombuffer(marker[:-1], np.uint8)))
+    for i in candidates:
+        line = log.text(int(i))
+        for k in range(1, len(marker)):
+            if line.endswith(STRACE_MARKER[:k]):
+                nxt = log.text(int(i) + 1)
+                if nxt.startswith(STRACE_MARKER[k:]):
+                    rest = nxt[len(marker) - k :]
+                    cut = rest.find(STRACE_MARKER)
+                    next_line = int(i) + 2 if cut < 0 else None
+                    found.append((int(i), rest if cut < 0 else rest[:cut], next_line, int(i) * _ORDER_STRIDE + _ORDER_STRIDE - 1))
+                break
     return found
 
 
-def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, int]) -> list[tuple[int, dict]]:
+def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, int]) -> _Records:
     """Rejoin records cut by newlines; count why the others are dropped."""
-    recovered: list[tuple[int, dict]] = []
-    for line_idx, segment, next_line in slow:
+    found = []
+    for line_idx, segment, next_line, order in slow:
         match = _join_continuations(segment, next_line, log)
         if match and match.group("v") == str(STRACE_VERSION):
-            recovered.append((line_idx + 1, match.groupdict()))
+            found.append((line_idx + 1, order, match.groupdict()))
             continue
         reason = "unknown_version" if match else _drop_reason(segment)
         dropped[reason] = dropped.get(reason, 0) + 1
-    return recovered
+    if not found:
+        return _Records.empty()
+    return _Records.from_tails(
+        np.array([f[0] for f in found], np.int64),
+        np.array([f[1] for f in found], np.int64),
+        {name: pa.array([f[2][name] for f in found], pa.large_string()) for name in _VALUE_FIELDS},
+        pa.array([f[2]["tail"] for f in found], pa.large_string()),
+    )
 
 
 def _join_continuations(text: str, next_line: int | None, log: _Log) -> re.Match | None:
@@ -347,87 +457,76 @@ def _count(dropped: dict[str, int], reason: str, n: int) -> None:
 
 
 def _out_of_range(digits: pa.Array, signed: bool) -> np.ndarray:
-    """Decimal strings (at most 20 digits by the pattern) that overflow int64 / uint64."""
-    negative = pc.starts_with(digits, "-")
-    magnitude = pc.utf8_ltrim(digits, "-")
-    length = pc.utf8_length(magnitude)
-    if signed:
-        limit = pc.if_else(negative, pa.scalar(_INT64_MIN_ABS), pa.scalar(_INT64_MAX))
-        over = pc.or_(pc.greater(length, 19), pc.and_(pc.equal(length, 19), pc.greater(magnitude, limit)))
-    else:
-        over = pc.and_(pc.equal(length, 20), pc.greater(magnitude, pa.scalar(_UINT64_MAX)))
-    return over.to_numpy(zero_copy_only=False)
+    """Decimal strings (at most 19 digits, 20 unsigned, by the patterns) that overflow int64 / uint64.
+
+    Only values of the longest length can overflow; they are compared as text
+    against the limit, which orders equal-length digit strings correctly.
+    """
+    over = np.zeros(len(digits), dtype=bool)
+    magnitude = pc.utf8_ltrim(digits, "-") if signed else digits
+    length = 19 if signed else 20
+    longest = np.flatnonzero(pc.equal(pc.binary_length(magnitude), length).to_numpy(zero_copy_only=False))
+    if len(longest):
+        index = pa.array(longest, pa.int64())
+        value = magnitude.take(index).cast(pa.large_string())
+        if signed:
+            limit = pc.if_else(pc.starts_with(digits.take(index), "-"), pa.scalar(str(2**63)), pa.scalar(str(2**63 - 1))).cast(pa.large_string())
+        else:
+            limit = pa.scalar(str(2**64 - 1), pa.large_string())
+        over[longest] = pc.greater(value, limit).to_numpy(zero_copy_only=False)
+    return over
 
 
 def _decode_where_escaped(values: pa.Array) -> pa.Array:
-    """Percent-decode only the values that contain '%' (most contain none)."""
-    escaped = pc.match_substring(values, "%").to_numpy(zero_copy_only=False)
-    if not escaped.any():
+    """Percent-decode the values that contain '%': each distinct one once, then scattered back."""
+    escaped = pc.match_substring(values, "%")
+    if not pc.any(escaped).as_py():
         return values
-    idx = np.flatnonzero(escaped)
-    decoded = [decode_value(v) for v in values.take(pa.array(idx)).to_pylist()]
-    out = values.to_pylist() if len(values) < 4 * len(idx) else None
-    if out is not None:
-        for i, v in zip(idx, decoded):
-            out[i] = v
-        return pa.array(out, values.type)
-    positions = np.full(len(values), -1, np.int64)
-    positions[idx] = np.arange(len(idx))
-    candidates = pa.chunked_array([values, pa.array(decoded, values.type)]).combine_chunks()
-    take = np.where(escaped, len(values) + positions, np.arange(len(values)))
-    return candidates.take(pa.array(take))
+    encoded = pc.dictionary_encode(values.filter(escaped))
+    decoded = pa.array([decode_value(v) for v in encoded.dictionary.to_pylist()], values.type)
+    return pc.replace_with_mask(values, escaped, decoded.take(encoded.indices))
 
 
-def _attrs_and_clk(tail: pa.Array) -> tuple[pa.Array, pa.Array]:
-    """The trailing ``k=v`` tokens as a map column, and the clk column taken out of them."""
-    n = len(tail)
-    tokens_list = pc.split_pattern(tail, " ")
-    tokens = tokens_list.flatten()
-    row = pc.list_parent_indices(tokens_list)
-    nonempty = pc.not_equal(pc.utf8_length(tokens), 0)
-    tokens, row = tokens.filter(nonempty), row.filter(nonempty)
-    kv = pc.split_pattern(tokens, "=", max_splits=1)
-    keys = pc.list_element(kv, 0)
-    values = pc.list_element(kv, 1)
+def _attrs_and_clk(records: _Records) -> tuple[pa.Array, pa.Array]:
+    """The attribute tokens as a map column, and the clk column taken out of them."""
+    n = len(records)
+    pairs = pc.split_pattern(records.tokens, "=", max_splits=1)
+    keys = pc.list_element(pairs, 0)
+    values = pc.list_element(pairs, 1)
+    row = records.token_row
     is_clk = pc.equal(keys, "clk")
-    clk = np.full(n, "host", dtype=object)
-    clk_rows = row.filter(is_clk).to_numpy()
-    clk_dev = pc.equal(values.filter(is_clk), "dev").to_numpy(zero_copy_only=False)
-    clk[clk_rows[clk_dev]] = "dev"
-    keep = pc.invert(is_clk)
-    keys, values, row = keys.filter(keep), values.filter(keep), row.filter(keep).to_numpy()
-    counts = np.bincount(row, minlength=n) if len(row) else np.zeros(n, np.int64)
-    offsets = np.concatenate([np.zeros(1, np.int32), np.cumsum(counts, dtype=np.int32)])
+    clk = pa.repeat(pa.scalar("host"), n)
+    if pc.any(is_clk).as_py():
+        dev_rows = row[pc.and_(is_clk, pc.equal(values, "dev")).to_numpy(zero_copy_only=False)]
+        is_dev = np.zeros(n, dtype=bool)
+        is_dev[dev_rows] = True
+        clk = pc.if_else(pa.array(is_dev), pa.scalar("dev"), clk)
+        keep = pc.invert(is_clk)
+        keys, values, row = keys.filter(keep), values.filter(keep), row[keep.to_numpy(zero_copy_only=False)]
+    offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(np.bincount(row, minlength=n), out=offsets[1:])
     keys = _decode_where_escaped(keys.cast(pa.string()))
     values = _decode_where_escaped(values.cast(pa.string()))
     attrs = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values, type=ATTRS_TYPE)
-    return attrs, pa.array(clk, pa.string())
+    return attrs, clk
 
 
-def _spans_from_fields(fields: pa.Table | None, file: str, dropped: dict[str, int]) -> pd.DataFrame:
-    if fields is None or fields.num_rows == 0:
-        return spans_from_arrow(SPAN_SCHEMA.empty_table())
-    fields = fields.combine_chunks()
-    col = {name: fields.column(name).chunk(0) if fields.column(name).num_chunks else fields.column(name) for name in fields.column_names}
-    other_version = pc.not_equal(col["v"], str(STRACE_VERSION)).to_numpy(zero_copy_only=False)
-    overflow = np.zeros(fields.num_rows, dtype=bool)
+def _spans_from_records(records: _Records, file: str, dropped: dict[str, int], in_line_order: bool) -> pd.DataFrame:
+    """The span table of the parsed records; values that overflow 64 bits are dropped as ``bad_value``."""
+    overflow = np.zeros(len(records), dtype=bool)
     for name in ("pid", "tid", "depth", "ts", "dur"):
-        overflow |= _out_of_range(col[name], signed=True)
-    overflow |= _out_of_range(col["inv"], signed=False)
-    _count(dropped, "unknown_version", other_version.sum())
-    bad = overflow & ~other_version
-    _count(dropped, "bad_value", bad.sum())
-    keep_mask = ~(other_version | bad)
-    if not keep_mask.all():
-        keep = pa.array(keep_mask)
-        col = {k: v.filter(keep) for k, v in col.items()}
-    n = len(col["line"])
-    attrs, clk = _attrs_and_clk(col["tail"])
+        overflow |= _out_of_range(records.fields[name], signed=True)
+    overflow |= _out_of_range(records.fields["inv"], signed=False)
+    _count(dropped, "bad_value", overflow.sum())
+    records = records.filter(~overflow)
+    n = len(records)
+    col = records.fields
+    attrs, clk = _attrs_and_clk(records)
     table = pa.table(
         {
             "source": pa.repeat(pa.scalar("strace"), n),
             "file": pa.repeat(pa.scalar(file), n),
-            "line": col["line"],
+            "line": pa.array(records.line, pa.int64()),
             "pid": col["pid"].cast(pa.int64()),
             "tid": col["tid"].cast(pa.int64()),
             "name": _decode_where_escaped(col["name"].cast(pa.string())),
@@ -443,6 +542,8 @@ def _spans_from_fields(fields: pa.Table | None, file: str, dropped: dict[str, in
         },
         schema=SPAN_SCHEMA,
     )
+    if in_line_order or (n and np.any(np.diff(records.order) < 0)):
+        table = table.take(pa.array(np.argsort(records.order, kind="stable")))
     return spans_from_arrow(table)
 
 

@@ -33,15 +33,23 @@ _JSON_LITERAL = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|nu
 
 
 def json_string(values) -> pa.Array:
-    """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped)."""
+    """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped).
+
+    Escapes each distinct value once (names, phases and devices repeat on
+    millions of rows) and spreads the results with a dictionary take.
+    """
     text = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, pa.string(), from_pandas=True)
-    text = pc.fill_null(pc.cast(text, pa.string()), "")
-    text = pc.replace_substring(text, "\\", "\\\\")
-    text = pc.replace_substring(text, '"', '\\"')
-    if pc.any(pc.match_substring_regex(text, r"[\x00-\x1f]")).as_py():
+    if isinstance(text, pa.ChunkedArray):
+        text = text.combine_chunks()
+    encoded = pc.dictionary_encode(pc.fill_null(pc.cast(text, pa.string()), ""))
+    distinct = encoded.dictionary
+    distinct = pc.replace_substring(distinct, "\\", "\\\\")
+    distinct = pc.replace_substring(distinct, '"', '\\"')
+    if len(distinct) and pc.any(pc.match_substring_regex(distinct, r"[\x00-\x1f]")).as_py():
         for code in range(0x20):  # the 32 control characters, not the rows
-            text = pc.replace_substring(text, chr(code), f"\\u{code:04x}")
-    return join_text('"', text, '"')
+            distinct = pc.replace_substring(distinct, chr(code), f"\\u{code:04x}")
+    quoted = join_text('"', distinct, '"') if len(distinct) else pa.array([], pa.string())
+    return quoted.take(encoded.indices)
 
 
 def _us_text(ns: pd.Series) -> pa.Array:

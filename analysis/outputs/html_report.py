@@ -534,7 +534,7 @@ def _late_and_tail_section(summary: dict) -> str:
 <div class="cards">
 <section id="late-starts"><h2>Late starts ({_e(late.get('count', 0))}, threshold {_e(late.get('threshold_ms'))} ms)</h2>{late_html}</section>
 <section id="tail-steps"><h2>Tail steps ({_e(tails.get('count', 0))}, threshold {_e(tails.get('threshold_ms'))} ms)</h2>
-<p>straggler: {_e(straggler.get('verdict'))}{(' — late in ' + _e(round(100 * straggler['share'], 1)) + '% of steps') if straggler.get('share') else ''};
+<p>straggler: {_e(straggler.get('verdict'))}{f" — late in {100 * straggler['share']:.1f}% of steps" if straggler.get('share') else ''};
  every tail on one device: {_e(tails.get('same_device'))}</p>{tail_html}</section>
 </div>"""
 
@@ -551,7 +551,7 @@ def _pipeline_section(summary: dict) -> str:
     )
     return f"""
 <section id="pipeline"><h2>Pipeline health</h2>
-<p class="pipeline-verdict verdict-{verdict}">{_e(verdict)}: {_e(pipeline.get('diagnosis'))}</p>
+<p class="pipeline-verdict verdict-{verdict}" data-serialized="{_e(serialized)}">{_e(pipeline.get('diagnosis') or verdict)}</p>
 <p>{_e(pipeline.get('pairs_overlapped'))} of {_e(pipeline.get('pairs_checked'))} adjacent run pairs overlapped;
  {_e(pipeline.get('violations'))} violations; median cadence {_e(pipeline.get('cadence_p50_ms'))} ms.</p>
 {f'<ul class="violations">{violations}</ul>' if violations else ''}

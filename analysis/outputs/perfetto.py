@@ -137,9 +137,10 @@ def _nested_tracks(group: np.ndarray, start_ns: np.ndarray, end_ns: np.ndarray) 
         later = np.where(open_rank[a] > open_rank[b], a, b)
         earlier = np.where(open_rank[a] > open_rank[b], b, a)
         moved = candidates[_odd_in_chains(len(span), later, earlier, open_rank)]
+        left = pd.MultiIndex.from_arrays([group[moved], track[moved]])
         track[moved] += 1
-        # only the tracks that received spans can hold new conflicts
-        touched = pd.MultiIndex.from_arrays([group[moved], track[moved]]).unique()
+        # only the tracks that spans left (a conflict may hide behind the one resolved) or joined can hold conflicts
+        touched = left.append(pd.MultiIndex.from_arrays([group[moved], track[moved]])).unique()
         here = pd.MultiIndex.from_arrays([group, track]).isin(touched)
         candidates = np.flatnonzero(here & (end_ns > start_ns))
     return track

@@ -2,10 +2,15 @@
 
 * ``.parquet``: Arrow :data:`~dsprof.analysis.spans.SPAN_SCHEMA` as is
   (``attrs`` a ``map<string,string>``, ``inv`` ``uint64``).
-* ``.csv``: one row per span; ``attrs`` as a JSON object text; ``inv`` and
-  ``depth`` empty where null; ``inv`` printed as an exact unsigned integer.
-* ``.jsonl``: one JSON object per span; ``attrs`` a JSON object; ``inv`` an
-  integer (exact to 2**64-1, since Python's json writes ints exactly) or null.
+* ``.csv``: one row per span, header first; ``attrs`` as JSON object text;
+  ``inv`` and ``depth`` empty where null; ``inv`` printed as an exact
+  unsigned integer.
+* ``.jsonl``: one JSON object per span with the schema's keys in order;
+  ``attrs`` a JSON object; ``inv`` an integer (exact up to 2**64-1) or null.
+
+The JSON text is built with Arrow string kernels over whole columns; only
+strings that need escaping beyond quotes (quotes, backslashes, control
+characters) go through :func:`json.dumps`, once per distinct value.
 """
 
 from __future__ import annotations
@@ -14,18 +19,19 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
-from dsprof.analysis.spans import SPAN_COLUMNS, spans_to_arrow
+from dsprof.analysis.spans import spans_to_arrow
 from dsprof.errors import InputError
 
 SPAN_TABLE_FORMATS = (".parquet", ".csv", ".jsonl")
-# Rows per JSONL write batch: bounds the Python objects alive at once.
-_JSONL_BATCH_ROWS = 65536
+# Strings that cannot be written as '"' + text + '"' in JSON.
+_NEEDS_JSON_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def check_span_table_path(path: str | os.PathLike) -> str:
@@ -39,33 +45,69 @@ def check_span_table_path(path: str | os.PathLike) -> str:
 def write_span_table(spans: pd.DataFrame, path: str | os.PathLike) -> None:
     """Write ``spans`` as Parquet, CSV or JSONL according to the extension of ``path``."""
     suffix = check_span_table_path(path)
-    table = spans_to_arrow(spans)
+    table = spans_to_arrow(spans).combine_chunks()
     if suffix == ".parquet":
         pq.write_table(table, str(path))
     elif suffix == ".csv":
-        pa_csv.write_csv(_with_attrs_as_json(table), str(path))
+        index = table.schema.get_field_index("attrs")
+        pa_csv.write_csv(table.set_column(index, "attrs", attrs_json(_column(table, "attrs"))), str(path))
     else:
-        _write_jsonl(table, Path(path))
+        Path(path).write_bytes(_jsonl_bytes(table))
 
 
-def _attrs_json(table: pa.Table) -> pa.Array:
-    """``attrs`` as JSON object text, one per row (json.dumps escapes keys and values)."""
-    return pa.array(
-        [json.dumps(dict(pairs), ensure_ascii=False, separators=(",", ":")) if pairs is not None else "{}" for pairs in table.column("attrs").to_pylist()],
-        pa.string(),
-    )
+def _column(table: pa.Table, name: str) -> pa.Array:
+    column = table.column(name)
+    return column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], column.type)
 
 
-def _with_attrs_as_json(table: pa.Table) -> pa.Table:
-    index = table.schema.get_field_index("attrs")
-    return table.set_column(index, "attrs", _attrs_json(table))
+def _lit(text: str) -> pa.Scalar:
+    return pa.scalar(text, pa.large_string())
 
 
-def _write_jsonl(table: pa.Table, path: Path) -> None:
-    with path.open("w", encoding="utf-8") as out:
-        for batch in table.to_batches(max_chunksize=_JSONL_BATCH_ROWS):
-            columns = {name: batch.column(name).to_pylist() for name in SPAN_COLUMNS}
-            columns["attrs"] = [dict(pairs) if pairs is not None else {} for pairs in columns["attrs"]]
-            for row in zip(*columns.values()):
-                out.write(json.dumps(dict(zip(SPAN_COLUMNS, row)), ensure_ascii=False, separators=(",", ":")))
-                out.write("\n")
+def json_strings(values: pa.Array) -> pa.Array:
+    """Each string as a JSON string literal (nulls stay null)."""
+    values = values.cast(pa.large_string())
+    quoted = pc.binary_join_element_wise(_lit('"'), values, _lit('"'), _lit(""))
+    needs = pc.match_substring_regex(values, _NEEDS_JSON_ESCAPE)
+    if not pc.any(needs).as_py():
+        return quoted
+    distinct = pc.dictionary_encode(values.filter(needs))
+    escaped = pa.array([json.dumps(v, ensure_ascii=False) for v in distinct.dictionary.to_pylist()], pa.large_string())
+    return pc.replace_with_mask(quoted, needs, escaped.take(distinct.indices))
+
+
+def attrs_json(attrs: pa.Array) -> pa.Array:
+    """A ``map<string,string>`` column as JSON object text per row (``{}`` for none)."""
+    attrs = attrs.cast(attrs.type)  # a plain MapArray
+    if attrs.null_count:
+        attrs = attrs.fill_null(pa.scalar([], attrs.type))
+    offsets = attrs.offsets.to_numpy().astype(np.int64)
+    keys = attrs.keys.slice(offsets[0], offsets[-1] - offsets[0])
+    items = attrs.items.slice(offsets[0], offsets[-1] - offsets[0])
+    pairs = pc.binary_join_element_wise(json_strings(keys), json_strings(items), _lit(":"))
+    per_row = pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0], pa.int64()), pairs)
+    return pc.binary_join_element_wise(_lit("{"), pc.binary_join(per_row, _lit(",")), _lit("}"), _lit(""))
+
+
+def _json_numbers(values: pa.Array) -> pa.Array:
+    return values.cast(pa.large_string()).fill_null(_lit("null"))
+
+
+def _jsonl_bytes(table: pa.Table) -> bytes:
+    """The whole JSONL file: one object per row, keys in schema order, built column-wise."""
+    if table.num_rows == 0:
+        return b""
+    parts: list = []
+    for i, field in enumerate(table.schema):
+        column = _column(table, field.name)
+        if field.name == "attrs":
+            text = attrs_json(column)
+        elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
+            text = json_strings(column).fill_null(_lit("null"))
+        else:
+            text = _json_numbers(column)
+        parts += [_lit(("{" if i == 0 else ",") + json.dumps(field.name) + ":"), text]
+    lines = pc.binary_join_element_wise(*parts, _lit("}\n"), _lit(""))
+    # without nulls the value buffer between the first and last offset is the file
+    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
+    return lines.buffers()[2][offsets[0] : offsets[-1]].to_pybytes()

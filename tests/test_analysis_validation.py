@@ -1,0 +1,104 @@
+"""Partial and inconsistent artifacts: every computable figure, and a verdict naming the problem."""
+
+from __future__ import annotations
+
+import json
+
+from dsprof.analysis.analyze import analyze
+from dsprof.profiler.synthetic import SyntheticRun
+
+
+def checks(summary: dict) -> dict:
+    return {c["name"]: c for c in summary["validation"]["checks"]}
+
+
+def test_rank_missing_steps_and_torn_end(tmp_path):
+    run = SyntheticRun(ranks=4, steps=15, missing_steps={3: 5}, torn_tail=True)
+    run.write(tmp_path / "run")
+    summary = analyze([tmp_path / "run"], expect_ranks=4).summary
+    validation = summary["validation"]
+    assert validation["valid"] is False
+    assert validation["steps_per_rank"] == {"0": 15, "1": 15, "2": 15, "3": 10}
+    assert "rank 3 has 10 decode steps, others 15" in validation["problems"]
+    assert checks(summary)["rank_roots"]["detail"] == "55 rank roots, expected 15 x 4 = 60"
+    assert checks(summary)["complete_steps"]["detail"].startswith("5 steps between 10 and 14 present on only 3-3 of 4 ranks")
+    assert summary["inputs"]["dropped"] == {"torn_record": 1}
+    # figures still computed, over the ranks that have each step
+    t = run.timings()
+    assert summary["figures"]["runner_start_skew_ms"]["count"] == 15
+    assert summary["figures"]["bind_ms"]["count"] == 55
+    assert [s["ranks"] for s in summary["per_step"]] == [4] * 10 + [3] * 5
+    assert summary["figures"]["validate_ms"]["max"] == round(float((t.validate_end_ns - t.validate_start_ns).max()) / 1e6, 3)
+
+
+def test_expected_ranks_missing_devices_and_anchors(tmp_path):
+    SyntheticRun(ranks=3, steps=5, anchors=False, chip_ready_lines=False).write(tmp_path / "run")
+    summary = analyze([tmp_path / "run"], expect_ranks=4).summary
+    validation = summary["validation"]
+    assert not validation["valid"]
+    assert checks(summary)["devices"]["ok"] is False
+    assert "3 ranks, expected 4" in checks(summary)["devices"]["detail"]
+    assert "no decode steps on rank 3" in validation["problems"]
+    assert any(p.startswith("no CLOCK_ANCHOR for pid 41000, 41001, 41002") for p in validation["problems"])
+    # devices still come from the root attributes
+    assert validation["devices"] == ["npu:0", "npu:1", "npu:2"]
+
+
+def test_crash_leaves_rootless_invocations(tmp_path):
+    run = SyntheticRun(ranks=2, steps=6, sa_profile=False)
+    run.write(tmp_path / "run")
+    log = tmp_path / "run" / "server.log"
+    lines = log.read_text().splitlines(keepends=True)
+    # drop the last root of rank 1, as if the process died before the span closed
+    last_root = max(i for i, line in enumerate(lines) if "pid=41001" in line and "depth=0" in line)
+    log.write_text("".join(lines[:last_root] + lines[last_root + 1:]))
+    summary = analyze([tmp_path / "run"]).summary
+    assert "1 invocations have spans but no chip.run root (torn or crashed run)" in summary["validation"]["problems"]
+    assert summary["validation"]["steps_per_rank"] == {"0": 6, "1": 5}
+
+
+def test_serving_trace_without_required_categories(tmp_path):
+    run = SyntheticRun(ranks=2, steps=4)
+    run.write(tmp_path / "run")
+    path = tmp_path / "run" / "serving-trace" / "trace.json"
+    data = json.loads(path.read_text())
+    data["traceEvents"] = [e for e in data["traceEvents"] if e.get("cat") != "scheduler"]
+    path.write_text(json.dumps(data))
+    summary = analyze([tmp_path / "run"]).summary
+    assert "serving trace lacks categories: scheduler" in summary["validation"]["problems"]
+
+
+def test_serving_figures_from_request_spans_when_no_performance_summary(tmp_path):
+    run = SyntheticRun(ranks=2, steps=10, performance_summary=False, requests_per_rank=3, output_tokens=40)
+    run.write(tmp_path / "run")
+    serving = analyze([tmp_path / "run"]).summary["serving"]
+    requests = [e for e in json.loads((tmp_path / "run" / "serving-trace" / "trace.json").read_text())["traceEvents"]
+                if e.get("cat") == "request"]
+    elapsed_us = max(e["ts"] + e["dur"] for e in requests) - min(e["ts"] for e in requests)
+    tokens = sum(e["args"]["output_tokens"] for e in requests)
+    assert serving["source"] == "sa_profile"
+    assert serving["tokens_returned"] == tokens == 6 * 40
+    assert serving["tokens_expected"] == 6 * 40
+    assert serving["batch_elapsed_s"] == round(elapsed_us / 1e6, 6)
+    assert serving["throughput_tok_s"] == round(tokens / (elapsed_us / 1e6), 3)
+    assert serving["effective_tpot_ms"] == round(elapsed_us / 1e3 / (tokens / 6), 3)
+
+
+def test_serving_figures_from_performance_summary(tmp_path):
+    run = SyntheticRun(ranks=2, steps=5)
+    run.write(tmp_path / "run")
+    summary = analyze([tmp_path / "run"]).summary
+    written = json.loads((tmp_path / "run" / "performance_summary.json").read_text())
+    assert summary["serving"]["source"] == "performance_summary"
+    for key in ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate"):
+        assert summary["serving"][key] == written[key]
+    assert summary["workload"] == written["workload"] and summary["exit_status"] == 0
+
+
+def test_nothing_but_unrelated_text_still_yields_a_verdict(tmp_path):
+    (tmp_path / "server.log").write_text("[mono_ns=1][T0x1][INFO] boot: hello\nplain text\n")
+    summary = analyze([tmp_path / "server.log"]).summary
+    assert summary["validation"]["valid"] is False
+    assert "no decode steps found" in summary["validation"]["problems"]
+    assert summary["figures"]["runner_start_skew_ms"] == {"p50": None, "p95": None, "p99": None, "max": None, "count": 0}
+    assert summary["pipeline"]["pairs_checked"] == 0

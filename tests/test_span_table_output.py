@@ -1,0 +1,75 @@
+"""Span table files: Parquet keeps the schema, CSV and JSONL keep 64-bit ids and attrs exactly."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pyarrow.parquet as pq
+import pytest
+
+from dsprof.analysis.ingest import ingest_to_file, read_paths
+from dsprof.analysis.outputs.span_table import write_span_table
+from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.errors import InputError
+from dsprof.profiler.strace_format import format_prefix, format_strace_payload
+
+BIG_INV = 2**64 - 1  # not representable as a float64
+
+
+@pytest.fixture()
+def inputs(tmp_path):
+    log = tmp_path / "server.log"
+    record = format_strace_payload(pid=7, tid=8, inv=BIG_INV, hid="beef", depth=0, name="chip.run", ts_ns=2**62 + 1, dur_ns=5, attrs={"run_id": "3", "note": 'a "quoted", comma'})
+    log.write_text(format_prefix(1, 2, "INFO", "f") + record + "\n")
+    chrome = tmp_path / "k.json"
+    chrome.write_text(json.dumps([{"name": "op", "cat": "cpu", "ph": "X", "ts": 1, "dur": 2, "pid": 1, "tid": 1, "args": {"n": {"k": 1}}}]))
+    return [log, chrome]
+
+
+def test_parquet_round_trip_keeps_schema(tmp_path, inputs):
+    out = tmp_path / "spans.parquet"
+    trace = ingest_to_file(inputs, out)
+    table = pq.read_table(out)
+    assert table.schema.equals(SPAN_SCHEMA, check_metadata=False)
+    assert table.num_rows == len(trace.spans) == 2
+    assert table.column("inv").to_pylist() == [BIG_INV, None]
+    assert table.column("ts_ns").to_pylist()[0] == 2**62 + 1
+    assert table.column("attrs").to_pylist()[1] == [("n", '{"k":1}')]
+
+
+def test_jsonl_exact_integers_and_attr_objects(tmp_path, inputs):
+    out = tmp_path / "spans.jsonl"
+    ingest_to_file(inputs, out)
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert rows[0]["inv"] == BIG_INV and isinstance(rows[0]["inv"], int)
+    assert rows[0]["ts_ns"] == 2**62 + 1
+    assert rows[0]["attrs"] == {"run_id": "3", "note": 'a "quoted", comma'}
+    assert rows[1]["inv"] is None and rows[1]["depth"] is None and rows[1]["attrs"] == {"n": '{"k":1}'}
+    assert list(rows[0]) == SPAN_SCHEMA.names
+
+
+def test_csv_exact_integers_and_attrs_as_json(tmp_path, inputs):
+    out = tmp_path / "spans.csv"
+    ingest_to_file(inputs, out)
+    with out.open(newline="") as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == SPAN_SCHEMA.names
+    assert int(rows[0]["inv"]) == BIG_INV and rows[1]["inv"] == ""
+    assert json.loads(rows[0]["attrs"]) == {"run_id": "3", "note": 'a "quoted", comma'}
+    assert rows[1]["source"] == "chrome" and rows[0]["source"] == "strace"
+
+
+def test_unknown_extension_is_an_input_error_before_reading(tmp_path):
+    with pytest.raises(InputError, match="unknown span table format"):
+        ingest_to_file([tmp_path / "does-not-exist.log"], tmp_path / "spans.xlsx")
+
+
+def test_empty_table_writes_every_format(tmp_path):
+    (tmp_path / "in.log").write_text("nothing here\n")
+    spans = read_paths([tmp_path / "in.log"]).spans
+    for suffix in (".parquet", ".csv", ".jsonl"):
+        write_span_table(spans, tmp_path / f"empty{suffix}")
+    assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
+    assert (tmp_path / "empty.jsonl").read_text() == ""
+    assert (tmp_path / "empty.csv").read_text().splitlines()[0].startswith('"source","file"')
