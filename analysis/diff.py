@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
-from dsprof.analysis.gate import load_summary
+from dsprof.analysis.gate import ABSENT, load_summary, resolve
 
 # Sections whose leaves are run identity or raw counts of inputs, not figures.
 _SKIPPED_TOP = {"schema", "dsprof_version", "inputs", "workload", "per_step", "exit_status"}
@@ -111,12 +111,8 @@ def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int |
 
 
 def _label(summary: dict, path: str) -> Any:
-    node: Any = summary
-    for part in path.split("."):
-        if not isinstance(node, dict) or part not in node:
-            return None
-        node = node[part]
-    return node
+    (_, value), = resolve(summary, path)
+    return None if value is ABSENT else value
 
 
 def _band(values: list[float]) -> tuple[float, float]:

@@ -38,14 +38,15 @@ _OPERATORS = {
 }
 _ORDERING = {"<=", "<", ">=", ">"}
 
-_PATH_PATTERN = r"[A-Za-z_][\w-]*(?:\.(?:[\w-]+|\*))*"
+_PATH_PATTERN = r"[A-Za-z_]\w*(?:\.(?:\w+|\*))*"
 _PATH = re.compile(_PATH_PATTERN)
 # One token per alternative; anything the pattern does not match is a syntax error.
 _TOKEN = re.compile(
     r"""\s*(?:
         (?P<op><=|>=|==|!=|<|>)
+      | (?P<sign>[-+])
       | (?P<times>\*)
-      | (?P<number>[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
+      | (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
       | (?P<string>"[^"]*"|'[^']*')
       | (?P<path>""" + _PATH_PATTERN + r""")
     )""",
@@ -59,16 +60,24 @@ _LITERAL_WORDS = {"true": True, "false": False, "null": None}
 
 @dataclass(frozen=True)
 class Operand:
-    """One side of a comparison: a literal, or a summary path times a factor."""
+    """The right side of a comparison: a literal, or a sum of figure paths and numbers.
 
-    path: str | None = None
+    ``terms`` holds ``(factor, path)`` pairs, ``path`` None for a plain number:
+    ``runner_run_ms.p50 + 0.5 * bind_ms.p50`` is ``((1, "runner_run_ms.p50"), (0.5, "bind_ms.p50"))``.
+    """
+
     literal: Any = None
-    factor: float = 1.0
+    terms: tuple[tuple[float, str | None], ...] = ()
 
     def describe(self) -> str:
-        if self.path is None:
+        if not self.terms:
             return json.dumps(self.literal)
-        return self.path if self.factor == 1.0 else f"{_number(self.factor)} * {self.path}"
+        parts = []
+        for factor, path in self.terms:
+            magnitude = abs(factor)
+            text = _number(magnitude) if path is None else path if magnitude == 1 else f"{_number(magnitude)} * {path}"
+            parts.append(("- " if factor < 0 else "+ ") + text)
+        return " ".join(parts).removeprefix("+ ")
 
 
 @dataclass(frozen=True)
@@ -77,7 +86,7 @@ class CheckRule:
 
     name: str
     text: str
-    left: Operand
+    left: str
     op: str
     right: Operand
 
@@ -168,33 +177,50 @@ def _tokenize(text: str, rules_path: Path, label: str) -> list[tuple[str, str]]:
 
 
 def _operand(tokens: list[tuple[str, str]], rules_path: Path, label: str, text: str) -> Operand:
-    """``number | string | true/false/null | path | number '*' path | path '*' number``."""
+    """``literal`` or ``[-] term (+|- term)*`` with ``term = number | path | number * path | path * number``."""
 
     def bad(what: str) -> InputError:
         return InputError(rules_path, f"{label}: {what} in {text!r}",
-                          expected="a number, true/false/null, a quoted string, a figure path, or <number> * <path>")
+                          expected="true/false/null, a quoted string, or a sum of numbers and figure paths "
+                                   "(e.g. runner_run_ms.p50 + 0.5 * bind_ms.p50)")
 
-    if len(tokens) == 3:
-        (k1, v1), (k2, _), (k3, v3) = tokens
-        if k2 != "times":
-            raise bad("unexpected tokens")
-        if k1 == "number" and k3 == "path":
-            return Operand(path=v3, factor=float(v1))
-        if k1 == "path" and k3 == "number":
-            return Operand(path=v1, factor=float(v3))
-        raise bad("'*' needs one number and one figure path")
-    if len(tokens) != 1:
-        raise bad("expected one value")
-    kind, value = tokens[0]
-    if kind == "number":
+    if len(tokens) == 1 and tokens[0][0] == "string":
+        return Operand(literal=tokens[0][1][1:-1])
+    if len(tokens) == 1 and tokens[0][1] in _LITERAL_WORDS:
+        return Operand(literal=_LITERAL_WORDS[tokens[0][1]])
+    if len(tokens) == 1 and tokens[0][0] == "number":
+        value = tokens[0][1]
         return Operand(literal=float(value) if any(c in value for c in ".eE") else int(value))
-    if kind == "string":
-        return Operand(literal=value[1:-1])
-    if kind == "path":
-        if value in _LITERAL_WORDS:
-            return Operand(literal=_LITERAL_WORDS[value])
-        return Operand(path=value)
-    raise bad(f"unexpected {value!r}")
+    if len(tokens) == 2 and tokens[0] == ("sign", "-") and tokens[1][0] == "number":
+        value = tokens[1][1]
+        return Operand(literal=-(float(value) if any(c in value for c in ".eE") else int(value)))
+
+    if tokens[0] == ("sign", "-"):  # a leading minus negates the first term
+        tokens = tokens[1:]
+        sign = -1.0
+    else:
+        sign = 1.0
+    terms: list[tuple[float, str | None]] = []
+    term: list[tuple[str, str]] = []
+    for kind, value in [*tokens, ("sign", "+")]:  # a trailing '+' closes the last term
+        if kind != "sign":
+            term.append((kind, value))
+            continue
+        shape = [k for k, _ in term]
+        if shape == ["number"]:
+            terms.append((sign * float(term[0][1]), None))
+        elif shape == ["path"] and term[0][1] not in _LITERAL_WORDS:
+            terms.append((sign, term[0][1]))
+        elif shape == ["number", "times", "path"]:
+            terms.append((sign * float(term[0][1]), term[2][1]))
+        elif shape == ["path", "times", "number"]:
+            terms.append((sign * float(term[2][1]), term[0][1]))
+        else:
+            raise bad(f"cannot read {' '.join(v for _, v in term) or value!r} as a term")
+        sign, term = (1.0 if value == "+" else -1.0), []
+    if any(path is not None and "*" in path.split(".") for _, path in terms):
+        raise bad("a '*' path is only allowed on the left side")
+    return Operand(terms=tuple(terms))
 
 
 def parse_check(text: str, rules_path: Path, label: str, name: str | None = None) -> CheckRule:
@@ -214,7 +240,7 @@ def parse_check(text: str, rules_path: Path, label: str, name: str | None = None
     return CheckRule(
         name=name or text,
         text=text,
-        left=Operand(path=left_tokens[0][1]),
+        left=left_tokens[0][1],
         op=tokens[split][1],
         right=_operand(right_tokens, rules_path, label, text),
     )
@@ -327,7 +353,7 @@ def load_summary(summary_or_dir: str | Path | dict) -> tuple[dict, str | None]:
     return summary, str(path)
 
 
-_ABSENT = object()
+ABSENT = object()  # what resolve() returns for a path the summary lacks
 
 
 def _lookup(summary: dict, parts: list[str]) -> Any:
@@ -338,12 +364,12 @@ def _lookup(summary: dict, parts: list[str]) -> Any:
         elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
             node = node[int(part)]
         else:
-            return _ABSENT
+            return ABSENT
     return node
 
 
 def resolve(summary: dict, path: str) -> list[tuple[str, Any]]:
-    """Concrete ``(path, value)`` pairs for a dotted path; absent values come back as ``_ABSENT``.
+    """Concrete ``(path, value)`` pairs for a dotted path; absent values come back as :data:`ABSENT`.
 
     A path not found from the top is tried under ``figures.``; a ``*`` segment
     matches every key of the dict (or index of the list) at that level.
@@ -362,10 +388,10 @@ def resolve(summary: dict, path: str) -> list[tuple[str, Any]]:
                 elif isinstance(node, list):
                     expanded.extend(([*prefix, str(i)], v) for i, v in enumerate(node))
             else:
-                expanded.append(([*prefix, part], _lookup(node, [part]) if node is not _ABSENT else _ABSENT))
+                expanded.append(([*prefix, part], _lookup(node, [part]) if node is not ABSENT else ABSENT))
         matches = expanded
     if not matches:  # a wildcard over an empty or absent block
-        return [(path, _ABSENT)]
+        return [(path, ABSENT)]
     return [(".".join(p), v) for p, v in matches]
 
 
@@ -388,35 +414,45 @@ def _kind(value: Any) -> str:
     return "block"
 
 
+def _right_side(rule: CheckRule, summary: dict, rules_path: Path) -> tuple[Any, str | None]:
+    """The right side's value, or the path that is missing from the summary."""
+    if not rule.right.terms:
+        return rule.right.literal, None
+    if len(rule.right.terms) == 1 and rule.right.terms[0][0] == 1.0:  # one path as it is, of any type
+        (concrete, value), = resolve(summary, rule.right.terms[0][1])
+        return (None, concrete) if value is ABSENT or value is None else (value, None)
+    total = 0.0
+    for factor, term_path in rule.right.terms:
+        if term_path is None:
+            total += factor
+            continue
+        (concrete, value), = resolve(summary, term_path)
+        if value is ABSENT or value is None:
+            return None, concrete
+        if not _is_number(value):
+            raise InputError(rules_path, f"rule {rule.text!r}: {concrete} is a {_kind(value)}, not a number",
+                             expected="figure paths on the right side of a sum to name numbers")
+        total += factor * value
+    return total, None
+
+
 def _evaluate_check(rule: CheckRule, summary: dict, rules_path: Path) -> list[RuleResult]:
     results = []
-    for path, value in resolve(summary, rule.left.path):
+    for path, value in resolve(summary, rule.left):
         def result(status: str, limit: Any = None, detail: str = "") -> RuleResult:
-            shown = None if value is _ABSENT else value
+            shown = None if value is ABSENT else value
             return RuleResult(rule.name, "check", rule.text, path, status, shown, limit, None, detail)
 
-        if rule.right.path is not None:
-            right = resolve(summary, rule.right.path)
-            if len(right) != 1:
-                raise InputError(rules_path, f"rule {rule.text!r}: a '*' path is only allowed on the left side")
-            right_path, limit = right[0]
-            if limit is _ABSENT or limit is None:
-                results.append(result("missing", None, f"{right_path} is missing from the summary"))
-                continue
-            if rule.right.factor != 1.0:
-                if not _is_number(limit):
-                    raise InputError(rules_path, f"rule {rule.text!r}: {right_path} is a {_kind(limit)}, cannot scale it")
-                limit = limit * rule.right.factor
-        else:
-            limit = rule.right.literal
-        if value is _ABSENT or (value is None and limit is not None):
+        limit, missing = _right_side(rule, summary, rules_path)
+        if missing is not None:
+            results.append(result("missing", None, f"{missing} is missing from the summary"))
+            continue
+        if value is ABSENT or (value is None and limit is not None):
             results.append(result("missing", limit, f"{path} is missing from the summary"))
             continue
         if _kind(value) == "block":
             raise InputError(rules_path, f"rule {rule.text!r}: {path} is a block, not a value",
                              expected=f"a leaf such as {path}.{next(iter(value), 'p95')}" if isinstance(value, dict) else "a leaf value")
-        if _kind(limit) == "block":
-            raise InputError(rules_path, f"rule {rule.text!r}: {rule.right.path} is a block, not a value")
         if _kind(value) != _kind(limit) and not (limit is None and rule.op in ("==", "!=")):
             raise InputError(rules_path, f"rule {rule.text!r}: compares {path} ({_kind(value)}, {value!r}) "
                                          f"with a {_kind(limit)}", expected=f"a {_kind(value)} on the right side")
@@ -425,7 +461,7 @@ def _evaluate_check(rule: CheckRule, summary: dict, rules_path: Path) -> list[Ru
                              expected="== or != for booleans and strings")
         ok = _OPERATORS[rule.op](value, limit)
         detail = f"{_show(value)} {rule.op} {_show(limit)}"
-        if rule.right.path is not None:
+        if rule.right.terms:
             detail += f" ({rule.right.describe()})"
         results.append(result("pass" if ok else "fail", limit, detail))
     return results
@@ -435,7 +471,7 @@ def _evaluate_relative(rule: RelativeRule, summary: dict, baseline: dict | None,
     results = []
     for path, value in resolve(summary, rule.figure):
         def result(status: str, limit: Any = None, base: Any = None, detail: str = "") -> RuleResult:
-            shown = None if value is _ABSENT else value
+            shown = None if value is ABSENT else value
             return RuleResult(rule.name, "relative", f"{rule.figure} {rule.tolerance_text}", path, status,
                               shown, limit, base, detail)
 
@@ -443,10 +479,10 @@ def _evaluate_relative(rule: RelativeRule, summary: dict, baseline: dict | None,
             results.append(result("skipped", detail="no baseline given"))
             continue
         base = _lookup(baseline, path.split("."))
-        if value is _ABSENT or value is None:
+        if value is ABSENT or value is None:
             results.append(result("missing", detail=f"{path} is missing from the summary"))
             continue
-        if base is _ABSENT or base is None:
+        if base is ABSENT or base is None:
             results.append(result("missing", detail=f"{path} is missing from the baseline"))
             continue
         if not (_is_number(value) and _is_number(base)):

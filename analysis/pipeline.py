@@ -106,6 +106,11 @@ def _diagnosis(pairs, bind_overlaps, overlapped, serialized, cadence_p50, durati
         where = "every rank" if overlapped.all() else f"{int(overlapped.sum())} of {checked} pairs"
         return f"pipelined: bind(N+1) overlaps runner_run(N) on {where}; cadence p50 {cadence}"
     not_overlapping = pairs[~bind_overlaps]
+    if len(not_overlapping) * 2 < checked:
+        # bind does overlap: the pairs fail on launch order instead
+        early = int((~overlapped).sum()) - len(not_overlapping)
+        return (f"unordered: runner_run(N+1) starts before claim_release(N) in {early} of {checked} pairs; "
+                f"cadence p50 {cadence}")
     ranks_serial = not_overlapping["rank"].nunique()
     on = "all ranks" if ranks_serial == ranks else f"{ranks_serial} of {ranks} ranks"
     bind_ms = ns_to_ms(durations["bind_ns"].median())

@@ -18,7 +18,6 @@ import pandas as pd
 
 from dsprof.analysis.spans import Trace, attr_columns
 
-ROOT_NAME = "chip.run"
 DECODE_CALLABLE = "decode.main+verify+mtp"
 EXTERNAL_PREFIX = "ext."
 ROOT_ATTRS = ("callable", "rank", "device", "run_epoch", "slot_id", "step")
@@ -66,22 +65,27 @@ def _natural_key(text: str) -> tuple:
 def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) -> Swimlane:
     """Rebuild invocations from the span table and lay them out per device and lane."""
     spans = trace.spans
-    is_strace = spans["inv"].notna() & spans["depth"].notna()
+    is_strace = (spans["inv"].notna() & spans["depth"].notna()).to_numpy(bool)
     serving = spans[~is_strace].reset_index(drop=True)
     name_codes, names = pd.factorize(spans["name"])
     external = pd.Series(names, dtype="string[pyarrow]").str.startswith(EXTERNAL_PREFIX).to_numpy(bool)
-    runtime_all = spans[is_strace & ~external[name_codes]]
-    device_clock = runtime_all[runtime_all["clk"] == "dev"]
-    host = runtime_all[runtime_all["clk"] != "dev"]
+    is_runtime = is_strace & ~external[name_codes]
+    is_dev = (spans["clk"] == "dev").to_numpy(bool)
+    is_root = is_runtime & ~is_dev & (spans["depth"] == 0).fillna(False).to_numpy(bool)
     if progress:
-        progress(f"swimlane: {len(host)} host runtime spans, {len(serving)} serving spans")
+        progress(f"swimlane: {int((is_runtime & ~is_dev).sum())} host runtime spans, {len(serving)} serving spans")
 
-    roots = host[host["depth"] == 0].sort_values(["pid", "inv", "ts_ns"], kind="stable")
+    roots = spans[is_root].sort_values(["pid", "inv", "ts_ns"], kind="stable")
     duplicate = roots.duplicated(["pid", "inv"])
     duplicate_roots = int(duplicate.sum())
     roots = roots[~duplicate]
-    keys_all = host[["pid", "inv"]].drop_duplicates()
-    rootless = len(keys_all) - len(keys_all.merge(roots[["pid", "inv"]], on=["pid", "inv"]))
+    # every runtime row's invocation key, looked up once in the root index
+    runtime_rows = np.flatnonzero(is_runtime)
+    row_keys = pd.MultiIndex.from_arrays(
+        [spans["pid"].to_numpy()[runtime_rows], spans["inv"].to_numpy(np.uint64, na_value=0)[runtime_rows]]
+    )
+    root_of_row = pd.MultiIndex.from_arrays([roots["pid"].to_numpy(), roots["inv"].to_numpy(np.uint64)]).get_indexer(row_keys)
+    rootless = int(row_keys[root_of_row < 0].unique().size)
 
     attrs = attr_columns(roots, list(ROOT_ATTRS))
     inv = pd.DataFrame(
@@ -101,15 +105,20 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
         }
     )
 
-    # profile window: invocations whose roots overlap the serving spans
+    # profile window: invocations whose roots overlap the serving window
     window = None
-    timed = serving[(serving["ph"] == "X") & (serving["clk"] != "dev")]
+    timed = _window_spans(serving)
     if len(timed):
         window = (int(timed["ts_ns"].min()), int((timed["ts_ns"] + timed["dur_ns"]).max()))
         inside = (inv["root_ts_ns"] < window[1]) & (inv["root_end_ns"] > window[0])
     else:
         inside = pd.Series(True, index=inv.index)
     left_out = int((~inside).sum())
+    # invocation rows renumbered after the window: -1 for rows of left-out or rootless
+    # invocations (the extra last entry is where a root index of -1, "no root", lands)
+    kept_row = np.full(len(inv) + 1, -1, dtype=np.int64)
+    kept_row[np.flatnonzero(inside.to_numpy())] = np.arange(int(inside.sum()))
+    row_inv = kept_row[root_of_row]
     inv = inv[inside.to_numpy()].reset_index(drop=True)
 
     inv["callable"], decode_label = _label_callables(inv)
@@ -122,14 +131,13 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
     inv["step"] = pd.Series(pd.NA, index=inv.index, dtype="Int64")
     inv.loc[decode.index, "step"] = decode.groupby("rank", dropna=False).cumcount().to_numpy()
 
-    # runtime rows of the kept invocations, with their invocation's identity
-    inv["inv_row"] = np.arange(len(inv))
-    join_cols = ["pid", "inv", "inv_row", "rank", "device", "step", "callable", "lane"]
-    runtime = host.merge(inv[join_cols], on=["pid", "inv"], how="inner")
-    runtime["phase"] = phase_of(runtime["name"])
+    # runtime rows of the kept invocations, carrying their invocation's identity
+    kept = row_inv >= 0
+    dev_rows = is_dev[runtime_rows] & kept
+    host_rows = ~is_dev[runtime_rows] & kept
+    runtime = _with_invocation(spans, runtime_rows[host_rows], row_inv[host_rows], inv)
     runtime["wall_ns"] = _wall_ns(runtime, trace.anchors)
-    device_clock = device_clock.merge(inv[join_cols], on=["pid", "inv"], how="inner")
-    device_clock["phase"] = phase_of(device_clock["name"])
+    device_clock = _with_invocation(spans, runtime_rows[dev_rows], row_inv[dev_rows], inv)
 
     root_table = _decode_roots(inv, runtime, device_clock)
     runtime = runtime.drop(columns="inv_row")
@@ -153,6 +161,30 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
         unanchored_pids=unanchored,
         processes=processes,
     )
+
+
+def _window_spans(serving: pd.DataFrame) -> pd.DataFrame:
+    """The spans that define the serving window: the requests, else the serving spans, else every span.
+
+    Start-up spans (e.g. ``worker.init``) and warm-up rounds lie before the
+    first request, so the request spans are the measured batch.
+    """
+    timed = serving[(serving["ph"] == "X") & (serving["clk"] != "dev")]
+    for category in ("request", "serving"):
+        chosen = timed[timed["cat"] == category]
+        if len(chosen):
+            return chosen
+    return timed
+
+
+def _with_invocation(spans: pd.DataFrame, rows: np.ndarray, inv_rows: np.ndarray, inv: pd.DataFrame) -> pd.DataFrame:
+    """The span rows ``rows`` plus their invocation's rank, device, step, callable, lane and phase."""
+    out = spans.take(rows).reset_index(drop=True)
+    for column in ("rank", "device", "step", "callable", "lane"):
+        out[column] = inv[column].array.take(inv_rows)
+    out["inv_row"] = inv_rows
+    out["phase"] = phase_of(out["name"])
+    return out
 
 
 def _label_callables(inv: pd.DataFrame) -> tuple[pd.Series, str | None]:
@@ -274,6 +306,8 @@ def _decode_roots(inv: pd.DataFrame, runtime: pd.DataFrame, device_clock: pd.Dat
         present[target] = True
         return pd.Series(pd.arrays.IntegerArray(column, ~present), index=out.index)
 
+    runtime = runtime[["phase", "ts_ns", "dur_ns", "inv_row"]]
+    device_clock = device_clock[["phase", "ts_ns", "dur_ns", "inv_row"]]
     for phase, prefix in (("bind", "bind"), ("runner_run", "runner"), ("claim_release", "claim"), ("validate", "validate")):
         rows = runtime[runtime["phase"] == phase]
         out[f"{prefix}_ts_ns"] = scatter(rows, rows["ts_ns"])

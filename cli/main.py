@@ -20,6 +20,7 @@ from dsprof import __version__
 from dsprof.errors import DsprofError
 
 _DEBUG_KEY = "dsprof.debug"
+_PROGRESS_KEY = "dsprof.progress"
 
 
 class UserError(click.ClickException):
@@ -45,13 +46,14 @@ class DsprofGroup(click.Group):
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
-        except DsprofError as exc:
+        except (DsprofError, OSError) as exc:
+            printer = ctx.meta.get(_PROGRESS_KEY)
+            if printer is not None:
+                printer.done()  # the error starts on its own line
             if ctx.meta.get(_DEBUG_KEY):
                 raise
-            raise UserError(str(exc), getattr(exc, "exit_code", 2)) from exc
-        except OSError as exc:
-            if ctx.meta.get(_DEBUG_KEY):
-                raise
+            if isinstance(exc, DsprofError):
+                raise UserError(str(exc), exc.exit_code) from exc
             raise UserError(_os_error_message(exc)) from exc
 
 
@@ -91,6 +93,13 @@ def cli(ctx: click.Context, debug: bool) -> None:
     2 an error (bad input, bad rules, bad options).
     """
     ctx.meta[_DEBUG_KEY] = debug
+
+
+def _progress() -> ProgressPrinter:
+    """The command's progress printer, registered so that an error can end its line."""
+    printer = ProgressPrinter()
+    click.get_current_context().meta[_PROGRESS_KEY] = printer
+    return printer
 
 
 _THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True,
@@ -142,7 +151,7 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
     )
     if out_dir is None:
         out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    progress = ProgressPrinter()
+    progress = _progress()
     result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
     progress.done()
     if result.summary_md is not None:
@@ -176,7 +185,7 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks) -> None:
 
     if out_dir is None:
         out_dir = paths[0] if len(paths) == 1 and paths[0].is_dir() else Path("dsprof-analysis")
-    progress = ProgressPrinter()
+    progress = _progress()
     result = run_analysis(list(paths), out_dir, threshold_ms=threshold_ms, expect_ranks=expect_ranks,
                           progress=progress)
     progress.done()
@@ -193,7 +202,7 @@ def ingest(paths, output) -> None:
     """Read traces into one span table (Parquet) and report what was kept and dropped."""
     from dsprof.analysis.ingest import format_ingest_report, ingest_to_file
 
-    progress = ProgressPrinter()
+    progress = _progress()
     trace = ingest_to_file(list(paths), output, progress=progress)
     progress.done()
     click.echo(format_ingest_report(trace))
@@ -206,7 +215,7 @@ def merge(output) -> None:
     """Merge SA_PROFILE fragments of OUTPUT (a directory or a .json path) into trace.json."""
     from dsprof.profiler.sa_profile import merge_fragments
 
-    progress = ProgressPrinter()
+    progress = _progress()
     result = merge_fragments(output, progress=progress)
     progress.done()
     click.echo(f"merged {result.events} events from {result.fragments} fragment(s) into {result.path}"
@@ -225,7 +234,7 @@ def report(artifact_dir, output, threshold_ms) -> None:
     """Write the self-contained HTML report of an artifact directory."""
     from dsprof.analysis.outputs.html_report import report_from_dir
 
-    progress = ProgressPrinter()
+    progress = _progress()
     path = report_from_dir(artifact_dir, output, threshold_ms=threshold_ms, progress=progress)
     progress.done()
     click.echo(f"report: {path}")
@@ -243,7 +252,7 @@ def export(artifact_dir, fmt, output) -> None:
 
     if output is None:
         output = artifact_dir / "perfetto-trace.json"
-    progress = ProgressPrinter()
+    progress = _progress()
     path = export_from_dir(artifact_dir, output, format=fmt, progress=progress)
     progress.done()
     click.echo(f"trace: {path}")

@@ -376,6 +376,9 @@ class SyntheticRun:
         w0, w1 = self.serving_window_ns
         events.append({"name": "serving.batch", "cat": "serving", "ph": "X", "ts": w0 // 1000, "dur": (w1 - w0) // 1000,
                        "pid": serving_pid, "tid": 1, "args": {}})
+        for rank in range(self.ranks):  # start-up spans long before the batch, as the real stack writes them
+            events.append({"name": "worker.init", "cat": "worker", "ph": "X", "ts": (T0_MONO_NS - 200_000_000) // 1000,
+                           "dur": 100_000, "pid": self.pid(rank), "tid": self.pid(rank), "args": {"rank": rank}})
         lines = [json.dumps(e) for e in events]
         step_start = t.root_start_ns.min(axis=0) // 1000
         step_end = t.root_end_ns.max(axis=0) // 1000

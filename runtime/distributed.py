@@ -43,6 +43,7 @@ class ParallelContext:
     tp: int
     backend: str
     tp_group: object | None  # None when tp == 1
+    metadata_group: object | None = None  # host-side group of the device-resident metadata path
 
     @property
     def tp_rank(self) -> int:
@@ -61,6 +62,10 @@ class ParallelContext:
             dist.all_reduce(tensor, group=self.tp_group)
         return tensor
 
+    def wait_global_predecessor(self) -> None:
+        """Block until every rank has reached this point (the previous dispatch drained everywhere)."""
+        dist.barrier(group=self.metadata_group)
+
     def all_to_all(self, send: torch.Tensor) -> torch.Tensor:
         """Equal-split all-to-all over every rank (the EP dispatch/combine)."""
         recv = torch.empty_like(send)
@@ -69,7 +74,10 @@ class ParallelContext:
 
 
 def init_distributed(rank: int, world: int, tp: int, master_addr: str, master_port: int,
-                     timeout_s: float = 120.0) -> ParallelContext:
+                     timeout_s: float = 120.0, metadata_group: bool = False) -> ParallelContext:
+    """Join the process group; ``metadata_group`` adds a separate host-side gloo group
+    (the device-resident metadata path synchronises its updates over it, from the
+    host thread, while the device stream owns the default group)."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     os.environ.setdefault("MASTER_ADDR", master_addr)
     os.environ.setdefault("MASTER_PORT", str(master_port))
@@ -84,7 +92,8 @@ def init_distributed(rank: int, world: int, tp: int, master_addr: str, master_po
             group = dist.new_group(list(range(first, first + tp)))
             if first <= rank < first + tp:
                 tp_group = group
-    return ParallelContext(rank, world, tp, backend, tp_group)
+    meta = dist.new_group(backend="gloo") if metadata_group else None
+    return ParallelContext(rank, world, tp, backend, tp_group, meta)
 
 
 def shutdown_distributed() -> None:

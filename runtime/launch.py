@@ -81,12 +81,16 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
              out_dir: Path, sink) -> dict:
     """Body of one rank process: join the group, build the shard, prefill, decode."""
     torch.set_num_threads(1)
+    # The host thread and the device executor share the GIL: hand it over quickly
+    # so a waiting fence or launch is not held up by the default 5 ms interval.
+    sys.setswitchinterval(0.0002)
     if config.profile:
         strace.enable(2)
         sa_profile.configure(out_dir / SERVING_TRACE, config.profile_level)
     else:
         strace.disable()
-    par = init_distributed(rank, world, config.tp, master_addr, master_port)
+    par = init_distributed(rank, world, config.tp, master_addr, master_port,
+                           metadata_group=config.metadata == "device-resident")
     def on_device_thread_start() -> None:
         torch.set_num_threads(1)
         sa_profile.set_thread_name(f"device executor (rank {rank})")
@@ -119,13 +123,16 @@ def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, lo
     """Entry of a forked rank: stderr becomes the shared server.log descriptor."""
     sys.stderr.flush()
     os.dup2(log_fd, 2)
+    # Whatever Python itself prints (warnings) goes to fd 2 line by line, not to
+    # a parent's replacement of sys.stderr (e.g. a test runner's capture).
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     sink = QueueSink(channel)
     code = 0
     try:
         run_rank(config, rank, config.ranks, "127.0.0.1", port, out_dir, sink)
         shutdown_distributed()
     except BaseException as error:  # report, then die: the launcher stops the job
-        traceback.print_exc()
+        os.write(2, f"rank {rank} failed:\n{traceback.format_exc()}".encode(errors="backslashreplace"))
         text = f"{type(error).__name__}: {error}"
         sink.send("failed", rank, text, any(mark in text.lower() for mark in _PEER_ERROR_MARKS))
         code = 1

@@ -5,9 +5,11 @@ A run goes through ``bind`` (stage its ping-pong slot's TaskArgs), ``launch``
 ``claim_release`` lets the successor launch), ``drain`` (the host waits on the
 completion fence: ``native_fence_wait``; ``runner_run`` ends) and ``validate``.
 The rank loop binds and launches run N+1 before draining run N, so two runs
-are in flight. With device-resident metadata every metadata update first waits
-for the previous dispatch to drain (a global metadata predecessor), so bind(N+1)
-cannot start before runner_run(N) ends and the pipeline serializes.
+are in flight. With device-resident metadata every metadata update waits for
+a global metadata predecessor: the previous dispatch must have drained here
+(so bind(N+1) cannot start before runner_run(N) ends) and on every other rank
+(each device-resident update in bind.args first passes a host-side barrier);
+the pipeline serializes.
 
 Runs overlap on one host thread, so their STRACE spans are written with
 ``strace.record`` and explicit depths once the run is validated.
@@ -60,7 +62,8 @@ class Run:
 class ChipRunLane:
     """One rank's chip-run lane with ``len(slots)`` ping-pong TaskArgs slots."""
 
-    def __init__(self, rank: int, device, slots: list[TaskArgs], *, serialize_metadata: bool, device_phases: bool):
+    def __init__(self, rank: int, device, slots: list[TaskArgs], *, device_phases: bool, serialize_metadata: bool):
+        """``serialize_metadata`` (device-resident metadata): bind waits for the previous dispatch to drain."""
         self.rank = rank
         self.device = device
         self.slots = slots

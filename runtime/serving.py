@@ -104,8 +104,8 @@ class RankServer:
         mb = self.cache.max_blocks_per_seq
         self.slots = [self._slot(i, placement, DECODE_TOKENS, mb) for i in range(config.depth)]
         self.prefill_slot = self._slot(0, placement, config.prompt_tokens, mb, prompt=True)
-        self.lane = ChipRunLane(par.rank, device, self.slots, serialize_metadata=config.metadata == "device-resident",
-                                device_phases=config.device_phases)
+        self.lane = ChipRunLane(par.rank, device, self.slots, device_phases=config.device_phases,
+                                serialize_metadata=config.metadata == "device-resident")
         # host view of each request, as of the last validated run
         self.ctx_known = [0] * B
         self.produced_known = [0] * B
@@ -120,7 +120,8 @@ class RankServer:
         return base, self.worker.view(base, torch.int64, shape)
 
     def _slot(self, slot_id: int, placement: Placement, tokens: int, max_blocks: int, prompt: bool = False) -> TaskArgs:
-        args = TaskArgs(slot_id, self.worker)
+        legacy = self.config.metadata == "device-resident"
+        args = TaskArgs(slot_id, self.worker, self.par.wait_global_predecessor if legacy else None)
         B = self.batch
         if prompt:
             args.add("prompt", placement, torch.int64, (B, tokens))

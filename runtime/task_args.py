@@ -9,6 +9,7 @@ TaskArgs per ping-pong slot.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
 
@@ -33,9 +34,13 @@ class ArgSlot:
 class TaskArgs:
     """Ordered arguments of one ping-pong slot; ``generation`` counts its reuses."""
 
-    def __init__(self, slot_id: int, worker: DistributedWorker):
+    def __init__(self, slot_id: int, worker: DistributedWorker,
+                 before_device_update: Callable[[], None] | None = None):
+        """``before_device_update`` runs before every DEVICE_RESIDENT staging copy
+        (the legacy path waits there for its global metadata predecessor)."""
         self.slot_id = slot_id
         self.worker = worker
+        self.before_device_update = before_device_update
         self.generation = -1
         self._slots: dict[str, ArgSlot] = {}
         # Host scalars of the launch (e.g. how many cache blocks the longest sequence spans).
@@ -60,6 +65,8 @@ class TaskArgs:
         if slot.placement is Placement.HOST_SHARED:
             slot.tensor.copy_(value.reshape(slot.tensor.shape))
         else:
+            if self.before_device_update is not None:
+                self.before_device_update()
             self.worker.copy_to(slot.base, value.to(slot.tensor.dtype))
 
     def __getitem__(self, name: str) -> torch.Tensor:

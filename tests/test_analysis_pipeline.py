@@ -60,3 +60,15 @@ def test_pairs_fall_back_to_start_order_when_roots_lack_run_epoch(tmp_path):
     SyntheticRun(ranks=2, steps=10, root_attrs=False).write(tmp_path / "run")
     pipeline = analyze([tmp_path / "run"]).summary["pipeline"]
     assert pipeline["pairs_checked"] == 18 and pipeline["pairs_overlapped"] == 18
+
+
+def test_launches_before_claim_release_are_not_called_serialized(tmp_path):
+    # every other runner_run is longer than the step period, so on both ranks 10 of the 18 pairs
+    # launch N+1 before claim_release(N): most pairs fail, but bind(N+1) still overlaps runner_run(N)
+    fence = np.full((2, 10), 9_000_000, dtype=np.int64)
+    fence[:, ::2] += 2_000_000
+    SyntheticRun(ranks=2, steps=10, fence_wait_ns=fence).write(tmp_path / "run")
+    pipeline = analyze([tmp_path / "run"]).summary["pipeline"]
+    assert pipeline["claim_order_violations"] == 10 and pipeline["violations"] == 10
+    assert pipeline["serialized"] is True
+    assert pipeline["diagnosis"].startswith("unordered: runner_run(N+1) starts before claim_release(N) in 10 of 18 pairs")

@@ -97,7 +97,9 @@ def test_serving_figures_from_performance_summary(tmp_path):
 
 def test_nothing_but_unrelated_text_still_yields_a_verdict(tmp_path):
     (tmp_path / "server.log").write_text("[mono_ns=1][T0x1][INFO] boot: hello\nplain text\n")
-    summary = analyze([tmp_path / "server.log"]).summary
+    result = analyze([tmp_path / "server.log"], tmp_path / "out")
+    summary = result.summary
+    assert json.loads(result.outputs["combined-swimlane.json"].read_text())["traceEvents"] == []
     assert summary["validation"]["valid"] is False
     assert "no decode steps found" in summary["validation"]["problems"]
     assert summary["figures"]["runner_start_skew_ms"] == {"p50": None, "p95": None, "p99": None, "max": None, "count": 0}

@@ -142,3 +142,58 @@ def test_ingest_writes_span_table_and_reports_drops(tmp_path):
     import pyarrow.parquet as pq
 
     assert pq.read_table(output).num_rows == 58
+
+
+def _synthetic(tmp_path: Path, name: str, **kwargs) -> Path:
+    from dsprof.profiler.synthetic import SyntheticRun
+
+    return SyntheticRun(**kwargs).write(tmp_path / name)
+
+
+def test_analyze_report_export_on_a_run_with_one_late_start(tmp_path):
+    import numpy as np
+
+    # Rank 2's bind of step 5 starts 8 ms late: one late start of +8.000 ms, start-skew max 8.000.
+    offset = np.zeros((4, 12), dtype=np.int64)
+    offset[2, 5] = 8_000_000
+    run_dir = _synthetic(tmp_path, "late", ranks=4, steps=12, bind_start_offset_ns=offset)
+    runner = CliRunner()
+    result = runner.invoke(cli, ["analyze", str(run_dir), "--expect-ranks", "4"])
+    assert result.exit_code == 0, result.output
+    assert "4 / 12 / 48" in result.output
+    assert f"summary.json: {run_dir / 'summary.json'}" in result.output
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["validation"]["valid"] is True
+    assert summary["figures"]["runner_start_skew_ms"]["max"] == 8.0
+    assert [(i["step"], i["rank"], i["excess_ms"]) for i in summary["late_starts"]["items"]] == [(5, 2, 8.0)]
+
+    elsewhere = tmp_path / "analysis"
+    log_only = runner.invoke(cli, ["analyze", str(run_dir / "server.log"), "-o", str(elsewhere)])
+    assert log_only.exit_code == 0, log_only.output
+    assert (elsewhere / "summary.json").exists()
+
+    report = runner.invoke(cli, ["report", str(run_dir)])
+    assert report.exit_code == 0, report.output
+    assert report.output.strip().endswith(f"report: {run_dir / 'report.html'}")
+    assert (run_dir / "report.html").read_text().lstrip().lower().startswith("<!doctype html")
+
+    exported = runner.invoke(cli, ["export", str(run_dir), "-o", str(tmp_path / "trace.json")])
+    assert exported.exit_code == 0, exported.output
+    events = json.loads((tmp_path / "trace.json").read_text())
+    events = events["traceEvents"] if isinstance(events, dict) else events
+    assert sum(e.get("name") == "chip.run" and e.get("ph") == "X" for e in events) >= 48
+
+
+def test_ci_rules_pass_a_pipelined_trace_and_fail_a_serialized_one(tmp_path):
+    runner = CliRunner()
+    rules = str(Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml")
+    verdicts = {}
+    for name, pipelined in (("pipelined", True), ("serialized", False)):
+        run_dir = _synthetic(tmp_path, name, ranks=4, steps=10, pipelined=pipelined)
+        assert runner.invoke(cli, ["analyze", str(run_dir)]).exit_code == 0
+        verdict_path = tmp_path / f"{name}.json"
+        result = runner.invoke(cli, ["gate", str(run_dir), "--rules", rules, "--verdict", str(verdict_path)])
+        assert result.exit_code == (0 if pipelined else 1), result.output
+        verdicts[name] = json.loads(verdict_path.read_text())
+    failed = {r["path"] for r in verdicts["serialized"]["results"] if r["status"] == "fail"}
+    assert failed == {"pipeline.serialized", "pipeline.violations", "pipeline.cadence_p50_ms"}

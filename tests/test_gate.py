@@ -29,6 +29,7 @@ HEALTHY = {
     "figures": {
         "runner_start_skew_ms": _block(0.1, 0.3, 0.45, 0.5),
         "runner_end_skew_ms": _block(0.2, 0.8, 1.0, 1.2),
+        "bind_ms": _block(1.0, 1.2, 1.4, 1.5),
         "runner_run_ms": _block(18.0, 19.0, 19.5, 20.0),
         "root_ms": _block(20.0, 22.0, 23.0, 25.0),
         "per_rank": {"0": {"root_ms": _block(20.0, 21.0, 22.0, 23.0)}},
@@ -107,6 +108,31 @@ check = "pipeline.cadence_p50_ms < 0.9 * root_ms.p50"
     assert verdict.results[3].name == "cadence below 0.9 x root"
     assert verdict.results[3].limit == pytest.approx(18.0)
     assert verdict.results[2].limit == 640
+
+
+def test_sums_of_figures_and_negative_numbers(tmp_path):
+    rules = _write(tmp_path, "rules.toml", """
+[[rule]]
+check = "pipeline.cadence_p50_ms < runner_run_ms.p50 + 0.5 * bind_ms.p50"
+[[rule]]
+check = "root_ms.p50 >= runner_run_ms.p50 + bind_ms.p50 * 1 - 0.5"
+[[rule]]
+check = "runner_start_skew_ms.p50 > -0.001"
+[[rule]]
+check = "runner_start_skew_ms.p50 <= -root_ms.p50 + 20.5"
+""")
+    summary = copy.deepcopy(HEALTHY)
+    summary["figures"]["bind_ms"] = _block(3.0, 4.0, 4.5, 5.0)
+    verdict = gate(summary, rules)
+    # limits: 18 + 1.5 = 19.5; 18 + 3 - 0.5 = 20.5; -0.001; -20 + 20.5 = 0.5
+    assert [r.limit for r in verdict.results] == pytest.approx([19.5, 20.5, -0.001, 0.5])
+    assert [r.status for r in verdict.results] == ["pass", "fail", "pass", "pass"]
+    assert "(runner_run_ms.p50 + 0.5 * bind_ms.p50)" in verdict.results[0].detail
+    summary["pipeline"]["cadence_p50_ms"] = 19.5  # on the limit: < fails
+    assert gate(summary, rules).results[0].status == "fail"
+    del summary["figures"]["bind_ms"]
+    missing = gate(summary, rules).results[0]
+    assert missing.status == "missing" and missing.detail == "bind_ms.p50 is missing from the summary"
 
 
 def test_wildcard_checks_every_rank(tmp_path):
@@ -188,6 +214,10 @@ max_increase = "20%"
         ("[[rule]]\ncheck = \"validation.valid <= 1\"\n", "compares validation.valid"),
         ("[[rule]]\ncheck = \"pipeline.serialized > false\"\n", "needs numbers"),
         ("[[rule]]\nchek = \"validation.valid == true\"\n", "unknown key"),
+        ("[[rule]]\ncheck = \"root_ms.p50 <= bind_ms.p50 +\"\n", "as a term"),
+        ("[[rule]]\ncheck = \"root_ms.p50 <= bind_ms.p50 * root_ms.p50\"\n", "as a term"),
+        ("[[rule]]\ncheck = \"root_ms.p50 <= 2 * pipeline.achieved_depth.*\"\n", "only allowed on the left"),
+        ("[[rule]]\ncheck = \"root_ms.p50 <= 1 + validation.valid\"\n", "not a number"),
         ("[[relative]]\nfigure = \"root_ms.p50\"\n", "exactly one of max_increase or max_decrease"),
         ("[[relative]]\nfigure = \"root_ms.p50\"\nmax_increase = \"twenty\"\n", "not a number or percentage"),
         ("[rules]\n", "unknown top-level key"),
@@ -283,7 +313,7 @@ def test_ci_rules_fail_a_serialized_pipeline():
     serialized = copy.deepcopy(HEALTHY)
     serialized["pipeline"]["serialized"] = True
     serialized["pipeline"]["violations"] = 36
-    serialized["pipeline"]["cadence_p50_ms"] = 26.0  # bind + runner_run: longer than one runner_run (18.0)
+    serialized["pipeline"]["cadence_p50_ms"] = 19.2  # bind + runner_run: above 18.0 + 0.5 * 1.0
     serialized["pipeline"]["achieved_depth"] = {"0": 1.0, "1": 1.0, "2": 1.0, "3": 1.0}
     verdict = gate(serialized, REPO / "examples" / "ci-rules.toml", baseline=HEALTHY)
     failed = {r.path for r in verdict.results if r.failed}

@@ -152,7 +152,7 @@ def test_nested_tracks_split_chains_over_two_tracks_and_keep_nesting():
 def test_nested_tracks_never_leave_a_partial_overlap(seed):
     rng = np.random.default_rng(seed)
     start = rng.integers(0, 1000, 300)
-    end = start + rng.integers(0, 200, 300)
+    end = start + rng.integers(0, 60, 300)
     group = rng.integers(0, 3, 300)
     track = _nested_tracks(group, start, end)
     for key in set(zip(group.tolist(), track.tolist())):

@@ -432,23 +432,30 @@ def _version_of(segment: str) -> str | None:
 
 
 def _drop_reason(segment: str) -> str:
-    """Why a record that the record pattern rejects cannot be used."""
+    """Why a record that the record pattern rejects cannot be used.
+
+    ``torn_record``: the text stops inside the required fields, which are in
+    order so far (the last one possibly cut, ``dur=`` with no digits included);
+    ``bad_value``: every required field is there but one does not parse;
+    ``missing_field``: required fields out of order or absent.
+    """
     version = _version_of(segment)
     if version is not None and version != str(STRACE_VERSION):
         return "unknown_version"
     body = segment.split("[", 1)[0]
     tokens = body.split()
     keys = [t.split("=", 1)[0] for t in tokens]
+    seen = min(len(keys), len(REQUIRED_FIELDS))
+    in_order = keys[: seen - 1] == list(REQUIRED_FIELDS[: seen - 1]) if seen else True
+    if seen and in_order:
+        last_key, last_cut = keys[seen - 1], seen == len(keys) and not body.endswith((" ", "\t"))
+        in_order = last_key == REQUIRED_FIELDS[seen - 1] or (last_cut and "=" not in tokens[-1] and REQUIRED_FIELDS[seen - 1].startswith(last_key))
+    ends_inside = len(keys) < len(REQUIRED_FIELDS) or (len(keys) == len(REQUIRED_FIELDS) and tokens[-1] == "dur=")
+    if in_order and ends_inside and len(keys) <= len(REQUIRED_FIELDS):
+        return "torn_record"
     if all(f in keys for f in REQUIRED_FIELDS):
         return "bad_value"
-    # torn: the keys seen are the required ones in order, the last possibly cut short
-    for i, key in enumerate(keys):
-        if i >= len(REQUIRED_FIELDS):
-            break
-        complete = i < len(keys) - 1 or "=" in tokens[i] or body.endswith(" ")
-        if key != REQUIRED_FIELDS[i] and (complete or not REQUIRED_FIELDS[i].startswith(key)):
-            return "missing_field"
-    return "torn_record"
+    return "missing_field"
 
 
 def _count(dropped: dict[str, int], reason: str, n: int) -> None:

@@ -29,6 +29,7 @@ from dsprof.analysis.swimlane import Swimlane
 from dsprof.profiler.synthetic import join_text, text_buffer
 
 DEVICE_PID_BASE = 100_000_000
+CHUNK_ROWS = 500_000
 _JSON_LITERAL = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|[\{\[].*)$"
 
 
@@ -100,40 +101,53 @@ def _serving_events(serving: pd.DataFrame) -> pa.Array:
     )
 
 
-def _runtime_events(swimlane: Swimlane) -> tuple[pa.Array, list[dict]]:
-    runtime = swimlane.runtime
+def _runtime_rows(swimlane: Swimlane) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The runtime columns the events need (Chrome tid per (rank, thread, lane), device wall on runner_run),
+    and the (rank, tid, lane) -> Chrome tid table."""
+    runtime = swimlane.runtime[["name", "ts_ns", "dur_ns", "pid", "tid", "inv", "rank", "device", "step",
+                                "phase", "callable", "lane", "wall_ns"]]
     device_wall = swimlane.device_clock[swimlane.device_clock["phase"] == "device_wall"].drop_duplicates(["pid", "inv"])
     runtime = runtime.merge(
         device_wall[["pid", "inv", "dur_ns"]].rename(columns={"dur_ns": "device_wall_dur_ns"}), on=["pid", "inv"], how="left"
     )
-    runtime["device_wall_dur_ns"] = runtime["device_wall_dur_ns"].where(runtime["phase"] == "runner_run")
-    rank = runtime["rank"].astype("int64")
+    runtime["device_wall_dur_ns"] = runtime["device_wall_dur_ns"].where(runtime["phase"] == "runner_run").astype("Int64")
     thread_lane = runtime[["rank", "tid", "lane"]].drop_duplicates().sort_values(["rank", "tid", "lane"])
     thread_lane["chrome_tid"] = thread_lane.groupby("rank").cumcount() + 1
-    chrome_tid = runtime.merge(thread_lane, on=["rank", "tid", "lane"], how="left")["chrome_tid"]
-    events = join_text(
+    runtime = runtime.merge(thread_lane, on=["rank", "tid", "lane"], how="left")
+    return runtime, thread_lane
+
+
+def _runtime_events(runtime: pd.DataFrame) -> pa.Array:
+    rank = runtime["rank"].astype("int64")
+    return join_text(
         '{"name":', json_string(runtime["name"]), ',"cat":"runtime","ph":"X","ts":', _us_text(runtime["ts_ns"]),
         ',"dur":', _us_text(runtime["dur_ns"]), ',"pid":', pa.array((rank + DEVICE_PID_BASE).to_numpy()),
-        ',"tid":', pa.array(chrome_tid.to_numpy(np.int64)),
+        ',"tid":', pa.array(runtime["chrome_tid"].to_numpy(np.int64)),
         ',"args":{"step":', _json_int_or_null(runtime["step"]), ',"rank":', pa.array(rank.to_numpy()),
         ',"device":', json_string(runtime["device"]), ',"inv":', _json_int_or_null(runtime["inv"], quoted=True),
         ',"phase":', json_string(runtime["phase"]), ',"callable":', json_string(runtime["callable"]),
         ',"lane":', pa.array(runtime["lane"].to_numpy(np.int64)),
         ',"os_pid":', pa.array(runtime["pid"].to_numpy()), ',"os_tid":', pa.array(runtime["tid"].to_numpy()),
         ',"wall_ns":', _json_int_or_null(runtime["wall_ns"], quoted=True),
-        ',"device_wall_dur_ns":', _json_int_or_null(runtime["device_wall_dur_ns"].astype("Int64")), "}}",
+        ',"device_wall_dur_ns":', _json_int_or_null(runtime["device_wall_dur_ns"]), "}}",
     )
-    meta: list[dict] = []
-    processes = swimlane.processes.sort_values("rank")
-    for row in processes.itertuples(index=False):  # one metadata event per device, not per span
+
+
+def _metadata(swimlane: Swimlane, thread_lane: pd.DataFrame, process_names: dict | None, thread_names: dict | None) -> list[dict]:
+    """Process/thread names: the serving trace's own, then one per device lane (per process, not per span)."""
+    meta = [{"ph": "M", "name": "process_name", "pid": int(pid), "tid": 0, "args": {"name": name}}
+            for pid, name in (process_names or {}).items()]
+    meta += [{"ph": "M", "name": "thread_name", "pid": int(pid), "tid": int(tid), "args": {"name": name}}
+             for (pid, tid), name in (thread_names or {}).items()]
+    for row in swimlane.processes.sort_values("rank").itertuples(index=False):
         pid = DEVICE_PID_BASE + int(row.rank)
         meta.append({"ph": "M", "name": "process_name", "pid": pid, "tid": 0,
                      "args": {"name": f"device {row.device} (rank {int(row.rank)}, pid {int(row.pid)})"}})
         meta.append({"ph": "M", "name": "process_sort_index", "pid": pid, "tid": 0, "args": {"sort_index": int(row.rank)}})
-    for row in thread_lane.itertuples(index=False):  # one per (thread, lane)
+    for row in thread_lane.itertuples(index=False):
         meta.append({"ph": "M", "name": "thread_name", "pid": DEVICE_PID_BASE + int(row.rank), "tid": int(row.chrome_tid),
                      "args": {"name": f"tid {int(row.tid)} lane {int(row.lane)}"}})
-    return events, meta
+    return meta
 
 
 def write_combined_swimlane(
@@ -143,18 +157,14 @@ def write_combined_swimlane(
     process_names: dict | None = None,
     thread_names: dict | None = None,
 ) -> Path:
-    """Write the combined swimlane; ``process_names``/``thread_names`` are the serving trace's metadata."""
+    """Write the combined swimlane; ``process_names``/``thread_names`` are the serving trace's metadata.
+
+    Events are built and written CHUNK_ROWS rows at a time, so memory stays
+    bounded by a chunk's text whatever the size of the trace.
+    """
     path = Path(path)
-    meta = [{"ph": "M", "name": "process_name", "pid": int(pid), "tid": 0, "args": {"name": name}}
-            for pid, name in (process_names or {}).items()]
-    meta += [{"ph": "M", "name": "thread_name", "pid": int(pid), "tid": int(tid), "args": {"name": name}}
-             for (pid, tid), name in (thread_names or {}).items()]
-    runtime_events, runtime_meta = _runtime_events(swimlane)
-    parts = [pa.array([json.dumps(m) for m in meta + runtime_meta], pa.string())]
-    if len(swimlane.serving):
-        parts.append(_serving_events(swimlane.serving[swimlane.serving["ph"].isin(["X", "i"])]))
-    parts.append(runtime_events)
-    events = pa.concat_arrays([p.combine_chunks() if isinstance(p, pa.ChunkedArray) else p for p in parts])
+    runtime, thread_lane = _runtime_rows(swimlane)
+    serving = swimlane.serving[swimlane.serving["ph"].isin(["X", "i"])]
     header = {
         "displayTimeUnit": "ns",
         "otherData": {
@@ -165,9 +175,13 @@ def write_combined_swimlane(
     }
     with open(path, "wb") as f:
         f.write(json.dumps(header)[:-1].encode() + b', "traceEvents": [\n')
-        if len(events):
-            separators = np.full(len(events), ",\n", dtype=object)
-            separators[-1] = "\n"
-            f.write(text_buffer(join_text(events, pa.array(separators, pa.string()))))
-        f.write(b"]}\n")
+        meta = _metadata(swimlane, thread_lane, process_names, thread_names)
+        f.write("".join(json.dumps(m) + ",\n" for m in meta).encode())
+        for frame, build in ((serving, _serving_events), (runtime, _runtime_events)):
+            for start in range(0, len(frame), CHUNK_ROWS):  # a loop over chunks of rows
+                f.write(text_buffer(join_text(build(frame.iloc[start : start + CHUNK_ROWS]), ",\n")))
+        if f.tell() > 0 and (meta or len(serving) or len(runtime)):
+            f.seek(f.tell() - 2)  # the last event's separator
+        f.write(b"\n]}\n")
+        f.truncate()
     return path

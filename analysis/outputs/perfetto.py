@@ -52,8 +52,14 @@ def _json_strings(values: pa.Array | pa.ChunkedArray) -> pa.Array:
     text = pc.cast(values, pa.string())
     text = pc.replace_substring(text, "\\", "\\\\")
     text = pc.replace_substring(text, '"', '\\"')
-    for code in range(0x20):
-        text = pc.replace_substring(text, chr(code), f"\\u{code:04x}")
+    if pc.any(pc.match_substring_regex(text, "[\\x00-\\x1f]")).as_py():
+        for code in range(0x20):
+            text = pc.replace_substring(text, chr(code), f"\\u{code:04x}")
+    return _quoted(text)
+
+
+def _quoted(text: pa.Array) -> pa.Array:
+    """Text that needs no escaping (digits) as JSON strings."""
     return pc.binary_join_element_wise('"', text, '"', "")
 
 
@@ -330,6 +336,9 @@ def _span_events(frame: pd.DataFrame, attrs: pa.Array) -> pa.Array:
     def optional_str(column: str) -> pa.Array:
         return _json_strings(pa.array(frame[column].astype("string").to_numpy(na_value=None), pa.string()))
 
+    def optional_digits(column: str) -> pa.Array:
+        return _quoted(pa.array(frame[column].astype("string").to_numpy(na_value=None), pa.string()))
+
     def optional_int(column: str) -> pa.Array:
         return pa.array(frame[column].astype("Int64").astype("string").to_numpy(na_value=None), pa.string())
 
@@ -339,8 +348,8 @@ def _span_events(frame: pd.DataFrame, attrs: pa.Array) -> pa.Array:
             _member("step", optional_int("step")),
             _member("rank", optional_int("rank")),
             _member("device", optional_str("device")),
-            _member("inv", optional_str("inv")),
-            _member("wall_ns", optional_str("wall_ns")),
+            _member("inv", optional_digits("inv")),
+            _member("wall_ns", optional_digits("wall_ns")),
             pc.binary_join_element_wise('"attrs":{', attrs, "}", ""),
         ]
     )
