@@ -21,6 +21,8 @@ from dsprof.analysis.gate import ABSENT, load_summary, resolve
 
 # Sections whose leaves are run identity or raw counts of inputs, not figures.
 _SKIPPED_TOP = {"schema", "dsprof_version", "inputs", "workload", "per_step", "exit_status"}
+# Leaves that are settings or identifiers (a rank number has no magnitude to diff).
+_IDENTIFIERS = {"threshold_ms", "rank", "step"}
 # Leaves compared as labels (equal or not) rather than as numbers (exit_status too:
 # a status code has no magnitude).
 _LABELS = (
@@ -80,8 +82,9 @@ def _is_number(value: Any) -> bool:
 def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int | float]:
     """Numeric leaves of a summary by dotted path (``figures.`` prefix dropped).
 
-    Percentile blocks' ``count`` and ``threshold_ms`` settings are left out:
-    they are sample sizes and options, not measurements.
+    Percentile blocks' ``count``, the ``threshold_ms`` setting and rank/step
+    identifiers are left out: they are sample sizes, options and names, not
+    measurements.
     """
     flat: dict[str, float] = {}
 
@@ -89,7 +92,7 @@ def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int |
         if isinstance(node, dict):
             percentile_block = "p50" in node
             for key, value in node.items():
-                if key == "threshold_ms" or (percentile_block and key == "count"):
+                if key in _IDENTIFIERS or (percentile_block and key == "count"):
                     continue
                 walk(value, [*prefix, str(key)])
         elif _is_number(node):

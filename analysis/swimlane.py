@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 
 from dsprof.analysis.spans import Trace, attr_columns
 
@@ -46,6 +48,16 @@ class Swimlane:
     processes: pd.DataFrame = field(default_factory=pd.DataFrame)
 
 
+def _int_column(text: pd.Series) -> pd.arrays.IntegerArray:
+    """Integer attribute values (Int64; null where absent or not an integer)."""
+    arrow = pa.chunked_array(text.array._pa_array)
+    try:
+        values = pc.cast(arrow, pa.int64())
+    except pa.ArrowInvalid:  # some value is not an integer: parse leniently
+        return pd.array(pd.to_numeric(text, errors="coerce"), dtype="Int64")
+    return pd.array(values.to_pandas(types_mapper=pd.ArrowDtype), dtype="Int64")
+
+
 def phase_of(names: pd.Series) -> pd.Series:
     """Phase label from the span name: ``chip.run`` -> root, ``chip.run.runner_run.X`` -> X.
 
@@ -67,9 +79,9 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
     spans = trace.spans
     is_strace = (spans["inv"].notna() & spans["depth"].notna()).to_numpy(bool)
     serving = spans[~is_strace].reset_index(drop=True)
-    name_codes, names = pd.factorize(spans["name"])
-    external = pd.Series(names, dtype="string[pyarrow]").str.startswith(EXTERNAL_PREFIX).to_numpy(bool)
-    is_runtime = is_strace & ~external[name_codes]
+    names = pc.dictionary_encode(pa.chunked_array(spans["name"].array._pa_array)).combine_chunks()
+    external = pc.starts_with(names.dictionary, EXTERNAL_PREFIX).to_numpy(zero_copy_only=False)
+    is_runtime = is_strace & ~external[names.indices.to_numpy(zero_copy_only=False)]
     is_dev = (spans["clk"] == "dev").to_numpy(bool)
     is_root = is_runtime & ~is_dev & (spans["depth"] == 0).fillna(False).to_numpy(bool)
     if progress:
@@ -97,11 +109,11 @@ def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) 
             "root_ts_ns": roots["ts_ns"].to_numpy(),
             "root_end_ns": (roots["ts_ns"] + roots["dur_ns"]).to_numpy(),
             "callable_attr": attrs["callable"].to_numpy(),
-            "rank_attr": pd.to_numeric(attrs["rank"], errors="coerce").astype("Int64").to_numpy(),
+            "rank_attr": _int_column(attrs["rank"]),
             "device_attr": attrs["device"].to_numpy(),
-            "run_epoch": pd.to_numeric(attrs["run_epoch"], errors="coerce").astype("Int64").to_numpy(),
-            "slot_id": pd.to_numeric(attrs["slot_id"], errors="coerce").astype("Int64").to_numpy(),
-            "step_attr": pd.to_numeric(attrs["step"], errors="coerce").astype("Int64").to_numpy(),
+            "run_epoch": _int_column(attrs["run_epoch"]),
+            "slot_id": _int_column(attrs["slot_id"]),
+            "step_attr": _int_column(attrs["step"]),
         }
     )
 

@@ -3,9 +3,15 @@
 Attribution compares the late rank's phase durations with the median of the
 *other* ranks for the same step:
 
-* a late start (start(runner_run) − min_r start > threshold) is explained by
-  ``bind`` when the rank's bind took at least half the excess longer than the
-  others' median bind; otherwise it is ``before runner_run, unattributed``;
+* a late start (start(runner_run) − min_r start > threshold) is explained
+  against the others' median start (the lateness beyond a typical rank): by
+  ``bind`` when the rank's bind took at least half of it longer than the
+  others' median bind; else by ``previous step's runner_run`` when the rank's
+  previous run released its slot (claim_release start) at least half of it
+  after the others' median start (the launch had to wait for it); else by
+  ``before bind: run started late`` when the rank's root began at least half
+  of it after the others' median root start; otherwise it is
+  ``before runner_run, unattributed`` (between bind and launch);
 * a tail step (runner-end skew > threshold) names the rank that ended last. Its
   lateness splits into a late start (start − others' median start) and a longer
   runner_run (dur − others' median dur). When the start part is the larger the
@@ -30,6 +36,8 @@ from dsprof.analysis.skew import ns_to_ms, root_durations
 
 UNATTRIBUTED_RUNNER = "inside runner_run, unattributed"
 UNATTRIBUTED_START = "before runner_run, unattributed"
+PREVIOUS_RUN = "previous step's runner_run"
+LATE_ARRIVAL = "before bind: run started late"
 EXPLAINS_SHARE = 0.5
 STRAGGLER_SHARE_OF_FLAGGED = 0.5
 STRAGGLER_SHARE_OF_STEPS = 0.10
@@ -45,7 +53,7 @@ def _with_others_median(flagged: pd.DataFrame, table: pd.DataFrame, columns: lis
 
 def _phase_table(roots: pd.DataFrame) -> pd.DataFrame:
     durations = root_durations(roots)
-    return pd.DataFrame(
+    table = pd.DataFrame(
         {
             "step": roots["step"].astype("int64"),
             "rank": roots["rank"].astype("int64"),
@@ -56,15 +64,28 @@ def _phase_table(roots: pd.DataFrame) -> pd.DataFrame:
             "bind_ns": durations["bind_ns"].astype("float64"),
             "fence_ns": roots["fence_wait_dur_ns"].astype("float64"),
             "device_wall_ns": roots["device_wall_dur_ns"].astype("float64"),
+            "claim_ns": roots["claim_ts_ns"].astype("float64"),
+            "root_ns": roots["root_ts_ns"].astype("float64"),
         }
     ).dropna(subset=["start_ns", "end_ns"])
+    table = table.sort_values(["rank", "step"])
+    # when the rank's previous run released its slot (claim_release start): a launch waits for it
+    table["previous_claim_ns"] = table.groupby("rank")["claim_ns"].shift()
+    return table
 
 
 def _start_attribution(rows: pd.DataFrame, delay: pd.Series) -> tuple[pd.Series, pd.Series]:
+    """Why runner_run started ``delay`` late: a slow bind, the previous run holding the slot, a late root, or unknown."""
     bind_excess = rows["bind_ns"] - rows["bind_ns_others_median"]
-    is_bind = bind_excess >= EXPLAINS_SHARE * delay
-    phase = pd.Series(np.where(is_bind, "bind", UNATTRIBUTED_START), index=rows.index)
-    return phase, pd.Series(np.where(is_bind, bind_excess, delay), index=rows.index)
+    held_back = rows["previous_claim_ns"] - rows["start_ns_others_median"]
+    arrived_late = rows["root_ns"] - rows["root_ns_others_median"]
+    half = EXPLAINS_SHARE * delay
+    is_bind = bind_excess >= half
+    is_previous = ~is_bind & (held_back.fillna(-np.inf) >= half)
+    is_arrival = ~is_bind & ~is_previous & (arrived_late >= half)
+    phase = np.select([is_bind, is_previous, is_arrival], ["bind", PREVIOUS_RUN, LATE_ARRIVAL], UNATTRIBUTED_START)
+    excess = np.select([is_bind, is_previous, is_arrival], [bind_excess, held_back, arrived_late], delay)
+    return pd.Series(phase, index=rows.index), pd.Series(excess, index=rows.index)
 
 
 def find_late_starts(roots: pd.DataFrame, threshold_ms: float = 5.0) -> pd.DataFrame:
@@ -72,8 +93,9 @@ def find_late_starts(roots: pd.DataFrame, threshold_ms: float = 5.0) -> pd.DataF
     table = _phase_table(roots)
     table["excess_ns"] = table["start_ns"] - table.groupby("step")["start_ns"].transform("min")
     late = table[table["excess_ns"] > threshold_ms * 1e6]
-    late = _with_others_median(late, table, ["start_ns", "bind_ns"])
-    phase, phase_excess = _start_attribution(late, late["excess_ns"])
+    late = _with_others_median(late, table, ["start_ns", "bind_ns", "root_ns"])
+    # attribution explains the lateness against the typical rank (the others' median start)
+    phase, phase_excess = _start_attribution(late, late["start_ns"] - late["start_ns_others_median"])
     return late.assign(phase=phase, phase_excess_ns=phase_excess).sort_values(["step", "rank"]).reset_index(drop=True)
 
 
@@ -83,7 +105,7 @@ def find_tail_steps(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: floa
     tails = steps[steps["runner_end_skew_ns"] > threshold_ms * 1e6][["step", "latest_end_rank", "runner_end_skew_ns"]]
     tails = tails.rename(columns={"latest_end_rank": "rank"}).astype({"rank": "int64"})
     tails = tails.merge(table, on=["step", "rank"], how="left")
-    tails = _with_others_median(tails, table, ["start_ns", "runner_ns", "bind_ns", "fence_ns", "device_wall_ns"])
+    tails = _with_others_median(tails, table, ["start_ns", "root_ns", "runner_ns", "bind_ns", "fence_ns", "device_wall_ns"])
     start_delay = tails["start_ns"] - tails["start_ns_others_median"]
     runner_excess = tails["runner_ns"] - tails["runner_ns_others_median"]
     device_excess = tails["device_wall_ns"] - tails["device_wall_ns_others_median"]

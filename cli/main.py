@@ -135,9 +135,9 @@ _THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), defaul
               help="Artifact directory [default: runs/<preset>-<timestamp>].")
 def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, rounds, warmup, acceptance_rate,
         metadata, profile_level, device_phases, inject, seed, threshold_ms, out_dir) -> None:
-    """Run the bundled decode runtime with profiling on, then analyse it.
+    """Run the bundled decode runtime, profiled, then analyse it.
 
-    Prints the verification summary and the report's path. Exits 1 if the
+    Both profilers are on (SA_PROFILE fragments, STRACE markers). Prints the verification summary and the report's path. Exits 1 if the
     runtime failed or the swimlane is not valid (what was written is still
     analysed, e.g. after an injected crash).
     """
@@ -175,9 +175,10 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
 @_THRESHOLD
 @click.option("--expect-ranks", type=click.IntRange(min=1), help="Fail validation unless this many ranks appear.")
 def analyze(paths, out_dir, threshold_ms, expect_ranks) -> None:
-    """Analyse traces: artifact dirs, STRACE logs, SA_PROFILE fragments or Chrome JSON.
+    """Analyse traces and write the figures.
 
-    Writes summary.json, summary.md, combined-swimlane.json and the HTML report,
+    PATHS are artifact dirs, STRACE logs, SA_PROFILE fragment dirs or merged
+    traces, Chrome/Kineto JSON. Writes summary.json, summary.md, combined-swimlane.json and the HTML report,
     and prints the summary table.
     """
     from dsprof.analysis.analyze import analyze as run_analysis
@@ -199,7 +200,10 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("spans.parquet"),
               show_default=True, help="Parquet file for the span table.")
 def ingest(paths, output) -> None:
-    """Read traces into one span table (Parquet) and report what was kept and dropped."""
+    """Read traces into one span table (Parquet).
+
+    Prints the records read, the spans kept and the records dropped by reason.
+    """
     from dsprof.analysis.ingest import format_ingest_report, ingest_to_file
 
     progress = _progress()
@@ -212,7 +216,11 @@ def ingest(paths, output) -> None:
 @cli.command()
 @click.argument("output", type=click.Path(exists=True, path_type=Path))
 def merge(output) -> None:
-    """Merge SA_PROFILE fragments of OUTPUT (a directory or a .json path) into trace.json."""
+    """Merge SA_PROFILE fragments into trace.json.
+
+    OUTPUT is the SA_PROFILE output: a directory, or a path ending in .json.
+    Torn or malformed lines are skipped and counted.
+    """
     from dsprof.profiler.sa_profile import merge_fragments
 
     progress = _progress()
@@ -231,7 +239,7 @@ def merge(output) -> None:
               help="HTML file [default: ARTIFACT_DIR/report.html].")
 @_THRESHOLD
 def report(artifact_dir, output, threshold_ms) -> None:
-    """Write the self-contained HTML report of an artifact directory."""
+    """Write the HTML report of an artifact directory."""
     from dsprof.analysis.outputs.html_report import report_from_dir
 
     progress = _progress()
@@ -247,7 +255,10 @@ def report(artifact_dir, output, threshold_ms) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Trace file [default: ARTIFACT_DIR/perfetto-trace.json].")
 def export(artifact_dir, fmt, output) -> None:
-    """Export the combined swimlane as a trace for Perfetto / chrome://tracing."""
+    """Export the combined swimlane for Perfetto.
+
+    The trace opens in ui.perfetto.dev and chrome://tracing.
+    """
     from dsprof.analysis.outputs.perfetto import export_from_dir
 
     if output is None:
@@ -271,7 +282,9 @@ def export(artifact_dir, fmt, output) -> None:
 @click.option("--verdict", "verdict_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the JSON verdict here.")
 def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
-    """Check SUMMARY (summary.json or an artifact dir) against rules.
+    """Check a summary against gate rules.
+
+    SUMMARY is a summary.json or the artifact dir holding one.
 
     Exit status: 0 every rule passed, 1 a rule failed or its figure is missing,
     2 the rules or the summary could not be read.
@@ -297,7 +310,7 @@ def _runs(spec: str, name: str) -> list[Path]:
 @click.option("--per-rank", is_flag=True, help="Include per-rank figures.")
 @click.option("--changed-only", is_flag=True, help="Leave out figures that did not change.")
 def diff(a, b, per_rank, changed_only) -> None:
-    """Compare the figures of run(s) A with run(s) B.
+    """Compare the figures of two runs.
 
     A and B are artifact dirs or summary.json files; give repeated runs
     comma-separated (A1,A2,A3) to flag changes beyond run-to-run noise.

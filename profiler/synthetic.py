@@ -18,14 +18,15 @@ Layout of one invocation (rank r, step s), all on the host clock::
     runner_run  = [runner_start, runner_start + launch + fence_wait + drain]
     claim_release = [runner_end, + claim]
     validate    = [runner_end + runner_to_validate, + validate]
-    root        = [bind_start, validate_end]
+    root        = [bind_start, max(validate_end, claim_end)]
 
 With ``pipelined=True`` the default period is the median runner_run plus the
 claim, so bind(N+1) runs while runner_run(N) is still draining (depth-2
 overlap); with ``pipelined=False`` it is the median root plus an idle gap, so
 nothing overlaps. Steps stay on this grid whatever is injected: a runner_run
 made longer than the period overlaps the next one on its rank (a pipeline
-violation, as the real stack would show it).
+violation, as the real stack would show it) unless ``launch_waits_for_claim``,
+which holds each launch until the previous claim_release, as the runtime does.
 
 Records are built as Arrow string columns (no per-span Python formatting), so
 64 ranks x 10,000 steps are written in seconds.
@@ -92,7 +93,7 @@ class Timings:
 
     @property
     def root_end_ns(self) -> np.ndarray:
-        return self.validate_end_ns
+        return np.maximum(self.validate_end_ns, self.claim_end_ns)
 
 
 @dataclass
@@ -113,6 +114,7 @@ class SyntheticRun:
     claim_ns: object = 50_000
     runner_to_validate_ns: object = 250_000
     validate_ns: object = 600_000
+    launch_waits_for_claim: bool = False  # a late runner_run pushes its rank's next launches back
     device_phases: bool = True        # depth-2 runner markers (fence wait, device wall)
     bind_children: bool = True        # bind.args / bind.prebuilt
     root_attrs: bool = True           # identity, rank, device, callable, step on the root
@@ -172,6 +174,13 @@ class SyntheticRun:
         bind_start = grid[None, :] + p["bind_start_offset_ns"]
         bind_end = bind_start + p["bind_ns"]
         runner_start = bind_end + p["bind_to_runner_ns"]
+        if self.launch_waits_for_claim:
+            # runner_run(s) starts no earlier than claim_release(s-1) = runner_end(s-1):
+            # S(s) = max(want(s), S(s-1) + dur(s-1)), solved as D(s) + cummax(want(s) - D(s))
+            # with D(s) the sum of the earlier runner durations
+            runner_dur = p["launch_ns"] + p["fence_wait_ns"] + p["drain_ns"]
+            before = np.cumsum(runner_dur, axis=1) - runner_dur
+            runner_start = before + np.maximum.accumulate(runner_start - before, axis=1)
         fence_start = runner_start + p["launch_ns"]
         runner_end = fence_start + p["fence_wait_ns"] + p["drain_ns"]
         validate_start = runner_end + p["runner_to_validate_ns"]
@@ -237,7 +246,7 @@ class SyntheticRun:
             epoch = s + first_epoch + (1 if self.prefill else 0)
             step = s if measured else np.full(len(s), -1)
             sel = lambda a: a[keep]  # noqa: E731 - a tiny local accessor keeps the calls short
-            root_start, root_end = sel(t.root_start_ns), np.maximum(sel(t.validate_end_ns), sel(t.claim_end_ns))
+            root_start, root_end = sel(t.root_start_ns), sel(t.root_end_ns)
             add(r, epoch, 0, "chip.run", root_start, root_end - root_start, hid, callable_, step)
             bs, be = sel(t.bind_start_ns), sel(t.bind_end_ns)
             add(r, epoch, 1, "chip.run.bind", bs, be - bs, hid, callable_, step)

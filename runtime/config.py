@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field, fields, replace
 
 from dsprof.errors import DsprofError
+from dsprof.runtime.faults import parse_faults
 
 METADATA_PATHS = ("host-shared", "device-resident")
 PROFILE_LEVELS = ("e2e", "kernel", "verbose")
@@ -119,8 +120,6 @@ class RuntimeConfig:
         levels = [lv.strip() for lv in self.profile_level.split(",") if lv.strip()]
         bad = [lv for lv in levels if lv not in PROFILE_LEVELS]
         need(levels and not bad, f"profile_level must be a comma list of {', '.join(PROFILE_LEVELS)}, got {self.profile_level!r}")
-        from dsprof.runtime.faults import parse_faults  # noqa: PLC0415 (faults imports config)
-
         parse_faults(self.inject, self.ranks)
 
     def workload(self) -> dict:

@@ -35,6 +35,7 @@ SUMMARY_SCHEMA = "dsprof.performance_summary/1"
 SERVING_TRACE = "serving-trace"
 EXIT_OK, EXIT_RANK_FAILED, EXIT_TOKENS_MISSING = 0, 1, 3
 _KILL_GRACE_S = 2.0  # after a rank fails: SIGTERM the rest, SIGKILL what is left after this
+_FAILURE_REPORT_WAIT_S = 0.3  # after the first failure, for the other ranks' reports to arrive
 _PROGRESS_INTERVAL_S = 0.3
 # Errors a rank sees because a *peer* died (not its own fault).
 _PEER_ERROR_MARKS = ("connection closed", "connection reset", "gloo", "nccl", "broken pipe", "timed out")
@@ -83,12 +84,13 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
     torch.set_num_threads(1)
     # The host thread and the device executor share the GIL: hand it over quickly
     # so a waiting fence or launch is not held up by the default 5 ms interval.
-    sys.setswitchinterval(0.0002)
+    sys.setswitchinterval(0.001)
     if config.profile:
         strace.enable(2)
         sa_profile.configure(out_dir / SERVING_TRACE, config.profile_level)
     else:
         strace.disable()
+        sa_profile.shutdown()
     par = init_distributed(rank, world, config.tp, master_addr, master_port,
                            metadata_group=config.metadata == "device-resident")
     def on_device_thread_start() -> None:
@@ -232,11 +234,13 @@ def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike,
         raise DsprofError(f"cannot create output directory {out}: {error.strerror}") from None
     for stale in ("performance_summary.json", "faults.json"):
         (out / stale).unlink(missing_ok=True)
-    trace_dir = out / SERVING_TRACE
     if config.profile:
-        sa_profile.configure(trace_dir, config.profile_level, main=True)
+        sa_profile.configure(out / SERVING_TRACE, config.profile_level, main=True)
         sa_profile.set_process_name("dsprof launcher")
-    plan = plan_serving(config)
+    else:  # also stops a recorder an earlier run in this process left on
+        sa_profile.shutdown()
+    with sa_profile.span("scheduler.plan", "scheduler", requests=config.requests, dp=config.dp):
+        plan = plan_serving(config)
     collector = _Collector(config, plan, progress)
     log_fd = os.open(out / "server.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     context = multiprocessing.get_context("fork")
@@ -248,38 +252,42 @@ def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike,
     try:
         for proc in procs:
             proc.start()
-        failed_at = None
-        while len(collector.done) < config.ranks:
-            try:
-                collector.handle(channel.get(timeout=0.05))
-                continue
-            except queue_module.Empty:
-                pass
-            dead = [p for p in procs if p.exitcode is not None and p.exitcode != 0]
-            if collector.failures or dead:
-                failed_at = failed_at or time.monotonic()
-                if time.monotonic() - failed_at > 0.3:  # let the first reports of a failure arrive
-                    break
-            elif all(p.exitcode is not None for p in procs):
-                break
-        _drain(channel, collector)
-        if len(collector.done) == config.ranks:
-            for proc in procs:
-                proc.join(10.0)
-        failed = collector.failures or any(p.exitcode not in (0, None) for p in procs) \
-            or len(collector.done) < config.ranks
-        failed_rank, message = (None, "")
-        if failed:
-            failed_rank, reason = _culprit(collector, procs) if (collector.failures or any(
-                p.exitcode not in (0, None) for p in procs)) else (None, "ranks stopped without finishing")
-            device = collector.devices.get(failed_rank, "?")
-            message = f"rank {failed_rank} ({device}) failed: {reason}" if failed_rank is not None else reason
-        _stop(procs)
-        _drain(channel, collector)
+        _wait_for_ranks(procs, channel, collector)
+        failed_rank, message = _failure(collector, procs)
     finally:
         _stop(procs)
+        _drain(channel, collector)
         os.close(log_fd)
     return _finish(config, out, plan, collector, launch_ns, failed_rank, message, progress)
+
+
+def _wait_for_ranks(procs: list, channel, collector: _Collector) -> None:
+    """Handle reports until every rank is done, or shortly after the first failure."""
+    failed_at = None
+    while len(collector.done) < len(procs):
+        try:
+            collector.handle(channel.get(timeout=0.05))
+            continue
+        except queue_module.Empty:
+            pass
+        if collector.failures or any(p.exitcode not in (None, 0) for p in procs):
+            failed_at = failed_at or time.monotonic()
+            if time.monotonic() - failed_at > _FAILURE_REPORT_WAIT_S:
+                return
+        elif all(p.exitcode is not None for p in procs):
+            return
+    for proc in procs:
+        proc.join(10.0)
+
+
+def _failure(collector: _Collector, procs: list) -> tuple[int | None, str]:
+    """(failed rank, message) — (None, "") when every rank finished."""
+    if collector.failures or any(p.exitcode not in (None, 0) for p in procs):
+        rank, reason = _culprit(collector, procs)
+        return rank, f"rank {rank} ({collector.devices.get(rank, '?')}) failed: {reason}"
+    if len(collector.done) < len(procs):
+        return None, "ranks stopped without finishing"
+    return None, ""
 
 
 def _drain(channel, collector: _Collector) -> None:
@@ -313,10 +321,10 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
                                 output_tokens=len(collector.tokens[rid]))
         sa_profile.complete("serving.batch", "serving", start_ns // 1000, (end_ns - start_ns) // 1000,
                             requests=config.requests, tokens=collector.returned)
-        sa_profile.flush()
         if progress:
             progress("merging SA_PROFILE fragments")
-        sa_profile.merge_fragments(out / SERVING_TRACE)
+        sa_profile.merge_fragments(out / SERVING_TRACE)  # flushes this process's fragment first
+        sa_profile.shutdown()  # nothing more goes into this run's fragments
     verified = sum(collector.verified.values())
     per_request = plan.tokens_expected[0] if plan.tokens_expected else config.output_tokens
     summary = {

@@ -82,7 +82,6 @@ class DeepSeekLite:
         tp, tpr = par.tp, par.tp_rank
         self.local_heads = heads // tp
         hd_l = self.local_heads * s.head_dim
-        ffn_l = s.ffn // tp
 
         def cols(w: torch.Tensor, width: int) -> torch.Tensor:
             return w[:, tpr * width: (tpr + 1) * width]
@@ -121,7 +120,6 @@ class DeepSeekLite:
         # MTP-1 module (replicated): its own pools, each copied from its own base.
         self.mtp_proj = ParamPool(worker, "mtp.proj", {"w": _init(gen, 2 * s.hidden, s.hidden)})
         self.mtp_ffn = ParamPool(worker, "mtp.ffn", {"w1": _init(gen, s.hidden, s.ffn), "w2": _init(gen, s.ffn, s.hidden)})
-        del ffn_l
 
     # -- building blocks ------------------------------------------------------------------
 

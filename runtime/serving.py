@@ -11,6 +11,7 @@ the emitted tokens are the model's own argmax tokens.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass
 
@@ -90,15 +91,16 @@ class RankServer:
         self.returns_tokens = par.tp_rank == 0  # one rank per DP replica answers the caller
         B = len(self.requests)
         self.batch = B
-        self.token_capacity = -(-max(len(r) for r in plan.requests_of_dp) * max(DECODE_TOKENS, config.prompt_tokens)
-                                // par.tp)
-        self.decode_capacity = -(-max(len(r) for r in plan.requests_of_dp) * DECODE_TOKENS // par.tp)
+        # tokens each rank routes through the MoE all-to-all (equal on every rank)
+        largest_batch = max(len(r) for r in plan.requests_of_dp)
+        self.prefill_capacity = -(-largest_batch * config.prompt_tokens // par.tp)
+        self.decode_capacity = -(-largest_batch * DECODE_TOKENS // par.tp)
         self.model = DeepSeekLite(config, par, worker)
         max_tokens = config.prompt_tokens + config.output_tokens + 2 * DECODE_TOKENS + 2
         self.cache = PagedKVCache(worker, config.layers, B, max_tokens, config.block_size, config.kv_latent)
         # device-resident decode state, advanced by the programs in stream order
         self.state = {name: self._device_tensor(f"state.{name}", (B,))[1] for name in ("ctx", "produced", "last", "draft")}
-        limit_base, self.limit = self._device_tensor("state.limit", (B,))
+        limit_base, self.state["limit"] = self._device_tensor("state.limit", (B,))
         worker.copy_to(limit_base, torch.full((B,), config.output_tokens, dtype=torch.int64))
         placement = Placement.HOST_SHARED if config.metadata == "host-shared" else Placement.DEVICE_RESIDENT
         mb = self.cache.max_blocks_per_seq
@@ -110,6 +112,7 @@ class RankServer:
         self.ctx_known = [0] * B
         self.produced_known = [0] * B
         self.unvalidated = 0
+        self.staged_first: dict[int, list[int]] = {}  # decode step -> worst-case first positions staged
         self.verified = 0
         self.accepted = 0
         self.tokens: dict[int, list[int]] = {rid: [] for rid in self.requests}
@@ -162,11 +165,11 @@ class RankServer:
                 positions = torch.arange(P).expand(self.batch, P)
                 h, logits = self.model.forward(slot["prompt"], positions, slot["slot_mapping"],
                                                context_slots(slot["block_table"], slot.scalars["max_blocks"], self.config.block_size),
-                                               self.cache.pools, self.token_capacity)
+                                               slot.prebuilt["kv_pools"], self.prefill_capacity)
                 first = logits[:, -1].argmax(-1)
             with clock.phase("mtp"), sa_profile.span("kernel.mtp_draft", "kernel"):
                 draft = self.model.mtp_draft(h[:, -1], first)
-            st = self.state
+            st = slot.prebuilt["state"]
             st["ctx"].fill_(P)
             st["produced"].fill_(1)
             st["last"].copy_(first)
@@ -187,9 +190,9 @@ class RankServer:
         slot.scalars["max_blocks"] = meta.max_blocks
 
     def _bind_prebuilt(self, slot: TaskArgs) -> None:
-        """Attach the prebuilt (static) arguments: KV pools and decode state."""
-        slot.scalars["kv_pools"] = len(self.cache.pools)
-        slot.scalars["batch"] = self.batch
+        """Bind the prebuilt device arguments (KV pools, decode state) to the slot by reference."""
+        slot.prebuilt["kv_pools"] = self.cache.pools
+        slot.prebuilt["state"] = self.state
 
     def _stage_decode(self, step: int):
         def stage(slot: TaskArgs) -> None:
@@ -208,6 +211,7 @@ class RankServer:
                     if live:
                         self.cache.ensure(i, first[-1] + DECODE_TOKENS)
                 meta = self.cache.metadata(first, DECODE_TOKENS, active)
+                self.staged_first[step - self.plan.warmup] = first  # keyed like Run.step
                 slot.stage("accept", torch.tensor([int(self.plan.accept[rid][step]) for rid in self.requests]))
                 self._stage_meta(slot, meta)
         return stage
@@ -217,10 +221,10 @@ class RankServer:
         profiled = step >= self.plan.warmup
 
         def program(slot: TaskArgs, clock: PhaseClock) -> None:
-            st, bs = self.state, self.config.block_size
-            with sa_profile.span("executor.run", "executor", callable=DECODE_CALLABLE, step=step) if profiled else _NOOP:
-                with clock.phase("forward"), (sa_profile.span("kernel.decode_fwd", "kernel", step=step) if profiled else _NOOP):
-                    active = st["produced"] < self.limit
+            st, bs = slot.prebuilt["state"], self.config.block_size
+            with _span(profiled, "executor.run", "executor", callable=DECODE_CALLABLE, step=step):
+                with clock.phase("forward"), _span(profiled, "kernel.decode_fwd", "kernel", step=step):
+                    active = st["produced"] < st["limit"]
                     pos_wc = slot["seq_lens"] - DECODE_TOKENS
                     delta = torch.where(active, pos_wc - st["ctx"], torch.zeros_like(pos_wc))
                     positions = st["ctx"].unsqueeze(1) + torch.arange(DECODE_TOKENS)
@@ -228,17 +232,17 @@ class RankServer:
                     tokens = torch.stack([st["last"], st["draft"]], 1)
                     h, logits = self.model.forward(tokens, positions, slots,
                                                    context_slots(slot["block_table"], slot.scalars["max_blocks"], bs),
-                                                   self.cache.pools, self.decode_capacity)
-                with clock.phase("verify"), (sa_profile.span("kernel.verify", "kernel", step=step) if profiled else _NOOP):
+                                                   slot.prebuilt["kv_pools"], self.decode_capacity)
+                with clock.phase("verify"), _span(profiled, "kernel.verify", "kernel", step=step):
                     argmax = logits.argmax(-1)
-                    remaining = self.limit - st["produced"]
+                    remaining = st["limit"] - st["produced"]
                     acc = (slot["accept"] == 1) & active & (remaining >= DECODE_TOKENS)
                     counts = torch.where(active, 1 + acc.long(), torch.zeros_like(remaining))
                     next_last = torch.where(acc, argmax[:, 1], argmax[:, 0])
                     h_sel = torch.where(acc.unsqueeze(1), h[:, 1], h[:, 0])
                     if straggle_s:
                         time.sleep(straggle_s)  # a slow device (fault injection)
-                with clock.phase("mtp"), (sa_profile.span("kernel.mtp_draft", "kernel", step=step) if profiled else _NOOP):
+                with clock.phase("mtp"), _span(profiled, "kernel.mtp_draft", "kernel", step=step):
                     draft = self.model.mtp_draft(h_sel, next_last)
                 slot["out_tokens"][:, 0] = torch.where(acc, st["draft"], argmax[:, 0])
                 slot["out_tokens"][:, 1] = torch.where(acc, argmax[:, 1], torch.full_like(next_last, -1))
@@ -253,32 +257,37 @@ class RankServer:
 
     def _validate(self, run: Run) -> None:
         """Check the run's outputs and accept its tokens (returned to the caller)."""
-        with sa_profile.span("worker.validate", "worker", step=run.step) if run.profiled else _NOOP:
+        with _span(run.profiled, "worker.validate", "worker", step=run.step):
             slot = run.slot
             B = self.batch
             tokens = self.worker.copy_from(slot.base("out_tokens"), torch.int64, (B, DECODE_TOKENS)).tolist()
             counts = self.worker.copy_from(slot.base("out_counts"), torch.int64, (B,)).tolist()
             deltas = self.worker.copy_from(slot.base("out_delta"), torch.int64, (B,)).tolist()
             accepted = self.worker.copy_from(slot.base("out_accepted"), torch.int64, (B,)).tolist()
-            decode = run.step >= 0
+            decode = run.callable == DECODE_CALLABLE
+            # the device's correction must equal the staged worst case minus the real position
+            staged = self.staged_first.pop(run.step) if decode else None
             returned: dict[int, list[int]] = {}
             for i, rid in enumerate(self.requests):
                 limit = self.config.output_tokens
                 live = self.produced_known[i] < limit
                 expected_counts = (1, 2) if live else (0,)
-                if counts[i] not in expected_counts or (decode and live and deltas[i] not in (0, 1, 2)):
+                if counts[i] not in expected_counts:
                     raise RuntimeError(f"rank {self.par.rank} step {run.step}: request {rid} produced "
-                                       f"{counts[i]} tokens (correction {deltas[i]}), expected {expected_counts}")
+                                       f"{counts[i]} tokens, expected {expected_counts}")
+                if decode and live and deltas[i] != staged[i] - self.ctx_known[i]:
+                    raise RuntimeError(f"rank {self.par.rank} step {run.step}: request {rid} position corrected by "
+                                       f"{deltas[i]}, expected {staged[i] - self.ctx_known[i]}")
                 new = tokens[i][: counts[i]]
                 if any(not 0 <= t < self.config.vocab for t in new):
                     raise RuntimeError(f"rank {self.par.rank} step {run.step}: token out of vocabulary for request {rid}")
                 if decode and live and limit - self.produced_known[i] >= 2:
                     self.verified += 1
                     self.accepted += accepted[i]
-                if run.step < 0:
-                    self.ctx_known[i] = self.config.prompt_tokens
-                else:
+                if decode:
                     self.ctx_known[i] += counts[i]
+                else:
+                    self.ctx_known[i] = self.config.prompt_tokens
                 self.produced_known[i] += counts[i]
                 if new:
                     returned[rid] = new
@@ -320,12 +329,6 @@ class RankServer:
             self.lane.finish(runs.pop(step), self._validate)
 
 
-class _Noop:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-
-_NOOP = _Noop()
+def _span(on: bool, name: str, cat: str, **args):
+    """An SA_PROFILE span, or nothing for runs outside the profiled window (warm-up)."""
+    return sa_profile.span(name, cat, **args) if on else contextlib.nullcontext()

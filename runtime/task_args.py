@@ -45,6 +45,8 @@ class TaskArgs:
         self._slots: dict[str, ArgSlot] = {}
         # Host scalars of the launch (e.g. how many cache blocks the longest sequence spans).
         self.scalars: dict[str, int] = {}
+        # Prebuilt device objects bound by reference at bind time (KV pools, decode state).
+        self.prebuilt: dict[str, object] = {}
 
     def add(self, name: str, placement: Placement, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         if name in self._slots:

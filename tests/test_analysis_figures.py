@@ -7,7 +7,7 @@ import pytest
 
 from dsprof.analysis.analyze import analyze
 from dsprof.analysis.skew import per_step, root_durations
-from dsprof.analysis.tails import UNATTRIBUTED_RUNNER, UNATTRIBUTED_START
+from dsprof.analysis.tails import LATE_ARRIVAL, UNATTRIBUTED_RUNNER, UNATTRIBUTED_START
 from dsprof.profiler.synthetic import SyntheticRun
 
 RANKS, STEPS = 6, 40
@@ -93,12 +93,14 @@ def inject(device_phases: bool = True):
     fence = np.full(shape, 9_000_000, dtype=np.int64)
     device = np.full(shape, 9_100_000, dtype=np.int64)
     bind[3, 4] += 7_000_000            # slow bind: late start 7 ms, explained by bind
-    offset[6, 11] += 9_000_000         # late arrival: late start 9 ms, not bind
+    offset[6, 11] += 9_000_000         # late arrival: the whole run starts 9 ms late, bind is normal
+    launch_wait = np.full(shape, 100_000, dtype=np.int64)
+    launch_wait[1, 26] += 6_000_000    # bind ends on time, the launch comes 6 ms later: unattributed
     fence[5, 17] += 12_000_000         # slow device: fence wait and device wall both +12 ms
     device[5, 17] += 12_000_000
     fence[2, 23] += 8_000_000          # fence delay: the host waited, the device did not
     run = SyntheticRun(ranks=8, steps=30, bind_ns=bind, bind_start_offset_ns=offset, fence_wait_ns=fence,
-                       device_wall_ns=device, device_phases=device_phases)
+                       device_wall_ns=device, bind_to_runner_ns=launch_wait, device_phases=device_phases)
     return run
 
 
@@ -115,10 +117,10 @@ def test_injected_late_starts_found_with_rank_and_phase(injected):
     items = result.summary["late_starts"]["items"]
     assert [(i["step"], i["rank"], i["device"], i["phase"]) for i in items] == [
         (4, 3, "npu:3", "bind"),
-        (11, 6, "npu:6", UNATTRIBUTED_START),
+        (11, 6, "npu:6", LATE_ARRIVAL),
+        (26, 1, "npu:1", UNATTRIBUTED_START),
     ]
-    assert items[0]["excess_ms"] == 7.0 and items[0]["phase_excess_ms"] == 7.0
-    assert items[1]["excess_ms"] == 9.0
+    assert [(i["excess_ms"], i["phase_excess_ms"]) for i in items] == [(7.0, 7.0), (9.0, 9.0), (6.0, 6.0)]
 
 
 def test_injected_tails_found_with_rank_and_phase(injected):
@@ -127,9 +129,10 @@ def test_injected_tails_found_with_rank_and_phase(injected):
     got = [(i["step"], i["rank"], i["phase"], i["runner_end_skew_ms"], i["phase_excess_ms"]) for i in tails["items"]]
     assert got == [
         (4, 3, "bind", 7.0, 7.0),
-        (11, 6, UNATTRIBUTED_START, 9.0, 9.0),
+        (11, 6, LATE_ARRIVAL, 9.0, 9.0),
         (17, 5, "device_wall", 12.0, 12.0),
         (23, 2, "native_fence_wait", 8.0, 8.0),
+        (26, 1, UNATTRIBUTED_START, 6.0, 6.0),
     ]
     assert tails["same_device"] is False
     assert tails["straggler"]["verdict"] == "none"
@@ -139,7 +142,7 @@ def test_device_phases_off_leaves_runner_tails_unattributed(tmp_path):
     inject(device_phases=False).write(tmp_path / "run")
     result = analyze([tmp_path / "run"])
     phases = {i["step"]: i["phase"] for i in result.summary["tail_steps"]["items"]}
-    assert phases == {4: "bind", 11: UNATTRIBUTED_START, 17: UNATTRIBUTED_RUNNER, 23: UNATTRIBUTED_RUNNER}
+    assert phases == {4: "bind", 11: LATE_ARRIVAL, 17: UNATTRIBUTED_RUNNER, 23: UNATTRIBUTED_RUNNER, 26: UNATTRIBUTED_START}
     assert result.swimlane.roots["fence_wait_dur_ns"].isna().all()
 
 
@@ -155,3 +158,24 @@ def test_persistent_straggler_is_named(tmp_path):
     assert tails["count"] == 8
     assert tails["straggler"] == {"verdict": "rank 2 (npu:2)", "rank": 2, "device": "npu:2", "share": 0.35}
     assert tails["devices"] == {"npu:2": 7, "npu:0": 1}
+
+
+def test_late_start_held_back_by_the_previous_run(tmp_path):
+    """With launches gated on claim_release, one slow runner_run delays its rank's following launches."""
+    fence = np.full((4, 12), 9_000_000, dtype=np.int64)
+    device = np.full((4, 12), 9_100_000, dtype=np.int64)
+    fence[2, 7] += 6_000_000
+    device[2, 7] += 6_000_000
+    run = SyntheticRun(ranks=4, steps=12, fence_wait_ns=fence, device_wall_ns=device, launch_waits_for_claim=True)
+    run.write(tmp_path / "run")
+    t = run.timings()
+    summary = analyze([tmp_path / "run"]).summary
+    pushed_ns = t.runner_start_ns[2, 8] - t.runner_start_ns[0, 8]
+    assert pushed_ns == 6_000_000 - (run.period_ns - 9_500_000)  # the slack of one period is absorbed
+    tails = {i["step"]: (i["rank"], i["phase"], i["phase_excess_ms"]) for i in summary["tail_steps"]["items"]}
+    assert tails[7] == (2, "device_wall", 6.0)
+    assert tails[8] == (2, "previous step's runner_run", ms(pushed_ns))
+    late = [(i["step"], i["rank"], i["phase"]) for i in summary["late_starts"]["items"]]
+    assert late[0] == (8, 2, "previous step's runner_run")
+    assert all(rank == 2 and phase == "previous step's runner_run" for _, rank, phase in late)
+    assert summary["pipeline"]["claim_order_violations"] == 0

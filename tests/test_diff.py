@@ -27,6 +27,8 @@ def _summary(start_p95: float, cadence: float, tokens: int = 640, serialized: bo
         },
         "per_step": [{"step": 0, "runner_start_skew_ms": 0.1}],
         "late_starts": {"threshold_ms": 5.0, "count": 0, "items": []},
+        "tail_steps": {"threshold_ms": 5.0, "count": 1, "straggler": {"verdict": "rank 1 (npu:1)", "rank": 1,
+                                                                     "share": 0.25}},
         "pipeline": {"serialized": serialized, "cadence_p50_ms": cadence, "achieved_depth": {"0": 1.8}},
         "serving": {"tokens_returned": tokens, "tokens_expected": 640},
     }
@@ -46,6 +48,8 @@ def test_flatten_keeps_figures_and_drops_settings_and_inputs():
         "runner_start_skew_ms.p99": 0.5,
         "runner_start_skew_ms.max": 0.6,
         "late_starts.count": 0,
+        "tail_steps.count": 1,
+        "tail_steps.straggler.share": 0.25,
         "pipeline.cadence_p50_ms": 12.0,
         "serving.tokens_returned": 640,
         "serving.tokens_expected": 640,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import re
 import shutil
@@ -135,13 +136,7 @@ def test_page_is_one_offline_file_with_escaped_text(swimlane, summary, tmp_path)
     assert page.count(get_plotlyjs()[:500]) == 1
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)
     assert XSS not in page and XSS_CAT not in page
-    assert html_escaped(XSS) in page  # the workload preset, rendered as text
-
-
-def html_escaped(text: str) -> str:
-    import html
-
-    return html.escape(text)
+    assert html.escape(XSS) in page  # the workload preset, rendered as text
 
 
 # ---------------------------------------------------------------- headless chromium
@@ -161,10 +156,11 @@ dsprofReport.ready.then(function () {
   out.rendered = document.body.dataset.rendered;
   out.ticks = Array.from(gd.querySelectorAll('.ytick text')).map(function (t) { return t.textContent; });
   out.injected = document.querySelectorAll('img[src=x], b').length;
-  var k = r.data.swimlane.names.indexOf(%(xss)s), info = null, pos = -1;
-  r.traceInfo.forEach(function (t) { if (t && t.kind === 'span') { t.index.forEach(function (i, j) {
-    if (r.data.swimlane.spans.name[i] === k) { info = t; pos = j; } }); } });
-  out.hover = r.hoverLines(info, pos);
+  // hover the hostile span for real: a mouse move over its bar fills the tooltip
+  var sw = r.data.swimlane, item = sw.spans.name.indexOf(sw.names.indexOf(%(xss)s)), at = r.itemCenter(item);
+  gd.dispatchEvent(new MouseEvent('mousemove', {clientX: at.x, clientY: at.y, bubbles: true}));
+  out.hover = document.getElementById('tooltip').textContent.split('\\n');
+  out.hoverItem = r.itemAt(at.x - gd.querySelector('canvas.spans').getBoundingClientRect().left, at.y - gd.querySelector('canvas.spans').getBoundingClientRect().top) === item;
   document.querySelector('button.zoom[data-step="7"]').click();
   out.range = gd.layout.xaxis.range;
   var st = r.data.swimlane.steps, i = st.step.indexOf(7);
@@ -249,7 +245,7 @@ def test_report_renders_in_headless_chromium(swimlane, summary, tmp_path):
     # serving lanes on top (request, serving, scheduler, worker, kernel, then the hostile category), then one lane per device
     assert check["ticks"] == ["request", "serving", "scheduler", "worker", "kernel", XSS_CAT] + [f"npu:{r}" for r in range(RANKS)]
     assert check["injected"] == 0
-    assert check["hover"][0] == XSS and "phase: serving · " + XSS_CAT in check["hover"]
+    assert check["hover"][0] == XSS and "phase: serving · " + XSS_CAT in check["hover"] and check["hoverItem"]
     # clicking the tail entry zooms the time axis onto step 7
     lo, hi = check["range"]
     start, end = check["step7"]
@@ -270,7 +266,7 @@ def test_screenshot_is_not_blank(swimlane, summary, tmp_path):
     assert len(colors) > 50
 
 
-def test_report_from_dir_lists_the_tail_steps_the_analysis_found(run_dir, tmp_path):
+def test_report_from_dir_lists_the_tail_steps_the_analysis_found(run_dir, summary, tmp_path):
     progress: list[str] = []
     path = report_from_dir(run_dir, tmp_path / "out.html", progress=progress.append)
     page = path.read_text()
@@ -279,6 +275,10 @@ def test_report_from_dir_lists_the_tail_steps_the_analysis_found(run_dir, tmp_pa
     buttons = re.findall(r'<button type="button" class="zoom" data-step="(\d+)">', page)
     assert sorted(map(int, buttons)) == sorted(TAILS)
     assert "late rank 2 (npu:2)" in page and "native_fence_wait" in page
+    # the percentile table carries the analysis' figures: the worst end skew is the 20 ms injected at step 7
+    row = re.search(r"<tr><td>runner_end_skew_ms</td>(.*?)</tr>", page).group(1)
+    assert re.findall(r"<td>(.*?)</td>", row)[3:5] == ["20.000", str(STEPS)]
+    assert html.escape(summary["pipeline"]["diagnosis"]) in page
     assert progress and progress[-1].startswith("writing ")
 
 

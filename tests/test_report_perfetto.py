@@ -166,6 +166,14 @@ def test_nested_tracks_never_leave_a_partial_overlap(seed):
             stack.append(e)
 
 
+def test_unanchored_run_exports_without_wall_clock(tmp_path):
+    SyntheticRun(ranks=2, steps=3, anchors=False, sa_profile=False).write(tmp_path / "run")
+    out = export_from_dir(tmp_path / "run", tmp_path / "t.json")
+    spans = _spans(json.loads(out.read_text())["traceEvents"])
+    assert len(spans) == len(analyze([tmp_path / "run"]).swimlane.runtime)
+    assert spans and all("wall_ns" not in e["args"] for e in spans)
+
+
 def test_export_from_dir(run_dir, tmp_path):
     out = export_from_dir(run_dir, tmp_path / "t.json", format="perfetto-json")
     assert json.loads(out.read_text())["traceEvents"]

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import subprocess
+import sys
 import time
 from collections import defaultdict
 
@@ -11,6 +14,7 @@ import pytest
 
 from dsprof.runtime.__main__ import main
 from dsprof.runtime.config import RuntimeConfig
+from dsprof.runtime.distributed import free_port
 from dsprof.runtime.launch import run_workload
 from dsprof.runtime.pipeline import DECODE_CALLABLE
 
@@ -169,3 +173,15 @@ def test_cli_exit_status(tmp_path, capsys):
     assert "[STRACE]" not in (tmp_path / "server.log").read_text()
     assert main(["--inject", "crash:rank=1", "-o", str(tmp_path)]) == 2
     assert "crash:rank=1" in capsys.readouterr().err
+
+
+def test_torchrun_style_launch_reads_the_rank_environment(tmp_path):
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    with open(tmp_path / "server.log", "wb") as log:
+        done = subprocess.run([sys.executable, "-m", "dsprof.runtime", "--ranks", "1", "--requests", "2",
+                               "--prompt-tokens", "4", "--output-tokens", "6", "-o", str(tmp_path)],
+                              env=env, stderr=log, timeout=120)
+    assert done.returncode == 0
+    summary = json.loads((tmp_path / "performance_summary.json").read_text())
+    assert summary["tokens_returned"] == summary["tokens_expected"] == 12
+    assert len(decode_lanes(tmp_path / "server.log")[0]) == summary["decode_steps"]

@@ -51,7 +51,7 @@ from dsprof.profiler.strace_format import STRACE_VERSION, decode_value
 STRACE_MARKER = "[STRACE]"
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
-LINES_PER_BATCH = 1 << 18
+LINES_PER_BATCH = 1 << 16
 
 REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 # A token of the k=v grammar: no spaces, brackets or '=' (they are escaped).
@@ -65,14 +65,26 @@ _HEAD = (
 # belong to it (space, '[' of the next log prefix, end). Digit counts are capped
 # so that the range check in _out_of_range sees every overflow.
 STRACE_PATTERN = _HEAD + r"(?P<tail>(?: +" + _TOKEN + r"+=" + _TOKEN + r"*)*)(?:\s|\[|$)"
-# The common shape, checked without captures (fast DFA): a version-1 record,
-# single spaces, that is the rest of its line. Its fields are then cut out by
-# splitting on spaces instead of by the (much slower) capturing regex.
+# The common shape, checked without captures (fast DFA): a version-1 record
+# with single spaces that is the rest of its line. Such records are then cut
+# into fields by the separator positions alone (see _tokenize_plain), without
+# the much slower capturing regex.
 PLAIN_RECORD_PATTERN = (
     r"^ v=1 pid=-?\d{1,19} tid=-?\d{1,19} inv=\d{1,20} hid=" + _TOKEN + r"+ depth=\d{1,19} name=" + _TOKEN + r"*"
-    r" ts=-?\d{1,19} dur=-?\d{1,19}(?: " + _TOKEN + r"+=" + _TOKEN + r"*)*\r?\n?$"
+    r" ts=-?\d{1,19} dur=-?\d{1,19}(?: " + _TOKEN + r"+=" + _TOKEN + r"*)*\r?(?:\n|$)"
 )
+# Bytes that separate the parts of a plain record: space, '=', CR, LF.
+_SEPARATOR = np.zeros(256, dtype=bool)
+_SEPARATOR[[ord(" "), ord("="), ord("\r"), ord("\n")]] = True
+# Plain record, as separator-delimited pieces after its leading space: the
+# value of field k (v=1, pid=2, ..., dur=9) is piece 2k-1; attributes follow
+# from piece 18 on as key, value, key, value, ...
+_FIELD_PIECES = np.array([2 * k - 1 for k in range(2, 10)])
+_ATTR_FIRST_PIECE = 18
 _STRACE_RE = re.compile(STRACE_PATTERN, re.ASCII)
+# The grammar's whitespace is ASCII (RE2's \s); other spaces (e.g. U+00A0) are text.
+_ASCII_SPACE_CHARS = " \t\n\r\f\v"
+_ASCII_SPACES = re.compile(r"\s+", re.ASCII)
 _VALUE_FIELDS = ("pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 
 ANCHOR_PATTERN = r"\[CLOCK_ANCHOR\] v=(?P<v>\d{1,9}) pid=(?P<pid>\d{1,19}) mono_ns=(?P<mono_ns>-?\d{1,19}) wall_ns=(?P<wall_ns>-?\d{1,19})(?:\s|\[|$)"
@@ -135,15 +147,16 @@ def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Tra
 
 
 class _Records:
-    """Records as text fields (one Arrow column per field) plus their attribute tokens.
+    """Records as text fields (one Arrow column per field) plus their attributes.
 
-    ``tokens`` holds every trailing ``k=v`` token (still encoded) and
+    ``keys``/``values`` hold every trailing attribute (still encoded) and
     ``token_row`` the record each belongs to, in record order. ``order`` is the
     record's position in the log (line, then place on the line).
     """
 
-    def __init__(self, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tokens: pa.Array, token_row: np.ndarray):
-        self.line, self.order, self.fields, self.tokens, self.token_row = line, order, fields, tokens, token_row
+    def __init__(self, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], keys: pa.Array, values: pa.Array, token_row: np.ndarray):
+        self.line, self.order, self.fields = line, order, fields
+        self.keys, self.values, self.token_row = keys, values, token_row
 
     def __len__(self) -> int:
         return len(self.line)
@@ -153,41 +166,50 @@ class _Records:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
+        if len(parts) == 1:
+            return parts[0]
         row_base = np.cumsum([0] + [len(p) for p in parts[:-1]])
+
+        def stack(arrays: list[pa.Array]) -> pa.Array:
+            return pa.concat_arrays([a.cast(pa.large_string()) for a in arrays])
+
         return cls(
             np.concatenate([p.line for p in parts]),
             np.concatenate([p.order for p in parts]),
-            {f: pa.concat_arrays([p.fields[f].cast(pa.large_string()) for p in parts]) for f in _VALUE_FIELDS},
-            pa.concat_arrays([p.tokens.cast(pa.large_string()) for p in parts]),
+            {f: stack([p.fields[f] for p in parts]) for f in _VALUE_FIELDS},
+            stack([p.keys for p in parts]),
+            stack([p.values for p in parts]),
             np.concatenate([p.token_row + base for p, base in zip(parts, row_base)]),
         )
 
     @classmethod
     def empty(cls) -> "_Records":
         nothing = pa.array([], pa.large_string())
-        return cls(np.empty(0, np.int64), np.empty(0, np.int64), {f: nothing for f in _VALUE_FIELDS}, nothing, np.empty(0, np.int64))
+        return cls(np.empty(0, np.int64), np.empty(0, np.int64), {f: nothing for f in _VALUE_FIELDS}, nothing, nothing, np.empty(0, np.int64))
 
     @classmethod
     def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> "_Records":
-        """Records whose attributes are still one text per record (``tail``)."""
-        tails = pa.array(tails, pa.large_string()) if not isinstance(tails, pa.Array) else tails
+        """Records whose attributes are still one ``k=v k=v`` text per record."""
         token_lists = pc.split_pattern(pc.utf8_rtrim(tails, "\r\n"), " ")
         tokens = token_lists.flatten()
         token_row = pc.list_parent_indices(token_lists)
         nonempty = pc.greater(pc.binary_length(tokens), 0)
-        return cls(line, order, fields, tokens.filter(nonempty), token_row.filter(nonempty).to_numpy().astype(np.int64))
+        pairs = pc.split_pattern(tokens.filter(nonempty), "=", max_splits=1)
+        row = token_row.filter(nonempty).to_numpy().astype(np.int64)
+        return cls(line, order, fields, pc.list_element(pairs, 0), pc.list_element(pairs, 1), row)
 
     def filter(self, keep: np.ndarray) -> "_Records":
         if keep.all():
             return self
         new_row = np.cumsum(keep) - 1
         token_keep = keep[self.token_row]
-        mask = pa.array(keep)
+        mask, token_mask = pa.array(keep), pa.array(token_keep)
         return _Records(
             self.line[keep],
             self.order[keep],
             {f: a.filter(mask) for f, a in self.fields.items()},
-            self.tokens.filter(pa.array(token_keep)),
+            self.keys.filter(token_mask),
+            self.values.filter(token_mask),
             new_row[self.token_row[token_keep]],
         )
 
@@ -222,7 +244,13 @@ class _Log:
         if len(self.buf) and (len(ends) == 0 or ends[-1] != len(self.buf)):
             ends = np.append(ends, len(self.buf))
         self.offsets = np.concatenate([np.zeros(1, np.int64), ends])
-        self.lines = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(self.offsets), pa.py_buffer(data)])
+        self.data = pa.py_buffer(data)
+        self.lines = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(self.offsets), self.data])
+
+    def spans(self, starts: np.ndarray, stop: int) -> pa.Array:
+        """Zero-copy texts from each start to the next one (the last to byte ``stop``)."""
+        offsets = np.append(starts, stop).astype(np.int64)
+        return pa.Array.from_buffers(pa.large_string(), len(starts), [None, pa.py_buffer(offsets), self.data])
 
     def text(self, index: int) -> str:
         """One line without its line break."""
@@ -247,16 +275,78 @@ _ORDER_STRIDE = 1 << 20
 
 
 def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) -> tuple[_Records, list[_SlowRecord], np.ndarray]:
-    """The records of lines [first, stop): plain ones by splitting, others by regex, the rest in Python.
+    """The records of lines [first, stop): plain ones by separator positions, others by regex, the rest in Python.
 
-    Sent to the Python path: what the record pattern rejects, and records that
-    end their line when the next line could be the rest of them (a newline
-    injected inside the attributes) — in a log whose lines carry the usual
-    prefix the next line opens with '[' and rules that out at once. Also
-    returns the lines that may hold clock anchors or chip_process lines.
+    A line is plain when it holds one marker followed by a plain record up to
+    its end, and the next line cannot be a continuation of it. Sent to the
+    Python path: what the record pattern rejects, and records that end their
+    line when the next line could be the rest of them (a newline injected
+    inside the attributes) — in a log whose lines carry the usual prefix the
+    next line opens with '[' and rules that out at once. Also returns the
+    lines that may hold clock anchors or chip_process lines.
     """
     batch = log.lines.slice(first, stop - first)
-    pieces = pc.split_pattern(batch, STRACE_MARKER)
+    markers = pc.count_substring(batch, STRACE_MARKER).to_numpy(zero_copy_only=False)
+    single = np.flatnonzero(markers == 1)
+    marker_at = pc.find_substring(batch.take(pa.array(single)), STRACE_MARKER).to_numpy(zero_copy_only=False)
+    rec_start = log.offsets[first + single] + marker_at + len(STRACE_MARKER)
+    plain = pc.match_substring_regex(log.spans(rec_start, int(log.offsets[stop])), PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False)
+    plain &= ~log.may_continue(first + single)
+    plain_lines = first + single[plain]
+    parts = [_tokenize_plain(log, rec_start[plain], plain_lines, first, stop)]
+
+    other_lines = np.setdiff1d(np.flatnonzero(markers) + first, plain_lines, assume_unique=True)
+    slow: list[_SlowRecord] = []
+    if len(other_lines):
+        records, slow = _segment_records(log, other_lines, dropped)
+        parts.append(records)
+    # anchors and chip_process lines: on lines without a record, or next to an unusual one
+    side = np.union1d(np.flatnonzero(markers == 0) + first, other_lines)
+    return _Records.concat(parts), slow, side
+
+
+def _tokenize_plain(log: _Log, rec_start: np.ndarray, line: np.ndarray, first: int, stop: int) -> _Records:
+    """Fields and attributes of plain records, located by the positions of their separators.
+
+    Every piece wanted (8 field values, then keys and values) lies between two
+    consecutive separators; one zero-copy Arrow array whose cells are these
+    pieces is gathered per field with ``take``.
+    """
+    n = len(rec_start)
+    if n == 0:
+        return _Records.empty()
+    lo, hi = int(log.offsets[first]), int(log.offsets[stop])
+    separators = np.append(np.flatnonzero(_SEPARATOR[log.buf[lo:hi]]) + lo, hi)  # hi: end of a last line without newline
+    line_end = log.offsets[line + 1]
+    rec_end = line_end - (log.buf[line_end - 1] == ord("\n"))
+    rec_end -= log.buf[np.maximum(rec_end - 1, 0)] == ord("\r")
+    q0 = np.searchsorted(separators, rec_start)  # the space before "v="
+    attr_pieces = np.searchsorted(separators, rec_end) - q0 - _ATTR_FIRST_PIECE  # 2 per attribute
+    per_record = len(_FIELD_PIECES) + attr_pieces
+    base = np.zeros(n + 1, np.int64)
+    np.cumsum(per_record, out=base[1:])
+    within = np.arange(base[-1], dtype=np.int64) - np.repeat(base[:-1], per_record)
+    nf = len(_FIELD_PIECES)
+    piece = np.repeat(q0, per_record) + np.where(within < nf, _FIELD_PIECES[np.minimum(within, nf - 1)], within - nf + _ATTR_FIRST_PIECE)
+    bounds = np.empty(2 * len(piece), np.int64)
+    bounds[0::2] = separators[piece] + 1
+    bounds[1::2] = separators[piece + 1]
+    cells = pa.Array.from_buffers(pa.large_string(), len(bounds) - 1, [None, pa.py_buffer(bounds), log.data])  # wanted piece w = cell 2w
+    fields = {name: cells.take(pa.array(2 * (base[:-1] + k))) for k, name in enumerate(_VALUE_FIELDS)}
+    attr_cell = 2 * np.flatnonzero(within >= nf)
+    return _Records(
+        line + 1,
+        line * _ORDER_STRIDE + 1,
+        fields,
+        cells.take(pa.array(attr_cell[0::2])),
+        cells.take(pa.array(attr_cell[1::2])),
+        np.repeat(np.arange(n, dtype=np.int64), attr_pieces // 2),
+    )
+
+
+def _segment_records(log: _Log, line_index: np.ndarray, dropped: dict[str, int]) -> tuple[_Records, list[_SlowRecord]]:
+    """Records of lines that are not plain: split at every marker, parsed by the capturing regex."""
+    pieces = pc.split_pattern(log.lines.take(pa.array(line_index)), STRACE_MARKER)
     list_offsets = pieces.offsets.to_numpy().astype(np.int64)
     pieces_per_line = np.diff(list_offsets)
     flat = pieces.flatten()
@@ -264,65 +354,29 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) ->
     is_record[list_offsets[:-1]] = False  # the text before the first marker
     is_last = np.zeros(len(flat), dtype=bool)
     is_last[list_offsets[1:] - 1] = True
-    piece_line = np.repeat(np.arange(first, stop, dtype=np.int64), pieces_per_line)
     place = np.arange(len(flat), dtype=np.int64) - list_offsets[:-1].repeat(pieces_per_line)
     segments = flat.filter(pa.array(is_record))
-    seg_line = piece_line[is_record]
+    seg_line = np.repeat(line_index, pieces_per_line)[is_record]
     seg_order = seg_line * _ORDER_STRIDE + place[is_record]
-    seg_last = is_last[is_record]
+    continues = is_last[is_record] & log.may_continue(seg_line)
 
-    continues = seg_last & log.may_continue(seg_line)
-    plain = pc.match_substring_regex(segments, PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False) & ~continues
-    parts = [_plain_records(segments.filter(pa.array(plain)), seg_line[plain] + 1, seg_order[plain])]
-
-    other = np.flatnonzero(~plain)
-    slow: list[_SlowRecord] = []
-    if len(other):
-        others = segments.take(pa.array(other))
-        fields = pc.extract_regex(others, STRACE_PATTERN)
-        matched = fields.is_valid().to_numpy(zero_copy_only=False)
-        version_ok = pc.equal(fields.field("v"), str(STRACE_VERSION)).fill_null(False).to_numpy(zero_copy_only=False)
-        _count(dropped, "unknown_version", (matched & ~version_ok).sum())
-        good = matched & version_ok & ~continues[other]
-        mask = pa.array(good)
-        parts.append(
-            _Records.from_tails(
-                seg_line[other][good] + 1,
-                seg_order[other][good],
-                {f: fields.field(f).filter(mask) for f in _VALUE_FIELDS},
-                fields.field("tail").filter(mask),
-            )
-        )
-        for j in np.flatnonzero(~matched | (version_ok & continues[other])):
-            i = other[j]
-            next_line = int(seg_line[i]) + 1 if continues[i] else None
-            slow.append((int(seg_line[i]), others[int(j)].as_py().rstrip("\r\n"), next_line, int(seg_order[i])))
-
-    # anchors and chip_process lines: on lines without a record, or next to an unusual one
-    side = np.union1d(np.flatnonzero(pieces_per_line == 1) + first, seg_line[other])
-    return _Records.concat(parts), slow, side
-
-
-def _plain_records(segments: pa.Array, line: np.ndarray, order: np.ndarray) -> _Records:
-    """Fields of records known to be ``" v=1 pid=.. tid=.. ... dur=.. k=v ..."``: split on spaces."""
-    token_lists = pc.split_pattern(segments, " ")
-    offsets = token_lists.offsets.to_numpy().astype(np.int64)
-    tokens = token_lists.values if offsets[0] == 0 else token_lists.flatten()
-    offsets -= offsets[0]
-    starts = offsets[:-1]
-    fields = {}
-    # token 0 is the empty text before the first space, tokens 1.. are v=, pid=, ...
-    for position, name in enumerate(REQUIRED_FIELDS, start=1):
-        if name == "v":
-            continue
-        value = pc.utf8_slice_codeunits(tokens.take(pa.array(starts + position)), len(name) + 1)
-        fields[name] = pc.utf8_rtrim(value, "\r\n") if name == "dur" else value
-    per_record = np.diff(offsets)
-    position = np.arange(len(tokens), dtype=np.int64) - np.repeat(starts, per_record)
-    is_attr = position > len(REQUIRED_FIELDS)
-    token_row = np.repeat(np.arange(len(line), dtype=np.int64), per_record)[is_attr]
-    attr_tokens = pc.utf8_rtrim(tokens.filter(pa.array(is_attr)), "\r\n")
-    return _Records(line, order, fields, attr_tokens, token_row)
+    fields = pc.extract_regex(segments, STRACE_PATTERN)
+    matched = fields.is_valid().to_numpy(zero_copy_only=False)
+    version_ok = pc.equal(fields.field("v"), str(STRACE_VERSION)).fill_null(False).to_numpy(zero_copy_only=False)
+    _count(dropped, "unknown_version", (matched & ~version_ok).sum())
+    good = matched & version_ok & ~continues
+    mask = pa.array(good)
+    records = _Records.from_tails(
+        seg_line[good] + 1,
+        seg_order[good],
+        {f: fields.field(f).filter(mask) for f in _VALUE_FIELDS},
+        fields.field("tail").filter(mask),
+    )
+    slow = [
+        (int(seg_line[i]), segments[int(i)].as_py().rstrip("\r\n"), int(seg_line[i]) + 1 if continues[i] else None, int(seg_order[i]))
+        for i in np.flatnonzero(~matched | (version_ok & continues))
+    ]
+    return records, slow
 
 
 def _marker_split_records(log: _Log) -> list[_SlowRecord]:
@@ -414,16 +468,16 @@ def _join_continuations(text: str, next_line: int | None, log: _Log) -> re.Match
 
 
 def _uses_all(match: re.Match, text: str) -> bool:
-    return not text[match.end("tail") :].strip()
+    return not text[match.end("tail") :].strip(_ASCII_SPACE_CHARS)
 
 
 def _open_end(match: re.Match, text: str) -> bool:
     """A parsed record the next line may still extend: nothing after it, or one cut token (``run`` of ``run_id=7``)."""
     leftover = text[match.end("tail") :]
-    if not leftover.strip():
+    if not leftover.strip(_ASCII_SPACE_CHARS):
         return True
     token = leftover[1:]
-    return leftover[0] == " " and not any(c.isspace() or c in "[]" for c in token)
+    return leftover[0] == " " and not any(c in _ASCII_SPACE_CHARS or c in "[]" for c in token)
 
 
 def _version_of(segment: str) -> str | None:
@@ -435,7 +489,7 @@ def _drop_reason(segment: str) -> str:
     """Why a record that the record pattern rejects cannot be used.
 
     ``torn_record``: the text stops inside the required fields, which are in
-    order so far (the last one possibly cut, ``dur=`` with no digits included);
+    order so far (the last one possibly cut, ``dur=`` or ``dur=-`` included);
     ``bad_value``: every required field is there but one does not parse;
     ``missing_field``: required fields out of order or absent.
     """
@@ -443,16 +497,19 @@ def _drop_reason(segment: str) -> str:
     if version is not None and version != str(STRACE_VERSION):
         return "unknown_version"
     body = segment.split("[", 1)[0]
-    tokens = body.split()
+    tokens = [t for t in _ASCII_SPACES.split(body) if t]
     keys = [t.split("=", 1)[0] for t in tokens]
-    seen = min(len(keys), len(REQUIRED_FIELDS))
-    in_order = keys[: seen - 1] == list(REQUIRED_FIELDS[: seen - 1]) if seen else True
-    if seen and in_order:
-        last_key, last_cut = keys[seen - 1], seen == len(keys) and not body.endswith((" ", "\t"))
-        in_order = last_key == REQUIRED_FIELDS[seen - 1] or (last_cut and "=" not in tokens[-1] and REQUIRED_FIELDS[seen - 1].startswith(last_key))
-    ends_inside = len(keys) < len(REQUIRED_FIELDS) or (len(keys) == len(REQUIRED_FIELDS) and tokens[-1] == "dur=")
-    if in_order and ends_inside and len(keys) <= len(REQUIRED_FIELDS):
-        return "torn_record"
+    cut_short = bool(tokens) and not body.endswith(tuple(_ASCII_SPACE_CHARS))  # the last token may be partial
+    if len(keys) <= len(REQUIRED_FIELDS):
+        complete_keys = keys[:-1] if cut_short else keys
+        in_order = complete_keys == list(REQUIRED_FIELDS[: len(complete_keys)])
+        if in_order and cut_short:
+            expected = REQUIRED_FIELDS[len(keys) - 1]
+            last = tokens[-1]
+            in_order = last.startswith(expected + "=") or (expected + "=").startswith(last)
+        last_value_cut = cut_short and len(keys) == len(REQUIRED_FIELDS) and "dur=-".startswith(tokens[-1])
+        if in_order and (len(keys) < len(REQUIRED_FIELDS) or last_value_cut):
+            return "torn_record"
     if all(f in keys for f in REQUIRED_FIELDS):
         return "bad_value"
     return "missing_field"
@@ -495,12 +552,9 @@ def _decode_where_escaped(values: pa.Array) -> pa.Array:
 
 
 def _attrs_and_clk(records: _Records) -> tuple[pa.Array, pa.Array]:
-    """The attribute tokens as a map column, and the clk column taken out of them."""
+    """The attributes as a map column, and the clk column taken out of them."""
     n = len(records)
-    pairs = pc.split_pattern(records.tokens, "=", max_splits=1)
-    keys = pc.list_element(pairs, 0)
-    values = pc.list_element(pairs, 1)
-    row = records.token_row
+    keys, values, row = records.keys, records.values, records.token_row
     is_clk = pc.equal(keys, "clk")
     clk = pa.repeat(pa.scalar("host"), n)
     if pc.any(is_clk).as_py():

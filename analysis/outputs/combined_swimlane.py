@@ -18,6 +18,7 @@ Every line of event text is built column-wise in Arrow.
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.swimlane import Swimlane
+from dsprof.analysis.swimlane import Swimlane, phase_of
 from dsprof.profiler.synthetic import join_text, text_buffer
 
 DEVICE_PID_BASE = 100_000_000
@@ -101,35 +102,71 @@ def _serving_events(serving: pd.DataFrame) -> pa.Array:
     )
 
 
-def _runtime_rows(swimlane: Swimlane) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """The runtime columns the events need (Chrome tid per (rank, thread, lane), device wall on runner_run),
-    and the (rank, tid, lane) -> Chrome tid table."""
-    runtime = swimlane.runtime[["name", "ts_ns", "dur_ns", "pid", "tid", "inv", "rank", "device", "step",
-                                "phase", "callable", "lane", "wall_ns"]]
+@dataclass
+class _RuntimeText:
+    """Runtime rows reduced to what varies per span, plus the text shared by a name or an invocation.
+
+    Spans of one invocation share their step, rank, device, lane and ids, and
+    spans of one name share their phase, so that text is built once per
+    invocation / name and spread to the rows with a take.
+    """
+
+    rows: pd.DataFrame          # ts_ns, dur_ns, wall_ns, device_wall_dur_ns, name_code, inv_code
+    name_parts: pa.Array        # per name code
+    inv_parts: pa.Array         # per invocation code
+    thread_lane: pd.DataFrame   # (rank, tid, lane) -> chrome_tid
+
+
+def _runtime_text(swimlane: Swimlane) -> _RuntimeText:
+    runtime = swimlane.runtime
+    inv_code = runtime.groupby(["pid", "inv"], sort=True).ngroup().to_numpy()
+    _, first_row = np.unique(inv_code, return_index=True)
+    invocations = runtime.iloc[first_row][["pid", "tid", "inv", "rank", "device", "step", "callable", "lane"]].reset_index(drop=True)
+    thread_lane = invocations[["rank", "tid", "lane"]].drop_duplicates().sort_values(["rank", "tid", "lane"])
+    thread_lane["chrome_tid"] = thread_lane.groupby("rank").cumcount() + 1
+    invocations = invocations.merge(thread_lane, on=["rank", "tid", "lane"], how="left")
     device_wall = swimlane.device_clock[swimlane.device_clock["phase"] == "device_wall"].drop_duplicates(["pid", "inv"])
-    runtime = runtime.merge(
+    invocations = invocations.merge(
         device_wall[["pid", "inv", "dur_ns"]].rename(columns={"dur_ns": "device_wall_dur_ns"}), on=["pid", "inv"], how="left"
     )
-    runtime["device_wall_dur_ns"] = runtime["device_wall_dur_ns"].where(runtime["phase"] == "runner_run").astype("Int64")
-    thread_lane = runtime[["rank", "tid", "lane"]].drop_duplicates().sort_values(["rank", "tid", "lane"])
-    thread_lane["chrome_tid"] = thread_lane.groupby("rank").cumcount() + 1
-    runtime = runtime.merge(thread_lane, on=["rank", "tid", "lane"], how="left")
-    return runtime, thread_lane
+    rank = invocations["rank"].astype("int64")
+    inv_parts = join_text(
+        '"step":', _json_int_or_null(invocations["step"]), ',"rank":', pa.array(rank.to_numpy()),
+        ',"device":', json_string(invocations["device"]), ',"inv":', _json_int_or_null(invocations["inv"], quoted=True),
+        ',"callable":', json_string(invocations["callable"]), ',"lane":', pa.array(invocations["lane"].to_numpy(np.int64)),
+        ',"os_pid":', pa.array(invocations["pid"].to_numpy()), ',"os_tid":', pa.array(invocations["tid"].to_numpy()),
+        '},"pid":', pa.array((rank + DEVICE_PID_BASE).to_numpy()),
+        ',"tid":', pa.array(invocations["chrome_tid"].to_numpy(np.int64)), "}",
+    )
+    names = pc.dictionary_encode(pa.chunked_array(runtime["name"].array._pa_array)).combine_chunks()
+    name_parts = join_text(
+        ',"name":', json_string(names.dictionary), ',"cat":"runtime","ph":"X","args":{"phase":',
+        json_string(pa.array(phase_of(pd.Series(names.dictionary.to_pylist(), dtype="string[pyarrow]")))), ",",
+    ) if len(names.dictionary) else pa.array([], pa.string())
+    name_code = names.indices.to_numpy(zero_copy_only=False)
+    is_runner = (runtime["phase"] == "runner_run").to_numpy(bool)
+    device_wall_dur = invocations["device_wall_dur_ns"].astype("Int64").array.take(inv_code)
+    rows = pd.DataFrame(
+        {
+            "ts_ns": runtime["ts_ns"].to_numpy(),
+            "dur_ns": runtime["dur_ns"].to_numpy(),
+            "wall_ns": runtime["wall_ns"].array,
+            "device_wall_dur_ns": pd.array(device_wall_dur, dtype="Int64").copy(),
+            "name_code": name_code,
+            "inv_code": inv_code,
+        }
+    )
+    rows.loc[~is_runner, "device_wall_dur_ns"] = pd.NA
+    return _RuntimeText(rows=rows, name_parts=name_parts, inv_parts=inv_parts, thread_lane=thread_lane)
 
 
-def _runtime_events(runtime: pd.DataFrame) -> pa.Array:
-    rank = runtime["rank"].astype("int64")
+def _runtime_events(text: _RuntimeText, rows: pd.DataFrame) -> pa.Array:
     return join_text(
-        '{"name":', json_string(runtime["name"]), ',"cat":"runtime","ph":"X","ts":', _us_text(runtime["ts_ns"]),
-        ',"dur":', _us_text(runtime["dur_ns"]), ',"pid":', pa.array((rank + DEVICE_PID_BASE).to_numpy()),
-        ',"tid":', pa.array(runtime["chrome_tid"].to_numpy(np.int64)),
-        ',"args":{"step":', _json_int_or_null(runtime["step"]), ',"rank":', pa.array(rank.to_numpy()),
-        ',"device":', json_string(runtime["device"]), ',"inv":', _json_int_or_null(runtime["inv"], quoted=True),
-        ',"phase":', json_string(runtime["phase"]), ',"callable":', json_string(runtime["callable"]),
-        ',"lane":', pa.array(runtime["lane"].to_numpy(np.int64)),
-        ',"os_pid":', pa.array(runtime["pid"].to_numpy()), ',"os_tid":', pa.array(runtime["tid"].to_numpy()),
-        ',"wall_ns":', _json_int_or_null(runtime["wall_ns"], quoted=True),
-        ',"device_wall_dur_ns":', _json_int_or_null(runtime["device_wall_dur_ns"]), "}}",
+        '{"ts":', _us_text(rows["ts_ns"]), ',"dur":', _us_text(rows["dur_ns"]),
+        text.name_parts.take(pa.array(rows["name_code"].to_numpy())),
+        '"wall_ns":', _json_int_or_null(rows["wall_ns"], quoted=True),
+        ',"device_wall_dur_ns":', _json_int_or_null(rows["device_wall_dur_ns"]), ",",
+        text.inv_parts.take(pa.array(rows["inv_code"].to_numpy())),
     )
 
 
@@ -163,7 +200,7 @@ def write_combined_swimlane(
     bounded by a chunk's text whatever the size of the trace.
     """
     path = Path(path)
-    runtime, thread_lane = _runtime_rows(swimlane)
+    runtime = _runtime_text(swimlane)
     serving = swimlane.serving[swimlane.serving["ph"].isin(["X", "i"])]
     header = {
         "displayTimeUnit": "ns",
@@ -175,12 +212,13 @@ def write_combined_swimlane(
     }
     with open(path, "wb") as f:
         f.write(json.dumps(header)[:-1].encode() + b', "traceEvents": [\n')
-        meta = _metadata(swimlane, thread_lane, process_names, thread_names)
+        meta = _metadata(swimlane, runtime.thread_lane, process_names, thread_names)
         f.write("".join(json.dumps(m) + ",\n" for m in meta).encode())
-        for frame, build in ((serving, _serving_events), (runtime, _runtime_events)):
-            for start in range(0, len(frame), CHUNK_ROWS):  # a loop over chunks of rows
-                f.write(text_buffer(join_text(build(frame.iloc[start : start + CHUNK_ROWS]), ",\n")))
-        if f.tell() > 0 and (meta or len(serving) or len(runtime)):
+        for start in range(0, len(serving), CHUNK_ROWS):  # a loop over chunks of rows
+            f.write(text_buffer(join_text(_serving_events(serving.iloc[start : start + CHUNK_ROWS]), ",\n")))
+        for start in range(0, len(runtime.rows), CHUNK_ROWS):
+            f.write(text_buffer(join_text(_runtime_events(runtime, runtime.rows.iloc[start : start + CHUNK_ROWS]), ",\n")))
+        if meta or len(serving) or len(runtime.rows):
             f.seek(f.tell() - 2)  # the last event's separator
         f.write(b"\n]}\n")
         f.truncate()

@@ -60,8 +60,7 @@ SERVING_COLORS = {
     "executor": "#7fb8d8",
     "kernel": "#1b4965",
 }
-AGGREGATE_COLOR = "#c9ced6"
-# How many of the steps' worth of bars the aggregate part may use: 1/AGGREGATE_SHARE of the budget.
+# Over the span budget, the aggregate bars may take 1/AGGREGATE_SHARE of it; detailed steps the rest.
 AGGREGATE_SHARE = 10
 # Cap on server-rendered list entries (late starts, tail steps); the page says how many were left out.
 LIST_LIMIT = 500
@@ -73,7 +72,7 @@ PERCENTILE_KEYS = ("p50", "p95", "p99", "max", "count")
 class _Layout:
     """Lane rows of the swimlane: one per serving category, then one per device sub-lane."""
 
-    rows: pd.DataFrame  # row, y, kind, label, device, rank, sub
+    rows: pd.DataFrame  # row, y, kind, label, rank, sub
     ticks: list[dict]
 
 
@@ -140,7 +139,6 @@ def _layout(runtime: pd.DataFrame, serving: pd.DataFrame) -> tuple[_Layout, pd.S
                     "y": np.arange(n_serving, dtype=float),
                     "kind": "serving",
                     "label": serving_lanes,
-                    "device": None,
                     "rank": pd.array([pd.NA] * n_serving, dtype="Int64"),
                     "sub": 0,
                 }
@@ -151,7 +149,6 @@ def _layout(runtime: pd.DataFrame, serving: pd.DataFrame) -> tuple[_Layout, pd.S
                     "y": subs["y"],
                     "kind": "device",
                     "label": subs["label"].astype(object),
-                    "device": subs["label"].astype(object),
                     "rank": subs["device_rank"].astype("Int64"),
                     "sub": subs["sub"],
                 }
@@ -413,7 +410,7 @@ def _table(header: list[str], rows: list[list[object]], css: str = "") -> str:
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
-def _header_section(summary: dict, budget: dict) -> str:
+def _header_section(summary: dict) -> str:
     validation = summary.get("validation") or {}
     serving = summary.get("serving") or {}
     workload = summary.get("workload") or {}
@@ -576,11 +573,11 @@ def render_html(swimlane: Swimlane, summary: dict, *, span_budget: int = 200_000
     origin = f"t = 0 at {wall['iso']}" if wall else "t = 0 at the first span (no clock anchor)"
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
-<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline' 'unsafe-eval'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:">
+<meta http-equiv="Content-Security-Policy" content="default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:">
 <title>dsprof report</title>
 <style>{_asset('report.css')}</style>
 </head><body>
-{_header_section(summary, budget)}
+{_header_section(summary)}
 <main>
 <section id="swimlane-section"><h2>Swimlane</h2>
 <p class="axis-note">{_e(origin)}. Drag to zoom the time axis, double-click to reset; hover a span for its step, rank, device, phase, start and duration.</p>

@@ -81,7 +81,7 @@ def _member(key: str, json_value: pa.Array) -> pa.Array:
 
 
 def _attrs_objects(attrs: pd.Series) -> pa.Array:
-    """Each row's attribute map as the inside of a JSON object (``"k":"v",...``)."""
+    """Each row's attribute map as the inside of a JSON object (``"k":"v",...``); null when it has none."""
     arrow = pa.chunked_array(attrs.array._pa_array, type=ATTRS_TYPE).combine_chunks()
     if len(arrow) == 0:
         return pa.array([], pa.string())
@@ -90,7 +90,8 @@ def _attrs_objects(attrs: pd.Series) -> pa.Array:
     values = _json_strings(arrow.items)
     pairs = pc.binary_join_element_wise(keys, values, ":")
     lists = pa.ListArray.from_arrays(offsets, pairs, mask=arrow.is_null())
-    return pc.fill_null(pc.binary_join(lists, ","), "")
+    joined = pc.binary_join(lists, ",")
+    return pc.if_else(pc.equal(joined, ""), pa.scalar(None, pa.string()), joined)
 
 
 def _objects(members: list[pa.Array]) -> pa.Array:
@@ -188,9 +189,10 @@ def _span_rows(swimlane: Swimlane) -> pd.DataFrame:
     runtime = swimlane.runtime
     serving = swimlane.serving
     offsets, host_offset = _wall_offsets(runtime)
-    serving_wall = serving["ts_ns"].astype("Int64") + serving["pid"].map(offsets).astype("Int64").fillna(
-        pd.NA if host_offset is None else host_offset
-    )
+    serving_offset = serving["pid"].map(offsets).astype("Int64")
+    if host_offset is not None:
+        serving_offset = serving_offset.fillna(host_offset)
+    serving_wall = serving["ts_ns"].astype("Int64") + serving_offset
     serving_cat = serving["cat"].astype("string").fillna("")
     frame = pd.concat(
         [

@@ -47,12 +47,16 @@ def format_summary_md(summary: dict) -> str:
     lines.append(f"Late starts (> {late['threshold_ms']} ms): {late['count']}")
     for item in late["items"][:10]:
         lines.append(f"- step {item['step']}, rank {item['rank']} ({item['device']}): +{item['excess_ms']} ms, {item['phase']}")
+    if late["count"] > 10:
+        lines.append(f"- ... {late['count'] - 10} more late starts in summary.json")
     lines.append(f"Tail steps (> {tails['threshold_ms']} ms): {tails['count']}; straggler: {tails['straggler']['verdict']}")
     for item in tails["items"][:10]:
         lines.append(
             f"- step {item['step']}, rank {item['rank']} ({item['device']}): end skew {item['runner_end_skew_ms']} ms, "
             f"{item['phase']} +{item['phase_excess_ms']} ms"
         )
+    if tails["count"] > 10:
+        lines.append(f"- ... {tails['count'] - 10} more tail steps in summary.json")
     lines.append(f"Pipeline: {pipeline['diagnosis']}")
     return "\n".join(lines) + "\n"
 
