@@ -101,7 +101,8 @@ class CpuDevice:
             fn, fence, signal_delay_s = item
             fence.start_ns = time.monotonic_ns()
             try:
-                fn(fence.clock)
+                with torch.inference_mode():  # device programs never need autograd
+                    fn(fence.clock)
             except BaseException as error:  # the host sees it when it waits on the fence
                 fence.error = error
             fence.end_ns = time.monotonic_ns()
@@ -200,7 +201,7 @@ class CudaDevice:
 
     def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0) -> Fence:
         launch = time.monotonic_ns()
-        with torch.cuda.stream(self.stream):
+        with torch.cuda.stream(self.stream), torch.inference_mode():
             origin = torch.cuda.Event(enable_timing=True)
             origin.record()
             start = torch.cuda.Event(enable_timing=True)

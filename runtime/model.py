@@ -24,7 +24,7 @@ from dsprof.runtime.worker import DistributedWorker
 
 
 def rms_norm(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps)
+    return F.rms_norm(x, (x.shape[-1],), eps=eps)
 
 
 class ParamPool:

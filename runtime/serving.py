@@ -162,9 +162,10 @@ class RankServer:
         P = self.config.prompt_tokens
         with sa_profile.span("executor.run", "executor", callable=PREFILL_CALLABLE):
             with clock.phase("forward"), sa_profile.span("kernel.prefill_fwd", "kernel", tokens=self.batch * P):
-                positions = torch.arange(P).expand(self.batch, P)
-                h, logits = self.model.forward(slot["prompt"], positions, slot["slot_mapping"],
-                                               context_slots(slot["block_table"], slot.scalars["max_blocks"], self.config.block_size),
+                arg = self._arg_reader(slot)
+                positions = torch.arange(P, device=self.device.torch_device).expand(self.batch, P)
+                h, logits = self.model.forward(arg("prompt"), positions, arg("slot_mapping"),
+                                               context_slots(arg("block_table"), slot.scalars["max_blocks"], self.config.block_size),
                                                slot.prebuilt["kv_pools"], self.prefill_capacity)
                 first = logits[:, -1].argmax(-1)
             with clock.phase("mtp"), sa_profile.span("kernel.mtp_draft", "kernel"):
@@ -188,6 +189,12 @@ class RankServer:
         slot.stage("slot_mapping", meta.slot_mapping)
         slot.stage("block_counts", meta.block_counts)
         slot.scalars["max_blocks"] = meta.max_blocks
+
+    def _arg_reader(self, slot: TaskArgs):
+        """Read a launch argument on the device: host-shared ones are used in place on
+        CPU and read asynchronously from pinned memory on CUDA."""
+        device = self.device.torch_device
+        return lambda name: slot[name].to(device, non_blocking=True)
 
     def _bind_prebuilt(self, slot: TaskArgs) -> None:
         """Bind the prebuilt device arguments (KV pools, decode state) to the slot by reference."""
@@ -222,21 +229,23 @@ class RankServer:
 
         def program(slot: TaskArgs, clock: PhaseClock) -> None:
             st, bs = slot.prebuilt["state"], self.config.block_size
+            arg = self._arg_reader(slot)
             with _span(profiled, "executor.run", "executor", callable=DECODE_CALLABLE, step=step):
                 with clock.phase("forward"), _span(profiled, "kernel.decode_fwd", "kernel", step=step):
                     active = st["produced"] < st["limit"]
-                    pos_wc = slot["seq_lens"] - DECODE_TOKENS
+                    pos_wc = arg("seq_lens") - DECODE_TOKENS
+                    block_table = arg("block_table")
                     delta = torch.where(active, pos_wc - st["ctx"], torch.zeros_like(pos_wc))
-                    positions = st["ctx"].unsqueeze(1) + torch.arange(DECODE_TOKENS)
-                    slots = slots_for(slot["block_table"], positions, bs, active)  # device-side correction
+                    positions = st["ctx"].unsqueeze(1) + torch.arange(DECODE_TOKENS, device=block_table.device)
+                    slots = slots_for(block_table, positions, bs, active)  # device-side correction
                     tokens = torch.stack([st["last"], st["draft"]], 1)
                     h, logits = self.model.forward(tokens, positions, slots,
-                                                   context_slots(slot["block_table"], slot.scalars["max_blocks"], bs),
+                                                   context_slots(block_table, slot.scalars["max_blocks"], bs),
                                                    slot.prebuilt["kv_pools"], self.decode_capacity)
                 with clock.phase("verify"), _span(profiled, "kernel.verify", "kernel", step=step):
                     argmax = logits.argmax(-1)
                     remaining = st["limit"] - st["produced"]
-                    acc = (slot["accept"] == 1) & active & (remaining >= DECODE_TOKENS)
+                    acc = (arg("accept") == 1) & active & (remaining >= DECODE_TOKENS)
                     counts = torch.where(active, 1 + acc.long(), torch.zeros_like(remaining))
                     next_last = torch.where(acc, argmax[:, 1], argmax[:, 0])
                     h_sel = torch.where(acc.unsqueeze(1), h[:, 1], h[:, 0])

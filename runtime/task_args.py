@@ -52,7 +52,9 @@ class TaskArgs:
         if name in self._slots:
             raise ValueError(f"TaskArgs slot {self.slot_id} already has an argument {name!r}")
         if placement is Placement.HOST_SHARED:
-            tensor = torch.zeros(shape, dtype=dtype).share_memory_()
+            tensor = torch.zeros(shape, dtype=dtype)
+            # shared memory on the CPU device; page-locked for async reads by a CUDA device
+            tensor = tensor.pin_memory() if self.worker.device.kind == "cuda" else tensor.share_memory_()
             base = None
         else:
             nbytes = max(1, torch.empty(shape, dtype=dtype).nbytes)

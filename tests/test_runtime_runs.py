@@ -132,7 +132,7 @@ def test_microbench_shape_and_no_device_phases(tmp_path):
 
 def test_injected_faults_land_where_the_ground_truth_says(tmp_path):
     config = RuntimeConfig.from_preset("demo", ranks=2, requests=4, output_tokens=12, seed=5,
-                                       inject=["fence_tail:p=0.5,ms=40", "slow_bind:rank=1,ms=30,step=2"])
+                                       inject=["fence_tail:p=0.5,ms=60", "slow_bind:rank=1,ms=80,step=2"])
     outcome = run_workload(config, tmp_path)
     assert outcome.exit_status == 0, outcome.message
     truth = json.loads((tmp_path / "faults.json").read_text())
@@ -145,10 +145,10 @@ def test_injected_faults_land_where_the_ground_truth_says(tmp_path):
         for run in runs:
             step = int(run["attrs"]["step"])
             wait = run["chip.run.runner_run.native_fence_wait"]
-            if (rank, step) in fences:
-                assert wait[1] - wait[0] >= 35e6
+            if (rank, step) in fences:  # the host reaches the wait before the late fence fires
+                assert wait[1] - wait[0] >= 40e6
             bind = run["chip.run.bind"]
-            assert (bind[1] - bind[0] >= 30e6) is ((rank, step) == (1, 2))
+            assert (bind[1] - bind[0] >= 80e6) is ((rank, step) == (1, 2))
 
 
 def test_a_crashed_rank_fails_the_job_and_is_named(tmp_path):

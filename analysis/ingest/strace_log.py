@@ -69,13 +69,13 @@ STRACE_PATTERN = _HEAD + r"(?P<tail>(?: +" + _TOKEN + r"+=" + _TOKEN + r"*)*)(?:
 # with single spaces that is the rest of its line. Such records are then cut
 # into fields by the separator positions alone (see _tokenize_plain), without
 # the much slower capturing regex.
+_PLAIN_TOKEN = r"[^\x00-\x20\[\]=]"  # also no raw control bytes: they would pass for separators below
 PLAIN_RECORD_PATTERN = (
-    r"^ v=1 pid=-?\d{1,19} tid=-?\d{1,19} inv=\d{1,20} hid=" + _TOKEN + r"+ depth=\d{1,19} name=" + _TOKEN + r"*"
-    r" ts=-?\d{1,19} dur=-?\d{1,19}(?: " + _TOKEN + r"+=" + _TOKEN + r"*)*\r?(?:\n|$)"
+    r"^ v=1 pid=-?\d{1,19} tid=-?\d{1,19} inv=\d{1,20} hid=" + _PLAIN_TOKEN + r"+ depth=\d{1,19} name=" + _PLAIN_TOKEN + r"*"
+    r" ts=-?\d{1,19} dur=-?\d{1,19}(?: " + _PLAIN_TOKEN + r"+=" + _PLAIN_TOKEN + r"*)*\r?(?:\n|$)"
 )
-# Bytes that separate the parts of a plain record: space, '=', CR, LF.
-_SEPARATOR = np.zeros(256, dtype=bool)
-_SEPARATOR[[ord(" "), ord("="), ord("\r"), ord("\n")]] = True
+_EQUALS = ord("=")
+_SPACE = ord(" ")  # bytes up to the space (controls, CR, LF) separate too
 # Plain record, as separator-delimited pieces after its leading space: the
 # value of field k (v=1, pid=2, ..., dur=9) is piece 2k-1; attributes follow
 # from piece 18 on as key, value, key, value, ...
@@ -286,22 +286,22 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) ->
     lines that may hold clock anchors or chip_process lines.
     """
     batch = log.lines.slice(first, stop - first)
-    markers = pc.count_substring(batch, STRACE_MARKER).to_numpy(zero_copy_only=False)
-    single = np.flatnonzero(markers == 1)
-    marker_at = pc.find_substring(batch.take(pa.array(single)), STRACE_MARKER).to_numpy(zero_copy_only=False)
-    rec_start = log.offsets[first + single] + marker_at + len(STRACE_MARKER)
+    marker_at = pc.find_substring(batch, STRACE_MARKER).to_numpy(zero_copy_only=False)
+    with_marker = np.flatnonzero(marker_at >= 0)
+    rec_start = log.offsets[first + with_marker] + marker_at[with_marker] + len(STRACE_MARKER)
+    # a plain record runs to the end of its line without a '[', so its line holds no other marker
     plain = pc.match_substring_regex(log.spans(rec_start, int(log.offsets[stop])), PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False)
-    plain &= ~log.may_continue(first + single)
-    plain_lines = first + single[plain]
+    plain &= ~log.may_continue(first + with_marker)
+    plain_lines = first + with_marker[plain]
     parts = [_tokenize_plain(log, rec_start[plain], plain_lines, first, stop)]
 
-    other_lines = np.setdiff1d(np.flatnonzero(markers) + first, plain_lines, assume_unique=True)
+    other_lines = first + with_marker[~plain]
     slow: list[_SlowRecord] = []
     if len(other_lines):
         records, slow = _segment_records(log, other_lines, dropped)
         parts.append(records)
     # anchors and chip_process lines: on lines without a record, or next to an unusual one
-    side = np.union1d(np.flatnonzero(markers == 0) + first, other_lines)
+    side = np.union1d(np.flatnonzero(marker_at < 0) + first, other_lines)
     return _Records.concat(parts), slow, side
 
 
@@ -316,7 +316,8 @@ def _tokenize_plain(log: _Log, rec_start: np.ndarray, line: np.ndarray, first: i
     if n == 0:
         return _Records.empty()
     lo, hi = int(log.offsets[first]), int(log.offsets[stop])
-    separators = np.append(np.flatnonzero(_SEPARATOR[log.buf[lo:hi]]) + lo, hi)  # hi: end of a last line without newline
+    region = log.buf[lo:hi]
+    separators = np.append(np.flatnonzero((region <= _SPACE) | (region == _EQUALS)) + lo, hi)  # hi: end of a last line without newline
     line_end = log.offsets[line + 1]
     rec_end = line_end - (log.buf[line_end - 1] == ord("\n"))
     rec_end -= log.buf[np.maximum(rec_end - 1, 0)] == ord("\r")
@@ -448,6 +449,8 @@ def _join_continuations(text: str, next_line: int | None, log: _Log) -> re.Match
         if not nxt or nxt.startswith("["):
             break
         cut = nxt.find(STRACE_MARKER)
+        if match and cut >= 0:  # a complete record is not extended by text that leads up to another record
+            break
         head = nxt if cut < 0 else nxt[:cut]
         extended = None
         for candidate in (text + head, text + " " + head):
