@@ -25,12 +25,23 @@ from dsprof.profiler.synthetic import SyntheticRun
 MEASURE = """
 import json, resource, sys, time
 from dsprof.analysis.analyze import analyze
+marks = {}
+def progress(message):
+    for prefix in ("swimlane:", "writing"):
+        if message.startswith(prefix):
+            marks.setdefault(prefix, time.perf_counter())
 start = time.perf_counter()
-result = analyze([sys.argv[1]], sys.argv[2])
-elapsed = time.perf_counter() - start
-print(json.dumps({"seconds": elapsed, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+result = analyze([sys.argv[1]], sys.argv[2], progress=progress)
+end = time.perf_counter()
+print(json.dumps({"seconds": end - start, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
+                  "read_s": marks["swimlane:"] - start, "figures_s": marks["writing"] - marks["swimlane:"],
+                  "write_s": end - marks["writing"],
                   "rank_roots": result.summary["validation"]["rank_roots"], "valid": result.summary["validation"]["valid"]}))
 """
+
+
+def phases(m: dict) -> str:
+    return f"(read {m['read_s']:.1f} s, swimlane + figures {m['figures_s']:.1f} s, outputs {m['write_s']:.1f} s)"
 
 
 def measure(artifacts: Path, out: Path) -> dict:
@@ -54,7 +65,7 @@ def main() -> None:
         gen = generate(SyntheticRun(ranks=8, steps=143), tmp / "prod")
         m = measure(tmp / "prod", tmp / "prod-out")
         print(f"production shape 8 x 143: {m['rank_roots']} roots, valid={m['valid']}, "
-              f"analyze {m['seconds']:.2f} s, peak RSS {m['peak_rss_gb']:.2f} GB (generated in {gen:.1f} s)")
+              f"analyze {m['seconds']:.2f} s {phases(m)}, peak RSS {m['peak_rss_gb']:.2f} GB (generated in {gen:.1f} s)")
 
         timings = []
         for fraction in (4, 2, 1):
@@ -67,12 +78,11 @@ def main() -> None:
             m = measure(where, tmp / f"large-{steps}-out")
             timings.append((m["rank_roots"], m["seconds"]))
             print(f"{args.ranks} x {steps}: {m['rank_roots']} roots, server.log {size_mb:.0f} MB, valid={m['valid']}, "
-                  f"analyze {m['seconds']:.2f} s, peak RSS {m['peak_rss_gb']:.2f} GB (generated in {gen:.1f} s)")
-            run = None
+                  f"analyze {m['seconds']:.2f} s {phases(m)}, peak RSS {m['peak_rss_gb']:.2f} GB (generated in {gen:.1f} s)")
             for path in sorted(where.rglob("*"), reverse=True):
                 path.unlink() if path.is_file() else path.rmdir()
         base_roots, base_seconds = timings[0]
-        print("linearity (time per root relative to the 1/4 run): "
+        print("linearity (relative to the 1/4 run): "
               + ", ".join(f"{roots / base_roots:.0f}x roots -> {seconds / base_seconds:.2f}x time" for roots, seconds in timings))
         roots, seconds = timings[-1]
         print(f"target {args.ranks} x {args.steps}: < 60 s -> {'met' if seconds < 60 else 'MISSED'} ({seconds:.1f} s)")

@@ -7,7 +7,9 @@ invocation ids, ``clk=dev`` device spans, a few percent-encoded values and
 unrelated log lines in between. The read runs in a child process so that its
 peak RSS is its own.
 
-Targets: >= 1,000,000 records/s on one core; peak memory < 1 GB.
+Targets: >= 1,000,000 records/s on one core; peak memory < 1 GB. Both wall
+time and the child's CPU time are printed: on a machine shared with other work
+the CPU figure is the one that measures the reader.
 
     python benchmarks/bench_ingest.py [--records N] [--keep PATH]
 """
@@ -98,10 +100,11 @@ def read_in_child(path: str) -> dict:
     """Run in the child: time the read and report this process's own peak RSS."""
     from dsprof.analysis.ingest import read_strace_log
 
+    cpu_start = time.process_time()
     start = time.perf_counter()
     trace = read_strace_log(path)
     seconds = time.perf_counter() - start
-    return {"seconds": seconds, "spans": len(trace.spans), "dropped": trace.dropped, "peak_rss_mib": peak_rss_mib()}
+    return {"seconds": seconds, "cpu_seconds": time.process_time() - cpu_start, "spans": len(trace.spans), "dropped": trace.dropped, "peak_rss_mib": peak_rss_mib()}
 
 
 def peak_rss_mib() -> float:
@@ -138,7 +141,9 @@ def main() -> None:
         result = json.loads(child.stdout)
     assert result["spans"] == args.records, result
     rate = args.records / result["seconds"]
-    print(f"read: {result['seconds']:.2f} s, {rate:,.0f} records/s (target >= 1,000,000), {size_mib / result['seconds']:,.0f} MiB/s")
+    cpu_rate = args.records / result["cpu_seconds"]
+    print(f"read: {result['seconds']:.2f} s wall, {rate:,.0f} records/s, {size_mib / result['seconds']:,.0f} MiB/s (target >= 1,000,000 records/s on one core)")
+    print(f"      {result['cpu_seconds']:.2f} s CPU, {cpu_rate:,.0f} records per CPU-second (the figure that holds on a shared machine)")
     print(f"peak RSS of the reading process: {result['peak_rss_mib']:,.0f} MiB (target < 1024; interpreter + imports alone: {float(baseline.stdout):,.0f} MiB)")
     print(f"spans kept: {result['spans']:,}; dropped: {result['dropped'] or 'none'}")
 

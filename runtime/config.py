@@ -53,7 +53,7 @@ class RuntimeConfig:
     block_size: int = 16
     # Modelled latency of one synchronous host-to-device copy on the CPU
     # "device" (the device-resident metadata path pays it per metadata buffer).
-    copy_latency_ms: float = 2.0
+    copy_latency_ms: float = 4.0
 
     @property
     def dp(self) -> int:

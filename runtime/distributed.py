@@ -53,10 +53,6 @@ class ParallelContext:
     def dp_rank(self) -> int:
         return self.rank // self.tp
 
-    @property
-    def dp(self) -> int:
-        return self.world // self.tp
-
     def all_reduce_tp(self, tensor: torch.Tensor) -> torch.Tensor:
         if self.tp > 1:
             dist.all_reduce(tensor, group=self.tp_group)

@@ -32,7 +32,6 @@ _INT_KEYS = {"rank", "step"}
 
 @dataclass(frozen=True)
 class FaultSpec:
-    text: str
     kind: str
     rank: int | None = None
     step: int | None = None
@@ -71,7 +70,7 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
         raise bad("ms must be > 0")
     if "p" in values and not 0 < values["p"] <= 1:
         raise bad("p must be in (0, 1]")
-    return FaultSpec(text=text, kind=kind, **values)
+    return FaultSpec(kind=kind, **values)
 
 
 def parse_faults(texts: list[str], ranks: int) -> list[FaultSpec]:

@@ -82,9 +82,6 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
              out_dir: Path, sink) -> dict:
     """Body of one rank process: join the group, build the shard, prefill, decode."""
     torch.set_num_threads(1)
-    # The host thread and the device executor share the GIL: hand it over quickly
-    # so a waiting fence or launch is not held up by the default 5 ms interval.
-    sys.setswitchinterval(0.001)
     if config.profile:
         strace.enable(2)
         sa_profile.configure(out_dir / SERVING_TRACE, config.profile_level)

@@ -83,14 +83,6 @@ class TaskArgs:
             raise ValueError(f"argument {name!r} is host-shared: it has no device allocation")
         return base
 
-    def placement(self, name: str) -> Placement:
-        return self._slots[name].placement
-
     def names(self) -> list[str]:
+        """Argument names in launch order."""
         return list(self._slots)
-
-    def release(self) -> None:
-        for slot in self._slots.values():
-            if slot.base is not None:
-                self.worker.free(slot.base)
-        self._slots.clear()

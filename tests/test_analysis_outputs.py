@@ -40,3 +40,15 @@ def test_failed_validation_is_stated_in_summary_md(tmp_path):
     assert "Validation: FAILED (6 decode steps, 16 rank roots): " in md
     assert "rank 1 has 4 decode steps, others 6" in md
     assert format_summary_table(result.summary).startswith("valid                                NO: ")
+
+
+def test_summary_md_lists_ten_tails_and_counts_the_rest(tmp_path):
+    fence = np.full((3, 14), 9_000_000, dtype=np.int64)
+    fence[1, :12] += 6_000_000  # rank 1 ends 6 ms late in the first 12 steps
+    SyntheticRun(ranks=3, steps=14, fence_wait_ns=fence, device_wall_ns=fence, pipelined=False).write(tmp_path / "run")
+    result = analyze([tmp_path / "run"], tmp_path / "out")
+    md = result.outputs["summary.md"].read_text()
+    assert result.summary["tail_steps"]["count"] == 12
+    assert md.count("end skew 6.0 ms, device_wall +6.0 ms") == 10
+    assert "- ... 2 more tail steps in summary.json" in md
+    assert "straggler: rank 1 (npu:1)" in md

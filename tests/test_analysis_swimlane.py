@@ -108,3 +108,32 @@ def test_json_text_of_odd_names_and_args(tmp_path):
 
     values = pd.Series(['plain', 'quote " and \\ back', "tab\tnew\nline", None], dtype="string[pyarrow]")
     assert [json.loads(v) for v in json_string(values).to_pylist()] == ["plain", 'quote " and \\ back', "tab\tnew\nline", ""]
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_assign_lanes_never_overlaps_on_random_intervals(seed):
+    from dsprof.analysis.swimlane import assign_lanes
+
+    rng = np.random.default_rng(seed)
+    n = 400
+    start = rng.integers(0, 10_000, n)
+    frame = pd.DataFrame({
+        "pid": rng.integers(0, 3, n), "tid": rng.integers(0, 2, n),
+        "root_ts_ns": start, "root_end_ns": start + rng.integers(1, 300, n),
+        # slot ids that clash on purpose for some threads: the lanes must still never overlap
+        "slot_id": pd.array(np.where(rng.random(n) < 0.5, rng.integers(0, 2, n), None), dtype="Int64"),
+    })
+    frame["lane"] = assign_lanes(frame)
+    ordered = frame.sort_values(["pid", "tid", "lane", "root_ts_ns"])
+    previous_end = ordered.groupby(["pid", "tid", "lane"])["root_end_ns"].shift()
+    assert not (ordered["root_ts_ns"] < previous_end).any()
+    assert (frame.groupby(["pid", "tid"])["lane"].min() == 0).all()
+
+
+def test_assign_lanes_uses_two_lanes_for_a_depth_two_chain_without_slot_ids():
+    from dsprof.analysis.swimlane import assign_lanes
+
+    start = np.arange(20) * 10
+    frame = pd.DataFrame({"pid": 1, "tid": 1, "root_ts_ns": start, "root_end_ns": start + 15,
+                          "slot_id": pd.array([None] * 20, dtype="Int64")})
+    assert assign_lanes(frame).tolist() == [0, 1] * 10

@@ -181,6 +181,9 @@ def test_unknown_trailing_attributes_kept(tmp_path):
         (payload().replace("ts=1000000", "ts=" + str(2**63)), "bad_value"),
         (payload().replace("dur=2500", "dur=25x0"), "bad_value"),
         (payload().replace("ts=1000000", "ts=-" + str(2**63 + 1)), "bad_value"),
+        (payload().replace("ts=1000000", "ts=" + "1" * 25), "bad_value"),
+        (payload().replace("pid=4242", "pid=" + "9" * 19), "bad_value"),
+        (payload().replace("inv=7", "inv=0" + str(2**64)), "bad_value"),
     ],
 )
 def test_garbled_required_fields_dropped_with_reason(tmp_path, record, reason):
@@ -191,10 +194,11 @@ def test_garbled_required_fields_dropped_with_reason(tmp_path, record, reason):
 
 
 def test_int64_extremes_are_kept(tmp_path):
-    path = write(tmp_path, [payload(ts_ns=-(2**63), dur_ns=2**63 - 1, pid=2**63 - 1)])
+    path = write(tmp_path, [payload(ts_ns=-(2**63), dur_ns=2**63 - 1, pid=2**63 - 1), payload(inv=0).replace("inv=0", "inv=" + "0" * 30 + "42")])
     trace = read_strace_log(path)
     assert trace.dropped == {}
     assert int(trace.spans["ts_ns"].iloc[0]) == -(2**63) and int(trace.spans["pid"].iloc[0]) == 2**63 - 1
+    assert int(trace.spans["inv"].iloc[1]) == 42  # leading zeros, plain path
 
 
 def test_anchors_and_chip_processes(tmp_path):
@@ -207,10 +211,13 @@ def test_anchors_and_chip_processes(tmp_path):
             format_prefix(3, 1, "INFO", "chip_process") + format_chip_ready_payload(101, "npu:0"),
             format_prefix(4, 1, "INFO", "chip_process") + format_chip_ready_payload(102, "cpu dev[1]"),
             "[CLOCK_ANCHOR] v=1 pid=103 mono_ns=",  # torn anchor
+            # an anchor and a record on one physical line
+            format_prefix(5, 1, "INFO", "clock") + format_anchor_payload(104, 9, 10) + PREFIX + payload(pid=104),
         ],
     )
     trace = read_strace_log(path)
-    assert trace.anchors.to_dict("list") == {"pid": [101, 102], "mono_ns": [5_000_000_000, 5_000_000_007], "wall_ns": [wall, wall + 3]}
+    assert trace.anchors.to_dict("list") == {"pid": [101, 102, 104], "mono_ns": [5_000_000_000, 5_000_000_007, 9], "wall_ns": [wall, wall + 3, 10]}
+    assert trace.spans["pid"].tolist() == [104]
     assert str(trace.anchors["wall_ns"].dtype) == "int64"
     assert trace.chip_devices["pid"].tolist() == [101, 102]
     assert trace.chip_devices["device"].tolist() == ["npu:0", "cpu dev[1]"]

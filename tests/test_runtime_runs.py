@@ -118,16 +118,21 @@ def test_span_tree_and_identity_attributes(production_runs):
         assert run["chip.run.runner_run"][0] <= fence[0] and fence[1] == run["chip.run.runner_run"][1]
 
 
-def test_microbench_shape_and_no_device_phases(tmp_path):
-    config = RuntimeConfig.from_preset("microbench", rounds=6, warmup=2, device_phases=False, metadata="device-resident")
-    outcome = run_workload(config, tmp_path)
-    assert outcome.exit_status == 0, outcome.message
-    assert outcome.summary["decode_steps"] == 6 and outcome.summary["workload"]["tp"] == 4
-    assert outcome.summary["tokens_returned"] == outcome.summary["tokens_expected"] > 4 * 8
-    lanes = decode_lanes(tmp_path / "server.log")
-    assert sorted(lanes) == [0, 1, 2, 3] and all(len(runs) == 6 for runs in lanes.values())  # warm-up not profiled
-    text = (tmp_path / "server.log").read_text()
-    assert "native_fence_wait" not in text and "device_wall" not in text
+def test_microbench_shape_both_paths_and_no_device_phases(tmp_path):
+    outcomes = {}
+    for path in ("host-shared", "device-resident"):
+        config = RuntimeConfig.from_preset("microbench", rounds=6, warmup=2, device_phases=False, metadata=path)
+        outcomes[path] = outcome = run_workload(config, tmp_path / path)
+        assert outcome.exit_status == 0, outcome.message
+        assert outcome.summary["decode_steps"] == 6 and outcome.summary["workload"]["tp"] == 4
+        assert outcome.summary["tokens_returned"] == outcome.summary["tokens_expected"] > 4 * 8
+        lanes = decode_lanes(tmp_path / path / "server.log")
+        # four TP ranks, warm-up not profiled, measured steps numbered from 0
+        assert sorted(lanes) == [0, 1, 2, 3]
+        assert all([int(r["attrs"]["step"]) for r in runs] == list(range(6)) for runs in lanes.values())
+        text = (tmp_path / path / "server.log").read_text()
+        assert "native_fence_wait" not in text and "device_wall" not in text
+    assert outcomes["host-shared"].tokens == outcomes["device-resident"].tokens
 
 
 def test_injected_faults_land_where_the_ground_truth_says(tmp_path):

@@ -103,6 +103,7 @@ def test_task_args_placements(device):
     shared = args.add("seq_lens", Placement.HOST_SHARED, torch.int64, (3,))
     resident = args.add("block_table", Placement.DEVICE_RESIDENT, torch.int64, (3, 2))
     assert args.names() == ["seq_lens", "block_table"]
+    assert worker.allocations() == 1  # only the device-resident argument took device memory
     args.stage("seq_lens", torch.tensor([5, 6, 7]))
     assert shared.is_shared() and shared.tolist() == [5, 6, 7] and args["seq_lens"] is shared
     args.stage("block_table", torch.tensor([[1, 2], [3, 4], [5, 6]]))

@@ -1,12 +1,21 @@
 """Reader for STRACE host-span records in any text log (SPEC §2).
 
 The log is read as bytes and cut into lines without copying (an Arrow string
-array whose offsets are the newline positions); every line that holds a
-``[STRACE]`` marker is split at the marker, and one regular expression over the
-whole column extracts the fields of every well-formed record. Only records
-that fail that expression (torn, split across lines, garbled, other
-versions) take a Python path, to rejoin continuation lines or to name the
-reason the record is dropped.
+array whose offsets are the newline positions). Lines are handled in batches,
+in three tiers:
+
+1. plain records — one version-1 record with single spaces running to the end
+   of its line, the common case — are recognised by one capture-free regular
+   expression over the whole batch and cut into fields by the positions of
+   their separator bytes (NumPy), then gathered with Arrow ``take``;
+2. other lines holding a marker (several records on a line, unusual spacing,
+   other versions) are split at every marker and parsed by a capturing regular
+   expression over the column;
+3. only what that rejects (torn, split across lines, garbled) takes a Python
+   path, to rejoin continuation lines or to name the reason it is dropped.
+
+Each batch becomes typed Arrow columns at once, so peak memory stays a small
+multiple of the log size.
 
 Reading rules (also what ``Trace.dropped`` counts):
 
@@ -14,7 +23,12 @@ Reading rules (also what ``Trace.dropped`` counts):
   func: `` prefix or not, and a line may hold several records;
 * a record cut by a newline is rejoined with up to
   :data:`MAX_CONTINUATION_LINES` following lines when that completes it
-  (the newline removed, or replaced by a space where that is what parses);
+  (the newline removed, or replaced by a space where that is what parses). A
+  record already complete takes the next line only if that line cannot be a
+  new log record (does not start with '[') and the join consumes all of it
+  (e.g. ``run`` / ``_id=7 step=3``); a bare one-word line right after such a
+  record is therefore read as its continuation — the two cannot be told
+  apart, and the runtime's own lines always start with a prefix;
 * a record with ``v`` other than 1 is skipped: ``unknown_version``;
 * a record that stops before its required fields are complete:
   ``torn_record``; one whose required fields are out of order or absent:
@@ -52,6 +66,7 @@ STRACE_MARKER = "[STRACE]"
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
 LINES_PER_BATCH = 1 << 16
+MAX_BATCH_BYTES = 1 << 30
 
 REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 # A token of the k=v grammar: no spaces, brackets or '=' (they are escaped).
@@ -62,17 +77,19 @@ _HEAD = (
     r" ts=(?P<ts>-?\d{1,19}) dur=(?P<dur>-?\d{1,19})"
 )
 # One record after its "[STRACE]" marker, followed by anything that cannot
-# belong to it (space, '[' of the next log prefix, end). Digit counts are capped
-# so that the range check in _out_of_range sees every overflow.
+# belong to it (space, '[' of the next log prefix, end). Digit counts are
+# capped: a longer number fails here and is dropped as bad_value.
 STRACE_PATTERN = _HEAD + r"(?P<tail>(?: +" + _TOKEN + r"+=" + _TOKEN + r"*)*)(?:\s|\[|$)"
 # The common shape, checked without captures (fast DFA): a version-1 record
 # with single spaces that is the rest of its line. Such records are then cut
 # into fields by the separator positions alone (see _tokenize_plain), without
 # the much slower capturing regex.
 _PLAIN_TOKEN = r"[^\x00-\x20\[\]=]"  # also no raw control bytes: they would pass for separators below
+# Digit runs are unbounded here (counted repeats slow the DFA down); values
+# too long for 64 bits are caught by _out_of_range.
 PLAIN_RECORD_PATTERN = (
-    r"^ v=1 pid=-?\d{1,19} tid=-?\d{1,19} inv=\d{1,20} hid=" + _PLAIN_TOKEN + r"+ depth=\d{1,19} name=" + _PLAIN_TOKEN + r"*"
-    r" ts=-?\d{1,19} dur=-?\d{1,19}(?: " + _PLAIN_TOKEN + r"+=" + _PLAIN_TOKEN + r"*)*\r?(?:\n|$)"
+    r"^ v=1 pid=-?\d+ tid=-?\d+ inv=\d+ hid=" + _PLAIN_TOKEN + r"+ depth=\d+ name=" + _PLAIN_TOKEN + r"*"
+    r" ts=-?\d+ dur=-?\d+(?: " + _PLAIN_TOKEN + r"+=" + _PLAIN_TOKEN + r"*)*\r?(?:\n|$)"
 )
 _EQUALS = ord("=")
 _SPACE = ord(" ")  # bytes up to the space (controls, CR, LF) separate too
@@ -88,6 +105,7 @@ _ASCII_SPACES = re.compile(r"\s+", re.ASCII)
 _VALUE_FIELDS = ("pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 
 ANCHOR_PATTERN = r"\[CLOCK_ANCHOR\] v=(?P<v>\d{1,9}) pid=(?P<pid>\d{1,19}) mono_ns=(?P<mono_ns>-?\d{1,19}) wall_ns=(?P<wall_ns>-?\d{1,19})(?:\s|\[|$)"
+SIDE_RECORD_PATTERN = r"\[CLOCK_ANCHOR\]|\[chip_process "
 CHIP_PATTERN = r"\[chip_process pid=(?P<pid>\d{1,19}) dev=(?P<device>" + _TOKEN + r"+)\] ready"
 
 
@@ -111,26 +129,30 @@ def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Tra
     n_lines = len(log.lines)
     dropped: dict[str, int] = {}
 
-    parts: list[_Records] = []
+    # each batch becomes typed Arrow columns at once, so the text of its fields never piles up
+    tables: list[pa.Table] = []
+    orders: list[np.ndarray] = []
     slow: list[_SlowRecord] = []
     side_lines: list[np.ndarray] = []  # lines that may hold anchors / chip_process lines
-    for start in range(0, n_lines, LINES_PER_BATCH):
-        records, batch_slow, batch_side = _extract_batch(log, start, min(start + LINES_PER_BATCH, n_lines), dropped)
-        parts.append(records)
+    for start, stop in _batches(log, file):
+        records, batch_slow, batch_side = _extract_batch(log, start, stop, dropped)
+        _add_table(tables, orders, records, file, dropped)
         slow.extend(batch_slow)
         side_lines.append(batch_side)
         if progress is not None and n_lines > LINES_PER_BATCH:
-            progress(f"{file}: {min(start + LINES_PER_BATCH, n_lines):,}/{n_lines:,} lines")
+            progress(f"{file}: {stop:,}/{n_lines:,} lines")
     slow.extend(_marker_split_records(log))
-    recovered = _finish_slow_records(slow, log, dropped)
-    parts.append(recovered)
-    records = _Records.concat(parts)
-    records_found = len(records) + sum(dropped.values())  # only record drops are counted so far
+    _add_table(tables, orders, _finish_slow_records(slow, log, dropped), file, dropped)
+    records_found = sum(t.num_rows for t in tables) + sum(dropped.values())  # only record drops are counted so far
 
     side = log.lines.take(pa.array(np.concatenate(side_lines + [np.empty(0, np.int64)])))
     anchors = _anchors(side, dropped)
     chips = _chip_devices(side, dropped)
-    spans = _spans_from_records(records, file, dropped, in_line_order=len(slow) > 0)
+    table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    order = np.concatenate(orders + [np.empty(0, np.int64)])
+    if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
+        table = table.take(pa.array(np.argsort(order, kind="stable")))
+    spans = spans_from_arrow(table)
 
     if len(spans) == 0 and len(anchors) == 0 and len(chips) == 0 and records_found == 0 and binary_at is not None:
         raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
@@ -214,6 +236,20 @@ class _Records:
         )
 
 
+def _batches(log: "_Log", file: str) -> list[tuple[int, int]]:
+    """Line ranges of at most LINES_PER_BATCH lines and MAX_BATCH_BYTES bytes (32-bit offsets)."""
+    ranges = []
+    start, n_lines = 0, len(log.lines)
+    while start < n_lines:
+        by_bytes = int(np.searchsorted(log.offsets, log.offsets[start] + MAX_BATCH_BYTES, side="right")) - 1
+        stop = min(start + LINES_PER_BATCH, n_lines, max(by_bytes, start + 1))
+        if log.offsets[stop] - log.offsets[start] > MAX_BATCH_BYTES:
+            raise InputError(file, "a line longer than 1 GiB", line=start + 1, expected="a text log")
+        ranges.append((start, stop))
+        start = stop
+    return ranges
+
+
 def _as_utf8(data: bytes) -> tuple[bytes, int | None]:
     """Valid UTF-8 for Arrow's string kernels, and the 1-based line of the first binary byte (or None).
 
@@ -247,10 +283,15 @@ class _Log:
         self.data = pa.py_buffer(data)
         self.lines = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(self.offsets), self.data])
 
-    def spans(self, starts: np.ndarray, stop: int) -> pa.Array:
-        """Zero-copy texts from each start to the next one (the last to byte ``stop``)."""
-        offsets = np.append(starts, stop).astype(np.int64)
-        return pa.Array.from_buffers(pa.large_string(), len(starts), [None, pa.py_buffer(offsets), self.data])
+    def texts(self, bounds: np.ndarray, lo: int, hi: int) -> pa.Array:
+        """Zero-copy texts between consecutive byte positions ``bounds`` (all within [lo, hi]).
+
+        Built with 32-bit offsets relative to ``lo`` (a batch is far below
+        2 GiB): Arrow's kernels, ``take`` above all, are much faster on them
+        than on 64-bit offsets.
+        """
+        offsets = (np.asarray(bounds, np.int64) - lo).astype(np.int32)
+        return pa.Array.from_buffers(pa.string(), len(bounds) - 1, [None, pa.py_buffer(offsets), self.data.slice(lo, hi - lo)])
 
     def text(self, index: int) -> str:
         """One line without its line break."""
@@ -285,12 +326,13 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) ->
     next line opens with '[' and rules that out at once. Also returns the
     lines that may hold clock anchors or chip_process lines.
     """
-    batch = log.lines.slice(first, stop - first)
+    lo, hi = int(log.offsets[first]), int(log.offsets[stop])
+    batch = log.texts(log.offsets[first : stop + 1], lo, hi)
     marker_at = pc.find_substring(batch, STRACE_MARKER).to_numpy(zero_copy_only=False)
     with_marker = np.flatnonzero(marker_at >= 0)
     rec_start = log.offsets[first + with_marker] + marker_at[with_marker] + len(STRACE_MARKER)
     # a plain record runs to the end of its line without a '[', so its line holds no other marker
-    plain = pc.match_substring_regex(log.spans(rec_start, int(log.offsets[stop])), PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False)
+    plain = pc.match_substring_regex(log.texts(np.append(rec_start, hi), lo, hi), PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False)
     plain &= ~log.may_continue(first + with_marker)
     plain_lines = first + with_marker[plain]
     parts = [_tokenize_plain(log, rec_start[plain], plain_lines, first, stop)]
@@ -300,8 +342,8 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) ->
     if len(other_lines):
         records, slow = _segment_records(log, other_lines, dropped)
         parts.append(records)
-    # anchors and chip_process lines: on lines without a record, or next to an unusual one
-    side = np.union1d(np.flatnonzero(marker_at < 0) + first, other_lines)
+    # clock anchors and chip_process lines, wherever they sit (also before a record on its line)
+    side = np.flatnonzero(pc.match_substring_regex(batch, SIDE_RECORD_PATTERN).to_numpy(zero_copy_only=False)) + first
     return _Records.concat(parts), slow, side
 
 
@@ -332,7 +374,7 @@ def _tokenize_plain(log: _Log, rec_start: np.ndarray, line: np.ndarray, first: i
     bounds = np.empty(2 * len(piece), np.int64)
     bounds[0::2] = separators[piece] + 1
     bounds[1::2] = separators[piece + 1]
-    cells = pa.Array.from_buffers(pa.large_string(), len(bounds) - 1, [None, pa.py_buffer(bounds), log.data])  # wanted piece w = cell 2w
+    cells = log.texts(bounds, lo, hi)  # wanted piece w = cell 2w
     fields = {name: cells.take(pa.array(2 * (base[:-1] + k))) for k, name in enumerate(_VALUE_FIELDS)}
     attr_cell = 2 * np.flatnonzero(within >= nf)
     return _Records(
@@ -524,23 +566,26 @@ def _count(dropped: dict[str, int], reason: str, n: int) -> None:
 
 
 def _out_of_range(digits: pa.Array, signed: bool) -> np.ndarray:
-    """Decimal strings (at most 19 digits, 20 unsigned, by the patterns) that overflow int64 / uint64.
+    """Decimal strings that overflow int64 (``signed``) or uint64.
 
-    Only values of the longest length can overflow; they are compared as text
-    against the limit, which orders equal-length digit strings correctly.
+    Only values at least as long as the limit can overflow; those of equal
+    length are compared as text, which orders equal-length digit strings.
     """
     over = np.zeros(len(digits), dtype=bool)
     magnitude = pc.utf8_ltrim(digits, "-") if signed else digits
-    length = 19 if signed else 20
-    longest = np.flatnonzero(pc.equal(pc.binary_length(magnitude), length).to_numpy(zero_copy_only=False))
+    limit_length = 19 if signed else 20
+    length = pc.binary_length(magnitude).to_numpy(zero_copy_only=False)
+    longest = np.flatnonzero(length >= limit_length)
     if len(longest):
         index = pa.array(longest, pa.int64())
-        value = magnitude.take(index).cast(pa.large_string())
+        value = pc.utf8_ltrim(magnitude.take(index).cast(pa.large_string()), "0")  # leading zeros do not count
+        value_length = pc.binary_length(value).to_numpy(zero_copy_only=False)
         if signed:
             limit = pc.if_else(pc.starts_with(digits.take(index), "-"), pa.scalar(str(2**63)), pa.scalar(str(2**63 - 1))).cast(pa.large_string())
         else:
             limit = pa.scalar(str(2**64 - 1), pa.large_string())
-        over[longest] = pc.greater(value, limit).to_numpy(zero_copy_only=False)
+        too_big = pc.greater(value, limit).to_numpy(zero_copy_only=False)
+        over[longest] = (value_length > limit_length) | ((value_length == limit_length) & too_big)
     return over
 
 
@@ -575,8 +620,10 @@ def _attrs_and_clk(records: _Records) -> tuple[pa.Array, pa.Array]:
     return attrs, clk
 
 
-def _spans_from_records(records: _Records, file: str, dropped: dict[str, int], in_line_order: bool) -> pd.DataFrame:
-    """The span table of the parsed records; values that overflow 64 bits are dropped as ``bad_value``."""
+def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Records, file: str, dropped: dict[str, int]) -> None:
+    """Append the span rows of ``records`` (values that overflow 64 bits are dropped as ``bad_value``)."""
+    if not len(records):
+        return
     overflow = np.zeros(len(records), dtype=bool)
     for name in ("pid", "tid", "depth", "ts", "dur"):
         overflow |= _out_of_range(records.fields[name], signed=True)
@@ -606,9 +653,8 @@ def _spans_from_records(records: _Records, file: str, dropped: dict[str, int], i
         },
         schema=SPAN_SCHEMA,
     )
-    if in_line_order or (n and np.any(np.diff(records.order) < 0)):
-        table = table.take(pa.array(np.argsort(records.order, kind="stable")))
-    return spans_from_arrow(table)
+    tables.append(table)
+    orders.append(records.order)
 
 
 def _anchors(lines: pa.Array, dropped: dict[str, int]) -> pd.DataFrame:
