@@ -88,8 +88,9 @@ def analyze_trace(
 
 
 def write_outputs(result: AnalysisResult, out_dir: Path, progress: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """summary.json, summary.md and combined-swimlane.json in ``out_dir``."""
+    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``."""
     from dsprof.analysis.outputs.combined_swimlane import write_combined_swimlane
+    from dsprof.analysis.outputs.html_report import REPORT_NAME, write_html_report
     from dsprof.analysis.outputs.summary_json import write_summary_json
     from dsprof.analysis.outputs.summary_md import write_summary_md
 
@@ -106,6 +107,9 @@ def write_outputs(result: AnalysisResult, out_dir: Path, progress: Callable[[str
         process_names=result.trace.extras.get("process_names"),
         thread_names=result.trace.extras.get("thread_names"),
     )
+    if progress:
+        progress(f"writing {out_dir / REPORT_NAME}")
+    outputs[REPORT_NAME] = write_html_report(result.swimlane, result.summary, out_dir / REPORT_NAME)
     return outputs
 
 

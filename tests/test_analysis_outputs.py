@@ -1,4 +1,4 @@
-"""analyze() writes summary.json, summary.md and combined-swimlane.json that agree with its result."""
+"""analyze() writes summary.json, summary.md, combined-swimlane.json and report.html, agreeing with its result."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def test_outputs_written_and_consistent(tmp_path):
     run = SyntheticRun(ranks=8, steps=20, fence_wait_ns=fence, device_wall_ns=fence + 100_000)
     run.write(tmp_path / "run")
     result = analyze([tmp_path / "run"], tmp_path / "out", expect_ranks=8)
-    assert set(result.outputs) == {"summary.json", "summary.md", "combined-swimlane.json"}
+    assert set(result.outputs) == {"summary.json", "summary.md", "combined-swimlane.json", "report.html"}
     assert json.loads(result.outputs["summary.json"].read_text()) == result.summary
     assert result.summary["schema"] == "dsprof.summary/1"
 
