@@ -88,6 +88,11 @@ def test_json_output_path_with_only_fragments(tmp_path):
     write_fragment(tmp_path / "run.json.fragments", 4, fragment_events(4))
     trace = read_sa_profile(tmp_path / "run.json")
     assert len(trace.spans) == 3
+    assert read_paths([tmp_path / "run.json"]).spans["source"].unique().tolist() == ["sa_profile"]
+    # once merged, the merge is read (and recognised as SA_PROFILE by its fragments beside it)
+    (tmp_path / "run.json").write_text(json.dumps({"traceEvents": fragment_events(4)}))
+    trace = read_paths([tmp_path / "run.json"])
+    assert trace.files == [str(tmp_path / "run.json")] and trace.spans["source"].unique().tolist() == ["sa_profile"]
 
 
 def test_generic_chrome_begin_end_pairing_and_unmatched(tmp_path):

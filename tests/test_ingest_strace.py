@@ -278,7 +278,7 @@ def test_read_paths_artifact_directory(tmp_path):
 def test_read_paths_merges_several_logs(tmp_path):
     a = write(tmp_path, [format_anchor_payload(1, 10, 20), payload(pid=1), payload(pid=1)[:30]], "a.log")
     b = write(tmp_path, [format_chip_ready_payload(2, "npu:1"), payload(pid=2), payload(pid=2).replace("v=1", "v=9")], "b.txt")
-    trace = read_paths([a, b])
+    trace = read_paths([a, b, tmp_path / "a.log"])  # a path named twice is read once
     assert trace.spans["pid"].tolist() == [1, 2]
     assert trace.dropped == {"torn_record": 1, "unknown_version": 1}
     assert len(trace.anchors) == 1 and trace.chip_devices["device"].tolist() == ["npu:1"]

@@ -15,12 +15,13 @@ from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload
 
 BIG_INV = 2**64 - 1  # not representable as a float64
+NAME = 'chip.run\t"x"\\y\x01é'  # needs JSON escapes: tab, quote, backslash, a control byte
 
 
 @pytest.fixture()
 def inputs(tmp_path):
     log = tmp_path / "server.log"
-    record = format_strace_payload(pid=7, tid=8, inv=BIG_INV, hid="beef", depth=0, name="chip.run", ts_ns=2**62 + 1, dur_ns=5, attrs={"run_id": "3", "note": 'a "quoted", comma'})
+    record = format_strace_payload(pid=7, tid=8, inv=BIG_INV, hid="beef", depth=0, name=NAME, ts_ns=2**62 + 1, dur_ns=5, attrs={"run_id": "3", "note": 'a "quoted", comma'})
     log.write_text(format_prefix(1, 2, "INFO", "f") + record + "\n")
     chrome = tmp_path / "k.json"
     chrome.write_text(json.dumps([{"name": "op", "cat": "cpu", "ph": "X", "ts": 1, "dur": 2, "pid": 1, "tid": 1, "args": {"n": {"k": 1}}}]))
@@ -45,6 +46,7 @@ def test_jsonl_exact_integers_and_attr_objects(tmp_path, inputs):
     assert rows[0]["inv"] == BIG_INV and isinstance(rows[0]["inv"], int)
     assert rows[0]["ts_ns"] == 2**62 + 1
     assert rows[0]["attrs"] == {"run_id": "3", "note": 'a "quoted", comma'}
+    assert rows[0]["name"] == NAME
     assert rows[1]["inv"] is None and rows[1]["depth"] is None and rows[1]["attrs"] == {"n": '{"k":1}'}
     assert list(rows[0]) == SPAN_SCHEMA.names
 
@@ -58,6 +60,7 @@ def test_csv_exact_integers_and_attrs_as_json(tmp_path, inputs):
     assert int(rows[0]["inv"]) == BIG_INV and rows[1]["inv"] == ""
     assert json.loads(rows[0]["attrs"]) == {"run_id": "3", "note": 'a "quoted", comma'}
     assert rows[1]["source"] == "chrome" and rows[0]["source"] == "strace"
+    assert rows[0]["name"] == NAME
 
 
 def test_unknown_extension_is_an_input_error_before_reading(tmp_path):

@@ -13,7 +13,10 @@
 * a ``.json`` / ``.gz`` file (or one starting with gzip magic bytes) is a
   Chrome trace — read as SA_PROFILE (``source="sa_profile"``) when it is an
   SA_PROFILE merge (named ``trace.json`` beside a ``fragments/`` directory or
-  inside ``serving-trace/``), else as a generic Chrome/Kineto trace;
+  inside ``serving-trace/``, or a ``.json`` output path with
+  ``<path>.fragments/`` beside it), else as a generic Chrome/Kineto trace; an
+  SA_PROFILE ``.json`` output path that was never merged is read from its
+  fragments;
 * ``performance_summary.json`` / ``faults.json`` given directly go to extras;
 * any other file is a text log searched for STRACE records.
 
@@ -59,8 +62,12 @@ def read_paths(paths: Sequence[str | os.PathLike], progress: Progress = None) ->
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     traces: list[Trace] = []
-    for path in paths:
-        traces.extend(_read_one(Path(path), progress))
+    seen: set[Path] = set()
+    for path in map(Path, paths):
+        if path.resolve() in seen:  # the same input named twice is read once
+            continue
+        seen.add(path.resolve())
+        traces.extend(_read_one(path, progress))
     return merge_traces(traces)
 
 
@@ -124,6 +131,8 @@ def _concat_frames(frames: list[pd.DataFrame], empty: pd.DataFrame) -> pd.DataFr
 
 def _read_one(path: Path, progress: Progress) -> list[Trace]:
     if not path.exists():
+        if _fragments_beside(path).is_dir():  # an SA_PROFILE .json output whose merge was never written
+            return [read_sa_profile(path, progress=progress)]
         raise InputError(path, "no such file or directory")
     if path.is_dir():
         return _read_directory(path, progress)
@@ -177,7 +186,13 @@ def _side_file(path: Path) -> Trace:
 
 
 def _is_sa_profile_merge(path: Path) -> bool:
-    return path.name == MERGED_NAME and ((path.parent / FRAGMENTS_DIR).is_dir() or path.parent.name == SERVING_TRACE_DIR)
+    in_output_dir = path.name == MERGED_NAME and ((path.parent / FRAGMENTS_DIR).is_dir() or path.parent.name == SERVING_TRACE_DIR)
+    return in_output_dir or _fragments_beside(path).is_dir()
+
+
+def _fragments_beside(path: Path) -> Path:
+    """Where SA_PROFILE puts the fragments of a ``.json`` output path."""
+    return path.with_name(path.name + ".fragments")
 
 
 def _starts_with_gzip_magic(path: Path) -> bool:
