@@ -65,7 +65,8 @@ from dsprof.profiler.strace_format import STRACE_VERSION, decode_value
 STRACE_MARKER = "[STRACE]"
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
-LINES_PER_BATCH = 1 << 16
+LINES_PER_BATCH = 1 << 14  # small enough for its temporaries to stay in cache
+PROGRESS_EVERY_LINES = 1 << 18
 MAX_BATCH_BYTES = 1 << 30
 
 REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
@@ -139,7 +140,7 @@ def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Tra
         _add_table(tables, orders, records, file, dropped)
         slow.extend(batch_slow)
         side_lines.append(batch_side)
-        if progress is not None and n_lines > LINES_PER_BATCH:
+        if progress is not None and n_lines > PROGRESS_EVERY_LINES and (stop // PROGRESS_EVERY_LINES > start // PROGRESS_EVERY_LINES or stop == n_lines):
             progress(f"{file}: {stop:,}/{n_lines:,} lines")
     slow.extend(_marker_split_records(log))
     _add_table(tables, orders, _finish_slow_records(slow, log, dropped), file, dropped)
