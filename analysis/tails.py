@@ -22,12 +22,19 @@ Attribution compares the late rank's phase durations with the median of the
   no device-phase markers — ``inside runner_run, unattributed``.
 
 Straggler rule: a rank is *the* straggler when it is the late rank in at least
-half of the flagged steps (steps with a tail or a late start) and late in at
-least 10% of all steps. A healthy run has no flagged steps, so the verdict is
-``none``.
+half of the flagged steps (steps with a tail or a late start), late in at least
+10% of all steps, and late more often than chance explains: if lateness fell on
+ranks at random (each flagged step flags a rank with probability
+flagged (step, rank) pairs / (flagged steps x ranks)), the chance of one rank
+being flagged that often, times the number of ranks, must be under 1%
+(one-sided binomial test with a Bonferroni correction). Scheduling noise on an
+oversubscribed host flags ranks at random and so names nobody; a healthy run
+has no flagged steps at all. Either way the verdict is ``none``.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 import pandas as pd
@@ -41,6 +48,7 @@ LATE_ARRIVAL = "before bind: run started late"
 EXPLAINS_SHARE = 0.5
 STRAGGLER_SHARE_OF_FLAGGED = 0.5
 STRAGGLER_SHARE_OF_STEPS = 0.10
+STRAGGLER_SIGNIFICANCE = 0.01
 
 
 def _with_others_median(flagged: pd.DataFrame, table: pd.DataFrame, columns: list[str]) -> pd.DataFrame:
@@ -128,20 +136,45 @@ def find_tail_steps(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: floa
     return tails.sort_values("step").reset_index(drop=True)
 
 
-def straggler_verdict(late: pd.DataFrame, tails: pd.DataFrame, total_steps: int) -> dict:
-    """Name a rank that is late in most flagged steps and a real share of all steps (module docstring)."""
+def binomial_upper_tail(successes: int, trials: int, probability: float) -> float:
+    """P(X >= successes) for X ~ Binomial(trials, probability), summed in log space."""
+    if successes <= 0:
+        return 1.0
+    if probability <= 0.0:
+        return 0.0
+    if probability >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(probability), math.log1p(-probability)
+    log_terms = [
+        math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1) + k * log_p + (trials - k) * log_q
+        for k in range(successes, trials + 1)  # at most one term per step of the run
+    ]
+    peak = max(log_terms)
+    return min(1.0, math.exp(peak) * sum(math.exp(t - peak) for t in log_terms))
+
+
+def straggler_verdict(late: pd.DataFrame, tails: pd.DataFrame, total_steps: int, ranks: int) -> dict:
+    """Name a rank that is late in most flagged steps, a real share of all steps, and beyond chance (module docstring)."""
     flagged = pd.concat([late[["step", "rank", "device"]], tails[["step", "rank", "device"]]]).drop_duplicates(["step", "rank"])
     flagged_steps = flagged["step"].nunique()
     if flagged_steps == 0 or total_steps == 0:
-        return {"verdict": "none", "rank": None, "device": None, "share": 0.0}
+        return {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None}
     per_rank = flagged.groupby("rank").agg(steps=("step", "nunique"), device=("device", "first"))
     top_rank = int(per_rank["steps"].idxmax())
     top = per_rank.loc[top_rank]
-    share = float(top["steps"]) / total_steps
-    is_straggler = top["steps"] >= STRAGGLER_SHARE_OF_FLAGGED * flagged_steps and share >= STRAGGLER_SHARE_OF_STEPS
-    if not is_straggler:
-        return {"verdict": "none", "rank": None, "device": None, "share": round(share, 4)}
-    return {"verdict": f"rank {top_rank} ({top['device']})", "rank": top_rank, "device": str(top["device"]), "share": round(share, 4)}
+    top_steps = int(top["steps"])
+    share = top_steps / total_steps
+    chance_per_step = len(flagged) / (flagged_steps * max(ranks, 1))
+    p_value = min(1.0, binomial_upper_tail(top_steps, flagged_steps, chance_per_step) * max(ranks, 1))
+    is_straggler = (
+        top_steps >= STRAGGLER_SHARE_OF_FLAGGED * flagged_steps
+        and share >= STRAGGLER_SHARE_OF_STEPS
+        and p_value < STRAGGLER_SIGNIFICANCE
+    )
+    verdict = {"verdict": "none", "rank": None, "device": None, "share": round(share, 4), "p_value": round(p_value, 6)}
+    if is_straggler:
+        verdict.update(verdict=f"rank {top_rank} ({top['device']})", rank=top_rank, device=str(top["device"]))
+    return verdict
 
 
 def tail_figures(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: float = 5.0) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame]:
@@ -169,6 +202,8 @@ def tail_figures(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: float =
         ],
         "same_device": None if len(devices) == 0 else bool(len(devices) == 1),
         "devices": {str(k): int(v) for k, v in tails["device"].value_counts().items()},
-        "straggler": straggler_verdict(late, tails, int(steps["step"].nunique()) if len(steps) else 0),
+        "straggler": straggler_verdict(
+            late, tails, int(steps["step"].nunique()) if len(steps) else 0, int(roots["rank"].nunique())
+        ),
     }
     return late_block, tail_block, late, tails

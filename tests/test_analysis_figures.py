@@ -156,7 +156,9 @@ def test_persistent_straggler_is_named(tmp_path):
     SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=device, pipelined=False).write(tmp_path / "run")
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert tails["count"] == 8
-    assert tails["straggler"] == {"verdict": "rank 2 (npu:2)", "rank": 2, "device": "npu:2", "share": 0.35}
+    assert {k: v for k, v in tails["straggler"].items() if k != "p_value"} == {"verdict": "rank 2 (npu:2)", "rank": 2, "device": "npu:2", "share": 0.35}
+    # 8 flagged steps, 8 flagged pairs, 4 ranks: P(X >= 7 | n=8, p=1/4) x 4
+    assert tails["straggler"]["p_value"] == pytest.approx(4 * (8 * 0.25**7 * 0.75 + 0.25**8), abs=1e-6)
     assert tails["devices"] == {"npu:2": 7, "npu:0": 1}
 
 
@@ -179,3 +181,14 @@ def test_late_start_held_back_by_the_previous_run(tmp_path):
     assert late[0] == (8, 2, "previous step's runner_run")
     assert all(rank == 2 and phase == "previous step's runner_run" for _, rank, phase in late)
     assert summary["pipeline"]["claim_order_violations"] == 0
+
+
+def test_two_chance_tails_on_one_rank_name_no_straggler(tmp_path):
+    """Late in both flagged steps and 10% of all steps, yet well within chance: no straggler."""
+    fence = np.full((4, 20), 9_000_000, dtype=np.int64)
+    fence[1, [6, 13]] += 6_000_000
+    SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=fence, pipelined=False).write(tmp_path / "run")
+    tails = analyze([tmp_path / "run"]).summary["tail_steps"]
+    assert [(i["step"], i["rank"]) for i in tails["items"]] == [(6, 1), (13, 1)]
+    # P(X >= 2 | n=2, p=1/4) x 4 ranks = 0.25, far above the 1% bar
+    assert tails["straggler"] == {"verdict": "none", "rank": None, "device": None, "share": 0.1, "p_value": 0.25}
