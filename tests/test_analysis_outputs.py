@@ -23,6 +23,9 @@ def test_outputs_written_and_consistent(tmp_path):
     md = result.outputs["summary.md"].read_text()
     assert "combined swimlane validated with 20 decode steps and 160 rank roots" in md
     assert "Exit status: 0" in md
+    # the shape a reviewer recognises, not every knob (layers stays in summary.json)
+    assert ("Workload: preset=synthetic, ranks=8, dp=8, ep=8, tp=1, requests=32, prompt_tokens=64, "
+            "output_tokens=256, metadata=async, depth=2, device_phases=True, seed=0") in md
     assert f"Tokens: {8 * 4 * 256} / {8 * 4 * 256} expected" in md
     assert "- step 9, rank 4 (npu:4): end skew 15.0 ms, device_wall +15.0 ms" in md
     assert "| runner_start_skew_ms | 0.0 | 0.0 | 0.0 | 0.0 | 20 |" in md

@@ -4,6 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# The workload fields a reviewer needs to recognise the run; model sizes and
+# other knobs stay in summary.json. A workload with none of these (another
+# producer's) is shown whole.
+WORKLOAD_SHAPE_KEYS = (
+    "preset", "ranks", "dp", "ep", "tp", "requests", "prompt_tokens", "output_tokens",
+    "rounds", "metadata", "depth", "device_phases", "inject", "seed",
+)
+
 
 def _v(value, unit: str = "") -> str:
     return "n/a" if value is None else f"{value}{unit}"
@@ -20,7 +28,8 @@ def format_summary_md(summary: dict) -> str:
     workload = summary.get("workload") or {}
     lines = ["## dsprof verification", ""]
     if workload:
-        lines.append("Workload: " + ", ".join(f"{k}={v}" for k, v in workload.items()))
+        shape = {k: workload[k] for k in WORKLOAD_SHAPE_KEYS if workload.get(k) not in (None, [], "")} or workload
+        lines.append("Workload: " + ", ".join(f"{k}={v}" for k, v in shape.items()))
     lines.append(f"Exit status: {_v(summary.get('exit_status'))}")
     lines.append(
         f"Tokens: {_v(serving['tokens_returned'])} / {_v(serving['tokens_expected'])} expected; "
