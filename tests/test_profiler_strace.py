@@ -324,3 +324,109 @@ def test_environment_switch_writes_to_stderr(switch):
     anchor, rec = (parse_line(line) for line in proc.stderr.splitlines())
     assert anchor["kind"] == "anchor" and anchor["fields"]["pid"] == rec["fields"]["pid"]
     assert (rec["fields"]["name"], rec["fields"]["inv"], rec["fields"]["depth"], rec["fields"]["rank"]) == ("chip.run", "7", "0", "0")
+
+
+def test_attribute_kinds_and_cached_keys_match_the_format_functions(log):
+    """ints (negative, past the cap), bools, floats, None, odd keys: same text as format_strace_payload, first and cached."""
+    attrs = {
+        "neg": -42,
+        "huge": 7 ** 400,  # 339 digits: capped like any long value
+        "flag": True,
+        "ratio": 0.25,
+        "none": None,
+        "odd key": "v w",
+        "pct%": "100%",
+    }
+    for _ in range(2):  # the second record comes from the key/value caches
+        strace.record("chip.run.validate", inv=9, hid="beef", depth=1, ts_ns=100, dur_ns=5, **attrs)
+        with strace.span("chip.run.validate", inv=9, hid="beef", **attrs):
+            pass
+    lines = log()[1:]
+    assert len(lines) == 4
+    for line in lines:
+        rec = parse_line(line)
+        f = rec["fields"]
+        expected = format_prefix(rec["mono_ns"], threading.get_ident(), "INFO", strace.SPAN_FUNC) + format_strace_payload(
+            pid=os.getpid(), tid=threading.get_native_id(), inv=9, hid="beef", depth=int(f["depth"]),
+            name="chip.run.validate", ts_ns=int(f["ts"]), dur_ns=int(f["dur"]), attrs=attrs,
+        )
+        assert line == expected
+    huge = parse_line(lines[0])["fields"]["huge"]
+    assert len(huge) == MAX_VALUE_CHARS and huge == str(7 ** 400)[: MAX_VALUE_CHARS - 1] + "~"
+    assert parse_line(lines[0])["fields"]["neg"] == "-42"
+
+
+def test_enabled_flag_follows_enable_and_guarded_idiom_writes_the_same(tmp_path):
+    path = tmp_path / "guarded.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        assert strace.ENABLED is False
+        with strace.span("x", inv=1, hid="h") if strace.ENABLED else strace.NOOP_SPAN as sp:
+            sp.set(a=1)
+        strace.enable(fd)
+        assert strace.ENABLED is True and strace.is_enabled()
+        with strace.span("x", inv=1, hid="h", step=3) if strace.ENABLED else strace.NOOP_SPAN as sp:
+            sp.set(a=1)
+        strace.disable()
+        assert strace.ENABLED is False and not strace.is_enabled()
+    finally:
+        strace.disable()
+        os.close(fd)
+    anchor, rec = (parse_line(line) for line in path.read_text().splitlines())
+    assert anchor["kind"] == "anchor"
+    assert (rec["fields"]["name"], rec["fields"]["step"], rec["fields"]["a"], rec["fields"]["depth"]) == ("x", "3", "1", "0")
+
+
+def test_span_open_across_fork_closes_in_child_with_child_ids(tmp_path):
+    """A span opened before fork and closed in the child is the child's record; depth stays balanced there."""
+    path = tmp_path / "fork.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    strace.enable(fd)
+    try:
+        with strace.span("warm", inv=1, hid="h"):  # builds the parent's per-thread head before the fork
+            pass
+        pid = -1
+        try:
+            with strace.span("outer", inv=1, hid="h"):
+                pid = os.fork()
+                if pid == 0:
+                    with strace.span("child.inner", inv=2, hid="h"):
+                        pass
+            if pid == 0:  # the child left "outer" too; a sibling now sits at depth 0
+                with strace.span("child.after", inv=2, hid="h"):
+                    pass
+        except BaseException:
+            if pid == 0:
+                os._exit(1)
+            raise
+        if pid == 0:
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        assert os.waitstatus_to_exitcode(status) == 0
+        with strace.span("parent.after", inv=1, hid="h"):
+            pass
+    finally:
+        strace.disable()
+        os.close(fd)
+    records = {r["fields"]["name"] + "@" + r["fields"]["pid"]: r["fields"] for r in strace_records(path.read_text().splitlines())}
+    me, child = str(os.getpid()), str(pid)
+    assert set(records) == {f"warm@{me}", f"outer@{me}", f"parent.after@{me}", f"child.inner@{child}", f"outer@{child}", f"child.after@{child}"}
+    assert records[f"child.inner@{child}"]["depth"] == "1"
+    assert records[f"outer@{child}"]["depth"] == "0" and records[f"child.after@{child}"]["depth"] == "0"
+    assert records[f"parent.after@{me}"]["depth"] == "0"
+    assert {records[k]["tid"] for k in records if k.endswith("@" + child)} == {child}
+    assert {records[k]["tid"] for k in records if k.endswith("@" + me)} == {str(threading.get_native_id())}
+
+
+def test_encoding_caches_stay_bounded_and_output_stays_exact(log):
+    """Unboundedly many distinct keys and values (e.g. request ids) never grow the caches past their limit."""
+    distinct = strace._ENCODED_CACHE_MAX + 500
+    for i in range(distinct):
+        strace.record("chip.run", inv=1, hid="h", depth=0, ts_ns=i, dur_ns=1, **{f"k{i}": f"v {i}"})
+    assert len(strace._key_texts) <= strace._ENCODED_CACHE_MAX
+    assert len(strace._encoded) <= strace._ENCODED_CACHE_MAX
+    lines = log()[1:]
+    assert len(lines) == distinct
+    for i in (0, distinct - 1):  # one written while the caches filled, one after they were full
+        f = parse_line(lines[i])["fields"]
+        assert f[f"k{i}"] == "v%20" + str(i) and f["ts"] == str(i)
