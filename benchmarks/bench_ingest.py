@@ -11,7 +11,11 @@ Targets: >= 1,000,000 records/s on one core; peak memory < 1 GB. Both wall
 time and the child's CPU time are printed: on a machine shared with other work
 the CPU figure is the one that measures the reader.
 
-    python benchmarks/bench_ingest.py [--records N] [--keep PATH]
+With ``--linearity`` the read is also timed at N/4 and N/2 records: the
+reader works through the log a piece at a time, so CPU time per record should
+stay flat as the log grows.
+
+    python benchmarks/bench_ingest.py [--records N] [--keep PATH] [--linearity]
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, default=1_000_000)
     parser.add_argument("--keep", help="write the generated log here and keep it")
+    parser.add_argument("--linearity", action="store_true", help="also read N/4 and N/2 records and compare CPU time per record")
     parser.add_argument("--child-read", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child_read:
@@ -146,6 +151,23 @@ def main() -> None:
     print(f"      {result['cpu_seconds']:.2f} s CPU, {cpu_rate:,.0f} records per CPU-second (the figure that holds on a shared machine)")
     print(f"peak RSS of the reading process: {result['peak_rss_mib']:,.0f} MiB (target < 1024; interpreter + imports alone: {float(baseline.stdout):,.0f} MiB)")
     print(f"spans kept: {result['spans']:,}; dropped: {result['dropped'] or 'none'}")
+    if args.linearity:
+        print_linearity(args.records, result)
+
+
+def print_linearity(records: int, full: dict) -> None:
+    """Read N/4 and N/2 records too; CPU microseconds per record should not grow with N."""
+    per_record = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for fraction in (4, 2):
+            path = os.path.join(tmp, f"server-{fraction}.log")
+            generate_log(path, records // fraction)
+            child = subprocess.run([sys.executable, __file__, "--child-read", path], check=True, capture_output=True, text=True)
+            result = json.loads(child.stdout)
+            per_record[records // fraction] = (result["cpu_seconds"], result["peak_rss_mib"])
+            os.unlink(path)
+    per_record[records] = (full["cpu_seconds"], full["peak_rss_mib"])
+    print("linearity: " + ", ".join(f"{n:,} records -> {cpu:.2f} s CPU ({cpu / n * 1e6:.2f} us/record), peak {peak:,.0f} MiB" for n, (cpu, peak) in per_record.items()))
 
 
 if __name__ == "__main__":

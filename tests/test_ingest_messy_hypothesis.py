@@ -12,6 +12,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsprof.analysis.ingest import strace_log
 from dsprof.analysis.ingest.strace_log import parse_strace_bytes
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload
@@ -128,3 +129,45 @@ def test_random_byte_damage_never_raises_unexpectedly(plan, edits):
     assert len(trace.spans) <= len(plan) + data.count(b"[STRACE]")
     assert trace.spans["ts_ns"].dtype == "int64" and str(trace.spans["inv"].dtype) == "UInt64"
     assert trace.records_read >= len(trace.spans) + trace.dropped_total - trace.dropped.get("bad_anchor", 0) - trace.dropped.get("bad_chip_process", 0)
+
+
+def _outcome(data: bytes) -> tuple:
+    """Everything a read yields, in comparable form (or the error it raises)."""
+    try:
+        trace = parse_strace_bytes(data, "chunked.log")
+    except InputError as error:
+        return ("error", str(error))
+    return (
+        trace.spans.to_dict("list") | {"attrs": [dict(a) for a in trace.spans["attrs"]]},
+        trace.anchors.to_dict("list"),
+        trace.chip_devices.to_dict("list"),
+        trace.dropped,
+        trace.records_read,
+        trace.extras,
+    )
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    plan=st.lists(st.tuples(records, prefixes, st.floats(0, 1), st.booleans()), min_size=1, max_size=8),
+    edits=st.lists(st.tuples(st.floats(0, 1), st.binary(max_size=4)), max_size=3),
+    chunk_bytes=st.integers(1, 300),
+)
+def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(plan, edits, chunk_bytes):
+    lines = ["[mono_ns=1][T0x1][INFO] clock: [CLOCK_ANCHOR] v=1 pid=7 mono_ns=5 wall_ns=9", "[chip_process pid=7 dev=npu%3A0] ready"]
+    for record, prefix, where, split in plan:
+        text = prefix + format_strace_payload(**record)
+        cut = int(where * len(text))
+        lines.extend([text[:cut], text[cut:]] if split else [text])
+    data = bytearray(("\n".join(lines) + "\n").encode())
+    for where, insert in edits:
+        at = int(where * len(data))
+        data[at : at + len(insert) // 2] = insert
+    whole = _outcome(bytes(data))
+    saved = strace_log.CHUNK_BYTES
+    strace_log.CHUNK_BYTES = chunk_bytes  # many pieces, cut wherever a line opens with '['
+    try:
+        chunked = _outcome(bytes(data))
+    finally:
+        strace_log.CHUNK_BYTES = saved
+    assert chunked == whole

@@ -292,3 +292,44 @@ def test_empty_directory_is_an_input_error(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(InputError, match="no dsprof inputs"):
         read_paths([tmp_path / "empty"])
+
+
+def test_log_read_in_pieces_numbers_lines_across_them_and_reports_progress(tmp_path, monkeypatch):
+    from dsprof.analysis.ingest import strace_log
+
+    lines = []
+    for i in range(40):
+        lines.append(PREFIX + payload(inv=2**64 - 1 - i, ts_ns=i, attrs={"step": i, "device": "npu:0"}))
+        lines.append("unrelated text" if i % 3 else "[x] garbage [STRACE] v=1 pid=1")  # a torn record every third step
+    lines.insert(7, format_prefix(1, 1, "INFO", "clock") + format_anchor_payload(4242, 10, 20))
+    path = write(tmp_path, lines)
+    monkeypatch.setattr(strace_log, "CHUNK_BYTES", 500)  # many pieces
+    messages = []
+    trace = read_strace_log(path, progress=messages.append)
+    assert len(messages) > 10 and messages[-1].startswith(f"{path}: ") and f"{len(lines):,} lines" in messages[-1]
+    spans = trace.spans
+    assert spans["ts_ns"].tolist() == list(range(40)) and [int(v) for v in spans["inv"]] == [2**64 - 1 - i for i in range(40)]
+    assert spans["line"].tolist() == [2 * i + 1 + (2 * i >= 7) for i in range(40)]
+    assert [dict(a) for a in spans["attrs"]] == [{"step": str(i), "device": "npu:0"} for i in range(40)]
+    assert trace.dropped == {"torn_record": 14} and trace.extras["lines_read"] == len(lines)
+    assert trace.anchors.to_dict("list") == {"pid": [4242], "mono_ns": [10], "wall_ns": [20]}
+
+
+def test_log_pieces_still_referred_to_are_never_overwritten(monkeypatch):
+    import io
+
+    import numpy as np
+
+    from dsprof.analysis.ingest import strace_log
+
+    monkeypatch.setattr(strace_log, "CHUNK_BYTES", 64)
+    data = b"".join(f"[{i}] line {i}\n".encode() + (b"  more of it\n" if i % 4 == 0 else b"") for i in range(60))
+    held = [np.frombuffer(piece, np.uint8) for piece in strace_log._chunks(io.BytesIO(data))]  # each keeps its piece alive
+    assert b"".join(h.tobytes() for h in held) == data and len(held) > 10
+    assert all(h.tobytes().startswith(b"[") and h.tobytes().endswith(b"\n") for h in held)
+    texts, buffers = [], set()
+    for piece in strace_log._chunks(io.BytesIO(data)):
+        texts.append(bytes(piece))
+        buffers.add(id(piece.obj))
+        del piece  # nothing refers to it any more: the next piece reuses its buffer
+    assert texts == [h.tobytes() for h in held] and len(buffers) == 1

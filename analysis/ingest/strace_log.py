@@ -1,21 +1,25 @@
 """Reader for STRACE host-span records in any text log (SPEC §2).
 
-The log is read as bytes and cut into lines without copying (an Arrow string
-array whose offsets are the newline positions). Lines are handled in batches,
-in three tiers:
+The log is read in pieces of about :data:`CHUNK_BYTES`, each cut where a line
+opens with '[' (no record can span such a cut, see :func:`_chunks`), so the
+time taken grows linearly with the log and the reader's own memory stays
+bounded by one piece whatever the log's size. Each piece is cut into lines
+without copying (an Arrow string array whose offsets are the newline
+positions). Lines are handled in batches, in three tiers:
 
 1. plain records — one version-1 record with single spaces running to the end
    of its line, the common case — are recognised by one capture-free regular
    expression over the whole batch and cut into fields by the positions of
-   their separator bytes (NumPy), then gathered with Arrow ``take``;
+   their separator bytes (NumPy); numbers are cast straight from the log's
+   bytes, text fields gathered with Arrow ``take``;
 2. other lines holding a marker (several records on a line, unusual spacing,
    other versions) are split at every marker and parsed by a capturing regular
    expression over the column;
 3. only what that rejects (torn, split across lines, garbled) takes a Python
    path, to rejoin continuation lines or to name the reason it is dropped.
 
-Each batch becomes typed Arrow columns at once, so peak memory stays a small
-multiple of the log size.
+Each batch becomes typed Arrow columns at once, so the text of its fields
+never piles up.
 
 Reading rules (also what ``Trace.dropped`` counts):
 
@@ -48,10 +52,11 @@ is kept in ``attrs`` with keys and values percent-decoded.
 
 from __future__ import annotations
 
+import io
 import os
 import re
 from pathlib import Path
-from typing import Callable
+from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -66,7 +71,8 @@ STRACE_MARKER = "[STRACE]"
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
 LINES_PER_BATCH = 1 << 14  # small enough for its temporaries to stay in cache
-PROGRESS_EVERY_LINES = 1 << 18
+# Bytes parsed at a time (cut at a line boundary); bounds the temporaries of a big log.
+CHUNK_BYTES = 64 << 20
 MAX_BATCH_BYTES = 1 << 30
 
 REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
@@ -104,6 +110,8 @@ _STRACE_RE = re.compile(STRACE_PATTERN, re.ASCII)
 _ASCII_SPACE_CHARS = " \t\n\r\f\v"
 _ASCII_SPACES = re.compile(r"\s+", re.ASCII)
 _VALUE_FIELDS = ("pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
+_NUMBER_FIELDS = {"pid": np.int64, "tid": np.int64, "inv": np.uint64, "depth": np.int64, "ts": np.int64, "dur": np.int64}
+_TEXT_FIELDS = ("hid", "name")
 
 ANCHOR_PATTERN = r"\[CLOCK_ANCHOR\] v=(?P<v>\d{1,9}) pid=(?P<pid>\d{1,19}) mono_ns=(?P<mono_ns>-?\d{1,19}) wall_ns=(?P<wall_ns>-?\d{1,19})(?:\s|\[|$)"
 SIDE_RECORD_PATTERN = r"\[CLOCK_ANCHOR\]|\[chip_process "
@@ -114,71 +122,168 @@ Progress = Callable[[str], None] | None
 
 
 def read_strace_log(path: str | os.PathLike, progress: Progress = None) -> Trace:
-    """Read every STRACE record, clock anchor and chip_process line of a text log."""
+    """Read every STRACE record, clock anchor and chip_process line of a text log.
+
+    The file is read and parsed a chunk at a time (see :func:`_chunks`), so
+    time grows linearly with its size and memory holds one chunk plus the rows.
+    """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb") as log_file:
+            size = os.fstat(log_file.fileno()).st_size
+            return _parse_chunks(_chunks(log_file), str(path), size, progress)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-    return parse_strace_bytes(data, str(path), progress=progress)
 
 
 def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Trace:
     """Parse a whole log held in memory; ``file`` names it in rows and errors."""
+    return _parse_chunks(_chunks(io.BytesIO(data)), file, len(data), progress)
+
+
+def _chunks(log_file: BinaryIO) -> Iterator[memoryview]:
+    """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
+
+    No record spans such a cut: a record only ever continues onto a line that
+    does not open with '[' (a log prefix or a new marker), and the rest of a
+    marker cut by a newline (``ACE] v=1``) does not open with '[' either. So
+    every piece parses on its own exactly as it would within the whole log.
+    A piece without such a line grows until one comes (or the log ends).
+
+    Pieces are read into one buffer, reused as long as nothing parsed from
+    the previous piece still refers to it (the rows are copies), which saves
+    faulting in fresh memory for every piece.
+    """
+    piece, kept = bytearray(CHUNK_BYTES), 0  # kept: bytes after the last cut, moved to the front
+    while True:
+        if kept == len(piece):  # no cut in the whole buffer yet: make room for more
+            piece.extend(bytes(CHUNK_BYTES))
+        with memoryview(piece) as whole, whole[kept:] as free:
+            got = log_file.readinto(free)
+        if not got:
+            if kept:
+                yield memoryview(piece)[:kept]
+            return
+        filled = kept + got
+        cut = piece.rfind(b"\n[", 0, filled) + 1
+        if cut == 0:
+            kept = filled
+            continue
+        view = memoryview(piece)[:cut]
+        yield view
+        del view
+        try:
+            piece.append(piece.pop())  # a resize: refused while anything still refers to the piece
+        except BufferError:  # leave the piece to what refers to it
+            old, piece = piece, bytearray(len(piece))
+            piece[: filled - cut] = old[cut:filled]
+        else:
+            piece[: filled - cut] = piece[cut:filled]
+        kept = filled - cut
+
+
+def _parse_chunks(chunks: Iterable[memoryview], file: str, size: int, progress: Progress) -> Trace:
+    """Parse each piece of a log and stack the results (lines numbered across pieces)."""
+    dropped: dict[str, int] = {}
+    tables: list[pa.Table] = []
+    anchors: list[pd.DataFrame] = []
+    chips: list[pd.DataFrame] = []
+    records_found = n_lines = bytes_done = 0
+    binary_at: int | None = None
+    for data in chunks:
+        part = _parse_chunk(data, file, n_lines, dropped)
+        tables.append(part.table)
+        anchors.append(part.anchors)
+        chips.append(part.chips)
+        records_found += part.records_found
+        if binary_at is None and part.binary_at is not None:
+            binary_at = n_lines + part.binary_at
+        n_lines += part.n_lines
+        bytes_done += len(data)
+        del data  # so that the next piece may reuse its buffer
+        if progress is not None and size > CHUNK_BYTES:
+            progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {n_lines:,} lines")
+    spans = spans_from_arrow(pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table())
+    anchor_frame = pd.concat(anchors, ignore_index=True) if anchors else _anchors(pa.array([], pa.large_string()), dropped)
+    chip_frame = pd.concat(chips, ignore_index=True) if chips else _chip_devices(pa.array([], pa.large_string()), dropped)
+
+    if len(spans) == 0 and len(anchor_frame) == 0 and len(chip_frame) == 0 and records_found == 0 and binary_at is not None:
+        raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
+
+    return Trace(
+        spans=spans,
+        anchors=anchor_frame,
+        chip_devices=chip_frame,
+        dropped={k: v for k, v in dropped.items() if v},
+        records_read=records_found + len(anchor_frame) + len(chip_frame) + dropped.get("bad_anchor", 0) + dropped.get("bad_chip_process", 0),
+        files=[file],
+        extras={"lines_read": n_lines},
+    )
+
+
+class _Chunk(NamedTuple):
+    """What one piece of a log holds; ``binary_at`` is a line of the piece (1-based) or None."""
+
+    table: pa.Table
+    anchors: pd.DataFrame
+    chips: pd.DataFrame
+    records_found: int  # STRACE records kept or dropped
+    n_lines: int
+    binary_at: int | None
+
+
+def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> _Chunk:
+    """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
     data, binary_at = _as_utf8(data)
     log = _Log(data)
-    n_lines = len(log.lines)
-    dropped: dict[str, int] = {}
-
+    record_drops = sum(dropped.values())
     # each batch becomes typed Arrow columns at once, so the text of its fields never piles up
     tables: list[pa.Table] = []
     orders: list[np.ndarray] = []
     slow: list[_SlowRecord] = []
-    side_lines: list[np.ndarray] = []  # lines that may hold anchors / chip_process lines
-    for start, stop in _batches(log, file):
-        records, batch_slow, batch_side = _extract_batch(log, start, stop, dropped)
-        _add_table(tables, orders, records, file, dropped)
+    for start, stop in _batches(log, file, line_base):
+        records, batch_slow = _extract_batch(log, start, stop, dropped)
+        _add_table(tables, orders, records, file, line_base, dropped)
         slow.extend(batch_slow)
-        side_lines.append(batch_side)
-        if progress is not None and n_lines > PROGRESS_EVERY_LINES and (stop // PROGRESS_EVERY_LINES > start // PROGRESS_EVERY_LINES or stop == n_lines):
-            progress(f"{file}: {stop:,}/{n_lines:,} lines")
     slow.extend(_marker_split_records(log))
-    _add_table(tables, orders, _finish_slow_records(slow, log, dropped), file, dropped)
-    records_found = sum(t.num_rows for t in tables) + sum(dropped.values())  # only record drops are counted so far
+    _add_table(tables, orders, _finish_slow_records(slow, log, dropped), file, line_base, dropped)
+    records_found = sum(t.num_rows for t in tables) + sum(dropped.values()) - record_drops  # only record drops are counted so far
 
-    side = log.lines.take(pa.array(np.concatenate(side_lines + [np.empty(0, np.int64)])))
+    side = _side_lines(log)
     anchors = _anchors(side, dropped)
     chips = _chip_devices(side, dropped)
     table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
-    spans = spans_from_arrow(table)
+    return _Chunk(table, anchors, chips, records_found, len(log.lines), binary_at)
 
-    if len(spans) == 0 and len(anchors) == 0 and len(chips) == 0 and records_found == 0 and binary_at is not None:
-        raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
 
-    return Trace(
-        spans=spans,
-        anchors=anchors,
-        chip_devices=chips,
-        dropped={k: v for k, v in dropped.items() if v},
-        records_read=records_found + len(anchors) + len(chips) + dropped.get("bad_anchor", 0) + dropped.get("bad_chip_process", 0),
-        files=[file],
-        extras={"lines_read": n_lines},
-    )
+def _side_lines(log: "_Log") -> pa.Array:
+    """The lines that may hold clock anchors or chip_process lines (also before a record on its line).
+
+    A log holds few of them: one search of the whole piece skips the
+    line-by-line test for the pieces that have none.
+    """
+    if not pc.match_substring_regex(log.whole, SIDE_RECORD_PATTERN)[0].as_py():
+        return pa.array([], pa.large_string())
+    return log.lines.filter(pc.match_substring_regex(log.lines, SIDE_RECORD_PATTERN))
 
 
 class _Records:
-    """Records as text fields (one Arrow column per field) plus their attributes.
+    """Records with typed numeric fields, text fields (one Arrow column each) and their attributes.
 
-    ``keys``/``values`` hold every trailing attribute (still encoded) and
-    ``token_row`` the record each belongs to, in record order. ``order`` is the
-    record's position in the log (line, then place on the line).
+    ``numbers`` holds pid, tid, depth, ts, dur (int64) and inv (uint64);
+    ``overflow`` marks records whose digits do not fit 64 bits (their numbers
+    are meaningless; they are dropped as ``bad_value``). ``texts`` holds hid
+    and name, still encoded. ``keys``/``values`` hold every trailing attribute
+    (still encoded) and ``token_row`` the record each belongs to, in record
+    order. ``order`` is the record's position in the log (line, then place on
+    the line).
     """
 
-    def __init__(self, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], keys: pa.Array, values: pa.Array, token_row: np.ndarray):
-        self.line, self.order, self.fields = line, order, fields
+    def __init__(self, line: np.ndarray, order: np.ndarray, numbers: dict[str, np.ndarray], overflow: np.ndarray, texts: dict[str, pa.Array], keys: pa.Array, values: pa.Array, token_row: np.ndarray):
+        self.line, self.order, self.numbers, self.overflow, self.texts = line, order, numbers, overflow, texts
         self.keys, self.values, self.token_row = keys, values, token_row
 
     def __len__(self) -> int:
@@ -199,7 +304,9 @@ class _Records:
         return cls(
             np.concatenate([p.line for p in parts]),
             np.concatenate([p.order for p in parts]),
-            {f: stack([p.fields[f] for p in parts]) for f in _VALUE_FIELDS},
+            {f: np.concatenate([p.numbers[f] for p in parts]) for f in _NUMBER_FIELDS},
+            np.concatenate([p.overflow for p in parts]),
+            {f: stack([p.texts[f] for p in parts]) for f in _TEXT_FIELDS},
             stack([p.keys for p in parts]),
             stack([p.values for p in parts]),
             np.concatenate([p.token_row + base for p, base in zip(parts, row_base)]),
@@ -208,18 +315,24 @@ class _Records:
     @classmethod
     def empty(cls) -> "_Records":
         nothing = pa.array([], pa.large_string())
-        return cls(np.empty(0, np.int64), np.empty(0, np.int64), {f: nothing for f in _VALUE_FIELDS}, nothing, nothing, np.empty(0, np.int64))
+        none = np.empty(0, np.int64)
+        return cls(none, none, {f: np.empty(0, _NUMBER_FIELDS[f]) for f in _NUMBER_FIELDS}, np.empty(0, bool), {f: nothing for f in _TEXT_FIELDS}, nothing, nothing, none)
 
     @classmethod
     def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> "_Records":
-        """Records whose attributes are still one ``k=v k=v`` text per record."""
+        """Records whose fields are all still text, attributes one ``k=v k=v`` text per record."""
         token_lists = pc.split_pattern(pc.utf8_rtrim(tails, "\r\n"), " ")
         tokens = token_lists.flatten()
         token_row = pc.list_parent_indices(token_lists)
         nonempty = pc.greater(pc.binary_length(tokens), 0)
         pairs = pc.split_pattern(tokens.filter(nonempty), "=", max_splits=1)
         row = token_row.filter(nonempty).to_numpy().astype(np.int64)
-        return cls(line, order, fields, pc.list_element(pairs, 0), pc.list_element(pairs, 1), row)
+        numbers, overflow = {}, np.zeros(len(line), bool)
+        for name, dtype in _NUMBER_FIELDS.items():
+            numbers[name], over = _integers(fields[name], dtype)
+            overflow |= over
+        texts = {name: fields[name] for name in _TEXT_FIELDS}
+        return cls(line, order, numbers, overflow, texts, pc.list_element(pairs, 0), pc.list_element(pairs, 1), row)
 
     def filter(self, keep: np.ndarray) -> "_Records":
         if keep.all():
@@ -230,14 +343,35 @@ class _Records:
         return _Records(
             self.line[keep],
             self.order[keep],
-            {f: a.filter(mask) for f, a in self.fields.items()},
+            {f: a[keep] for f, a in self.numbers.items()},
+            self.overflow[keep],
+            {f: a.filter(mask) for f, a in self.texts.items()},
             self.keys.filter(token_mask),
             self.values.filter(token_mask),
             new_row[self.token_row[token_keep]],
         )
 
 
-def _batches(log: "_Log", file: str) -> list[tuple[int, int]]:
+def _integers(digits: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
+    """Values of decimal strings as ``dtype`` (int64 or uint64), and which overflow 64 bits.
+
+    Null cells are skipped (their values are meaningless), as are overflowing
+    ones. The strings are known to be digits (the record patterns say so), so
+    a failed cast can only mean an overflow, which is rare: only then are the
+    culprits located.
+    """
+    arrow_type = pa.from_numpy_dtype(dtype)
+    overflow = np.zeros(len(digits), bool)
+    try:
+        values = digits.cast(arrow_type)
+    except pa.ArrowInvalid:
+        overflow = _out_of_range(digits, signed=dtype == np.int64)
+        values = pc.if_else(pa.array(overflow), pa.scalar(None, digits.type), digits).cast(arrow_type)
+    data = np.frombuffer(values.buffers()[1], dtype)
+    return data[values.offset : values.offset + len(values)], overflow
+
+
+def _batches(log: "_Log", file: str, line_base: int) -> list[tuple[int, int]]:
     """Line ranges of at most LINES_PER_BATCH lines and MAX_BATCH_BYTES bytes (32-bit offsets)."""
     ranges = []
     start, n_lines = 0, len(log.lines)
@@ -245,13 +379,13 @@ def _batches(log: "_Log", file: str) -> list[tuple[int, int]]:
         by_bytes = int(np.searchsorted(log.offsets, log.offsets[start] + MAX_BATCH_BYTES, side="right")) - 1
         stop = min(start + LINES_PER_BATCH, n_lines, max(by_bytes, start + 1))
         if log.offsets[stop] - log.offsets[start] > MAX_BATCH_BYTES:
-            raise InputError(file, "a line longer than 1 GiB", line=start + 1, expected="a text log")
+            raise InputError(file, "a line longer than 1 GiB", line=line_base + start + 1, expected="a text log")
         ranges.append((start, stop))
         start = stop
     return ranges
 
 
-def _as_utf8(data: bytes) -> tuple[bytes, int | None]:
+def _as_utf8(data: memoryview) -> tuple[memoryview | bytes, int | None]:
     """Valid UTF-8 for Arrow's string kernels, and the 1-based line of the first binary byte (or None).
 
     Invalid bytes become U+FFFD so that the rest of a partly damaged log is still read.
@@ -261,19 +395,20 @@ def _as_utf8(data: bytes) -> tuple[bytes, int | None]:
     try:
         whole.cast(pa.large_string())
     except pa.ArrowInvalid:
-        text = data.decode("utf-8", errors="replace")
+        text = str(data, "utf-8", errors="replace")
         first_bad.append(text[: text.find("\ufffd")].count("\n") + 1)
         data = text.encode("utf-8")
-    nul = data.find(b"\x00")
-    if nul >= 0:
-        first_bad.append(data[:nul].count(b"\n") + 1)
+    buf = np.frombuffer(data, np.uint8)
+    if len(buf) and buf.min() == 0:  # a NUL byte: no text log holds one
+        nul = int(np.argmin(buf))
+        first_bad.append(int(np.count_nonzero(buf[:nul] == ord("\n"))) + 1)
     return data, (min(first_bad) if first_bad else None)
 
 
 class _Log:
-    """The log's bytes and its lines as a zero-copy Arrow array (each line keeps its newline)."""
+    """A log's bytes, and its lines (each keeping its newline) and its whole text as zero-copy Arrow arrays."""
 
-    def __init__(self, data: bytes):
+    def __init__(self, data: memoryview | bytes):
         self.buf = np.frombuffer(data, dtype=np.uint8)
         step = 1 << 24  # bounded temporaries while finding newlines
         newlines = [np.flatnonzero(self.buf[i : i + step] == 10) + i for i in range(0, len(self.buf), step)]
@@ -283,6 +418,14 @@ class _Log:
         self.offsets = np.concatenate([np.zeros(1, np.int64), ends])
         self.data = pa.py_buffer(data)
         self.lines = pa.Array.from_buffers(pa.large_string(), len(ends), [None, pa.py_buffer(self.offsets), self.data])
+        self.whole = pa.Array.from_buffers(pa.large_string(), 1, [None, pa.py_buffer(self.offsets[[0, -1]]), self.data])
+        self.marker_line, self.marker_end = self._first_markers()
+
+    def _first_markers(self) -> tuple[np.ndarray, np.ndarray]:
+        """Each line holding a STRACE marker, and the position just after its first marker."""
+        marker_at = pc.find_substring(self.lines, STRACE_MARKER).to_numpy(zero_copy_only=False)
+        line = np.flatnonzero(marker_at >= 0)
+        return line, self.offsets[line] + marker_at[line] + len(STRACE_MARKER)
 
     def texts(self, bounds: np.ndarray, lo: int, hi: int) -> pa.Array:
         """Zero-copy texts between consecutive byte positions ``bounds`` (all within [lo, hi]).
@@ -316,7 +459,7 @@ _SlowRecord = tuple[int, str, int | None, int]
 _ORDER_STRIDE = 1 << 20
 
 
-def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) -> tuple[_Records, list[_SlowRecord], np.ndarray]:
+def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) -> tuple[_Records, list[_SlowRecord]]:
     """The records of lines [first, stop): plain ones by separator positions, others by regex, the rest in Python.
 
     A line is plain when it holds one marker followed by a plain record up to
@@ -324,68 +467,98 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) ->
     Python path: what the record pattern rejects, and records that end their
     line when the next line could be the rest of them (a newline injected
     inside the attributes) — in a log whose lines carry the usual prefix the
-    next line opens with '[' and rules that out at once. Also returns the
-    lines that may hold clock anchors or chip_process lines.
+    next line opens with '[' and rules that out at once.
     """
     lo, hi = int(log.offsets[first]), int(log.offsets[stop])
-    batch = log.texts(log.offsets[first : stop + 1], lo, hi)
-    marker_at = pc.find_substring(batch, STRACE_MARKER).to_numpy(zero_copy_only=False)
-    with_marker = np.flatnonzero(marker_at >= 0)
-    rec_start = log.offsets[first + with_marker] + marker_at[with_marker] + len(STRACE_MARKER)
+    in_batch = slice(*np.searchsorted(log.marker_line, [first, stop]))
+    with_marker, rec_start = log.marker_line[in_batch], log.marker_end[in_batch]
     # a plain record runs to the end of its line without a '[', so its line holds no other marker
     plain = pc.match_substring_regex(log.texts(np.append(rec_start, hi), lo, hi), PLAIN_RECORD_PATTERN).to_numpy(zero_copy_only=False)
-    plain &= ~log.may_continue(first + with_marker)
-    plain_lines = first + with_marker[plain]
+    plain &= ~log.may_continue(with_marker)
+    plain_lines = with_marker[plain]
     parts = [_tokenize_plain(log, rec_start[plain], plain_lines, first, stop)]
 
-    other_lines = first + with_marker[~plain]
+    other_lines = with_marker[~plain]
     slow: list[_SlowRecord] = []
     if len(other_lines):
         records, slow = _segment_records(log, other_lines, dropped)
         parts.append(records)
-    # clock anchors and chip_process lines, wherever they sit (also before a record on its line)
-    side = np.flatnonzero(pc.match_substring_regex(batch, SIDE_RECORD_PATTERN).to_numpy(zero_copy_only=False)) + first
-    return _Records.concat(parts), slow, side
+    return _Records.concat(parts), slow
 
 
 def _tokenize_plain(log: _Log, rec_start: np.ndarray, line: np.ndarray, first: int, stop: int) -> _Records:
     """Fields and attributes of plain records, located by the positions of their separators.
 
     Every piece wanted (8 field values, then keys and values) lies between two
-    consecutive separators; one zero-copy Arrow array whose cells are these
-    pieces is gathered per field with ``take``.
+    consecutive separators. Numbers are cast straight from a zero-copy array
+    whose every other cell is a wanted piece (the cells in between are null,
+    so the cast skips them); text pieces are gathered with ``take``.
     """
     n = len(rec_start)
     if n == 0:
         return _Records.empty()
     lo, hi = int(log.offsets[first]), int(log.offsets[stop])
     region = log.buf[lo:hi]
-    separators = np.append(np.flatnonzero((region <= _SPACE) | (region == _EQUALS)) + lo, hi)  # hi: end of a last line without newline
+    is_separator = np.empty(len(region) + 1, bool)
+    np.less_equal(region, _SPACE, out=is_separator[:-1])
+    is_separator[:-1] |= region == _EQUALS
+    is_separator[-1] = True  # the end of a last line without newline
+    # positions relative to lo, 32-bit like the offsets of the arrays built from them
+    separators = np.flatnonzero(is_separator).astype(np.int32)
+    pieces = _PieceTexts(separators, log.data.slice(lo, hi - lo))
     line_end = log.offsets[line + 1]
     rec_end = line_end - (log.buf[line_end - 1] == ord("\n"))
     rec_end -= log.buf[np.maximum(rec_end - 1, 0)] == ord("\r")
-    q0 = np.searchsorted(separators, rec_start)  # the space before "v="
-    attr_pieces = np.searchsorted(separators, rec_end) - q0 - _ATTR_FIRST_PIECE  # 2 per attribute
-    per_record = len(_FIELD_PIECES) + attr_pieces
+    q0 = np.searchsorted(separators, rec_start - lo)  # the space before "v="
+
+    numbers, overflow = {}, np.zeros(n, bool)
+    for names in (("pid", "tid", "depth", "ts", "dur"), ("inv",)):
+        value_piece = q0[:, None] + _FIELD_PIECES[[_VALUE_FIELDS.index(f) for f in names]]
+        values, over = _integers(pieces.spaced(value_piece), _NUMBER_FIELDS[names[0]])
+        values, over = values[0::2].reshape(n, len(names)), over[0::2].reshape(n, len(names))
+        numbers.update({f: values[:, i] for i, f in enumerate(names)})
+        overflow |= over.any(axis=1)
+    cells = pieces.spaced(q0[:, None] + _FIELD_PIECES[[_VALUE_FIELDS.index(f) for f in _TEXT_FIELDS]])  # cell 2 * (record * 2 + k)
+    texts = {f: cells.take(pa.array(np.arange(2 * k, 4 * n, 4))) for k, f in enumerate(_TEXT_FIELDS)}
+
+    # attributes: pieces q0 + _ATTR_FIRST_PIECE onwards, key and value in turn
+    attr_pieces = np.searchsorted(separators, rec_end - lo) - q0 - _ATTR_FIRST_PIECE  # 2 per attribute
     base = np.zeros(n + 1, np.int64)
-    np.cumsum(per_record, out=base[1:])
-    within = np.arange(base[-1], dtype=np.int64) - np.repeat(base[:-1], per_record)
-    nf = len(_FIELD_PIECES)
-    piece = np.repeat(q0, per_record) + np.where(within < nf, _FIELD_PIECES[np.minimum(within, nf - 1)], within - nf + _ATTR_FIRST_PIECE)
-    bounds = np.empty(2 * len(piece), np.int64)
-    bounds[0::2] = separators[piece] + 1
-    bounds[1::2] = separators[piece + 1]
-    cells = log.texts(bounds, lo, hi)  # wanted piece w = cell 2w
-    fields = {name: cells.take(pa.array(2 * (base[:-1] + k))) for k, name in enumerate(_VALUE_FIELDS)}
-    attr_cell = 2 * np.flatnonzero(within >= nf)
+    np.cumsum(attr_pieces, out=base[1:])
+    piece = np.repeat(q0 + _ATTR_FIRST_PIECE - base[:-1], attr_pieces) + np.arange(base[-1], dtype=np.int64)
+    cells = pieces.spaced(piece)  # piece i = cell 2i
+    every_pair = np.arange(0, 2 * base[-1], 4)
     return _Records(
         line + 1,
         line * _ORDER_STRIDE + 1,
-        fields,
-        cells.take(pa.array(attr_cell[0::2])),
-        cells.take(pa.array(attr_cell[1::2])),
+        numbers,
+        overflow,
+        texts,
+        cells.take(pa.array(every_pair)),
+        cells.take(pa.array(every_pair + 2)),
         np.repeat(np.arange(n, dtype=np.int64), attr_pieces // 2),
     )
+
+
+class _PieceTexts:
+    """The pieces of a stretch of log between consecutive separators (positions relative to its start)."""
+
+    def __init__(self, separators: np.ndarray, data: pa.Buffer):
+        self.separators, self.data = separators, data
+
+    def spaced(self, piece: np.ndarray) -> pa.Array:
+        """Zero-copy texts whose cell 2i is piece ``piece.flat[i]``; the cells between are null.
+
+        Kernels skip the null cells, so a cast reads just the wanted pieces
+        without gathering them first.
+        """
+        piece = piece.ravel()
+        bounds = np.empty(2 * len(piece), np.int32)
+        np.add(self.separators[piece], 1, out=bounds[0::2])
+        bounds[1::2] = self.separators[piece + 1]
+        cells = max(len(bounds) - 1, 0)
+        every_other = pa.py_buffer(np.full((cells + 7) // 8, 0x55, np.uint8))  # validity bits 1, 0, 1, 0, ...
+        return pa.Array.from_buffers(pa.string(), cells, [every_other, pa.py_buffer(bounds), self.data])
 
 
 def _segment_records(log: _Log, line_index: np.ndarray, dropped: dict[str, int]) -> tuple[_Records, list[_SlowRecord]]:
@@ -621,34 +794,30 @@ def _attrs_and_clk(records: _Records) -> tuple[pa.Array, pa.Array]:
     return attrs, clk
 
 
-def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Records, file: str, dropped: dict[str, int]) -> None:
+def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Records, file: str, line_base: int, dropped: dict[str, int]) -> None:
     """Append the span rows of ``records`` (values that overflow 64 bits are dropped as ``bad_value``)."""
     if not len(records):
         return
-    overflow = np.zeros(len(records), dtype=bool)
-    for name in ("pid", "tid", "depth", "ts", "dur"):
-        overflow |= _out_of_range(records.fields[name], signed=True)
-    overflow |= _out_of_range(records.fields["inv"], signed=False)
-    _count(dropped, "bad_value", overflow.sum())
-    records = records.filter(~overflow)
+    _count(dropped, "bad_value", records.overflow.sum())
+    records = records.filter(~records.overflow)
     n = len(records)
-    col = records.fields
+    number, text = records.numbers, records.texts
     attrs, clk = _attrs_and_clk(records)
     table = pa.table(
         {
             "source": pa.repeat(pa.scalar("strace"), n),
             "file": pa.repeat(pa.scalar(file), n),
-            "line": pa.array(records.line, pa.int64()),
-            "pid": col["pid"].cast(pa.int64()),
-            "tid": col["tid"].cast(pa.int64()),
-            "name": _decode_where_escaped(col["name"].cast(pa.string())),
+            "line": pa.array(records.line + line_base, pa.int64()),
+            "pid": pa.array(number["pid"]),
+            "tid": pa.array(number["tid"]),
+            "name": _decode_where_escaped(text["name"].cast(pa.string())),
             "cat": pa.repeat(pa.scalar(""), n),
             "ph": pa.repeat(pa.scalar("X"), n),
-            "ts_ns": col["ts"].cast(pa.int64()),
-            "dur_ns": col["dur"].cast(pa.int64()),
-            "inv": col["inv"].cast(pa.uint64()),
-            "hid": _decode_where_escaped(col["hid"].cast(pa.string())),
-            "depth": col["depth"].cast(pa.int64()),
+            "ts_ns": pa.array(number["ts"]),
+            "dur_ns": pa.array(number["dur"]),
+            "inv": pa.array(number["inv"]),
+            "hid": _decode_where_escaped(text["hid"].cast(pa.string())),
+            "depth": pa.array(number["depth"]),
             "clk": clk,
             "attrs": attrs,
         },
