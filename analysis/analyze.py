@@ -14,13 +14,15 @@ from pathlib import Path
 
 import dsprof
 from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES, format_value
 from dsprof.analysis.pipeline import pipeline_figures
 from dsprof.analysis.serving import serving_figures
-from dsprof.analysis.skew import skew_figures
+from dsprof.analysis.skew import PERCENTILES, skew_figures
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.swimlane import Swimlane, build_swimlane
 from dsprof.analysis.tails import tail_figures
 from dsprof.analysis.validation import validate
+from dsprof.errors import InputError
 
 SUMMARY_SCHEMA = "dsprof.summary/1"
 
@@ -41,12 +43,43 @@ def analyze(
     expect_ranks: int | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
-    """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write summary.json, summary.md and combined-swimlane.json."""
+    """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write summary.json, summary.md,
+    combined-swimlane.json and report.html there. Inputs without a single span are an InputError."""
     trace = read_paths(paths, progress=progress)
+    _require_something_to_analyse(trace, paths)
     result = analyze_trace(trace, threshold_ms=threshold_ms, expect_ranks=expect_ranks, progress=progress)
     if out_dir is not None:
         result.outputs = write_outputs(result, Path(out_dir), progress=progress)
     return result
+
+
+def analyze_artifact_dir(
+    artifact_dir: str | os.PathLike,
+    *,
+    threshold_ms: float = 5.0,
+    progress: Callable[[str], None] | None = None,
+) -> AnalysisResult:
+    """Analyse one artifact directory without writing anything (what ``report`` and ``export`` start from)."""
+    artifact_dir = Path(artifact_dir)
+    if not artifact_dir.is_dir():
+        raise InputError(artifact_dir, "not a directory", expected="an artifact directory written by dsprof run")
+    return analyze([artifact_dir], None, threshold_ms=threshold_ms, progress=progress)
+
+
+def _require_something_to_analyse(trace: Trace, paths) -> None:
+    """Refuse inputs that yielded no span and no serving summary: a table of n/a would hide the mistake.
+
+    A partial artifact (a crashed run, a torn log) still has spans and is
+    analysed as far as it goes; this only catches the wrong file or a run that
+    was not profiled.
+    """
+    if len(trace.spans) or isinstance(trace.extras.get("performance_summary"), dict):
+        return
+    named = trace.files or [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
+    dropped = ", ".join(f"{reason} {count}" for reason, count in sorted(trace.dropped.items()) if count)
+    what = "no spans to analyse" + (f" ({trace.dropped_total} record(s) dropped: {dropped})" if dropped else "")
+    raise InputError(", ".join(named), what,
+                     expected="[STRACE] records, SA_PROFILE fragments or Chrome trace events")
 
 
 def analyze_trace(
@@ -113,12 +146,6 @@ def write_outputs(result: AnalysisResult, out_dir: Path, progress: Callable[[str
     return outputs
 
 
-def _fmt(value, unit: str = "") -> str:
-    if value is None:
-        return "n/a"
-    return f"{value}{unit}"
-
-
 def format_summary_table(summary: dict) -> str:
     """A readable fixed-width table of the headline figures, for the CLI printout."""
     validation = summary["validation"]
@@ -130,18 +157,18 @@ def format_summary_table(summary: dict) -> str:
     rows: list[tuple[str, str]] = [
         ("valid", "yes" if validation["valid"] else "NO: " + "; ".join(validation["problems"])),
         ("ranks / decode steps / rank roots", f"{validation['ranks']} / {validation['decode_steps']} / {validation['rank_roots']}"),
-        ("exit status", _fmt(summary.get("exit_status"))),
-        ("tokens returned / expected", f"{_fmt(serving['tokens_returned'])} / {_fmt(serving['tokens_expected'])}"),
-        ("batch elapsed", _fmt(serving["batch_elapsed_s"], " s")),
-        ("throughput", _fmt(serving["throughput_tok_s"], " tok/s")),
-        ("effective TPOT", _fmt(serving["effective_tpot_ms"], " ms")),
+        ("exit status", format_value(summary.get("exit_status"))),
+        ("tokens returned / expected", f"{format_value(serving['tokens_returned'])} / {format_value(serving['tokens_expected'])}"),
+        ("batch elapsed", format_value(serving["batch_elapsed_s"], " s")),
+        ("throughput", format_value(serving["throughput_tok_s"], " tok/s")),
+        ("effective TPOT", format_value(serving["effective_tpot_ms"], " ms")),
     ]
     table = ["{:<36} {}".format(k, v) for k, v in rows]
     table.append("")
     table.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format("figure (ms)", "p50", "p95", "p99", "max", "count"))
-    for name in ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms"):
+    for name in HEADLINE_FIGURES:
         block = figures[name]
-        cells = [_fmt(block[k]) for k in ("p50", "p95", "p99", "max")]
+        cells = [format_value(block[key]) for key, _ in PERCENTILES]
         table.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(name, *cells, block["count"]))
     table.append("")
     table.append(f"late starts (> {late['threshold_ms']} ms): {late['count']}")

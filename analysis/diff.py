@@ -177,8 +177,8 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
         if set(map(repr, a_values)) != set(map(repr, b_values)):
             labels.append(LabelChange(path, a_values, b_values))
     workload_differences = {}
-    a_workload = a_loaded[0][0].get("workload") or {}
-    b_workload = b_loaded[0][0].get("workload") or {}
+    a_workload = _workload(a_loaded[0][0])
+    b_workload = _workload(b_loaded[0][0])
     for key in dict.fromkeys([*a_workload, *b_workload]):
         if a_workload.get(key) != b_workload.get(key):
             workload_differences[key] = (a_workload.get(key), b_workload.get(key))
@@ -189,6 +189,12 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
         labels=labels,
         workload_differences=workload_differences,
     )
+
+
+def _workload(summary: dict) -> dict:
+    """The summary's workload settings; a summary from another producer may lack them or hold another shape."""
+    workload = summary.get("workload")
+    return workload if isinstance(workload, dict) else {}
 
 
 def _number(value: float, counted: bool, sign: bool = False) -> str:

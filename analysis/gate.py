@@ -273,6 +273,8 @@ def load_rules(rules_path: str | Path) -> list[CheckRule | RelativeRule]:
         raise InputError(rules_path, "rules file not found") from None
     except tomllib.TOMLDecodeError as exc:
         raise InputError(rules_path, f"not valid TOML: {exc}") from None
+    except UnicodeDecodeError:
+        raise InputError(rules_path, "binary data, not TOML text", expected="a UTF-8 rules file") from None
     unknown = set(document) - {"rule", "relative"}
     if unknown:
         raise InputError(rules_path, f"unknown top-level key(s) {sorted(unknown)}",
@@ -344,6 +346,8 @@ def load_summary(summary_or_dir: str | Path | dict) -> tuple[dict, str | None]:
         raise InputError(path, "not found", expected="summary.json or an artifact directory holding one") from None
     except IsADirectoryError:
         raise InputError(path, "is a directory", expected="summary.json") from None
+    except UnicodeDecodeError:
+        raise InputError(path, "binary data, not JSON text", expected="summary.json") from None
     try:
         summary = json.loads(text)
     except json.JSONDecodeError as exc:

@@ -60,6 +60,11 @@ def _with_others_median(flagged: pd.DataFrame, table: pd.DataFrame, columns: lis
 
 
 def _phase_table(roots: pd.DataFrame) -> pd.DataFrame:
+    """Per (step, rank): runner_run start/end and the ``*_ts_ns`` times attribution compares,
+    plus phase durations (``runner_ns``, ``bind_ns``, ``fence_ns``, ``device_wall_ns``).
+
+    Float columns, so that a phase a run lacks is NaN and drops out of the medians.
+    """
     durations = root_durations(roots)
     table = pd.DataFrame(
         {
@@ -72,21 +77,21 @@ def _phase_table(roots: pd.DataFrame) -> pd.DataFrame:
             "bind_ns": durations["bind_ns"].astype("float64"),
             "fence_ns": roots["fence_wait_dur_ns"].astype("float64"),
             "device_wall_ns": roots["device_wall_dur_ns"].astype("float64"),
-            "claim_ns": roots["claim_ts_ns"].astype("float64"),
-            "root_ns": roots["root_ts_ns"].astype("float64"),
+            "claim_ts_ns": roots["claim_ts_ns"].astype("float64"),
+            "root_ts_ns": roots["root_ts_ns"].astype("float64"),
         }
     ).dropna(subset=["start_ns", "end_ns"])
     table = table.sort_values(["rank", "step"])
     # when the rank's previous run released its slot (claim_release start): a launch waits for it
-    table["previous_claim_ns"] = table.groupby("rank")["claim_ns"].shift()
+    table["previous_claim_ts_ns"] = table.groupby("rank")["claim_ts_ns"].shift()
     return table
 
 
 def _start_attribution(rows: pd.DataFrame, delay: pd.Series) -> tuple[pd.Series, pd.Series]:
     """Why runner_run started ``delay`` late: a slow bind, the previous run holding the slot, a late root, or unknown."""
     bind_excess = rows["bind_ns"] - rows["bind_ns_others_median"]
-    held_back = rows["previous_claim_ns"] - rows["start_ns_others_median"]
-    arrived_late = rows["root_ns"] - rows["root_ns_others_median"]
+    held_back = rows["previous_claim_ts_ns"] - rows["start_ns_others_median"]
+    arrived_late = rows["root_ts_ns"] - rows["root_ts_ns_others_median"]
     half = EXPLAINS_SHARE * delay
     is_bind = bind_excess >= half
     is_previous = ~is_bind & (held_back.fillna(-np.inf) >= half)
@@ -101,7 +106,7 @@ def find_late_starts(roots: pd.DataFrame, threshold_ms: float = 5.0) -> pd.DataF
     table = _phase_table(roots)
     table["excess_ns"] = table["start_ns"] - table.groupby("step")["start_ns"].transform("min")
     late = table[table["excess_ns"] > threshold_ms * 1e6]
-    late = _with_others_median(late, table, ["start_ns", "bind_ns", "root_ns"])
+    late = _with_others_median(late, table, ["start_ns", "bind_ns", "root_ts_ns"])
     # attribution explains the lateness against the typical rank (the others' median start)
     phase, phase_excess = _start_attribution(late, late["start_ns"] - late["start_ns_others_median"])
     return late.assign(phase=phase, phase_excess_ns=phase_excess).sort_values(["step", "rank"]).reset_index(drop=True)
@@ -113,7 +118,7 @@ def find_tail_steps(roots: pd.DataFrame, steps: pd.DataFrame, threshold_ms: floa
     tails = steps[steps["runner_end_skew_ns"] > threshold_ms * 1e6][["step", "latest_end_rank", "runner_end_skew_ns"]]
     tails = tails.rename(columns={"latest_end_rank": "rank"}).astype({"rank": "int64"})
     tails = tails.merge(table, on=["step", "rank"], how="left")
-    tails = _with_others_median(tails, table, ["start_ns", "root_ns", "runner_ns", "bind_ns", "fence_ns", "device_wall_ns"])
+    tails = _with_others_median(tails, table, ["start_ns", "root_ts_ns", "runner_ns", "bind_ns", "fence_ns", "device_wall_ns"])
     start_delay = tails["start_ns"] - tails["start_ns_others_median"]
     runner_excess = tails["runner_ns"] - tails["runner_ns_others_median"]
     device_excess = tails["device_wall_ns"] - tails["device_wall_ns_others_median"]

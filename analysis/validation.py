@@ -43,9 +43,13 @@ def validate(swimlane: Swimlane, *, expect_ranks: int | None = None, dropped: di
                f"rank {int(duplicated['rank'].iloc[0])} is claimed by {len(duplicated[duplicated['rank'] == duplicated['rank'].iloc[0]])} processes")
     _check(checks, problems, "decode_steps", decode_steps > 0,
            f"{decode_steps} decode steps (callable {swimlane.decode_label})" if decode_steps else "no decode steps found")
-    _check(checks, problems, "rank_roots", rank_roots == decode_steps * ranks and rank_roots > 0,
-           f"{rank_roots} = {decode_steps} x {ranks}" if rank_roots == decode_steps * ranks
-           else f"{rank_roots} rank roots, expected {decode_steps} x {ranks} = {decode_steps * ranks}")
+    if rank_roots == 0:
+        roots_detail = "no rank roots"
+    elif rank_roots == decode_steps * ranks:
+        roots_detail = f"{rank_roots} = {decode_steps} x {ranks}"
+    else:
+        roots_detail = f"{rank_roots} rank roots, expected {decode_steps} x {ranks} = {decode_steps * ranks}"
+    _check(checks, problems, "rank_roots", rank_roots == decode_steps * ranks and rank_roots > 0, roots_detail)
 
     counts = steps_per_rank.value_counts()
     if len(counts) > 1:

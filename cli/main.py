@@ -40,12 +40,20 @@ def _os_error_message(exc: OSError) -> str:
     return f"{where}: {reason}" if where else reason
 
 
+def _usage_error_message(exc: click.UsageError) -> str:
+    """Click's message on one line, pointing at the command's help instead of printing the usage block."""
+    message = " ".join(exc.format_message().split())
+    return f"{message} (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else message
+
+
 class DsprofGroup(click.Group):
-    """Turns library errors into one-line messages unless ``--debug`` was given."""
+    """Turns library errors and bad options into one-line messages unless ``--debug`` was given."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise UserError(_usage_error_message(exc), exc.exit_code) from exc
         except (DsprofError, OSError) as exc:
             printer = ctx.meta.get(_PROGRESS_KEY)
             if printer is not None:
@@ -198,9 +206,9 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks) -> None:
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("spans.parquet"),
-              show_default=True, help="Parquet file for the span table.")
+              show_default=True, help="Span table file; .parquet, .csv or .jsonl (format from the extension).")
 def ingest(paths, output) -> None:
-    """Read traces into one span table (Parquet).
+    """Read traces into one span table (Parquet, CSV or JSONL).
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
@@ -214,7 +222,8 @@ def ingest(paths, output) -> None:
 
 
 @cli.command()
-@click.argument("output", type=click.Path(exists=True, path_type=Path))
+# not exists=True: a .json output path that was never merged exists only as <path>.fragments/
+@click.argument("output", type=click.Path(path_type=Path))
 def merge(output) -> None:
     """Merge SA_PROFILE fragments into trace.json.
 
@@ -224,7 +233,7 @@ def merge(output) -> None:
     from dsprof.profiler.sa_profile import merge_fragments
 
     progress = _progress()
-    result = merge_fragments(output, progress=progress)
+    result = merge_fragments(output, progress=progress, require_fragments=True)
     progress.done()
     click.echo(f"merged {result.events} events from {result.fragments} fragment(s) into {result.path}"
                f" ({result.skipped_lines} malformed line(s) skipped)")

@@ -32,7 +32,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from dsprof.errors import DsprofError
+from dsprof.errors import DsprofError, InputError
 from dsprof.profiler.strace import NOOP_SPAN
 
 ENV_OUTPUT = "SA_PROFILE_OUTPUT"
@@ -59,6 +59,7 @@ def fragments_dir(output: str | os.PathLike) -> Path:
 
 
 def merged_path(output: str | os.PathLike) -> Path:
+    """Where the merge goes (SPEC §1): a ``.json`` output is itself the merged trace, a directory gets ``trace.json``."""
     output = Path(output)
     return output if output.suffix == ".json" else output / MERGED_NAME
 
@@ -240,15 +241,13 @@ def configure(
     return _rec.active
 
 
-def _remove_stale_fragments(directory: Path) -> int:
+def _remove_stale_fragments(directory: Path) -> None:
+    """Delete an earlier run's fragments, so that a merge never mixes two runs (SPEC §1)."""
     if not directory.is_dir():
-        return 0
-    removed = 0
+        return
     for entry in directory.iterdir():
         if _FRAGMENT_RE.match(entry.name):
             entry.unlink(missing_ok=True)
-            removed += 1
-    return removed
 
 
 def is_active() -> bool:
@@ -264,6 +263,7 @@ _perf_counter_ns = time.perf_counter_ns
 
 
 def _now_us() -> int:
+    """SPEC §1 timestamps: integer µs of the host monotonic clock that STRACE uses in ns."""
     return _perf_counter_ns() // 1000
 
 
@@ -285,11 +285,11 @@ class _Span:
         self.args.update(args)
 
     def __enter__(self) -> _Span:
-        self.ts_us = _perf_counter_ns() // 1000
+        self.ts_us = _now_us()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        end_us = _perf_counter_ns() // 1000
+        end_us = _now_us()
         if not _rec.active:
             return
         if exc_type is not None:
@@ -426,15 +426,25 @@ def _valid_event_lines(data: bytes) -> tuple[list[str], int]:
     return valid, len(lines) - len(valid)
 
 
-def merge_fragments(output: str | os.PathLike, progress: Callable[[str], None] | None = None) -> MergeResult:
+def merge_fragments(
+    output: str | os.PathLike,
+    progress: Callable[[str], None] | None = None,
+    *,
+    require_fragments: bool = False,
+) -> MergeResult:
     """Merge every fragment of ``output`` into ``trace.json`` (``{"traceEvents": [...]}``).
 
     Malformed or torn lines are skipped and counted in ``skipped_lines``, never fatal.
+    A run that recorded nothing still gets an empty trace; ``require_fragments``
+    (the CLI) raises :class:`InputError` instead, so that a mistyped path does
+    not overwrite an existing ``.json`` file with an empty trace.
     """
     if _rec.active:
         _rec.flush()
     directory = fragments_dir(output)
     paths = sorted((p for p in directory.glob("trace.*.jsonl") if _FRAGMENT_RE.match(p.name)), key=_fragment_order) if directory.is_dir() else []
+    if require_fragments and not paths:
+        raise InputError(directory, "no SA_PROFILE fragments to merge", expected="trace.<pid>.jsonl files")
     events: list[str] = []
     skipped = 0
     for index, path in enumerate(paths, 1):

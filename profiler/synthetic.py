@@ -446,8 +446,9 @@ def invocation_id(pid: np.ndarray, epoch: np.ndarray) -> np.ndarray:
 def join_text(*parts) -> pa.Array:
     """Element-wise concatenation of literal strings and columns (numpy, pandas, Arrow), in Arrow.
 
-    Shared by every writer that builds one text line per row (this generator,
-    the combined swimlane output), so that none formats rows one at a time.
+    Shared by every writer that builds one text line per row (this generator
+    and the trace writers of ``analysis/outputs``), so that none formats rows
+    one at a time.
     Non-string columns are cast to their decimal text; a null in any column
     makes that row null (callers fill nulls first where they need text).
     """

@@ -192,7 +192,7 @@ class CudaDevice:
 
     kind = "cuda"
 
-    def __init__(self, index: int, copy_latency_ms: float = 0.0, on_start=None):
+    def __init__(self, index: int):
         self.index = index
         self.name = f"cuda:{index}"
         self.torch_device = torch.device(self.name)
@@ -226,7 +226,11 @@ class CudaDevice:
 
 
 def make_device(index: int, copy_latency_ms: float, on_start: Callable[[], None] | None = None):
-    """The rank's device: CUDA device ``index`` when CUDA is available, else the CPU executor."""
+    """The rank's device: CUDA device ``index`` when CUDA is available, else the CPU executor.
+
+    ``copy_latency_ms`` and ``on_start`` only concern the CPU executor: a CUDA
+    copy has its own latency, and there is no executor thread to start.
+    """
     if torch.cuda.is_available():
-        return CudaDevice(index % torch.cuda.device_count(), copy_latency_ms, on_start)
+        return CudaDevice(index % torch.cuda.device_count())
     return CpuDevice(index, copy_latency_ms, on_start)

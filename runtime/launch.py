@@ -323,7 +323,10 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
         sa_profile.merge_fragments(out / SERVING_TRACE)  # flushes this process's fragment first
         sa_profile.shutdown()  # nothing more goes into this run's fragments
     verified = sum(collector.verified.values())
-    per_request = plan.tokens_expected[0] if plan.tokens_expected else config.output_tokens
+    # tokens each request actually got back (as analysis/serving.py counts them): after a
+    # failure the TPOT must reflect the missing tokens, not the ones that were planned
+    requests = len(plan.tokens_expected) or config.requests
+    returned_per_request = collector.returned / requests
     summary = {
         "schema": SUMMARY_SCHEMA,
         "exit_status": status,
@@ -331,7 +334,7 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
         "tokens_returned": collector.returned,
         "tokens_expected": collector.expected,
         "throughput_tok_s": round(collector.returned / elapsed_s, 3) if elapsed_s > 0 else None,
-        "effective_tpot_ms": round(elapsed_s * 1000 / per_request, 3) if per_request else None,
+        "effective_tpot_ms": round(elapsed_s * 1000 / returned_per_request, 3) if returned_per_request else None,
         "acceptance_rate": round(sum(collector.accepted.values()) / verified, 4) if verified else None,
         "acceptance_rate_configured": config.acceptance_rate,
         "acceptance_synthetic": True,

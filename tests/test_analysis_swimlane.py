@@ -104,10 +104,20 @@ def test_combined_swimlane_keeps_serving_events_and_adds_device_lanes(messy):
 
 
 def test_json_text_of_odd_names_and_args(tmp_path):
-    from dsprof.analysis.outputs.combined_swimlane import json_string
+    from dsprof.analysis.outputs.json_text import json_string
 
     values = pd.Series(['plain', 'quote " and \\ back', "tab\tnew\nline", None], dtype="string[pyarrow]")
     assert [json.loads(v) for v in json_string(values).to_pylist()] == ["plain", 'quote " and \\ back', "tab\tnew\nline", ""]
+
+
+def test_serving_args_that_only_look_like_json_stay_strings(tmp_path):
+    events = [{"name": "request", "cat": "request", "ph": "X", "ts": 1, "dur": 50, "pid": 1, "tid": 1,
+               "args": {"note": "[not json", "brace": "{x", "nested": {"a": [1, 2]}, "list": [3], "n": 7, "flag": True}}]
+    (tmp_path / "k.trace.json").write_text(json.dumps({"traceEvents": events}))
+    result = analyze([tmp_path / "k.trace.json"], tmp_path / "out")
+    written = json.loads(result.outputs["combined-swimlane.json"].read_text())["traceEvents"]
+    request = next(e for e in written if e.get("cat") == "request")
+    assert request["args"] == {"note": "[not json", "brace": "{x", "nested": {"a": [1, 2]}, "list": [3], "n": 7, "flag": True}
 
 
 @pytest.mark.parametrize("seed", range(5))

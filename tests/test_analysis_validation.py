@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from dsprof.analysis.analyze import analyze
+from dsprof.errors import InputError
+from dsprof.profiler.strace_format import format_prefix, format_strace_payload
 from dsprof.profiler.synthetic import SyntheticRun
 
 
@@ -95,12 +99,32 @@ def test_serving_figures_from_performance_summary(tmp_path):
     assert summary["workload"] == written["workload"] and summary["exit_status"] == 0
 
 
-def test_nothing_but_unrelated_text_still_yields_a_verdict(tmp_path):
-    (tmp_path / "server.log").write_text("[mono_ns=1][T0x1][INFO] boot: hello\nplain text\n")
+def test_no_decode_spans_still_yields_a_verdict(tmp_path):
+    # one external span among unrelated text: something was read, but no runtime decode run
+    ext = format_prefix(1, 1, "INFO", "ext") + format_strace_payload(
+        pid=7, tid=7, inv=1, hid="ab", depth=0, name="ext.tool.step", ts_ns=10, dur_ns=5)
+    (tmp_path / "server.log").write_text(f"[mono_ns=1][T0x1][INFO] boot: hello\nplain text\n{ext}\n")
     result = analyze([tmp_path / "server.log"], tmp_path / "out")
     summary = result.summary
     assert json.loads(result.outputs["combined-swimlane.json"].read_text())["traceEvents"] == []
     assert summary["validation"]["valid"] is False
-    assert "no decode steps found" in summary["validation"]["problems"]
+    assert {"no decode steps found", "no rank roots"} <= set(summary["validation"]["problems"])
     assert summary["figures"]["runner_start_skew_ms"] == {"p50": None, "p95": None, "p99": None, "max": None, "count": 0}
     assert summary["pipeline"]["pairs_checked"] == 0
+
+
+@pytest.mark.parametrize(
+    "text, dropped",
+    [
+        ("[mono_ns=1][T0x1][INFO] boot: hello\nplain text\n", ""),
+        ("[mono_ns=1][T0x1][INFO] f: [STRACE] v=1 pid=1 tid=1 inv=1 hid=ab depth=0 name=chip.r", "torn_record 1"),
+    ],
+)
+def test_input_without_any_span_is_an_input_error(tmp_path, text, dropped):
+    log = tmp_path / "server.log"
+    log.write_text(text)
+    with pytest.raises(InputError) as error:
+        analyze([tmp_path], tmp_path / "out")
+    assert str(error.value).startswith(f"{log}: no spans to analyse")
+    assert dropped in str(error.value)
+    assert not (tmp_path / "out").exists()

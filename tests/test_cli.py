@@ -85,13 +85,14 @@ def test_os_errors_are_one_line(tmp_path):
     _one_line_error(result, str(target), "No such file or directory")
 
 
-def test_usage_errors_exit_2():
+def test_usage_errors_are_one_line_and_exit_2():
     runner = CliRunner()
-    assert runner.invoke(cli, ["analyze"]).exit_code == 2
-    missing = runner.invoke(cli, ["analyze", "/definitely/not/here"])
-    assert missing.exit_code == 2 and "does not exist" in missing.output
-    assert runner.invoke(cli, ["run", "--metadata", "sideways"]).exit_code == 2
-    assert runner.invoke(cli, ["frobnicate"]).exit_code == 2
+    _one_line_error(runner.invoke(cli, ["analyze"]), "Missing argument 'PATHS...'", "(see 'cli analyze --help')")
+    _one_line_error(runner.invoke(cli, ["analyze", "/definitely/not/here"]), "does not exist")
+    _one_line_error(runner.invoke(cli, ["run", "--metadata", "sideways"]), "'--metadata'")
+    _one_line_error(runner.invoke(cli, ["run", "--ranks", "0"]), "'--ranks': 0 is not in the range x>=1")
+    _one_line_error(runner.invoke(cli, ["export", ".", "--format", "svg"]), "'--format': 'svg'")
+    _one_line_error(runner.invoke(cli, ["frobnicate"]), "No such command 'frobnicate'")
 
 
 def test_progress_plain_lines_and_in_place_on_a_terminal():
@@ -125,6 +126,54 @@ def test_merge_counts_events_and_torn_lines(tmp_path):
     merged = tmp_path / "serving-trace" / "trace.json"
     assert f"merged 3 events from 2 fragment(s) into {merged} (1 malformed line(s) skipped)" in result.output
     assert len(json.loads(merged.read_text())["traceEvents"]) == 3
+
+
+def test_merge_of_a_json_output_path_that_was_never_merged(tmp_path):
+    fragments = tmp_path / "trace.json.fragments"
+    fragments.mkdir()
+    event = {"name": "serving.step", "cat": "serving", "ph": "X", "ts": 10, "dur": 5, "pid": 11, "tid": 1, "args": {}}
+    (fragments / "trace.11.jsonl").write_text(json.dumps(event) + "\n")
+    result = CliRunner().invoke(cli, ["merge", str(tmp_path / "trace.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "trace.json").read_text())["traceEvents"] == [event]
+
+
+def test_merge_without_fragments_leaves_an_existing_file_alone(tmp_path):
+    existing = tmp_path / "mine.json"
+    existing.write_text('{"traceEvents": [{"name": "keep"}]}')
+    result = CliRunner().invoke(cli, ["merge", str(existing)])
+    _one_line_error(result, f"{tmp_path / 'mine.json.fragments'}: no SA_PROFILE fragments to merge")
+    assert existing.read_text() == '{"traceEvents": [{"name": "keep"}]}'
+
+
+@pytest.mark.parametrize(
+    "content, fragments",
+    [
+        (b"", ["no spans to analyse"]),
+        (b"\xc8\x00\xff" * 100, ["binary data"]),
+        (b'{"traceEvents": []}', ["no spans to analyse"]),
+    ],
+)
+def test_analyze_of_a_file_without_spans_is_one_line(tmp_path, content, fragments):
+    path = tmp_path / ("input.json" if content.startswith(b"{") else "input.log")
+    path.write_bytes(content)
+    result = CliRunner().invoke(cli, ["analyze", str(path), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    # progress lines ("reading ...") come first; the error is the one last line
+    error = result.output.splitlines()[-1]
+    assert error.startswith(f"dsprof: error: {path}") and all(f in error for f in fragments), result.output
+    assert not (tmp_path / "out").exists()
+
+
+def test_gate_of_a_binary_summary_or_rules_file_is_one_line(tmp_path):
+    summary = tmp_path / "summary.json"
+    summary.write_bytes(b"\xc8\x00\xff" * 10)
+    rules = tmp_path / "rules.toml"
+    rules.write_text("[[rule]]\ncheck = \"validation.valid == true\"\n")
+    _one_line_error(CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules)]), f"{summary}: binary data")
+    summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
+    rules.write_bytes(b"\xc8\x00\xff" * 10)
+    _one_line_error(CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules)]), f"{rules}: binary data")
 
 
 def test_ingest_writes_span_table_and_reports_drops(tmp_path):

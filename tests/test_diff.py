@@ -118,6 +118,13 @@ def test_workload_differences_are_noted():
     assert "note: workload metadata differs: A='host-shared' B='device-resident'" in format_diff(result)
 
 
+def test_a_workload_that_is_not_a_table_counts_as_absent():
+    b = _summary(0.3, 12.0)
+    b["workload"] = ["not", "a", "table"]  # another producer's summary
+    result = diff_summaries(_summary(0.3, 12.0), b)
+    assert result.workload_differences["metadata"] == ("host-shared", None)
+
+
 def test_cli_diff_of_artifact_dirs_and_comma_separated_repeats(tmp_path):
     paths = {}
     for name, summary in {"a1": _summary(0.30, 12.0), "a2": _summary(0.34, 12.4),

@@ -2,9 +2,10 @@
 
 * Serving (SA_PROFILE / Chrome) events are re-emitted as read: name, cat, ph,
   ts/dur in µs (integers when the source had integer µs), pid, tid and args.
-  Argument values that are JSON text (numbers, objects, arrays, true/false/null
-  — how the readers keep non-string values) are written as JSON, others as
-  strings.
+  Argument values that are JSON text (numbers, true/false/null, and objects or
+  arrays that parse — how the readers keep non-string values) are written as
+  JSON, others as strings. (A string arg that reads as a number, ``"12"``,
+  comes out as ``12``: the span table keeps both as the same text.)
 * Runtime host spans go to a process per device (pid ``DEVICE_PID_BASE + rank``,
   named ``device <dev> (rank <r>)``), one thread per (OS thread, pipeline-slot
   lane). Args carry step, rank, device, inv, phase, callable, lane and
@@ -27,40 +28,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.swimlane import Swimlane, phase_of
+from dsprof.analysis.outputs.json_text import json_string, us_text
 from dsprof.profiler.synthetic import join_text, text_buffer
 
 DEVICE_PID_BASE = 100_000_000
 CHUNK_ROWS = 500_000
-_JSON_LITERAL = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null|[\{\[].*)$"
-
-
-def json_string(values) -> pa.Array:
-    """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped).
-
-    Escapes each distinct value once (names, phases and devices repeat on
-    millions of rows) and spreads the results with a dictionary take.
-    """
-    text = values if isinstance(values, (pa.Array, pa.ChunkedArray)) else pa.array(values, pa.string(), from_pandas=True)
-    if isinstance(text, pa.ChunkedArray):
-        text = text.combine_chunks()
-    encoded = pc.dictionary_encode(pc.fill_null(pc.cast(text, pa.string()), ""))
-    distinct = encoded.dictionary
-    distinct = pc.replace_substring(distinct, "\\", "\\\\")
-    distinct = pc.replace_substring(distinct, '"', '\\"')
-    if len(distinct) and pc.any(pc.match_substring_regex(distinct, r"[\x00-\x1f]")).as_py():
-        for code in range(0x20):  # the 32 control characters, not the rows
-            distinct = pc.replace_substring(distinct, chr(code), f"\\u{code:04x}")
-    quoted = join_text('"', distinct, '"') if len(distinct) else pa.array([], pa.string())
-    return quoted.take(encoded.indices)
-
-
-def _us_text(ns: pd.Series) -> pa.Array:
-    """µs text of integer ns: ``12`` when whole, else ``12.345``."""
-    values = ns.to_numpy(np.int64)
-    whole = pa.array(values // 1000)
-    frac = pa.array(values % 1000)
-    with_frac = join_text(whole, ".", pc.utf8_lpad(pc.cast(frac, pa.string()), 3, "0"))
-    return pc.if_else(pc.equal(frac, 0), pc.cast(whole, pa.string()), with_frac)
+# Argument values written as JSON rather than as strings: numbers and keywords by pattern;
+# text that starts like an object or array only when it parses (see _is_json_text).
+_JSON_SCALAR = r"^(-?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)?|true|false|null)$"
+_JSON_NESTED_START = r"^[\{\[]"
 
 
 def _json_int_or_null(values: pd.Series, quoted: bool = False) -> pa.Array:
@@ -70,14 +46,35 @@ def _json_int_or_null(values: pd.Series, quoted: bool = False) -> pa.Array:
     return pc.fill_null(text, "null")
 
 
+def _is_json_text(items: pa.Array) -> pa.Array:
+    """Whether each value is JSON to write as it is: how the readers keep nested args, or a number/keyword.
+
+    A string argument that merely starts with ``[`` or ``{`` must stay a string,
+    or the file would not parse; only such values are parsed, once per distinct value.
+    """
+    literal = pc.match_substring_regex(items, _JSON_SCALAR)
+    nested = pc.fill_null(pc.match_substring_regex(items, _JSON_NESTED_START), False)
+    if not pc.any(nested).as_py():
+        return literal
+    candidates = pc.dictionary_encode(items.filter(nested))
+    parses = pa.array([_parses(text) for text in candidates.dictionary.to_pylist()], pa.bool_())
+    return pc.or_(literal, pc.replace_with_mask(nested, nested, parses.take(candidates.indices)))
+
+
+def _parses(text: str) -> bool:
+    try:
+        json.loads(text)
+    except ValueError:
+        return False
+    return True
+
+
 def _args_objects(attrs: pd.Series) -> pa.Array:
     """JSON object text of each row's attribute map."""
     maps = pa.chunked_array(attrs.array._pa_array).combine_chunks() if len(attrs) else pa.array([], attrs.dtype.pyarrow_dtype)
-    if isinstance(maps, pa.ChunkedArray):
-        maps = maps.combine_chunks()
     keys = maps.keys
     items = pc.fill_null(maps.items, "null")
-    literal = pc.match_substring_regex(items, _JSON_LITERAL)
+    literal = _is_json_text(items)
     values = pc.if_else(literal, items, json_string(items))
     pairs = join_text(json_string(keys), ":", values)
     offsets = pc.subtract(maps.offsets, maps.offsets[0]) if len(maps) else maps.offsets
@@ -92,11 +89,11 @@ def _serving_events(serving: pd.DataFrame) -> pa.Array:
     timing = pc.if_else(
         pa.array(is_instant),
         pa.scalar('"s":"t"'),
-        join_text('"dur":', _us_text(serving["dur_ns"])),
+        join_text('"dur":', us_text(serving["dur_ns"])),
     )
     return join_text(
         '{"name":', json_string(serving["name"]), ',"cat":', json_string(serving["cat"]),
-        ',"ph":', json_string(serving["ph"]), ',"ts":', _us_text(serving["ts_ns"]), ",", timing,
+        ',"ph":', json_string(serving["ph"]), ',"ts":', us_text(serving["ts_ns"]), ",", timing,
         ',"pid":', pa.array(serving["pid"].to_numpy()), ',"tid":', pa.array(serving["tid"].to_numpy()),
         ',"args":', _args_objects(serving["attrs"]), "}",
     )
@@ -162,7 +159,7 @@ def _runtime_text(swimlane: Swimlane) -> _RuntimeText:
 
 def _runtime_events(text: _RuntimeText, rows: pd.DataFrame) -> pa.Array:
     return join_text(
-        '{"ts":', _us_text(rows["ts_ns"]), ',"dur":', _us_text(rows["dur_ns"]),
+        '{"ts":', us_text(rows["ts_ns"]), ',"dur":', us_text(rows["dur_ns"]),
         text.name_parts.take(pa.array(rows["name_code"].to_numpy())),
         '"wall_ns":', _json_int_or_null(rows["wall_ns"], quoted=True),
         ',"device_wall_dur_ns":', _json_int_or_null(rows["device_wall_dur_ns"]), ",",

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import pandas as pd
 
-from dsprof.errors import InputError
+from dsprof.analysis.skew import PERCENTILES
 
 if TYPE_CHECKING:
     from dsprof.analysis.swimlane import Swimlane
@@ -65,7 +65,7 @@ AGGREGATE_SHARE = 10
 # Cap on server-rendered list entries (late starts, tail steps); the page says how many were left out.
 LIST_LIMIT = 500
 
-PERCENTILE_KEYS = ("p50", "p95", "p99", "max", "count")
+PERCENTILE_KEYS = (*(name for name, _ in PERCENTILES), "count")
 
 
 @dataclass
@@ -617,13 +617,10 @@ def report_from_dir(
     progress: Callable[[str], None] | None = None,
 ) -> Path:
     """Analyse an artifact directory and write its report (``DIR/report.html`` by default)."""
-    from dsprof.analysis.analyze import analyze
+    from dsprof.analysis.analyze import analyze_artifact_dir
 
-    artifact_dir = Path(artifact_dir)
-    if not artifact_dir.is_dir():
-        raise InputError(artifact_dir, "not a directory", expected="an artifact directory written by dsprof run")
-    result = analyze([artifact_dir], None, threshold_ms=threshold_ms, progress=progress)
-    output = Path(output) if output is not None else artifact_dir / REPORT_NAME
+    result = analyze_artifact_dir(artifact_dir, threshold_ms=threshold_ms, progress=progress)
+    output = Path(output) if output is not None else Path(artifact_dir) / REPORT_NAME
     if progress:
         progress(f"writing {output}")
     return write_html_report(result.swimlane, result.summary, output)

@@ -5,7 +5,7 @@ device; runtime spans go on one track per (thread, pipeline-slot ``lane``),
 serving spans on one track per SA_PROFILE thread. Every track is made strictly
 nested: a span that would partly overlap another on its track moves to an extra
 track of the same thread (``_nested_tracks``), so Perfetto never sees
-overlapping slices on one track. Times are µs with three decimals (exact ns);
+overlapping slices on one track. Times are exact µs (up to three decimals: whole ns);
 wall-clock ns travel as strings in ``args.wall_ns``. Flow arrows go from a
 serving dispatch span to the rank roots it started (see ``_flow_links``).
 
@@ -25,8 +25,10 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsprof.analysis.outputs.json_text import json_string, us_text
 from dsprof.analysis.spans import ATTRS_TYPE, attr_columns
-from dsprof.errors import DsprofError, InputError
+from dsprof.profiler.synthetic import join_text, text_buffer
+from dsprof.errors import DsprofError
 
 if TYPE_CHECKING:
     from dsprof.analysis.swimlane import Swimlane
@@ -47,28 +49,9 @@ WRITE_CHUNK_EVENTS = 65_536
 # ---------------------------------------------------------------- JSON text, vectorised
 
 
-def _json_strings(values: pa.Array | pa.ChunkedArray) -> pa.Array:
-    """Each string as a JSON string literal (quoted, escaped); nulls stay null."""
-    text = pc.cast(values, pa.string())
-    text = pc.replace_substring(text, "\\", "\\\\")
-    text = pc.replace_substring(text, '"', '\\"')
-    if pc.any(pc.match_substring_regex(text, "[\\x00-\\x1f]")).as_py():
-        for code in range(0x20):
-            text = pc.replace_substring(text, chr(code), f"\\u{code:04x}")
-    return _quoted(text)
-
-
 def _quoted(text: pa.Array) -> pa.Array:
     """Text that needs no escaping (digits) as JSON strings."""
     return pc.binary_join_element_wise('"', text, '"', "")
-
-
-def _us_text(ns: np.ndarray) -> pa.Array:
-    """Integer ns as exact µs text with three decimals (``1234.567``)."""
-    ns = np.asarray(ns, dtype=np.int64)
-    whole = pc.cast(pa.array(np.floor_divide(ns, 1000)), pa.string())
-    frac = pc.utf8_lpad(pc.cast(pa.array(np.mod(ns, 1000)), pa.string()), 3, "0")
-    return pc.binary_join_element_wise(whole, frac, ".")
 
 
 def _int_text(values) -> pa.Array:
@@ -86,8 +69,8 @@ def _attrs_objects(attrs: pd.Series) -> pa.Array:
     if len(arrow) == 0:
         return pa.array([], pa.string())
     offsets = arrow.offsets
-    keys = _json_strings(arrow.keys)
-    values = _json_strings(arrow.items)
+    keys = json_string(arrow.keys, null=None)
+    values = json_string(arrow.items, null=None)
     pairs = pc.binary_join_element_wise(keys, values, ":")
     lists = pa.ListArray.from_arrays(offsets, pairs, mask=arrow.is_null())
     joined = pc.binary_join(lists, ",")
@@ -277,8 +260,11 @@ def _processes(frame: pd.DataFrame) -> pd.DataFrame:
 # ---------------------------------------------------------------- flows
 
 
-def _flow_links(swimlane: Swimlane, frame: pd.DataFrame) -> pd.DataFrame:
+def _flow_links(swimlane: Swimlane) -> pd.DataFrame:
     """(serving frame row, root frame row) pairs: which dispatch span started which rank root.
+
+    Frame rows are numbered as ``_span_rows`` lays them out: the runtime rows,
+    then the serving rows.
 
     A serving span links by the first of ``dispatch_id`` (non-zero), ``run_id``
     it carries, matched against the same attribute of decode roots; a
@@ -314,7 +300,7 @@ def _metadata_events(processes: pd.DataFrame, tracks: pd.DataFrame) -> list[pa.A
     pid = _int_text(processes["pid"].to_numpy(np.int64))
     process_name = pc.binary_join_element_wise(
         '{"ph":"M","name":"process_name","pid":', pid, ',"tid":0,"args":{"name":',
-        _json_strings(pa.array(processes["process_name"].astype(str))), "}}", "",
+        json_string(pa.array(processes["process_name"].astype(str)), null=None), "}}", "",
     )
     process_sort = pc.binary_join_element_wise(
         '{"ph":"M","name":"process_sort_index","pid":', pid, ',"tid":0,"args":{"sort_index":',
@@ -324,7 +310,7 @@ def _metadata_events(processes: pd.DataFrame, tracks: pd.DataFrame) -> list[pa.A
     ttid = _int_text(tracks["track_tid"].to_numpy(np.int64))
     thread_name = pc.binary_join_element_wise(
         '{"ph":"M","name":"thread_name","pid":', tpid, ',"tid":', ttid, ',"args":{"name":',
-        _json_strings(pa.array(tracks["thread_name"].astype(str))), "}}", "",
+        json_string(pa.array(tracks["thread_name"].astype(str)), null=None), "}}", "",
     )
     thread_sort = pc.binary_join_element_wise(
         '{"ph":"M","name":"thread_sort_index","pid":', tpid, ',"tid":', ttid, ',"args":{"sort_index":',
@@ -336,7 +322,7 @@ def _metadata_events(processes: pd.DataFrame, tracks: pd.DataFrame) -> list[pa.A
 def _span_events(frame: pd.DataFrame, attrs: pa.Array) -> pa.Array:
     """One ``X`` (or ``i``) event per span."""
     def optional_str(column: str) -> pa.Array:
-        return _json_strings(pa.array(frame[column].astype("string").to_numpy(na_value=None), pa.string()))
+        return json_string(pa.array(frame[column].astype("string").to_numpy(na_value=None), pa.string()), null=None)
 
     def optional_digits(column: str) -> pa.Array:
         return _quoted(pa.array(frame[column].astype("string").to_numpy(na_value=None), pa.string()))
@@ -357,12 +343,12 @@ def _span_events(frame: pd.DataFrame, attrs: pa.Array) -> pa.Array:
     )
     is_instant = (frame["ph"] == "i").to_numpy()
     shape = pa.array(np.where(is_instant, '"ph":"i","s":"t"', '"ph":"X"'))
-    dur = pc.if_else(pa.array(is_instant), pa.scalar(""), pc.binary_join_element_wise(',"dur":', _us_text(frame["dur_ns"].to_numpy()), ""))
+    dur = pc.if_else(pa.array(is_instant), pa.scalar(""), pc.binary_join_element_wise(',"dur":', us_text(frame["dur_ns"].to_numpy()), ""))
     return pc.binary_join_element_wise(
-        '{"name":', _json_strings(pa.array(frame["name"].to_numpy(na_value=""), pa.string())),
-        ',"cat":', _json_strings(pa.array(frame["cat"].astype(str))),
+        '{"name":', json_string(pa.array(frame["name"].to_numpy(na_value=""), pa.string()), null=None),
+        ',"cat":', json_string(pa.array(frame["cat"].astype(str)), null=None),
         ",", shape,
-        ',"ts":', _us_text(frame["ts_ns"].to_numpy()), dur,
+        ',"ts":', us_text(frame["ts_ns"].to_numpy()), dur,
         ',"pid":', _int_text(frame["pid"].to_numpy(np.int64)),
         ',"tid":', _int_text(frame["track_tid"].to_numpy(np.int64)),
         ',"args":', args, "}", "",
@@ -377,12 +363,12 @@ def _flow_events(frame: pd.DataFrame, links: pd.DataFrame) -> list[pa.Array]:
     dst = frame.iloc[links["dst"].to_numpy()]
     start = pc.binary_join_element_wise(
         '{"ph":"s","name":"dispatch","cat":"flow","id":', flow_id,
-        ',"ts":', _us_text(src["ts_ns"].to_numpy()),
+        ',"ts":', us_text(src["ts_ns"].to_numpy()),
         ',"pid":', _int_text(src["pid"].to_numpy(np.int64)), ',"tid":', _int_text(src["track_tid"].to_numpy(np.int64)), "}", "",
     )
     finish = pc.binary_join_element_wise(
         '{"ph":"f","bp":"e","name":"dispatch","cat":"flow","id":', flow_id,
-        ',"ts":', _us_text(dst["ts_ns"].to_numpy()),
+        ',"ts":', us_text(dst["ts_ns"].to_numpy()),
         ',"pid":', _int_text(dst["pid"].to_numpy(np.int64)), ',"tid":', _int_text(dst["track_tid"].to_numpy(np.int64)), "}", "",
     )
     return [start, finish]
@@ -400,7 +386,7 @@ def write_perfetto_json(swimlane: Swimlane, summary: dict, path: str | Path) -> 
             pc.cast(_attrs_objects(swimlane.serving["attrs"]), pa.string()),
         ]
     )
-    links = _flow_links(swimlane, frame)
+    links = _flow_links(swimlane)
     parts = _metadata_events(_processes(frame), tracks) + [_span_events(frame, attrs)] + _flow_events(frame, links)
     validation = summary.get("validation") or {}
     other = {
@@ -411,15 +397,21 @@ def write_perfetto_json(swimlane: Swimlane, summary: dict, path: str | Path) -> 
         "ranks": validation.get("ranks"),
         "flows": len(links),
     }
-    with path.open("w", encoding="utf-8") as out:
-        out.write('{"displayTimeUnit":"ns","otherData":' + json.dumps(other) + ',"traceEvents":[\n')
+    with path.open("wb") as out:
+        out.write(('{"displayTimeUnit":"ns","otherData":' + json.dumps(other) + ',"traceEvents":[\n').encode())
         first = True
         for part in parts:
-            for offset in range(0, len(part), WRITE_CHUNK_EVENTS):
-                lines = part.slice(offset, WRITE_CHUNK_EVENTS).to_pylist()
-                out.write(("" if first else ",\n") + ",\n".join(lines))
+            for offset in range(0, len(part), WRITE_CHUNK_EVENTS):  # a loop over chunks, not events
+                chunk = part.slice(offset, WRITE_CHUNK_EVENTS)
+                if len(chunk) == 0:
+                    continue
+                out.write(b"" if first else b",\n")
+                # each event's text plus its separator, written straight from the Arrow buffer
+                out.write(text_buffer(join_text(chunk, ",\n")))
+                out.seek(out.tell() - 2)  # the chunk's last separator
                 first = False
-        out.write("\n]}\n")
+        out.write(b"\n]}\n")
+        out.truncate()
     return path
 
 
@@ -433,12 +425,9 @@ def export_from_dir(
     """Analyse an artifact directory and export it (``dsprof export``)."""
     if format not in FORMATS:
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(FORMATS)})")
-    artifact_dir = Path(artifact_dir)
-    if not artifact_dir.is_dir():
-        raise InputError(artifact_dir, "not a directory", expected="an artifact directory written by dsprof run")
-    from dsprof.analysis.analyze import analyze
+    from dsprof.analysis.analyze import analyze_artifact_dir
 
-    result = analyze([artifact_dir], None, progress=progress)
+    result = analyze_artifact_dir(artifact_dir, progress=progress)
     if progress:
         progress(f"writing {output}")
     return write_perfetto_json(result.swimlane, result.summary, output)

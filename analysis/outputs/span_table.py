@@ -8,9 +8,8 @@
 * ``.jsonl``: one JSON object per span with the schema's keys in order;
   ``attrs`` a JSON object; ``inv`` an integer (exact up to 2**64-1) or null.
 
-The JSON text is built with Arrow string kernels over whole columns; only
-strings that need escaping beyond quotes (quotes, backslashes, control
-characters) go through :func:`json.dumps`, once per distinct value.
+The JSON text is built with Arrow string kernels over whole columns
+(``outputs/json_text.py``), escaping each distinct string once.
 """
 
 from __future__ import annotations
@@ -26,12 +25,12 @@ import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 import pyarrow.parquet as pq
 
+from dsprof.analysis.outputs.json_text import json_string
 from dsprof.analysis.spans import spans_to_arrow
 from dsprof.errors import InputError
+from dsprof.profiler.synthetic import text_buffer
 
 SPAN_TABLE_FORMATS = (".parquet", ".csv", ".jsonl")
-# Strings that cannot be written as '"' + text + '"' in JSON.
-_NEEDS_JSON_ESCAPE = r'["\\\x00-\x1f]'
 
 
 def check_span_table_path(path: str | os.PathLike) -> str:
@@ -64,18 +63,6 @@ def _lit(text: str) -> pa.Scalar:
     return pa.scalar(text, pa.large_string())
 
 
-def json_strings(values: pa.Array) -> pa.Array:
-    """Each string as a JSON string literal (nulls stay null)."""
-    values = values.cast(pa.large_string())
-    quoted = pc.binary_join_element_wise(_lit('"'), values, _lit('"'), _lit(""))
-    needs = pc.match_substring_regex(values, _NEEDS_JSON_ESCAPE)
-    if not pc.any(needs).as_py():
-        return quoted
-    distinct = pc.dictionary_encode(values.filter(needs))
-    escaped = pa.array([json.dumps(v, ensure_ascii=False) for v in distinct.dictionary.to_pylist()], pa.large_string())
-    return pc.replace_with_mask(quoted, needs, escaped.take(distinct.indices))
-
-
 def attrs_json(attrs: pa.Array) -> pa.Array:
     """A ``map<string,string>`` column as JSON object text per row (``{}`` for none)."""
     attrs = attrs.cast(attrs.type)  # a plain MapArray
@@ -84,9 +71,14 @@ def attrs_json(attrs: pa.Array) -> pa.Array:
     offsets = attrs.offsets.to_numpy().astype(np.int64)
     keys = attrs.keys.slice(offsets[0], offsets[-1] - offsets[0])
     items = attrs.items.slice(offsets[0], offsets[-1] - offsets[0])
-    pairs = pc.binary_join_element_wise(json_strings(keys), json_strings(items), _lit(":"))
+    pairs = pc.binary_join_element_wise(_json_strings(keys), _json_strings(items), _lit(":"))
     per_row = pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0], pa.int64()), pairs)
     return pc.binary_join_element_wise(_lit("{"), pc.binary_join(per_row, _lit(",")), _lit("}"), _lit(""))
+
+
+def _json_strings(values: pa.Array) -> pa.Array:
+    """JSON string literals as ``large_string`` (nulls stay null), for text that may pass 2 GiB."""
+    return json_string(values, null=None, large=True)
 
 
 def _json_numbers(values: pa.Array) -> pa.Array:
@@ -103,11 +95,9 @@ def _jsonl_bytes(table: pa.Table) -> bytes:
         if field.name == "attrs":
             text = attrs_json(column)
         elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
-            text = json_strings(column).fill_null(_lit("null"))
+            text = _json_strings(column).fill_null(_lit("null"))
         else:
             text = _json_numbers(column)
         parts += [_lit(("{" if i == 0 else ",") + json.dumps(field.name) + ":"), text]
     lines = pc.binary_join_element_wise(*parts, _lit("}\n"), _lit(""))
-    # without nulls the value buffer between the first and last offset is the file
-    offsets = np.frombuffer(lines.buffers()[1], dtype=np.int64)[lines.offset : lines.offset + len(lines) + 1]
-    return lines.buffers()[2][offsets[0] : offsets[-1]].to_pybytes()
+    return bytes(text_buffer(lines))  # without nulls, the value buffer is the file

@@ -13,7 +13,12 @@ WORKLOAD_SHAPE_KEYS = (
 )
 
 
-def _v(value, unit: str = "") -> str:
+# The percentile figures shown in the printed table and in summary.md (the rest stay in summary.json).
+HEADLINE_FIGURES = ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms")
+
+
+def format_value(value, unit: str = "") -> str:
+    """A summary value for people: ``n/a`` where the figure could not be computed (null)."""
     return "n/a" if value is None else f"{value}{unit}"
 
 
@@ -30,11 +35,11 @@ def format_summary_md(summary: dict) -> str:
     if workload:
         shape = {k: workload[k] for k in WORKLOAD_SHAPE_KEYS if workload.get(k) not in (None, [], "")} or workload
         lines.append("Workload: " + ", ".join(f"{k}={v}" for k, v in shape.items()))
-    lines.append(f"Exit status: {_v(summary.get('exit_status'))}")
+    lines.append(f"Exit status: {format_value(summary.get('exit_status'))}")
     lines.append(
-        f"Tokens: {_v(serving['tokens_returned'])} / {_v(serving['tokens_expected'])} expected; "
-        f"batch {_v(serving['batch_elapsed_s'], ' s')}; throughput {_v(serving['throughput_tok_s'], ' tok/s')}; "
-        f"effective TPOT {_v(serving['effective_tpot_ms'], ' ms')}"
+        f"Tokens: {format_value(serving['tokens_returned'])} / {format_value(serving['tokens_expected'])} expected; "
+        f"batch {format_value(serving['batch_elapsed_s'], ' s')}; throughput {format_value(serving['throughput_tok_s'], ' tok/s')}; "
+        f"effective TPOT {format_value(serving['effective_tpot_ms'], ' ms')}"
         + (f"; acceptance {serving['acceptance_rate']}" if serving.get("acceptance_rate") is not None else "")
     )
     lines.append("")
@@ -49,9 +54,9 @@ def format_summary_md(summary: dict) -> str:
             + "; ".join(validation["problems"])
         )
     lines += ["", "| figure | p50 ms | p95 ms | p99 ms | max ms | count |", "|---|---|---|---|---|---|"]
-    for name in ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms"):
+    for name in HEADLINE_FIGURES:
         b = figures[name]
-        lines.append(f"| {name} | {_v(b['p50'])} | {_v(b['p95'])} | {_v(b['p99'])} | {_v(b['max'])} | {b['count']} |")
+        lines.append(f"| {name} | {format_value(b['p50'])} | {format_value(b['p95'])} | {format_value(b['p99'])} | {format_value(b['max'])} | {b['count']} |")
     lines.append("")
     lines.append(f"Late starts (> {late['threshold_ms']} ms): {late['count']}")
     for item in late["items"][:10]:
@@ -71,6 +76,7 @@ def format_summary_md(summary: dict) -> str:
 
 
 def write_summary_md(summary: dict, path: str | Path) -> Path:
+    """Write the block a reviewer pastes into a pull request (``dsprof run`` also prints it)."""
     path = Path(path)
     path.write_text(format_summary_md(summary))
     return path
