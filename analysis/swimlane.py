@@ -19,8 +19,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.spans import Trace, attr_columns
+from dsprof.profiler.strace_format import DECODE_CALLABLE
 
-DECODE_CALLABLE = "decode.main+verify+mtp"
 EXTERNAL_PREFIX = "ext."
 ROOT_ATTRS = ("callable", "rank", "device", "run_epoch", "slot_id", "step")
 

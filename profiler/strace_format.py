@@ -17,6 +17,8 @@ PIPE_BUF = 4096
 # Longest attribute value (after escaping) kept before capping it with "~".
 MAX_VALUE_CHARS = 256
 VALUE_CAP_MARK = "~"
+# The `callable` attribute of a decode root (SPEC §2): the fused decode program.
+DECODE_CALLABLE = "decode.main+verify+mtp"
 
 # Bytes that would break the space-separated k=v grammar or the log prefix.
 _NEEDS_ESCAPE = re.compile(r"[\x00-\x20\x7f\[\]%=]")

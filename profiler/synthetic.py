@@ -43,13 +43,13 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.profiler.strace_format import (
+    DECODE_CALLABLE,
     STRACE_VERSION,
     format_anchor_payload,
     format_chip_ready_payload,
     format_prefix,
 )
 
-DECODE_CALLABLE = "decode.main+verify+mtp"
 DECODE_HID = "9f3c2a71d04be815"
 PREFILL_CALLABLE = "prefill.main"
 PREFILL_HID = "41d0aa7c33e2b906"

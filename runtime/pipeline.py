@@ -23,10 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from dsprof.profiler import strace
+from dsprof.profiler.strace_format import DECODE_CALLABLE
 from dsprof.runtime.device import Fence, PhaseClock
 from dsprof.runtime.task_args import TaskArgs
 
-DECODE_CALLABLE = "decode.main+verify+mtp"
 PREFILL_CALLABLE = "prefill.main+mtp"
 ROOT = "chip.run"
 
