@@ -1,10 +1,11 @@
-"""The span table: the one data model every reader fills and every analysis reads.
+"""The span table: the one data model every reader fills and every analysis queries.
 
-A span table is a pandas DataFrame whose columns and dtypes are fixed by
-:data:`SPAN_SCHEMA`. Units are in the column names. Timestamps are integer
-nanoseconds on the host monotonic clock, except rows with ``clk == "dev"``,
-whose ``ts_ns`` is on a per-invocation device clock and must never be placed on
-the host axis.
+A span table is an Arrow table with the columns and types of
+:data:`SPAN_SCHEMA`, in memory or as a Parquet dataset on disk; the analysis
+engine (:mod:`dsprof.analysis.engine`) queries either through DuckDB. Units are
+in the column names. Timestamps are integer nanoseconds on the host monotonic
+clock, except rows with ``clk == "dev"``, whose ``ts_ns`` is on a
+per-invocation device clock and must never be placed on the host axis.
 
 Columns
 -------
@@ -16,25 +17,50 @@ name     span name (decoded)
 cat      Chrome category; ``""`` for STRACE rows
 ph       ``X`` complete span or ``i`` instant (``dur_ns == 0``)
 ts_ns    start, ns
-dur_ns   duration, ns
+dur_ns   duration, ns (never negative: readers drop and count such spans)
 inv      STRACE invocation id (uint64), null elsewhere
 hid      STRACE callable hash (hex text), ``""`` elsewhere
 depth    STRACE nesting depth, null elsewhere
 clk      ``host`` or ``dev``
-attrs    decoded attributes / Chrome ``args`` as a map<string,string>; nested
-         JSON values are kept as their JSON text
+
+The attribute vocabulary of SPEC §2/§2.1 is promoted to typed columns, so that
+the analysis reads them without parsing text (null where absent, or where the
+value is not an integer — the text then stays in ``attrs``):
+
+rank, step, run_id, dispatch_id, run_epoch, slot_id, generation   int64
+device, callable                                                   string
+os_cpu_ns, os_rq_ns, os_nivcsw, os_majflt                          int64 (``os.*`` attributes)
+
+attrs    every other attribute / Chrome ``args`` member as map<string,string>;
+         non-string JSON values are kept as their JSON text
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dsprof.profiler import strace_format as fmt
 
 ATTRS_TYPE = pa.map_(pa.string(), pa.string())
+
+# attribute name -> promoted column, integers and text
+PROMOTED_INT_ATTRS: dict[str, str] = {
+    fmt.RANK_ATTR: "rank",
+    fmt.STEP_ATTR: "step",
+    **{name: name for name in fmt.IDENTITY_ATTRS},
+    fmt.OS_CPU_NS: "os_cpu_ns",
+    fmt.OS_RQ_NS: "os_rq_ns",
+    fmt.OS_NIVCSW: "os_nivcsw",
+    fmt.OS_MAJFLT: "os_majflt",
+}
+PROMOTED_TEXT_ATTRS: dict[str, str] = {fmt.DEVICE_ATTR: "device", fmt.CALLABLE_ATTR: "callable"}
+PROMOTED_COLUMNS = tuple(PROMOTED_INT_ATTRS.values()) + tuple(PROMOTED_TEXT_ATTRS.values())
 
 SPAN_SCHEMA = pa.schema(
     [
@@ -52,137 +78,162 @@ SPAN_SCHEMA = pa.schema(
         ("hid", pa.string()),
         ("depth", pa.int64()),
         ("clk", pa.string()),
+        *((column, pa.int64()) for column in PROMOTED_INT_ATTRS.values()),
+        *((column, pa.string()) for column in PROMOTED_TEXT_ATTRS.values()),
         ("attrs", ATTRS_TYPE),
     ]
 )
-
 SPAN_COLUMNS = tuple(SPAN_SCHEMA.names)
+# Columns with few distinct values: dictionary-encoded in Parquet.
+DICTIONARY_COLUMNS = ("source", "file", "name", "cat", "ph", "hid", "clk", "device", "callable")
 
-# pandas dtypes for each Arrow type of the schema: nullable where the schema
-# allows nulls (inv, depth), Arrow-backed strings, and the attribute map kept in
-# Arrow so that lookups stay vectorised (see attr_columns).
-_PANDAS_DTYPES = {
-    "source": "string[pyarrow]",
-    "file": "string[pyarrow]",
-    "line": "int64",
-    "pid": "int64",
-    "tid": "int64",
-    "name": "string[pyarrow]",
-    "cat": "string[pyarrow]",
-    "ph": "string[pyarrow]",
-    "ts_ns": "int64",
-    "dur_ns": "int64",
-    "inv": "UInt64",
-    "hid": "string[pyarrow]",
-    "depth": "Int64",
-    "clk": "string[pyarrow]",
-    "attrs": pd.ArrowDtype(ATTRS_TYPE),
-}
+# Integer attribute text the promoted columns take: what fits int64 without a doubt.
+_INT_TEXT = r"^-?[0-9]{1,18}$"
 
 
-def spans_from_arrow(table: pa.Table) -> pd.DataFrame:
-    """Convert an Arrow table that follows SPAN_SCHEMA into the pandas span table."""
-    table = table.select(list(SPAN_COLUMNS)).cast(SPAN_SCHEMA)
-    frame = pd.DataFrame(
-        {
-            name: table.column(name).to_pandas(types_mapper=_types_mapper_for(name))
-            for name in SPAN_COLUMNS
-        }
-    )
-    return frame.astype({k: v for k, v in _PANDAS_DTYPES.items() if k != "attrs"})
+def empty_spans() -> pa.Table:
+    return SPAN_SCHEMA.empty_table()
 
 
-def _types_mapper_for(column: str):
-    if column == "attrs":
-        return lambda arrow_type: pd.ArrowDtype(arrow_type)
-    if column in ("inv", "depth"):
-        # straight to the nullable dtype: via float64 (what nulls would force)
-        # 64-bit invocation ids would lose their low bits
-        dtype = _PANDAS_DTYPES[column]
-        return lambda arrow_type: pd.api.types.pandas_dtype(dtype)
-    return None
+def split_attributes(offsets: np.ndarray, keys: pa.Array, values: pa.Array) -> tuple[dict[str, pa.Array], pa.Array]:
+    """Promoted columns and the ``attrs`` map of the rest, from every row's flat key/value pairs.
 
-
-def spans_to_arrow(spans: pd.DataFrame) -> pa.Table:
-    """The span table as Arrow, for Parquet output and pyarrow kernels."""
-    arrays = []
-    for name in SPAN_COLUMNS:
-        column = spans[name]
-        if isinstance(column.dtype, pd.ArrowDtype):
-            arrays.append(pa.chunked_array(column.array._pa_array, type=SPAN_SCHEMA.field(name).type))
-        else:
-            arrays.append(pa.array(column, type=SPAN_SCHEMA.field(name).type, from_pandas=True))
-    return pa.Table.from_arrays(arrays, schema=SPAN_SCHEMA)
-
-
-def empty_spans() -> pd.DataFrame:
-    return spans_from_arrow(SPAN_SCHEMA.empty_table())
-
-
-def concat_spans(frames: list[pd.DataFrame]) -> pd.DataFrame:
-    """Stack span tables from several readers, keeping the schema's dtypes."""
-    frames = [f for f in frames if len(f)]
-    if not frames:
-        return empty_spans()
-    if len(frames) == 1:
-        return frames[0].reset_index(drop=True)
-    return spans_from_arrow(pa.concat_tables([spans_to_arrow(f) for f in frames]))
-
-
-def attr_columns(spans: pd.DataFrame, keys: list[str] | tuple[str, ...]) -> pd.DataFrame:
-    """Pull named attributes out of ``attrs`` as string columns (null where absent; first match wins).
-
-    Vectorised over the map's flattened keys: one comparison per key over all
-    entries, then each hit is assigned to its row through the map offsets
-    (Arrow's map_lookup is several times slower on large tables).
+    ``offsets`` (n + 1 entries) delimit each row's pairs in ``keys``/``values``
+    (decoded text). A key's first occurrence in a row is promoted when its value
+    parses; everything not promoted stays in the map, in order.
     """
-    attrs = spans["attrs"]
-    if len(spans) == 0:
-        return pd.DataFrame({k: pd.Series([], dtype="string[pyarrow]") for k in keys}, index=spans.index)
-    arrow = pa.chunked_array(attrs.array._pa_array, type=ATTRS_TYPE).combine_chunks()
-    # keys/items are the whole child arrays; offsets index into them (also for a slice)
-    offsets = np.asarray(arrow.offsets)
+    n = len(offsets) - 1
+    offsets = np.asarray(offsets, np.int64)
+    keys = keys.cast(pa.string()) if keys.type != pa.string() else keys
+    values = values.cast(pa.string()) if values.type != pa.string() else values
+    row = np.repeat(np.arange(n, dtype=np.int64), np.diff(offsets))
+    promoted = np.zeros(len(keys), dtype=bool)
+    columns: dict[str, pa.Array] = {}
+    for attrs_map, arrow_type, parses in (
+        (PROMOTED_INT_ATTRS, pa.int64(), lambda v: pc.match_substring_regex(v, _INT_TEXT)),
+        (PROMOTED_TEXT_ATTRS, pa.string(), lambda v: pc.is_valid(v)),
+    ):
+        for key, column in attrs_map.items():  # a loop over the vocabulary, not the rows
+            hit = np.flatnonzero(pc.equal(keys, key).to_numpy(zero_copy_only=False))
+            if len(hit):
+                ok = parses(values.take(pa.array(hit))).to_numpy(zero_copy_only=False)
+                hit = hit[ok]
+                rows, first = np.unique(row[hit], return_index=True)  # the first occurrence in a row wins
+                hit = hit[first]
+            else:
+                rows = hit
+            promoted[hit] = True
+            source = np.full(n, -1, np.int64)
+            source[rows] = hit
+            taken = values.take(pa.array(source, mask=source < 0))
+            columns[column] = taken.cast(arrow_type) if arrow_type != pa.string() else taken
+    keep = ~promoted
+    kept_per_row = np.bincount(row[keep], minlength=n) if n else np.zeros(0, np.int64)
+    map_offsets = np.zeros(n + 1, np.int32)
+    np.cumsum(kept_per_row, out=map_offsets[1:])
+    mask = pa.array(keep)
+    rest = pa.MapArray.from_arrays(pa.array(map_offsets, pa.int32()), keys.filter(mask), values.filter(mask), type=ATTRS_TYPE)
+    return columns, rest
+
+
+def attr_map_parts(attrs: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """(offsets, keys, values) of a ``map<string,string>`` column (zero-copy slices)."""
+    attrs = attrs.combine_chunks() if isinstance(attrs, pa.ChunkedArray) else attrs
+    offsets = np.asarray(attrs.offsets, np.int64)
     first, last = int(offsets[0]), int(offsets[-1])
-    entry_keys = arrow.keys.slice(first, last - first)
-    items = arrow.items
-    columns = {}
-    for key in keys:  # a loop over the requested keys, not the rows
-        hits = np.flatnonzero(pc.equal(entry_keys, key).to_numpy(zero_copy_only=False)) + first
-        rows = np.searchsorted(offsets, hits, side="right") - 1
-        rows, first_hit = np.unique(rows, return_index=True)
-        entry_of_row = np.full(len(arrow), -1, dtype=np.int64)
-        entry_of_row[rows] = hits[first_hit]
-        values = items.take(pa.array(entry_of_row, mask=entry_of_row < 0))
-        columns[key] = pd.Series(values.to_numpy(zero_copy_only=False), index=spans.index, dtype="string[pyarrow]")
-    return pd.DataFrame(columns, index=spans.index)
+    return offsets - first, attrs.keys.slice(first, last - first), attrs.items.slice(first, last - first)
+
+
+def with_promoted_attributes(table: pa.Table) -> pa.Table:
+    """A table whose ``attrs`` holds every attribute, in SPAN_SCHEMA form (vocabulary promoted)."""
+    offsets, keys, values = attr_map_parts(table.column("attrs"))
+    columns, rest = split_attributes(offsets, keys, values)
+    arrays = {name: table.column(name) for name in table.column_names if name != "attrs"}
+    arrays.update(columns)
+    arrays["attrs"] = rest
+    return pa.table({name: arrays[name] for name in SPAN_COLUMNS}, schema=SPAN_SCHEMA)
+
+
+def concat_spans(tables: list[pa.Table]) -> pa.Table:
+    """Stack span tables from several readers."""
+    tables = [t for t in tables if t.num_rows]
+    if not tables:
+        return empty_spans()
+    return pa.concat_tables(tables) if len(tables) > 1 else tables[0]
 
 
 @dataclass
 class Trace:
     """Everything read from a set of artifacts: spans plus the side tables.
 
-    ``anchors``: one row per CLOCK_ANCHOR (pid, mono_ns, wall_ns as int64; wall
+    ``spans`` is the span table in memory; a reader told to spill (large logs)
+    leaves it empty and lists its Parquet files in ``span_files`` instead.
+    ``anchors``: one row per accepted CLOCK_ANCHOR (pid, mono_ns, wall_ns; wall
     nanoseconds exceed 2**53, so they are never floats). ``chip_devices``: one
     row per ``[chip_process pid= dev=] ready`` line (pid, device). ``dropped``
     counts records that could not be used, by reason (e.g. ``torn_record``,
     ``unknown_version``, ``bad_json``); nothing is dropped silently.
     """
 
-    spans: pd.DataFrame = field(default_factory=empty_spans)
-    anchors: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame(
-            {"pid": pd.Series([], dtype="int64"), "mono_ns": pd.Series([], dtype="int64"), "wall_ns": pd.Series([], dtype="int64")}
-        )
-    )
-    chip_devices: pd.DataFrame = field(
-        default_factory=lambda: pd.DataFrame({"pid": pd.Series([], dtype="int64"), "device": pd.Series([], dtype="string[pyarrow]")})
-    )
+    spans: pa.Table = field(default_factory=empty_spans)
+    span_files: list[Path] = field(default_factory=list)
+    anchors: pa.Table = field(default_factory=lambda: ANCHOR_SCHEMA.empty_table())
+    chip_devices: pa.Table = field(default_factory=lambda: CHIP_SCHEMA.empty_table())
     dropped: dict[str, int] = field(default_factory=dict)
     records_read: int = 0
+    lines_read: int = 0
     files: list[str] = field(default_factory=list)
-    # Per-file extras a reader found (e.g. performance_summary.json contents).
-    extras: dict[str, object] = field(default_factory=dict)
+    # Chrome metadata: pid -> process name, (pid, tid) -> thread name
+    process_names: dict[int, str] = field(default_factory=dict)
+    thread_names: dict[tuple[int, int], str] = field(default_factory=dict)
+    # the JSON side files of an artifact directory, as read (see dsprof.analysis.ingest.side_files)
+    performance_summary: dict | None = None
+    faults: dict | None = None
+    # which SA_PROFILE source was read and why (merged trace.json or fragments)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def dropped_total(self) -> int:
         return sum(self.dropped.values())
+
+    @property
+    def span_count(self) -> int:
+        if self.span_files:
+            return sum(pq.ParquetFile(p).metadata.num_rows for p in self.span_files) + self.spans.num_rows
+        return self.spans.num_rows
+
+    def count(self, reason: str, n: int = 1) -> None:
+        if n:
+            self.dropped[reason] = self.dropped.get(reason, 0) + int(n)
+
+
+ANCHOR_SCHEMA = pa.schema([("pid", pa.int64()), ("mono_ns", pa.int64()), ("wall_ns", pa.int64())])
+CHIP_SCHEMA = pa.schema([("pid", pa.int64()), ("device", pa.string())])
+
+
+def merge_traces(traces: list[Trace]) -> Trace:
+    """One Trace from several: spans and side tables stacked, counters summed, names merged.
+
+    Side files are taken from the first trace that has them.
+    """
+    merged = Trace()
+    if not traces:
+        return merged
+    merged.spans = concat_spans([t.spans for t in traces])
+    merged.anchors = pa.concat_tables([t.anchors for t in traces])
+    merged.chip_devices = pa.concat_tables([t.chip_devices for t in traces])
+    for trace in traces:
+        for reason, count in trace.dropped.items():
+            merged.count(reason, count)
+        merged.span_files.extend(trace.span_files)
+        merged.records_read += trace.records_read
+        merged.lines_read += trace.lines_read
+        merged.files.extend(trace.files)
+        merged.process_names.update(trace.process_names)
+        merged.thread_names.update(trace.thread_names)
+        merged.notes.extend(trace.notes)
+        if merged.performance_summary is None:
+            merged.performance_summary = trace.performance_summary
+        if merged.faults is None:
+            merged.faults = trace.faults
+    return merged

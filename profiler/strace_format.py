@@ -1,8 +1,14 @@
-"""The STRACE text format (SPEC §2), written and read in one place.
+"""The STRACE text format (SPEC §2, §2.1): the one place that defines it.
 
-Every producer (the live emitter, the synthetic log generator) formats records
-through these functions and every reader decodes values through
-:func:`decode_value`, so the escaping rules cannot drift apart.
+Every producer (the live emitter :mod:`dsprof.profiler.strace`, the synthetic
+generator :mod:`dsprof.testing.synthetic`) builds records with
+:func:`format_record` / :func:`format_strace_payload`, and every reader takes
+the marker, the version, the span names and the attribute names from here, so
+the grammar, the escaping and the vocabulary cannot drift apart.
+
+The vocabulary is the serving stack's. ``tests/test_strace_vocabulary.py``
+checks it against SPEC's span tree and attribute tables (as written in
+``docs/FORMATS.md``), so a name changed here and not there fails a test.
 """
 
 from __future__ import annotations
@@ -10,15 +16,84 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote
 
+# -- record grammar -------------------------------------------------------------------
+
+STRACE_MARKER = "[STRACE]"
 STRACE_VERSION = 1
+ANCHOR_MARKER = "[CLOCK_ANCHOR]"
+ANCHOR_VERSION = 1
+CHIP_READY_MARKER = "[chip_process "
+# The fields every record has, in this order, before its free ``k=v`` attributes.
+REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 # Linux guarantees a single write() of at most PIPE_BUF bytes to a pipe is not
 # interleaved with writes of other processes sharing it.
 PIPE_BUF = 4096
 # Longest attribute value (after escaping) kept before capping it with "~".
 MAX_VALUE_CHARS = 256
 VALUE_CAP_MARK = "~"
-# The `callable` attribute of a decode root (SPEC §2): the fused decode program.
+# The log prefix's function part for the lines the serving stack's reader insists
+# on: it accepts a clock anchor only from a ``clock_anchor:`` record.
+ANCHOR_FUNC = "clock_anchor"
+ANCHOR_LEVEL = "TIMING"
+
+# -- span names (SPEC §2 span tree) -----------------------------------------------------
+
+ROOT = "chip.run"
+BIND = "chip.run.bind"
+BIND_ARGS = "chip.run.bind.args"
+BIND_PREBUILT = "chip.run.bind.prebuilt"
+RUNNER_RUN = "chip.run.runner_run"
+FENCE_WAIT = "chip.run.runner_run.native_fence_wait"
+DEVICE_WALL = "chip.run.runner_run.device_wall"
+CLAIM_RELEASE = "chip.run.claim_release"
+VALIDATE = "chip.run.validate"
+# One Python garbage collection (SPEC §2.1): its own invocation, depth 0, hid 0.
+GC = "host.gc"
+GC_HID = "0"
+# Spans of other producers: ``ext.<producer>.<span>``; never runtime spans.
+EXTERNAL_PREFIX = "ext."
+# A span whose last name segment ends so is time spent waiting on something else.
+WAIT_SUFFIX = "_wait"
+# A device-clock span waiting on a peer rank names it in this attribute.
+PEER_ATTR = "peer"
+
+# Phase labels: the span name below the root, with the runner_run level dropped
+# (``chip.run.runner_run.native_fence_wait`` -> ``native_fence_wait``).
+PHASE_ROOT = "root"
+PHASE_BIND = "bind"
+PHASE_RUNNER = "runner_run"
+PHASE_FENCE_WAIT = "native_fence_wait"
+PHASE_DEVICE_WALL = "device_wall"
+PHASE_CLAIM = "claim_release"
+PHASE_VALIDATE = "validate"
+
+
+def phase_of(name: str) -> str:
+    """The phase label of a runtime span name (``chip.run`` -> ``root``)."""
+    if name == ROOT:
+        return PHASE_ROOT
+    rest = name[len(ROOT) + 1 :] if name.startswith(ROOT + ".") else name
+    return rest[len(PHASE_RUNNER) + 1 :] if rest.startswith(PHASE_RUNNER + ".") else rest
+
+
+# -- attributes -----------------------------------------------------------------------
+
+CLK_ATTR = "clk"
+CLK_DEVICE = "dev"
+CLK_HOST = "host"
+# Pipeline identity on a pipelined root (the stack's checker needs all five).
+IDENTITY_ATTRS = ("run_id", "dispatch_id", "run_epoch", "slot_id", "generation")
+# Further root attributes: where and what the run was.
+RANK_ATTR, DEVICE_ATTR, CALLABLE_ATTR, STEP_ATTR = "rank", "device", "callable", "step"
+# Host evidence (SPEC §2.1): deltas over the span of what the OS saw of the emitting thread.
+OS_CPU_NS, OS_RQ_NS, OS_NIVCSW, OS_MAJFLT = "os.cpu_ns", "os.rq_ns", "os.nivcsw", "os.majflt"
+HOST_EVIDENCE_ATTRS = (OS_CPU_NS, OS_RQ_NS, OS_NIVCSW, OS_MAJFLT)
+# host.gc attributes
+GC_GEN_ATTR, GC_COLLECTED_ATTR = "gen", "collected"
+# The ``callable`` of a decode root: the fused decode program.
 DECODE_CALLABLE = "decode.main+verify+mtp"
+
+# -- escaping -------------------------------------------------------------------------
 
 # Bytes that would break the space-separated k=v grammar or the log prefix.
 _NEEDS_ESCAPE = re.compile(r"[\x00-\x20\x7f\[\]%=]")
@@ -46,9 +121,29 @@ def decode_value(text: str) -> str:
     return unquote(text, errors="replace")
 
 
+# -- formatting -----------------------------------------------------------------------
+
+
 def format_prefix(mono_ns: int, thread_ident: int, level: str, func: str) -> str:
     """The log-record prefix every line of the native runtime's log starts with."""
     return f"[mono_ns={mono_ns}][T0x{thread_ident:x}][{level}] {func}: "
+
+
+# The payload's fixed start; the required fields follow as `` key=value`` in REQUIRED_FIELDS order.
+RECORD_HEAD = f"{STRACE_MARKER} v={STRACE_VERSION}"
+
+
+def payload_parts(values: dict) -> list:
+    """The payload up to its attributes as literal text and field values, in order.
+
+    ``values`` maps the fields after ``v`` (pid .. dur) to anything: scalars for
+    one record, or whole columns for a vectorised writer that joins the parts
+    element-wise. Names must already be encoded.
+    """
+    parts: list = [RECORD_HEAD]
+    for key in REQUIRED_FIELDS[1:]:
+        parts += [f" {key}=", values[key]]
+    return parts
 
 
 def format_strace_payload(
@@ -64,21 +159,24 @@ def format_strace_payload(
     attrs: dict | None = None,
 ) -> str:
     """One ``[STRACE]`` payload; attribute order is kept as given."""
-    parts = [
-        f"[STRACE] v={STRACE_VERSION} pid={pid} tid={tid} inv={inv} hid={hid}",
-        f"depth={depth} name={encode_value(name)} ts={ts_ns} dur={dur_ns}",
-    ]
-    if attrs:
-        parts.append(" ".join(f"{encode_value(k)}={encode_value(v)}" for k, v in attrs.items()))
-    return " ".join(parts)
+    values = {"pid": pid, "tid": tid, "inv": inv, "hid": hid, "depth": depth, "name": encode_value(name), "ts": ts_ns, "dur": dur_ns}
+    head = "".join(str(part) for part in payload_parts(values))
+    if not attrs:
+        return head
+    return head + " " + " ".join(f"{encode_value(k)}={encode_value(v)}" for k, v in attrs.items())
 
 
 def format_anchor_payload(pid: int, mono_ns: int, wall_ns: int) -> str:
-    return f"[CLOCK_ANCHOR] v=1 pid={pid} mono_ns={mono_ns} wall_ns={wall_ns}"
+    return f"{ANCHOR_MARKER} v={ANCHOR_VERSION} pid={pid} mono_ns={mono_ns} wall_ns={wall_ns}"
+
+
+def format_anchor_record(pid: int, mono_ns: int, wall_ns: int, thread_ident: int) -> str:
+    """A whole clock-anchor log record, as the serving stack's reader accepts it (no newline)."""
+    return format_prefix(mono_ns, thread_ident, ANCHOR_LEVEL, ANCHOR_FUNC) + format_anchor_payload(pid, mono_ns, wall_ns)
 
 
 def format_chip_ready_payload(pid: int, device: str) -> str:
-    return f"[chip_process pid={pid} dev={encode_value(device)}] ready"
+    return f"{CHIP_READY_MARKER}pid={pid} dev={encode_value(device)}] ready"
 
 
 def fit_record(line: str, limit: int = PIPE_BUF) -> str:

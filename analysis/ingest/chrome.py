@@ -44,7 +44,7 @@ from typing import Callable, Iterable
 import numpy as np
 import pyarrow as pa
 
-from dsprof.analysis.spans import ATTRS_TYPE, SPAN_SCHEMA, Trace, spans_from_arrow
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace, split_attributes
 from dsprof.errors import InputError
 
 GZIP_MAGIC = b"\x1f\x8b"
@@ -208,36 +208,45 @@ def events_to_trace(indexed_events: Iterable[tuple[int, object]], file: str, sou
             ends.append((pid, tid, ts_ns, records_read, attrs))
 
     _pair_begin_end(open_begins, ends, rows, dropped)
+    keep = [d >= 0 for d in rows["dur_ns"]]
+    if not all(keep):  # a span that ends before it starts would inflate every figure built on it
+        dropped["negative_duration"] = dropped.get("negative_duration", 0) + keep.count(False)
+        for key in rows:
+            rows[key] = [v for v, ok in zip(rows[key], keep) if ok]
     n = len(rows["line"])
-    table = pa.table(
-        {
-            "source": pa.repeat(pa.scalar(source), n),
-            "file": pa.repeat(pa.scalar(file), n),
-            "line": pa.array(rows["line"], pa.int64()),
-            "pid": pa.array(rows["pid"], pa.int64()),
-            "tid": pa.array(rows["tid"], pa.int64()),
-            "name": pa.array(rows["name"], pa.string()),
-            "cat": pa.array(rows["cat"], pa.string()),
-            "ph": pa.array(rows["ph"], pa.string()),
-            "ts_ns": pa.array(rows["ts_ns"], pa.int64()),
-            "dur_ns": pa.array(rows["dur_ns"], pa.int64()),
-            "inv": pa.nulls(n, pa.uint64()),
-            "hid": pa.repeat(pa.scalar(""), n),
-            "depth": pa.nulls(n, pa.int64()),
-            "clk": pa.repeat(pa.scalar("host"), n),
-            "attrs": pa.array([list(a.items()) for a in rows["attrs"]], ATTRS_TYPE),
-        },
-        schema=SPAN_SCHEMA,
-    )
+    pairs = [item for attrs in rows["attrs"] for item in attrs.items()]
+    offsets = np.zeros(n + 1, np.int64)
+    np.cumsum([len(a) for a in rows["attrs"]], out=offsets[1:])
+    promoted, attrs = split_attributes(offsets, pa.array([k for k, _ in pairs], pa.string()), pa.array([v for _, v in pairs], pa.string()))
+    columns = {
+        "source": pa.repeat(pa.scalar(source), n),
+        "file": pa.repeat(pa.scalar(file), n),
+        "line": pa.array(rows["line"], pa.int64()),
+        "pid": pa.array(rows["pid"], pa.int64()),
+        "tid": pa.array(rows["tid"], pa.int64()),
+        "name": pa.array(rows["name"], pa.string()),
+        "cat": pa.array(rows["cat"], pa.string()),
+        "ph": pa.array(rows["ph"], pa.string()),
+        "ts_ns": pa.array(rows["ts_ns"], pa.int64()),
+        "dur_ns": pa.array(rows["dur_ns"], pa.int64()),
+        "inv": pa.nulls(n, pa.uint64()),
+        "hid": pa.repeat(pa.scalar(""), n),
+        "depth": pa.nulls(n, pa.int64()),
+        "clk": pa.repeat(pa.scalar("host"), n),
+        **promoted,
+        "attrs": attrs,
+    }
+    table = pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA)
     if n:
         order = np.argsort(np.asarray(rows["line"]), kind="stable")  # B/E pairs were appended last
         table = table.take(pa.array(order))
     return Trace(
-        spans=spans_from_arrow(table),
+        spans=table,
         dropped={k: v for k, v in dropped.items() if v},
         records_read=records_read,
         files=[file],
-        extras={"process_names": process_names, "thread_names": thread_names},
+        process_names=process_names,
+        thread_names=thread_names,
     )
 
 

@@ -26,12 +26,11 @@ from pathlib import Path
 from typing import Callable
 
 from dsprof.analysis.ingest.chrome import events_to_trace, read_chrome_trace
-from dsprof.analysis.spans import Trace
+from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import InputError
+from dsprof.profiler import artifacts
 
 SOURCE = "sa_profile"
-MERGED_NAME = "trace.json"
-FRAGMENTS_DIR = "fragments"
 
 Progress = Callable[[str], None] | None
 
@@ -39,23 +38,21 @@ Progress = Callable[[str], None] | None
 def sa_profile_files(path: Path) -> list[Path]:
     """The files to read for an SA_PROFILE path (see the module docstring); [] if none."""
     if path.is_dir():
-        if (path / MERGED_NAME).is_file():
-            return [path / MERGED_NAME]
-        if (path / FRAGMENTS_DIR).is_dir():
-            return sorted((path / FRAGMENTS_DIR).glob("*.jsonl"))
-        return sorted(path.glob("*.jsonl"))
+        if (path / artifacts.MERGED_TRACE).is_file():
+            return [path / artifacts.MERGED_TRACE]
+        if (path / artifacts.FRAGMENTS_DIR).is_dir():
+            return artifacts.fragment_files(path / artifacts.FRAGMENTS_DIR)
+        return artifacts.fragment_files(path)
     if path.is_file():
         return [path]
-    fragments = path.with_name(path.name + ".fragments")
+    fragments = artifacts.fragments_dir(path)
     if path.suffix == ".json" and fragments.is_dir():
-        return sorted(fragments.glob("*.jsonl"))
+        return artifacts.fragment_files(fragments)
     return []
 
 
 def read_sa_profile(path: str | os.PathLike, progress: Progress = None) -> Trace:
     """Read an SA_PROFILE output dir, fragments dir, fragment or merged trace into one Trace."""
-    from dsprof.analysis.ingest import merge_traces  # the package imports this module
-
     path = Path(path)
     files = sa_profile_files(path)
     if not files:

@@ -56,26 +56,26 @@ import io
 import os
 import re
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple
+from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Protocol
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.spans import ATTRS_TYPE, SPAN_SCHEMA, Trace, spans_from_arrow
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace, split_attributes
 from dsprof.errors import InputError
-from dsprof.profiler.strace_format import STRACE_VERSION, decode_value
+from dsprof.profiler import strace_format as fmt
+from dsprof.profiler.strace_format import REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, decode_value
 
-STRACE_MARKER = "[STRACE]"
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
 LINES_PER_BATCH = 1 << 14  # small enough for its temporaries to stay in cache
 # Bytes parsed at a time (cut at a line boundary); bounds the temporaries of a big log.
 CHUNK_BYTES = 64 << 20
 MAX_BATCH_BYTES = 1 << 30
-
-REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
+# Longest line kept: a longer one (a binary blob, /dev/zero) is skipped and counted
+# as ``overlong_line``, and reading goes on, so memory stays bounded whatever the input.
+MAX_LINE_BYTES = 1 << 20
 # A token of the k=v grammar: no spaces, brackets or '=' (they are escaped).
 _TOKEN = r"[^\s\[\]=]"
 _HEAD = (
@@ -95,7 +95,7 @@ _PLAIN_TOKEN = r"[^\x00-\x20\[\]=]"  # also no raw control bytes: they would pas
 # Digit runs are unbounded here (counted repeats slow the DFA down); values
 # too long for 64 bits are caught by _out_of_range.
 PLAIN_RECORD_PATTERN = (
-    r"^ v=1 pid=-?\d+ tid=-?\d+ inv=\d+ hid=" + _PLAIN_TOKEN + r"+ depth=\d+ name=" + _PLAIN_TOKEN + r"*"
+    r"^ v=" + str(STRACE_VERSION) + r" pid=-?\d+ tid=-?\d+ inv=\d+ hid=" + _PLAIN_TOKEN + r"+ depth=\d+ name=" + _PLAIN_TOKEN + r"*"
     r" ts=-?\d+ dur=-?\d+(?: " + _PLAIN_TOKEN + r"+=" + _PLAIN_TOKEN + r"*)*\r?(?:\n|$)"
 )
 _EQUALS = ord("=")
@@ -113,7 +113,16 @@ _VALUE_FIELDS = ("pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
 _NUMBER_FIELDS = {"pid": np.int64, "tid": np.int64, "inv": np.uint64, "depth": np.int64, "ts": np.int64, "dur": np.int64}
 _TEXT_FIELDS = ("hid", "name")
 
-ANCHOR_PATTERN = r"\[CLOCK_ANCHOR\] v=(?P<v>\d{1,9}) pid=(?P<pid>\d{1,19}) mono_ns=(?P<mono_ns>-?\d{1,19}) wall_ns=(?P<wall_ns>-?\d{1,19})(?:\s|\[|$)"
+# A clock anchor counts only as a complete log record, as the serving stack's
+# reader takes it: its prefix with the TIMING level and the clock_anchor function,
+# then nothing after wall_ns but blanks to the end of the line. A payload copied
+# into another message, or trailed by more text, would move another process's
+# wall clock. (The record may follow other text on its line, as in the stack.)
+# tests/test_ingest_strace.py::test_clock_anchor_only_as_a_complete_record guards it.
+ANCHOR_PATTERN = (
+    r"\[mono_ns=\d+\]\[T0x[0-9a-fA-F]+\]\[" + fmt.ANCHOR_LEVEL + r"\]\s+" + fmt.ANCHOR_FUNC + r":\s+"
+    r"\[CLOCK_ANCHOR\]\s+v=(?P<v>\d+)\s+pid=(?P<pid>\d+)\s+mono_ns=(?P<mono_ns>\d+)\s+wall_ns=(?P<wall_ns>\d+)[ \t]*\r?\n?$"
+)
 SIDE_RECORD_PATTERN = r"\[CLOCK_ANCHOR\]|\[chip_process "
 CHIP_PATTERN = r"\[chip_process pid=(?P<pid>\d{1,19}) dev=(?P<device>" + _TOKEN + r"+)\] ready"
 
@@ -121,51 +130,81 @@ CHIP_PATTERN = r"\[chip_process pid=(?P<pid>\d{1,19}) dev=(?P<device>" + _TOKEN 
 Progress = Callable[[str], None] | None
 
 
-def read_strace_log(path: str | os.PathLike, progress: Progress = None) -> Trace:
+def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: SpanSink | None = None) -> Trace:
     """Read every STRACE record, clock anchor and chip_process line of a text log.
 
     The file is read and parsed a chunk at a time (see :func:`_chunks`), so
-    time grows linearly with its size and memory holds one chunk plus the rows.
+    time grows linearly with its size and memory holds one chunk plus the rows
+    (or, with a ``sink``, one chunk's rows: each chunk's span table goes to it).
     """
     path = Path(path)
     try:
         with path.open("rb") as log_file:
             size = os.fstat(log_file.fileno()).st_size
-            return _parse_chunks(_chunks(log_file), str(path), size, progress)
+            return _parse_chunks(_chunks(log_file), str(path), size, progress, sink)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
 def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Trace:
     """Parse a whole log held in memory; ``file`` names it in rows and errors."""
-    return _parse_chunks(_chunks(io.BytesIO(data)), file, len(data), progress)
+    return _parse_chunks(_chunks(io.BytesIO(data)), file, len(data), progress, None)
 
 
-def _chunks(log_file: BinaryIO) -> Iterator[memoryview]:
+class SpanSink(Protocol):
+    """Where a reader puts each chunk's span table instead of keeping it (e.g. a Parquet dataset)."""
+
+    def add(self, table: pa.Table) -> None: ...
+
+
+# What _chunks yields: a piece of the log, or the number of lines it skipped as overlong.
+_Piece = memoryview | int
+
+
+def _chunks(log_file: BinaryIO) -> Iterator[_Piece]:
     """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
 
     No record spans such a cut: a record only ever continues onto a line that
     does not open with '[' (a log prefix or a new marker), and the rest of a
     marker cut by a newline (``ACE] v=1``) does not open with '[' either. So
     every piece parses on its own exactly as it would within the whole log.
-    A piece without such a line grows until one comes (or the log ends).
+    A piece without such a line grows by at most MAX_LINE_BYTES; then it is cut
+    at its last newline, and a line longer than that is skipped (an ``int``
+    is yielded for it), so the buffer never outgrows CHUNK_BYTES + MAX_LINE_BYTES.
 
     Pieces are read into one buffer, reused as long as nothing parsed from
     the previous piece still refers to it (the rows are copies), which saves
     faulting in fresh memory for every piece.
     """
+    limit = CHUNK_BYTES + MAX_LINE_BYTES
     piece, kept = bytearray(CHUNK_BYTES), 0  # kept: bytes after the last cut, moved to the front
+    skipping = False  # inside an overlong line: drop bytes up to its newline
     while True:
         if kept == len(piece):  # no cut in the whole buffer yet: make room for more
-            piece.extend(bytes(CHUNK_BYTES))
+            piece.extend(bytes(min(CHUNK_BYTES, limit - len(piece))))
         with memoryview(piece) as whole, whole[kept:] as free:
             got = log_file.readinto(free)
         if not got:
-            if kept:
+            if kept and not skipping:
                 yield memoryview(piece)[:kept]
             return
         filled = kept + got
+        if skipping:
+            newline = piece.find(b"\n", 0, filled)
+            if newline < 0:
+                kept = 0
+                continue
+            skipping = False
+            piece[: filled - newline - 1] = piece[newline + 1 : filled]
+            kept = filled - newline - 1
+            continue
         cut = piece.rfind(b"\n[", 0, filled) + 1
+        if cut == 0 and filled >= limit:
+            cut = piece.rfind(b"\n", 0, filled) + 1
+            if cut == 0:  # one line fills the whole buffer
+                yield 1
+                skipping, kept = True, 0
+                continue
         if cut == 0:
             kept = filled
             continue
@@ -182,17 +221,25 @@ def _chunks(log_file: BinaryIO) -> Iterator[memoryview]:
         kept = filled - cut
 
 
-def _parse_chunks(chunks: Iterable[memoryview], file: str, size: int, progress: Progress) -> Trace:
+def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:
     """Parse each piece of a log and stack the results (lines numbered across pieces)."""
-    dropped: dict[str, int] = {}
+    trace = Trace(files=[file])
     tables: list[pa.Table] = []
-    anchors: list[pd.DataFrame] = []
-    chips: list[pd.DataFrame] = []
+    anchors: list[pa.Table] = []
+    chips: list[pa.Table] = []
     records_found = n_lines = bytes_done = 0
     binary_at: int | None = None
     for data in chunks:
-        part = _parse_chunk(data, file, n_lines, dropped)
-        tables.append(part.table)
+        if isinstance(data, int):  # an overlong line, skipped
+            trace.count("overlong_line", data)
+            n_lines += data
+            continue
+        part = _parse_chunk(data, file, n_lines, trace.dropped)
+        if sink is not None:
+            if part.table.num_rows:
+                sink.add(part.table)
+        else:
+            tables.append(part.table)
         anchors.append(part.anchors)
         chips.append(part.chips)
         records_found += part.records_found
@@ -203,30 +250,25 @@ def _parse_chunks(chunks: Iterable[memoryview], file: str, size: int, progress: 
         del data  # so that the next piece may reuse its buffer
         if progress is not None and size > CHUNK_BYTES:
             progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {n_lines:,} lines")
-    spans = spans_from_arrow(pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table())
-    anchor_frame = pd.concat(anchors, ignore_index=True) if anchors else _anchors(pa.array([], pa.large_string()), dropped)
-    chip_frame = pd.concat(chips, ignore_index=True) if chips else _chip_devices(pa.array([], pa.large_string()), dropped)
-
-    if len(spans) == 0 and len(anchor_frame) == 0 and len(chip_frame) == 0 and records_found == 0 and binary_at is not None:
+    trace.spans = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    trace.anchors = pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table()
+    trace.chip_devices = pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table()
+    found_anything = records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
+    if not found_anything and binary_at is not None:
         raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
-
-    return Trace(
-        spans=spans,
-        anchors=anchor_frame,
-        chip_devices=chip_frame,
-        dropped={k: v for k, v in dropped.items() if v},
-        records_read=records_found + len(anchor_frame) + len(chip_frame) + dropped.get("bad_anchor", 0) + dropped.get("bad_chip_process", 0),
-        files=[file],
-        extras={"lines_read": n_lines},
-    )
+    trace.dropped = {k: v for k, v in trace.dropped.items() if v}
+    side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
+    trace.records_read = records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
+    trace.lines_read = n_lines
+    return trace
 
 
 class _Chunk(NamedTuple):
     """What one piece of a log holds; ``binary_at`` is a line of the piece (1-based) or None."""
 
     table: pa.Table
-    anchors: pd.DataFrame
-    chips: pd.DataFrame
+    anchors: pa.Table
+    chips: pa.Table
     records_found: int  # STRACE records kept or dropped
     n_lines: int
     binary_at: int | None
@@ -773,91 +815,102 @@ def _decode_where_escaped(values: pa.Array) -> pa.Array:
     return pc.replace_with_mask(values, escaped, decoded.take(encoded.indices))
 
 
-def _attrs_and_clk(records: _Records) -> tuple[pa.Array, pa.Array]:
-    """The attributes as a map column, and the clk column taken out of them."""
+def _attribute_columns(records: _Records) -> tuple[pa.Array, dict[str, pa.Array], pa.Array]:
+    """The clk column, the promoted attribute columns and the ``attrs`` map of the rest."""
     n = len(records)
     keys, values, row = records.keys, records.values, records.token_row
-    is_clk = pc.equal(keys, "clk")
-    clk = pa.repeat(pa.scalar("host"), n)
+    is_clk = pc.equal(keys, fmt.CLK_ATTR)
+    clk = pa.repeat(pa.scalar(fmt.CLK_HOST), n)
     if pc.any(is_clk).as_py():
-        dev_rows = row[pc.and_(is_clk, pc.equal(values, "dev")).to_numpy(zero_copy_only=False)]
+        dev_rows = row[pc.and_(is_clk, pc.equal(values, fmt.CLK_DEVICE)).to_numpy(zero_copy_only=False)]
         is_dev = np.zeros(n, dtype=bool)
         is_dev[dev_rows] = True
-        clk = pc.if_else(pa.array(is_dev), pa.scalar("dev"), clk)
+        clk = pc.if_else(pa.array(is_dev), pa.scalar(fmt.CLK_DEVICE), clk)
         keep = pc.invert(is_clk)
         keys, values, row = keys.filter(keep), values.filter(keep), row[keep.to_numpy(zero_copy_only=False)]
-    offsets = np.zeros(n + 1, np.int32)
+    offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(row, minlength=n), out=offsets[1:])
     keys = _decode_where_escaped(keys.cast(pa.string()))
     values = _decode_where_escaped(values.cast(pa.string()))
-    attrs = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys, values, type=ATTRS_TYPE)
-    return attrs, clk
+    promoted, attrs = split_attributes(offsets, keys, values)
+    return clk, promoted, attrs
 
 
 def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Records, file: str, line_base: int, dropped: dict[str, int]) -> None:
-    """Append the span rows of ``records`` (values that overflow 64 bits are dropped as ``bad_value``)."""
+    """Append the span rows of ``records``; drop and count what cannot be a span.
+
+    ``bad_value``: a number that does not fit 64 bits, a negative start, or an
+    end (ts + dur) past int64; ``negative_duration``: a span that ends before it
+    starts (it would inflate every figure built on it).
+    """
     if not len(records):
         return
-    _count(dropped, "bad_value", records.overflow.sum())
-    records = records.filter(~records.overflow)
+    number = records.numbers
+    ts, dur = number["ts"], number["dur"]
+    with np.errstate(over="ignore"):
+        past_int64 = (dur > 0) & (ts > np.iinfo(np.int64).max - dur)
+    bad = records.overflow | (ts < 0) | past_int64
+    negative = ~bad & (dur < 0)
+    _count(dropped, "bad_value", bad.sum())
+    _count(dropped, "negative_duration", negative.sum())
+    records = records.filter(~(bad | negative))
     n = len(records)
+    if n == 0:
+        return
     number, text = records.numbers, records.texts
-    attrs, clk = _attrs_and_clk(records)
-    table = pa.table(
-        {
-            "source": pa.repeat(pa.scalar("strace"), n),
-            "file": pa.repeat(pa.scalar(file), n),
-            "line": pa.array(records.line + line_base, pa.int64()),
-            "pid": pa.array(number["pid"]),
-            "tid": pa.array(number["tid"]),
-            "name": _decode_where_escaped(text["name"].cast(pa.string())),
-            "cat": pa.repeat(pa.scalar(""), n),
-            "ph": pa.repeat(pa.scalar("X"), n),
-            "ts_ns": pa.array(number["ts"]),
-            "dur_ns": pa.array(number["dur"]),
-            "inv": pa.array(number["inv"]),
-            "hid": _decode_where_escaped(text["hid"].cast(pa.string())),
-            "depth": pa.array(number["depth"]),
-            "clk": clk,
-            "attrs": attrs,
-        },
-        schema=SPAN_SCHEMA,
-    )
-    tables.append(table)
+    clk, promoted, attrs = _attribute_columns(records)
+    columns = {
+        "source": pa.repeat(pa.scalar("strace"), n),
+        "file": pa.repeat(pa.scalar(file), n),
+        "line": pa.array(records.line + line_base, pa.int64()),
+        "pid": pa.array(number["pid"]),
+        "tid": pa.array(number["tid"]),
+        "name": _decode_where_escaped(text["name"].cast(pa.string())),
+        "cat": pa.repeat(pa.scalar(""), n),
+        "ph": pa.repeat(pa.scalar("X"), n),
+        "ts_ns": pa.array(number["ts"]),
+        "dur_ns": pa.array(number["dur"]),
+        "inv": pa.array(number["inv"]),
+        "hid": _decode_where_escaped(text["hid"].cast(pa.string())),
+        "depth": pa.array(number["depth"]),
+        "clk": clk,
+        **promoted,
+        "attrs": attrs,
+    }
+    tables.append(pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA))
     orders.append(records.order)
 
 
-def _anchors(lines: pa.Array, dropped: dict[str, int]) -> pd.DataFrame:
-    """One row per CLOCK_ANCHOR; wall nanoseconds stay int64 (they exceed 2**53)."""
-    candidates = lines.filter(pc.match_substring(lines, "[CLOCK_ANCHOR]"))
-    fields = pc.extract_regex(candidates, ANCHOR_PATTERN) if len(candidates) else None
-    frame = {"pid": np.empty(0, np.int64), "mono_ns": np.empty(0, np.int64), "wall_ns": np.empty(0, np.int64)}
-    if fields is not None:
-        valid = fields.is_valid()
-        _count(dropped, "bad_anchor", len(candidates) - pc.sum(valid).as_py())
-        fields = fields.filter(valid)
-        ok = np.ones(len(fields), bool)
-        for name in ("pid", "mono_ns", "wall_ns"):
-            ok &= ~_out_of_range(fields.field(name), signed=True)
-        version_ok = pc.equal(fields.field("v"), str(1)).to_numpy(zero_copy_only=False)
-        _count(dropped, "bad_anchor", (~(ok & version_ok)).sum())
-        fields = fields.filter(pa.array(ok & version_ok))
-        frame = {name: fields.field(name).cast(pa.int64()).to_numpy() for name in frame}
-    return pd.DataFrame(frame).astype("int64")
+def _anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
+    """One row per clock anchor that is a complete record (see ANCHOR_PATTERN); wall ns stay int64.
+
+    Anything else that names ``[CLOCK_ANCHOR]`` (a copy inside another message,
+    a payload with text after it) is not an anchor and is counted as ``bad_anchor``.
+    """
+    candidates = lines.filter(pc.match_substring(lines, fmt.ANCHOR_MARKER))
+    if not len(candidates):
+        return ANCHOR_SCHEMA.empty_table()
+    fields = pc.extract_regex(candidates, ANCHOR_PATTERN)
+    valid = fields.is_valid()
+    _count(dropped, "bad_anchor", len(candidates) - pc.sum(valid).as_py())
+    fields = fields.filter(valid)
+    ok = pc.equal(fields.field("v"), str(fmt.ANCHOR_VERSION)).to_numpy(zero_copy_only=False)
+    for name in ("pid", "mono_ns", "wall_ns"):
+        ok &= ~_out_of_range(fields.field(name), signed=True)
+    _count(dropped, "bad_anchor", (~ok).sum())
+    fields = fields.filter(pa.array(ok))
+    return pa.table({name: fields.field(name).cast(pa.int64()) for name in ANCHOR_SCHEMA.names}, schema=ANCHOR_SCHEMA)
 
 
-def _chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pd.DataFrame:
+def _chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     """One row per ``[chip_process pid=P dev=D] ready`` line."""
-    candidates = lines.filter(pc.match_substring(lines, "[chip_process "))
-    pids = np.empty(0, np.int64)
-    devices: list[str] = []
-    if len(candidates):
-        fields = pc.extract_regex(candidates, CHIP_PATTERN)
-        valid = fields.is_valid()
-        fields = fields.filter(valid)
-        ok = ~_out_of_range(fields.field("pid"), signed=True)
-        _count(dropped, "bad_chip_process", len(candidates) - len(fields) + int((~ok).sum()))
-        fields = fields.filter(pa.array(ok))
-        pids = fields.field("pid").cast(pa.int64()).to_numpy()
-        devices = [decode_value(d) for d in fields.field("device").to_pylist()]
-    return pd.DataFrame({"pid": pd.Series(pids, dtype="int64"), "device": pd.Series(devices, dtype="string[pyarrow]")})
+    candidates = lines.filter(pc.match_substring(lines, fmt.CHIP_READY_MARKER))
+    if not len(candidates):
+        return CHIP_SCHEMA.empty_table()
+    fields = pc.extract_regex(candidates, CHIP_PATTERN)
+    fields = fields.filter(fields.is_valid())
+    ok = ~_out_of_range(fields.field("pid"), signed=True)
+    _count(dropped, "bad_chip_process", len(candidates) - len(fields) + int((~ok).sum()))
+    fields = fields.filter(pa.array(ok))
+    devices = pa.array([decode_value(d) for d in fields.field("device").to_pylist()], pa.string())  # one per rank process
+    return pa.table({"pid": fields.field("pid").cast(pa.int64()), "device": devices}, schema=CHIP_SCHEMA)

@@ -1,8 +1,8 @@
-"""JSON text of whole columns, built with Arrow string kernels.
+"""Text of whole columns, built with Arrow string kernels.
 
-The trace writers (combined swimlane, Perfetto export) assemble one line of
-JSON per span; building it column by column keeps their cost per span flat
-however large the trace. These are the pieces both writers need.
+The writers that produce one line per row (the Chrome trace writer, the span
+table's JSONL, the synthetic generator of :mod:`dsprof.testing`) assemble it
+column by column, so their cost per row stays flat however large the input.
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.profiler.synthetic import join_text
 
 
 def json_string(values, *, null: str | None = "", large: bool = False) -> pa.Array:
@@ -49,3 +48,33 @@ def us_text(ns: pd.Series | np.ndarray) -> pa.Array:
     frac = pa.array(values % 1000)
     with_frac = join_text(whole, ".", pc.utf8_lpad(pc.cast(frac, pa.string()), 3, "0"))
     return pc.if_else(pc.equal(frac, 0), pc.cast(whole, pa.string()), with_frac)
+
+
+def join_text(*parts) -> pa.Array:
+    """Element-wise concatenation of literal strings and columns (numpy, pandas, Arrow), in Arrow.
+
+    Non-string columns are cast to their decimal text; a null in any column
+    makes that row null (callers fill nulls first where they need text).
+    """
+    arrays: list = []
+    for part in parts:
+        if isinstance(part, str):
+            arrays.append(part)
+            continue
+        if isinstance(part, pa.ChunkedArray):
+            part = part.combine_chunks()
+        elif not isinstance(part, pa.Array):
+            part = pa.array(part, from_pandas=True)
+        arrays.append(part if pa.types.is_string(part.type) or pa.types.is_large_string(part.type) else pc.cast(part, pa.string()))
+    lengths = {len(a) for a in arrays if not isinstance(a, str)}
+    if len(lengths) != 1:
+        raise ValueError("join_text: needs columns of one length")
+    return pc.binary_join_element_wise(*arrays, "")
+
+
+def text_buffer(text: pa.Array) -> memoryview:
+    """The concatenated bytes of a string array (its data buffer between the first and last offset), zero-copy."""
+    text = text.cast(pa.large_string()) if len(text) and isinstance(text, pa.Array) else text
+    offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[text.offset : text.offset + len(text) + 1]
+    data = text.buffers()[2]
+    return memoryview(data)[offsets[0] : offsets[-1]] if data is not None else memoryview(b"")

@@ -42,13 +42,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.profiler.strace_format import (
-    DECODE_CALLABLE,
-    STRACE_VERSION,
-    format_anchor_payload,
-    format_chip_ready_payload,
-    format_prefix,
-)
+from dsprof.analysis.outputs.text import join_text, text_buffer
+from dsprof.profiler import artifacts
+from dsprof.profiler import strace_format as fmt
 
 DECODE_HID = "9f3c2a71d04be815"
 PREFILL_CALLABLE = "prefill.main"
@@ -236,7 +232,7 @@ class SyntheticRun:
             columns["step"].append(step)
 
         keep_counts = self.steps_per_rank()
-        hid, callable_ = DECODE_HID, DECODE_CALLABLE
+        hid, callable_ = DECODE_HID, fmt.DECODE_CALLABLE
         for t, first_epoch, measured in blocks:
             steps = t.bind_start_ns.shape[1]
             rank_grid, step_grid = np.meshgrid(np.arange(self.ranks), np.arange(steps), indexing="ij")
@@ -247,33 +243,33 @@ class SyntheticRun:
             step = s if measured else np.full(len(s), -1)
             sel = lambda a: a[keep]  # noqa: E731 - a tiny local accessor keeps the calls short
             root_start, root_end = sel(t.root_start_ns), sel(t.root_end_ns)
-            add(r, epoch, 0, "chip.run", root_start, root_end - root_start, hid, callable_, step)
+            add(r, epoch, 0, fmt.ROOT, root_start, root_end - root_start, hid, callable_, step)
             bs, be = sel(t.bind_start_ns), sel(t.bind_end_ns)
-            add(r, epoch, 1, "chip.run.bind", bs, be - bs, hid, callable_, step)
+            add(r, epoch, 1, fmt.BIND, bs, be - bs, hid, callable_, step)
             if self.bind_children:
                 half = (be - bs) // 2
-                add(r, epoch, 2, "chip.run.bind.args", bs, half, hid, callable_, step)
-                add(r, epoch, 2, "chip.run.bind.prebuilt", bs + half, (be - bs) - half, hid, callable_, step)
+                add(r, epoch, 2, fmt.BIND_ARGS, bs, half, hid, callable_, step)
+                add(r, epoch, 2, fmt.BIND_PREBUILT, bs + half, (be - bs) - half, hid, callable_, step)
             rs, re_ = sel(t.runner_start_ns), sel(t.runner_end_ns)
-            add(r, epoch, 1, "chip.run.runner_run", rs, re_ - rs, hid, callable_, step)
+            add(r, epoch, 1, fmt.RUNNER_RUN, rs, re_ - rs, hid, callable_, step)
             if self.device_phases:
-                add(r, epoch, 2, "chip.run.runner_run.native_fence_wait", sel(t.fence_start_ns), sel(t.fence_wait_ns), hid, callable_, step)
+                add(r, epoch, 2, fmt.FENCE_WAIT, sel(t.fence_start_ns), sel(t.fence_wait_ns), hid, callable_, step)
                 # device clock: a per-invocation origin far from the host axis;
                 # written when the fence completes, like the real runtime
                 dev_ts = np.full(len(r), 1_000, dtype=np.int64)
-                add(r, epoch, 2, "chip.run.runner_run.device_wall", dev_ts, sel(t.device_wall_ns), hid, callable_, step,
+                add(r, epoch, 2, fmt.DEVICE_WALL, dev_ts, sel(t.device_wall_ns), hid, callable_, step,
                     clk="dev", end=sel(t.fence_start_ns) + sel(t.fence_wait_ns))
             cs, ce = sel(t.claim_start_ns), sel(t.claim_end_ns)
-            add(r, epoch, 1, "chip.run.claim_release", cs, ce - cs, hid, callable_, step)
+            add(r, epoch, 1, fmt.CLAIM_RELEASE, cs, ce - cs, hid, callable_, step)
             vs, ve = sel(t.validate_start_ns), sel(t.validate_end_ns)
-            add(r, epoch, 1, "chip.run.validate", vs, ve - vs, hid, callable_, step)
+            add(r, epoch, 1, fmt.VALIDATE, vs, ve - vs, hid, callable_, step)
 
         if self.prefill:
             r = np.arange(self.ranks)
             ts = np.full(self.ranks, T0_MONO_NS - 50_000_000, dtype=np.int64)
             dur = np.full(self.ranks, 30_000_000, dtype=np.int64)
-            add(r, np.zeros(self.ranks, dtype=np.int64), 0, "chip.run", ts, dur, PREFILL_HID, PREFILL_CALLABLE, np.full(self.ranks, -1))
-            add(r, np.zeros(self.ranks, dtype=np.int64), 1, "chip.run.runner_run", ts + 1_000_000, dur - 2_000_000,
+            add(r, np.zeros(self.ranks, dtype=np.int64), 0, fmt.ROOT, ts, dur, PREFILL_HID, PREFILL_CALLABLE, np.full(self.ranks, -1))
+            add(r, np.zeros(self.ranks, dtype=np.int64), 1, fmt.RUNNER_RUN, ts + 1_000_000, dur - 2_000_000,
                 PREFILL_HID, PREFILL_CALLABLE, np.full(self.ranks, -1))
         return {k: np.concatenate(v) for k, v in columns.items()}
 
@@ -283,12 +279,12 @@ class SyntheticRun:
         """Write the artifact directory; returns it."""
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
-        self.write_server_log(out / "server.log")
+        self.write_server_log(out / artifacts.SERVER_LOG)
         if self.sa_profile:
-            (out / "serving-trace").mkdir(exist_ok=True)
-            self.write_sa_profile(out / "serving-trace" / "trace.json")
+            (out / artifacts.SERVING_TRACE_DIR).mkdir(exist_ok=True)
+            self.write_sa_profile(out / artifacts.SERVING_TRACE_DIR / artifacts.MERGED_TRACE)
         if self.performance_summary:
-            (out / "performance_summary.json").write_text(json.dumps(self.performance_summary_dict(), indent=2))
+            (out / artifacts.PERFORMANCE_SUMMARY).write_text(json.dumps(self.performance_summary_dict(), indent=2))
         return out
 
     def write_server_log(self, path: str | Path) -> None:
@@ -300,13 +296,11 @@ class SyntheticRun:
         inv = invocation_id(pid, epoch)
         end = rows["end"].astype(np.int64)
 
-        payload = join_text(
-            f"[STRACE] v={STRACE_VERSION} pid=", pid, " tid=", tid, " inv=", inv,
-            " hid=", rows["hid"], " depth=", rows["depth"], " name=", rows["name"],
-            " ts=", rows["ts"], " dur=", rows["dur"],
-        )
-        is_dev = rows["clk"] == "dev"
-        payload = pc.if_else(pa.array(is_dev), pc.binary_join_element_wise(payload, " clk=dev", ""), payload)
+        columns = {"pid": pid, "tid": tid, "inv": inv, "hid": rows["hid"], "depth": rows["depth"],
+                   "name": rows["name"], "ts": rows["ts"], "dur": rows["dur"]}
+        payload = join_text(*fmt.payload_parts(columns))
+        is_dev = rows["clk"] == fmt.CLK_DEVICE
+        payload = pc.if_else(pa.array(is_dev), pc.binary_join_element_wise(payload, f" {fmt.CLK_ATTR}={fmt.CLK_DEVICE}", ""), payload)
         if self.root_attrs:
             root = rows["depth"] == 0
             slot = epoch % 2
@@ -328,10 +322,10 @@ class SyntheticRun:
             p = self.pid(int(r))
             mono = start + int(r) * 1_000
             if self.anchors:
-                header_lines.append(format_prefix(mono, p, "INFO", "clock") + format_anchor_payload(p, mono, WALL0_NS + (mono - T0_MONO_NS)))
+                header_lines.append(fmt.format_anchor_record(p, mono, WALL0_NS + (mono - T0_MONO_NS), p))
                 header_keys.append(mono)
             if self.chip_ready_lines:
-                header_lines.append(format_prefix(mono + 500, p, "INFO", "chip_process") + format_chip_ready_payload(p, self.device(int(r))))
+                header_lines.append(fmt.format_prefix(mono + 500, p, "INFO", "chip_process") + fmt.format_chip_ready_payload(p, self.device(int(r))))
                 header_keys.append(mono + 500)
         if header_lines:
             keys.append(np.asarray(header_keys, dtype=np.int64))
@@ -420,7 +414,7 @@ class SyntheticRun:
         elapsed_s = (w1 - w0) / 1e9
         n_requests = self.ranks * self.requests_per_rank
         return {
-            "schema": "dsprof.performance_summary/1",
+            "schema": artifacts.PERFORMANCE_SUMMARY_SCHEMA,
             "exit_status": 0,
             "batch_elapsed_s": round(elapsed_s, 6),
             "tokens_returned": tokens,
@@ -443,41 +437,8 @@ def invocation_id(pid: np.ndarray, epoch: np.ndarray) -> np.ndarray:
         return mixed ^ (pid.astype(np.uint64) << np.uint64(20))
 
 
-def join_text(*parts) -> pa.Array:
-    """Element-wise concatenation of literal strings and columns (numpy, pandas, Arrow), in Arrow.
-
-    Shared by every writer that builds one text line per row (this generator
-    and the trace writers of ``analysis/outputs``), so that none formats rows
-    one at a time.
-    Non-string columns are cast to their decimal text; a null in any column
-    makes that row null (callers fill nulls first where they need text).
-    """
-    arrays: list = []
-    for part in parts:
-        if isinstance(part, str):
-            arrays.append(part)
-            continue
-        if isinstance(part, pa.ChunkedArray):
-            part = part.combine_chunks()
-        elif not isinstance(part, pa.Array):
-            part = pa.array(part, from_pandas=True)
-        arrays.append(part if pa.types.is_string(part.type) else pc.cast(part, pa.string()))
-    lengths = {len(a) for a in arrays if not isinstance(a, str)}
-    if len(lengths) != 1:
-        raise ValueError("join_text: needs columns of one length")
-    return pc.binary_join_element_wise(*arrays, "")
-
-
 def _hex(values: np.ndarray) -> pa.Array:
     """Lower-case hex text of non-negative ints (the thread-id part of the prefix)."""
     values = np.asarray(values, dtype=np.int64)
     uniq, inverse = np.unique(values, return_inverse=True)
     return pa.array([format(int(v), "x") for v in uniq], pa.string()).take(pa.array(inverse))
-
-
-def text_buffer(text: pa.Array) -> memoryview:
-    """The concatenated bytes of a string array (its data buffer between the first and last offset), zero-copy."""
-    text = text.cast(pa.large_string()) if len(text) and isinstance(text, pa.Array) else text
-    offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[text.offset : text.offset + len(text) + 1]
-    data = text.buffers()[2]
-    return memoryview(data)[offsets[0] : offsets[-1]] if data is not None else memoryview(b"")

@@ -1,0 +1,61 @@
+"""Outputs replaced atomically: every file dsprof writes goes through here.
+
+A file is written to a temporary file in the same directory, flushed to disk
+and renamed over the target, so a reader (or a crash, a full disk, a SIGKILL)
+only ever sees the previous complete file or the new complete one. On any
+error the temporary file is removed, the previous output is left as it was,
+and the error names the file.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import BinaryIO
+
+from dsprof.errors import DsprofError
+
+
+class OutputError(DsprofError):
+    """An output could not be written; names the file and why."""
+
+
+@contextlib.contextmanager
+def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
+    """A binary file handle whose content replaces ``path`` only when the block ends without error."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except OSError as exc:
+        _remove(temporary)
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove(temporary)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> Path:
+    with atomic_output(path) as handle:
+        handle.write(data)
+    return Path(path)
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def _remove(temporary: str) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(temporary)
