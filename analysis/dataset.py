@@ -4,7 +4,7 @@ What ``dsprof ingest -o DIR/`` writes and what the analysis engine queries out
 of core (DuckDB ``read_parquet``), so a log of any size is analysed in bounded
 memory. Layout::
 
-    DIR/window=<k>/part-<n>.parquet   span rows (SPAN_SCHEMA) of time window k
+    DIR/time_window=<k>/part-<n>.parquet   span rows (SPAN_SCHEMA) of time window k
     DIR/side.parquet                  (not used; reserved)
     DIR/dataset.json                  the manifest (below)
 
@@ -19,7 +19,7 @@ k-1..k+1 and keeps the invocations whose root starts in k.
 ``dataset.json`` (schema ``dsprof.span_dataset/1``)::
 
     {"schema", "window_ns", "span_schema": [column names],
-     "files": [{"path": "window=3/part-0.parquet", "window": 3, "rows": N,
+     "files": [{"path": "time_window=3/part-0.parquet", "window": 3, "rows": N,
                 "min_ts_ns": .., "max_ts_ns": ..}],
      "trace": {"files", "records_read", "lines_read", "dropped": {reason: n},
                "anchors": [[pid, mono_ns, wall_ns]], "chip_devices": [[pid, device]],
@@ -98,7 +98,7 @@ class SpanDatasetWriter:
             self._write(int(windows[rows[0]]), table.take(pa.array(rows)))
 
     def _write(self, window: int, table: pa.Table) -> None:
-        relative = Path(f"window={window}") / f"part-{self._parts}.parquet"
+        relative = Path(f"time_window={window}") / f"part-{self._parts}.parquet"
         self._parts += 1
         (self.directory / relative.parent).mkdir(exist_ok=True)
         pq.write_table(table, self.directory / relative, compression="none", use_dictionary=list(DICTIONARY_COLUMNS))
