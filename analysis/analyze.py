@@ -1,179 +1,102 @@
-"""``analyze``: read artifacts, build the swimlane, compute every figure, write the outputs.
+"""``analyze_trace``: every figure of a trace, as one summary (no files written).
 
-Each step is a separate module (swimlane, validation, skew, tails, pipeline,
-serving); this one only wires them together and assembles ``summary.json``
-(schema in docs/SUMMARY_SCHEMA.md).
+A facade over one analysis per question, in the manner of Holistic Trace
+Analysis: the swimlane's structure (:mod:`~dsprof.analysis.swimlane`), its
+validity (:mod:`~dsprof.analysis.validation`), skew (:mod:`~dsprof.analysis.skew`),
+causes of late steps (:mod:`~dsprof.analysis.causes`), pipeline health
+(:mod:`~dsprof.analysis.pipeline`) and serving figures
+(:mod:`~dsprof.analysis.serving`), each a set of queries on one engine.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
-from pathlib import Path
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
 
-import dsprof
-from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES, format_value
+import pyarrow as pa
+
+from dsprof.analysis.causes import diagnose
+from dsprof.analysis.engine import Engine, open_engine
 from dsprof.analysis.pipeline import pipeline_figures
 from dsprof.analysis.serving import serving_figures
-from dsprof.analysis.skew import PERCENTILES, skew_figures
+from dsprof.analysis.skew import skew_figures
 from dsprof.analysis.spans import Trace
+from dsprof.analysis.summary import Summary, build_summary
 from dsprof.analysis.swimlane import Swimlane, build_swimlane
-from dsprof.analysis.tails import tail_figures
 from dsprof.analysis.validation import validate
-from dsprof.errors import InputError
+from dsprof.errors import DsprofError
 
-SUMMARY_SCHEMA = "dsprof.summary/1"
+DEFAULT_THRESHOLD_MS = 5.0
 
 
 @dataclass
 class AnalysisResult:
-    summary: dict
+    """The summary, plus the engine (and its tables) that outputs draw spans from."""
+
+    summary: Summary
     swimlane: Swimlane
-    trace: Trace
-    outputs: dict[str, Path] = field(default_factory=dict)
+    engine: Engine
+
+    @property
+    def trace(self) -> Trace:
+        return self.engine.trace
 
 
-def analyze(
-    paths: Sequence[str | os.PathLike] | str | os.PathLike,
-    out_dir: str | os.PathLike | None = None,
-    *,
-    threshold_ms: float = 5.0,
-    expect_ranks: int | None = None,
-    progress: Callable[[str], None] | None = None,
-) -> AnalysisResult:
-    """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write summary.json, summary.md,
-    combined-swimlane.json and report.html there. Inputs without a single span are an InputError."""
-    trace = read_paths(paths, progress=progress)
-    _require_something_to_analyse(trace, paths)
-    result = analyze_trace(trace, threshold_ms=threshold_ms, expect_ranks=expect_ranks, progress=progress)
-    if out_dir is not None:
-        result.outputs = write_outputs(result, Path(out_dir), progress=progress)
-    return result
-
-
-def analyze_artifact_dir(
-    artifact_dir: str | os.PathLike,
-    *,
-    threshold_ms: float = 5.0,
-    progress: Callable[[str], None] | None = None,
-) -> AnalysisResult:
-    """Analyse one artifact directory without writing anything (what ``report`` and ``export`` start from)."""
-    artifact_dir = Path(artifact_dir)
-    if not artifact_dir.is_dir():
-        raise InputError(artifact_dir, "not a directory", expected="an artifact directory written by dsprof run")
-    return analyze([artifact_dir], None, threshold_ms=threshold_ms, progress=progress)
-
-
-def _require_something_to_analyse(trace: Trace, paths) -> None:
-    """Refuse inputs that yielded no span and no serving summary: a table of n/a would hide the mistake.
-
-    A partial artifact (a crashed run, a torn log) still has spans and is
-    analysed as far as it goes; this only catches the wrong file or a run that
-    was not profiled.
-    """
-    if len(trace.spans) or isinstance(trace.extras.get("performance_summary"), dict):
-        return
-    named = trace.files or [str(p) for p in ([paths] if isinstance(paths, (str, os.PathLike)) else paths)]
-    dropped = ", ".join(f"{reason} {count}" for reason, count in sorted(trace.dropped.items()) if count)
-    what = "no spans to analyse" + (f" ({trace.dropped_total} record(s) dropped: {dropped})" if dropped else "")
-    raise InputError(", ".join(named), what,
-                     expected="[STRACE] records, SA_PROFILE fragments or Chrome trace events")
+def check_threshold(threshold_ms: float) -> float:
+    """A late-start / tail threshold must be a finite number of ms >= 0."""
+    if not isinstance(threshold_ms, (int, float)) or not math.isfinite(threshold_ms) or threshold_ms < 0:
+        raise DsprofError(f"threshold must be a finite number of ms >= 0, got {threshold_ms!r}")
+    return float(threshold_ms)
 
 
 def analyze_trace(
     trace: Trace,
     *,
-    threshold_ms: float = 5.0,
+    threshold_ms: float = DEFAULT_THRESHOLD_MS,
     expect_ranks: int | None = None,
+    memory_limit: int | None = None,
+    invocations: pa.Table | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
-    """Every figure of an already-read trace (no files written)."""
-    swimlane = build_swimlane(trace, progress=progress)
-    roots = swimlane.roots
+    """Every figure of an already-read trace; ``invocations`` may come precomputed (cluster engine)."""
+    threshold_ms = check_threshold(threshold_ms)
+    engine = open_engine(trace, memory_limit=memory_limit)
     if progress:
-        progress("figures: skew, tails, pipeline, serving")
-    figures, step_list, steps = skew_figures(roots)
-    late_block, tail_block, _, _ = tail_figures(roots, steps, threshold_ms)
-    performance = trace.extras.get("performance_summary")
-    performance = performance if isinstance(performance, dict) else {}
-    summary = {
-        "schema": SUMMARY_SCHEMA,
-        "dsprof_version": dsprof.__version__,
-        "inputs": {
-            "files": [str(f) for f in trace.files],
+        progress("swimlane: invocations, ranks, decode steps")
+    swimlane = build_swimlane(engine, invocations)
+    if progress:
+        progress("figures: skew, causes, pipeline, serving")
+    figures, per_step = skew_figures(engine)
+    diagnosis = diagnose(engine, threshold_ms)
+    summary = build_summary(
+        inputs={
+            "files": list(trace.files),
             "records_read": int(trace.records_read),
-            "spans": int(len(trace.spans)),
-            "dropped": {str(k): int(v) for k, v in trace.dropped.items()},
+            "spans": int(trace.span_count),
+            "dropped": {str(k): int(v) for k, v in sorted(trace.dropped.items())},
+            "notes": list(trace.notes),
         },
-        "workload": performance.get("workload"),
-        "exit_status": performance.get("exit_status"),
-        "validation": validate(swimlane, expect_ranks=expect_ranks, dropped=trace.dropped),
-        "figures": figures,
-        "per_step": step_list,
-        "late_starts": late_block,
-        "tail_steps": tail_block,
-        "pipeline": pipeline_figures(roots),
-        "serving": serving_figures(trace),
-    }
-    return AnalysisResult(summary=summary, swimlane=swimlane, trace=trace)
-
-
-def write_outputs(result: AnalysisResult, out_dir: Path, progress: Callable[[str], None] | None = None) -> dict[str, Path]:
-    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``."""
-    from dsprof.analysis.outputs.combined_swimlane import write_combined_swimlane
-    from dsprof.analysis.outputs.html_report import REPORT_NAME, write_html_report
-    from dsprof.analysis.outputs.summary_json import write_summary_json
-    from dsprof.analysis.outputs.summary_md import write_summary_md
-
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outputs = {
-        "summary.json": write_summary_json(result.summary, out_dir / "summary.json"),
-        "summary.md": write_summary_md(result.summary, out_dir / "summary.md"),
-    }
-    if progress:
-        progress(f"writing {out_dir / 'combined-swimlane.json'}")
-    outputs["combined-swimlane.json"] = write_combined_swimlane(
-        result.swimlane,
-        out_dir / "combined-swimlane.json",
-        process_names=result.trace.extras.get("process_names"),
-        thread_names=result.trace.extras.get("thread_names"),
+        performance_summary=trace.performance_summary,
+        validation=validate(engine, swimlane, expect_ranks=expect_ranks),
+        figures=figures,
+        per_step=per_step,
+        late_starts=diagnosis.late_starts,
+        tail_steps=diagnosis.tail_steps,
+        tail_cost=diagnosis.tail_cost,
+        pipeline=pipeline_figures(engine),
+        serving=serving_figures(engine, trace),
     )
-    if progress:
-        progress(f"writing {out_dir / REPORT_NAME}")
-    outputs[REPORT_NAME] = write_html_report(result.swimlane, result.summary, out_dir / REPORT_NAME)
-    return outputs
+    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)
 
 
-def format_summary_table(summary: dict) -> str:
-    """A readable fixed-width table of the headline figures, for the CLI printout."""
-    validation = summary["validation"]
-    figures = summary["figures"]
-    serving = summary["serving"]
-    pipeline = summary["pipeline"]
-    tails = summary["tail_steps"]
-    late = summary["late_starts"]
-    rows: list[tuple[str, str]] = [
-        ("valid", "yes" if validation["valid"] else "NO: " + "; ".join(validation["problems"])),
-        ("ranks / decode steps / rank roots", f"{validation['ranks']} / {validation['decode_steps']} / {validation['rank_roots']}"),
-        ("exit status", format_value(summary.get("exit_status"))),
-        ("tokens returned / expected", f"{format_value(serving['tokens_returned'])} / {format_value(serving['tokens_expected'])}"),
-        ("batch elapsed", format_value(serving["batch_elapsed_s"], " s")),
-        ("throughput", format_value(serving["throughput_tok_s"], " tok/s")),
-        ("effective TPOT", format_value(serving["effective_tpot_ms"], " ms")),
-    ]
-    table = ["{:<36} {}".format(k, v) for k, v in rows]
-    table.append("")
-    table.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format("figure (ms)", "p50", "p95", "p99", "max", "count"))
-    for name in HEADLINE_FIGURES:
-        block = figures[name]
-        cells = [format_value(block[key]) for key, _ in PERCENTILES]
-        table.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(name, *cells, block["count"]))
-    table.append("")
-    table.append(f"late starts (> {late['threshold_ms']} ms): {late['count']}")
-    table.append(f"tail steps (> {tails['threshold_ms']} ms): {tails['count']}; straggler: {tails['straggler']['verdict']}")
-    for item in tails["items"][:5]:
-        table.append(f"  step {item['step']}: rank {item['rank']} ({item['device']}) +{item['excess_ms']} ms, {item['phase']}")
-    table.append(f"pipeline: {pipeline['diagnosis']}")
-    return "\n".join(table)
+def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = None) -> AnalysisResult:
+    """The swimlane's structure of ``trace`` with an existing summary: what report and export draw from.
+
+    The figures are the summary's, never recomputed; only where the spans go
+    (runs, steps, lanes) is rebuilt from the spans themselves.
+    """
+    engine = open_engine(trace, memory_limit=memory_limit)
+    swimlane = build_swimlane(engine)
+    skew_figures(engine)  # the per-step table the span budget ranks steps by
+    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)

@@ -1,122 +1,168 @@
-"""Depth-2 pipeline check, cadence and achieved depth (SPEC §3).
+"""Depth-2 pipeline check, cadence and achieved depth (SPEC §3), as the serving stack checks it.
 
-For adjacent decode runs N, N+1 of one rank (ordered by ``run_epoch``, or by
-start time where roots lack it) the pair *overlaps* when bind(N+1) intersects
+A pair of adjacent runs N, N+1 *overlaps* when bind(N+1) intersects
 runner_run(N) and runner_run(N+1) does not start before claim_release(N)
-starts; a pair that fails either condition is a violation, with the reason.
-``serialized`` is true when fewer than half the pairs overlap. Achieved depth
-per rank is the sum of root durations over the union of the time the roots
-cover (1.0 = one run at a time, 2.0 = always two in flight).
+starts. Which pairs are checked follows the serving stack's own checker
+(``strace_timing.py --assert-native-overlap``), so both tools give the same
+verdict on the same log: when roots carry the pipeline identity
+(run_id, dispatch_id, run_epoch, slot_id, generation), every identity-bearing
+run of a process — prefill included — ordered by runner_run start, except runs
+whose sequence (dispatch_id, or run_epoch where dispatch_id is 0) is 0; the
+launch order must then also be monotonic in sequence. Without identity the
+decode runs of each rank are paired in run_epoch (else start) order.
+``tests/test_analysis_pipeline.py::test_native_overlap_rule_matches_the_stack``
+rebuilds the stack's rule from SPEC and guards this.
+
+``serialized``: fewer than half the pairs overlap. ``overlap_share``: the
+share that do. Achieved depth per rank: Σ root durations / wall time the roots
+cover (SPEC); ``runner_depth``: the same over runner_run spans — how many runs
+were in flight on the device (2.0 for a healthy depth-2 pipeline, 1.0
+serialized).
 """
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
-
-from dsprof.analysis.skew import grouped_percentile_blocks, ns_to_ms, root_durations
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.skew import ns_to_ms, percentile_blocks
+from dsprof.profiler import strace_format as fmt
 
 FIRST_VIOLATIONS = 10
+_IDENTITY = fmt.IDENTITY_ATTRS
+_HAS_ALL = " AND ".join(f"{a} IS NOT NULL" for a in _IDENTITY)
+_HAS_ANY = " OR ".join(f"{a} IS NOT NULL" for a in _IDENTITY)
+_I_HAS_ALL = " AND ".join(f"i.{a} IS NOT NULL" for a in _IDENTITY)
 
 
-def ordered_pairs(roots: pd.DataFrame) -> pd.DataFrame:
-    """Each decode root joined with the next run of its rank."""
-    order_key = roots["run_epoch"].astype("float64").fillna(roots["root_ts_ns"].astype("float64"))
-    runs = roots.assign(order_key=order_key).sort_values(["rank", "order_key", "root_ts_ns"], kind="stable")
-    nxt = runs.groupby("rank").shift(-1)
-    pairs = pd.DataFrame(
-        {
-            "rank": runs["rank"].astype("int64"),
-            "run_epoch": runs["run_epoch"],
-            "step": runs["step"],
-            "runner_ts_ns": runs["runner_ts_ns"],
-            "runner_end_ns": runs["runner_end_ns"],
-            "claim_ts_ns": runs["claim_ts_ns"],
-            "next_bind_ts_ns": nxt["bind_ts_ns"],
-            "next_bind_end_ns": nxt["bind_end_ns"],
-            "next_runner_ts_ns": nxt["runner_ts_ns"],
-            "has_next": nxt["root_ts_ns"].notna(),
-        }
-    )
-    return pairs[pairs["has_next"]].reset_index(drop=True)
+def _pairs_sql(identity: bool) -> str:
+    """Each checked run joined with the next one of its lane."""
+    if identity:
+        runs = f"""SELECT i.pid AS lane, i.*, p.rank, coalesce(r.is_decode, FALSE) AS is_decode, d.step AS decode_step,
+                          CASE WHEN i.dispatch_id <> 0 THEN i.dispatch_id ELSE i.run_epoch END AS sequence
+                   FROM invocations i LEFT JOIN processes p ON p.pid = i.pid
+                   LEFT JOIN runs r ON r.pid = i.pid AND r.inv = i.inv LEFT JOIN decode d ON d.pid = i.pid AND d.inv = i.inv
+                   WHERE i.n_roots > 0 AND {_I_HAS_ALL} AND (CASE WHEN i.dispatch_id <> 0 THEN i.dispatch_id ELSE i.run_epoch END) <> 0"""
+        order = "runner_ts_ns, inv"
+    else:
+        runs = """SELECT rank AS lane, *, TRUE AS is_decode, step AS decode_step, run_epoch AS sequence FROM decode"""
+        order = "coalesce(run_epoch, root_ts_ns), root_ts_ns, inv"
+    fields = ("pid", "rank", "is_decode", "decode_step", "sequence", "run_epoch", "bind_ts_ns", "bind_end_ns",
+              "runner_ts_ns", "runner_end_ns", "claim_ts_ns")
+    previous = ", ".join(f"lag({f}) OVER by_lane AS prev_{f}" for f in fields)
+    return f"""
+    SELECT * FROM (SELECT lane, {", ".join(fields)}, {previous}, lag(inv) OVER by_lane AS prev_inv
+                   FROM ({runs}) WINDOW by_lane AS (PARTITION BY lane ORDER BY {order}))
+    WHERE prev_inv IS NOT NULL
+    """
 
 
-def _union_ns(roots: pd.DataFrame) -> pd.Series:
-    """Per rank: length of the union of root intervals (sort, merge touching runs with a cumulative max)."""
-    frame = roots[["rank", "root_ts_ns", "root_end_ns"]].sort_values(["rank", "root_ts_ns"]).astype("int64")
-    reach = frame.groupby("rank")["root_end_ns"].cummax()
-    previous_reach = reach.groupby(frame["rank"]).shift()
-    new_block = (previous_reach.isna() | (frame["root_ts_ns"] > previous_reach)).astype("int64")
-    block = new_block.groupby(frame["rank"]).cumsum()
-    spans = frame.assign(block=block, reach=reach).groupby(["rank", "block"]).agg(start=("root_ts_ns", "min"), end=("reach", "max"))
-    return (spans["end"] - spans["start"]).groupby(level="rank").sum()
+def _violation_reason() -> str:
+    no_overlap = "NOT coalesce(bind_ts_ns < prev_runner_end_ns AND bind_end_ns > prev_runner_ts_ns, FALSE)"
+    early = "NOT coalesce(runner_ts_ns >= prev_claim_ts_ns, FALSE)"
+    unordered = "coalesce(sequence <= prev_sequence, FALSE)"
+    return f"""concat_ws('; ',
+        CASE WHEN {no_overlap} THEN 'bind(N+1) does not overlap runner_run(N)' END,
+        CASE WHEN {early} THEN 'runner_run(N+1) starts before claim_release(N)' END,
+        CASE WHEN {unordered} THEN 'launch order is not monotonic in sequence' END)"""
 
 
-def pipeline_figures(roots: pd.DataFrame) -> dict:
+def pipeline_figures(engine: Engine) -> dict:
     """The ``pipeline`` block of summary.json."""
-    pairs = ordered_pairs(roots)
-    bind_overlaps = (pairs["next_bind_ts_ns"] < pairs["runner_end_ns"]) & (pairs["next_bind_end_ns"] > pairs["runner_ts_ns"])
-    claim_ordered = pairs["next_runner_ts_ns"] >= pairs["claim_ts_ns"]
-    bind_overlaps = bind_overlaps.fillna(False).astype(bool)
-    claim_ordered = claim_ordered.fillna(False).astype(bool)
-    overlapped = bind_overlaps & claim_ordered
-    checked = int(len(pairs))
-    n_overlapped = int(overlapped.sum())
-    reason = np.where(
-        ~bind_overlaps & ~claim_ordered,
-        "bind(N+1) does not overlap runner_run(N); runner_run(N+1) starts before claim_release(N)",
-        np.where(~bind_overlaps, "bind(N+1) does not overlap runner_run(N)", "runner_run(N+1) starts before claim_release(N)"),
-    )
-    bad = pairs.assign(reason=reason)[~overlapped].head(FIRST_VIOLATIONS)
-    first_violations = [
-        {"rank": int(r.rank), "run_epoch": None if pd.isna(r.run_epoch) else int(r.run_epoch),
-         "step": None if pd.isna(r.step) else int(r.step), "reason": r.reason}
-        for r in bad.itertuples(index=False)  # at most FIRST_VIOLATIONS rows
-    ]
-
-    starts = roots[["rank", "runner_ts_ns"]].dropna().astype("int64").sort_values(["rank", "runner_ts_ns"])
-    starts["cadence_ns"] = starts.groupby("rank")["runner_ts_ns"].diff()
-    cadence = grouped_percentile_blocks(starts, "rank", "cadence_ns")
-    cadence_p50 = starts["cadence_ns"].median()
-
-    durations = root_durations(roots)
-    depth = durations.groupby("rank")["root_ns"].sum() / _union_ns(roots) if len(roots) else pd.Series(dtype=float)
-    serialized = checked > 0 and n_overlapped < checked / 2
-    return {
-        "pairs_checked": checked,
-        "pairs_overlapped": n_overlapped,
-        "violations": checked - n_overlapped,
-        "claim_order_violations": int((~claim_ordered).sum()),
+    identity = bool(engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY})"))
+    engine.run(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT *, {_violation_reason()} AS reason FROM ({_pairs_sql(identity)})")
+    checked, overlapped, early, decode_pairs = engine.rows(
+        """SELECT count(*), count(*) FILTER (WHERE reason = ''),
+                  count(*) FILTER (WHERE reason LIKE '%claim_release%'), count(*) FILTER (WHERE prev_is_decode)
+           FROM pairs""")[0]
+    bad = engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
+                           FROM pairs WHERE reason <> '' ORDER BY runner_ts_ns LIMIT {FIRST_VIOLATIONS}""").to_pylist()
+    prefill = engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
+                              FROM pairs WHERE NOT prev_is_decode ORDER BY rank, pid""").to_pylist()
+    serialized = checked > 0 and overlapped < checked / 2
+    cadence = _cadence(engine)
+    depth = _depth(engine, "root_ts_ns", "root_end_ns")
+    figures = {
+        "rule": "native identity (serving stack)" if identity else "decode runs by run_epoch",
+        "pairs_checked": int(checked),
+        "pairs_overlapped": int(overlapped),
+        "violations": int(checked - overlapped),
+        "claim_order_violations": int(early),
+        "overlap_share": round(overlapped / checked, 4) if checked else None,
         "serialized": bool(serialized),
-        "first_violations": first_violations,
+        "native_overlap_verified": _native_verdict(engine, identity, checked, overlapped),
+        "first_violations": bad,
+        "prefill_pairs": prefill,
         "cadence_ms": cadence,
-        "cadence_p50_ms": None if pd.isna(cadence_p50) else ns_to_ms(cadence_p50),
-        "achieved_depth": {str(k): round(float(v), 3) for k, v in depth.items()},
-        "diagnosis": _diagnosis(pairs, bind_overlaps, overlapped, serialized, cadence_p50, durations),
+        "cadence_p50_ms": _cadence_p50(engine),
+        "achieved_depth": depth,
+        "runner_depth": _depth(engine, "runner_ts_ns", "runner_end_ns"),
     }
+    figures["diagnosis"] = _diagnosis(engine, figures, decode_pairs)
+    return figures
 
 
-def _diagnosis(pairs, bind_overlaps, overlapped, serialized, cadence_p50, durations) -> str:
-    checked = len(pairs)
+def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: int) -> dict:
+    """What the stack's ``--assert-native-overlap`` would answer: verified, or the first reason it refuses."""
+    if not identity:
+        return {"verified": False, "reason": "no root carries the pipeline identity attributes"}
+    partial = engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY}) AND NOT ({_HAS_ALL})")
+    if partial:
+        return {"verified": False, "reason": f"{partial} root(s) miss some identity field(s)"}
+    incomplete = engine.scalar(f"""SELECT count(*) FROM invocations WHERE n_roots > 0 AND {_HAS_ALL}
+                                   AND (CASE WHEN dispatch_id <> 0 THEN dispatch_id ELSE run_epoch END) <> 0
+                                   AND (bind_ts_ns IS NULL OR runner_ts_ns IS NULL OR claim_ts_ns IS NULL)""")
+    if incomplete:
+        return {"verified": False, "reason": f"{incomplete} run(s) miss bind, runner_run or claim_release"}
+    if checked == 0:
+        return {"verified": False, "reason": "need at least two complete native runs on one process"}
+    if overlapped < checked:
+        first = engine.scalar("SELECT reason || ' (pid ' || pid || ', sequence ' || sequence || ')' FROM pairs "
+                              "WHERE reason <> '' ORDER BY pid, runner_ts_ns LIMIT 1")
+        return {"verified": False, "reason": f"{checked - overlapped} of {checked} pairs fail: {first}"}
+    return {"verified": True, "reason": f"{checked} adjacent pairs overlap"}
+
+
+def _cadence(engine: Engine) -> dict:
+    engine.run("""CREATE OR REPLACE TEMP TABLE cadence AS
+        SELECT rank, runner_ts_ns - lag(runner_ts_ns) OVER (PARTITION BY rank ORDER BY runner_ts_ns) AS cadence_ns
+        FROM decode WHERE runner_ts_ns IS NOT NULL""")
+    return {rank: blocks["cadence"] for rank, blocks in percentile_blocks(engine, "cadence", {"cadence": "cadence_ns"}, by="rank").items()}
+
+
+def _cadence_p50(engine: Engine):
+    value = engine.scalar("SELECT median(cadence_ns) FROM cadence")
+    return None if value is None else ns_to_ms(value)
+
+
+def _depth(engine: Engine, start: str, end: str) -> dict:
+    """Per rank: Σ durations of the intervals / length of their union (sort, merge with a running max)."""
+    rows = engine.rows(f"""
+        WITH spans AS (SELECT rank, {start} AS s, {end} AS e FROM decode WHERE {start} IS NOT NULL AND {end} IS NOT NULL),
+        marked AS (SELECT rank, s, e, CASE WHEN s <= max(e) OVER (PARTITION BY rank ORDER BY s, e
+                                               ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) THEN 0 ELSE 1 END AS opens
+                   FROM spans),
+        blocks AS (SELECT rank, s, e, sum(opens) OVER (PARTITION BY rank ORDER BY s, e ROWS UNBOUNDED PRECEDING) AS block FROM marked),
+        unions AS (SELECT rank, sum(block_end - block_start) AS covered FROM
+                   (SELECT rank, block, min(s) AS block_start, max(e) AS block_end FROM blocks GROUP BY rank, block) GROUP BY rank)
+        SELECT rank, (SELECT sum(e - s) FROM spans x WHERE x.rank = u.rank) / covered FROM unions u ORDER BY rank""")
+    return {str(rank): round(float(value), 3) for rank, value in rows if value is not None}
+
+
+def _diagnosis(engine: Engine, figures: dict, decode_pairs: int) -> str:
+    checked, overlapped = figures["pairs_checked"], figures["pairs_overlapped"]
+    cadence = "n/a" if figures["cadence_p50_ms"] is None else f"{figures['cadence_p50_ms']:.3f} ms"
     if checked == 0:
         return "not checked: no rank has two adjacent decode runs"
-    ranks = pairs["rank"].nunique()
-    cadence = "n/a" if pd.isna(cadence_p50) else f"{ns_to_ms(cadence_p50):.3f} ms"
-    if not serialized:
-        where = "every rank" if overlapped.all() else f"{int(overlapped.sum())} of {checked} pairs"
+    if not figures["serialized"]:
+        where = "every pair" if overlapped == checked else f"{overlapped} of {checked} pairs"
         return f"pipelined: bind(N+1) overlaps runner_run(N) on {where}; cadence p50 {cadence}"
-    not_overlapping = pairs[~bind_overlaps]
-    if len(not_overlapping) * 2 < checked:
-        # bind does overlap: the pairs fail on launch order instead
-        early = int((~overlapped).sum()) - len(not_overlapping)
-        return (f"unordered: runner_run(N+1) starts before claim_release(N) in {early} of {checked} pairs; "
+    no_overlap = engine.scalar("SELECT count(*) FROM pairs WHERE reason LIKE '%does not overlap%'")
+    if no_overlap * 2 < checked:
+        return (f"unordered: runner_run(N+1) starts before claim_release(N) in {figures['claim_order_violations']} of {checked} pairs; "
                 f"cadence p50 {cadence}")
-    ranks_serial = not_overlapping["rank"].nunique()
+    ranks_serial, ranks = engine.rows("""SELECT count(DISTINCT coalesce(rank, prev_rank)) FILTER (WHERE reason LIKE '%does not overlap%'),
+                                                count(DISTINCT coalesce(rank, prev_rank)) FROM pairs""")[0]
     on = "all ranks" if ranks_serial == ranks else f"{ranks_serial} of {ranks} ranks"
-    bind_ms = ns_to_ms(durations["bind_ns"].median())
-    runner_ms = ns_to_ms(durations["runner_ns"].median())
-    root_ms = ns_to_ms(durations["root_ns"].median())
-    return (
-        f"serialized: bind(N+1) starts after runner_run(N) ends in {len(not_overlapping)} of {checked} pairs on {on}; "
-        f"cadence {cadence} ≈ bind {bind_ms:.3f} + runner_run {runner_ms:.3f} ms (root {root_ms:.3f} ms)"
-    )
+    bind, runner, root = (ns_to_ms(v or 0) for v in engine.rows(
+        "SELECT median(bind_end_ns - bind_ts_ns), median(runner_end_ns - runner_ts_ns), median(root_end_ns - root_ts_ns) FROM decode")[0])
+    return (f"serialized: bind(N+1) starts after runner_run(N) ends in {no_overlap} of {checked} pairs on {on}; "
+            f"cadence {cadence} ≈ bind {bind:.3f} + runner_run {runner:.3f} ms (root {root:.3f} ms)")

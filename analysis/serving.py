@@ -1,74 +1,109 @@
 """Serving figures: tokens, batch elapsed, throughput, effective TPOT, acceptance rate (SPEC §3).
 
-Source, in order of preference:
+Each figure is taken, field by field, from the first source that has it:
 
-1. ``performance_summary.json`` (``trace.extras["performance_summary"]``): its
-   figures are taken as written by the runtime.
-2. SA_PROFILE ``request`` spans: tokens returned = Σ ``output_tokens`` args
-   (aliases ``completion_tokens``, ``tokens_out``); tokens expected =
+1. ``performance_summary.json``, under dsprof's own field name or a common
+   alias other producers write (``output_tokens``, ``expected_output_tokens``,
+   ``batch_elapsed_seconds``, ``throughput_tokens_per_second``, ...);
+2. the SA_PROFILE ``request`` spans: tokens returned = Σ ``output_tokens``
+   args (aliases ``completion_tokens``, ``tokens_out``); tokens expected =
    Σ ``expected_tokens`` (alias ``max_tokens``) when every request has it;
-   batch elapsed = last request end − first request start; throughput =
-   tokens / elapsed; effective TPOT = elapsed / (tokens / requests); acceptance
-   rate = Σ ``accepted_draft_tokens`` / Σ ``draft_tokens`` when present.
+   batch elapsed = last request end − first request start; acceptance rate =
+   Σ ``accepted_draft_tokens`` / Σ ``draft_tokens``;
+3. derived from the others: throughput = tokens / elapsed, effective TPOT =
+   elapsed / (tokens / requests).
+
+``sources`` in the block says where each figure came from.
 """
 
 from __future__ import annotations
 
-import pandas as pd
+import math
 
-from dsprof.analysis.spans import Trace, attr_columns
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.spans import Trace
 
+FIGURES = ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate", "requests")
+# performance_summary.json field names, dsprof's own first; (name, factor to the figure's unit)
+SUMMARY_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
+    "tokens_returned": (("tokens_returned", 1), ("output_tokens", 1), ("total_output_tokens", 1), ("generated_tokens", 1),
+                        ("completion_tokens", 1)),
+    "tokens_expected": (("tokens_expected", 1), ("expected_output_tokens", 1), ("expected_tokens", 1)),
+    "batch_elapsed_s": (("batch_elapsed_s", 1), ("batch_elapsed_seconds", 1), ("elapsed_s", 1), ("elapsed_seconds", 1),
+                        ("batch_elapsed_ms", 1e-3), ("duration_s", 1)),
+    "throughput_tok_s": (("throughput_tok_s", 1), ("throughput_tokens_per_second", 1), ("tokens_per_second", 1),
+                         ("output_throughput", 1)),
+    "effective_tpot_ms": (("effective_tpot_ms", 1), ("tpot_ms", 1), ("effective_tpot_s", 1e3)),
+    "acceptance_rate": (("acceptance_rate", 1), ("mtp_acceptance_rate", 1), ("draft_acceptance_rate", 1)),
+    "requests": (("requests", 1), ("num_requests", 1), ("request_count", 1)),
+}
 TOKEN_KEYS = ("output_tokens", "completion_tokens", "tokens_out")
 EXPECTED_KEYS = ("expected_tokens", "max_tokens")
-EMPTY = {"source": None, "tokens_returned": None, "tokens_expected": None, "batch_elapsed_s": None,
-         "throughput_tok_s": None, "effective_tpot_ms": None, "acceptance_rate": None, "requests": None}
+FROM_REQUEST_SPANS = "sa_profile request spans"
+DERIVED = "derived"
 
 
-def serving_figures(trace: Trace) -> dict:
-    """The ``serving`` block of summary.json."""
-    summary = trace.extras.get("performance_summary")
-    if isinstance(summary, dict):
-        return {
-            "source": "performance_summary",
-            "tokens_returned": summary.get("tokens_returned"),
-            "tokens_expected": summary.get("tokens_expected"),
-            "batch_elapsed_s": summary.get("batch_elapsed_s"),
-            "throughput_tok_s": summary.get("throughput_tok_s"),
-            "effective_tpot_ms": summary.get("effective_tpot_ms"),
-            "acceptance_rate": summary.get("acceptance_rate"),
-            "requests": (summary.get("workload") or {}).get("requests"),
-        }
-    return _from_request_spans(trace.spans)
+def _number(value: object, factor: float) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    try:
+        scaled = value * factor if factor != 1 else value
+    except OverflowError:
+        return None
+    return scaled if isinstance(scaled, int) or math.isfinite(scaled) else None
 
 
-def _first_present(attrs: pd.DataFrame, keys: tuple[str, ...]) -> pd.Series:
-    values = pd.Series(pd.NA, index=attrs.index, dtype="Float64")
-    for key in keys:
-        values = values.fillna(pd.to_numeric(attrs[key], errors="coerce").astype("Float64"))
-    return values
+def _from_performance_summary(summary: dict) -> dict[str, tuple[float, str]]:
+    found: dict[str, tuple[float, str]] = {}
+    workload = summary.get("workload") if isinstance(summary.get("workload"), dict) else {}
+    for figure, aliases in SUMMARY_ALIASES.items():
+        for name, factor in aliases:
+            value = _number(summary.get(name), factor)
+            if value is not None:
+                found[figure] = (value, f"performance_summary.json:{name}")
+                break
+    if "requests" not in found and _number(workload.get("requests"), 1) is not None:
+        found["requests"] = (workload["requests"], "performance_summary.json:workload.requests")
+    return found
 
 
-def _from_request_spans(spans: pd.DataFrame) -> dict:
-    requests = spans[(spans["cat"] == "request") & (spans["ph"] == "X") & spans["inv"].isna()]
-    if len(requests) == 0:
-        return dict(EMPTY)
-    attrs = attr_columns(requests, [*TOKEN_KEYS, *EXPECTED_KEYS, "accepted_draft_tokens", "draft_tokens"])
-    tokens = _first_present(attrs, TOKEN_KEYS)
-    expected = _first_present(attrs, EXPECTED_KEYS)
-    elapsed_ns = int((requests["ts_ns"] + requests["dur_ns"]).max() - requests["ts_ns"].min())
-    elapsed_s = elapsed_ns / 1e9
-    n = len(requests)
-    returned = int(tokens.sum()) if tokens.notna().any() else None
-    accepted = pd.to_numeric(attrs["accepted_draft_tokens"], errors="coerce")
-    drafted = pd.to_numeric(attrs["draft_tokens"], errors="coerce")
-    acceptance = float(accepted.sum() / drafted.sum()) if drafted.notna().any() and drafted.sum() > 0 else None
-    return {
-        "source": "sa_profile",
-        "tokens_returned": returned,
-        "tokens_expected": int(expected.sum()) if expected.notna().all() else None,
-        "batch_elapsed_s": round(elapsed_s, 6),
-        "throughput_tok_s": round(returned / elapsed_s, 3) if returned and elapsed_s > 0 else None,
-        "effective_tpot_ms": round(elapsed_s * 1000 / (returned / n), 3) if returned else None,
-        "acceptance_rate": None if acceptance is None else round(acceptance, 4),
-        "requests": n,
-    }
+def _first_present(keys: tuple[str, ...]) -> str:
+    """SQL: the first of ``attrs[key]`` that parses as a number."""
+    return "coalesce(" + ", ".join(f"TRY_CAST(attrs['{k}'] AS DOUBLE)" for k in keys) + ")"
+
+
+def _from_request_spans(engine: Engine) -> dict[str, tuple[float, str]]:
+    row = engine.rows(f"""
+        SELECT count(*), min(ts_ns), max(ts_ns + dur_ns),
+               sum(tokens), count(tokens), sum(expected), count(expected), sum(accepted), sum(drafted), count(drafted)
+        FROM (SELECT ts_ns, dur_ns, {_first_present(TOKEN_KEYS)} AS tokens, {_first_present(EXPECTED_KEYS)} AS expected,
+                     TRY_CAST(attrs['accepted_draft_tokens'] AS DOUBLE) AS accepted, TRY_CAST(attrs['draft_tokens'] AS DOUBLE) AS drafted
+              FROM spans WHERE cat = 'request' AND ph = 'X' AND inv IS NULL)""")[0]
+    n, first, last, tokens, with_tokens, expected, with_expected, accepted, drafted, with_drafted = row
+    if not n:
+        return {}
+    found = {"requests": (n, FROM_REQUEST_SPANS), "batch_elapsed_s": (round((last - first) / 1e9, 6), FROM_REQUEST_SPANS)}
+    if with_tokens:
+        found["tokens_returned"] = (int(tokens), FROM_REQUEST_SPANS)
+    if with_expected == n:
+        found["tokens_expected"] = (int(expected), FROM_REQUEST_SPANS)
+    if with_drafted and drafted:
+        found["acceptance_rate"] = (round(accepted / drafted, 4), FROM_REQUEST_SPANS)
+    return found
+
+
+def serving_figures(engine: Engine, trace: Trace) -> dict:
+    """The ``serving`` block of summary.json, with ``sources``."""
+    found = _from_request_spans(engine)
+    if isinstance(trace.performance_summary, dict):
+        found |= _from_performance_summary(trace.performance_summary)
+    values = {figure: found[figure][0] if figure in found else None for figure in FIGURES}
+    sources = {figure: found[figure][1] for figure in FIGURES if figure in found}
+    tokens, elapsed, requests = values["tokens_returned"], values["batch_elapsed_s"], values["requests"]
+    if values["throughput_tok_s"] is None and tokens and elapsed:
+        values["throughput_tok_s"], sources["throughput_tok_s"] = round(tokens / elapsed, 3), DERIVED
+    if values["effective_tpot_ms"] is None and tokens and elapsed and requests:
+        values["effective_tpot_ms"], sources["effective_tpot_ms"] = round(elapsed * 1000 / (tokens / requests), 3), DERIVED
+    return {**values, "sources": sources}

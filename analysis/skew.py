@@ -1,116 +1,78 @@
 """Per-step skew, gap, validate, bind and root figures with their percentiles (SPEC §3).
 
-All figures come from the decode-root table of the swimlane (one row per rank
-and step) through groupby reductions. Percentiles interpolate linearly between
-order statistics of the nanosecond values and are reported in ms with three
-decimals.
+SQL over the engine's ``decode`` table (one row per rank and step). Percentiles
+are ``quantile_cont`` — linear interpolation between order statistics of the
+nanosecond values — reported in ms with three decimals.
 """
 
 from __future__ import annotations
 
-import numpy as np
-import pandas as pd
+from dsprof.analysis.engine import Engine
 
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
+
+# figure name -> nanosecond expression over a decode row
+DURATIONS = {
+    "bind_ms": "bind_end_ns - bind_ts_ns",
+    "runner_run_ms": "runner_end_ns - runner_ts_ns",
+    "root_ms": "root_end_ns - root_ts_ns",
+    "validate_ms": "validate_end_ns - validate_ts_ns",
+    "runner_to_validate_gap_ms": "validate_ts_ns - runner_end_ns",
+}
+PER_RANK_FIGURES = ("bind_ms", "root_ms", "validate_ms", "runner_to_validate_gap_ms")
+STEP_FIGURES = ("runner_start_skew_ms", "runner_end_skew_ms")
 
 
 def ns_to_ms(value: float) -> float:
     return round(float(value) / 1e6, 3)
 
 
-def percentile_block(values_ns) -> dict:
-    """``{"p50", "p95", "p99", "max", "count"}`` in ms of ns values (nulls ignored)."""
-    values = pd.to_numeric(pd.Series(values_ns), errors="coerce").dropna().to_numpy(np.float64)
-    if len(values) == 0:
+def _block(values: list | None, count: int) -> dict:
+    if not count or values is None:
         return {name: None for name, _ in PERCENTILES} | {"count": 0}
-    points = np.quantile(values, [q for _, q in PERCENTILES], method="linear")
-    return {name: ns_to_ms(v) for (name, _), v in zip(PERCENTILES, points)} | {"count": int(len(values))}
+    return {name: ns_to_ms(v) for (name, _), v in zip(PERCENTILES, values)} | {"count": int(count)}
 
 
-def grouped_percentile_blocks(frame: pd.DataFrame, by: str, column: str) -> dict:
-    """A percentile block of ``column`` per value of ``by`` (keys as strings), in one groupby."""
-    data = frame[[by, column]].dropna()
-    if len(data) == 0:
-        return {}
-    data = data.astype({column: "float64"})
-    quantiles = data.groupby(by)[column].quantile([q for _, q in PERCENTILES]).unstack()
-    counts = data.groupby(by)[column].size()
-    blocks = {}
-    for key, row in quantiles.iterrows():  # one iteration per rank, not per span
-        blocks[str(key)] = {name: ns_to_ms(row[q]) for name, q in PERCENTILES} | {"count": int(counts[key])}
-    return blocks
+def _quantiles(expression: str) -> str:
+    points = ", ".join(str(q) for _, q in PERCENTILES)
+    return f"quantile_cont({expression}, [{points}]), count({expression})"
 
 
-def root_durations(roots: pd.DataFrame) -> pd.DataFrame:
-    """Per (rank, step) durations and gaps in ns (nullable where a phase is missing)."""
-    return pd.DataFrame(
-        {
-            "rank": roots["rank"],
-            "step": roots["step"],
-            "device": roots["device"],
-            "bind_ns": roots["bind_end_ns"] - roots["bind_ts_ns"],
-            "runner_ns": roots["runner_end_ns"] - roots["runner_ts_ns"],
-            "root_ns": roots["root_end_ns"] - roots["root_ts_ns"],
-            "validate_ns": roots["validate_end_ns"] - roots["validate_ts_ns"],
-            "runner_to_validate_gap_ns": roots["validate_ts_ns"] - roots["runner_end_ns"],
-        }
-    )
+def percentile_blocks(engine: Engine, table: str, expressions: dict[str, str], by: str | None = None) -> dict:
+    """``{name: {"p50", "p95", "p99", "max", "count"}}`` of each ns expression over ``table``; per ``by`` value when given."""
+    selected = ", ".join(_quantiles(e) for e in expressions.values())
+    if by is None:
+        row = engine.rows(f"SELECT {selected} FROM {table}")[0]
+        return {name: _block(row[2 * i], row[2 * i + 1]) for i, name in enumerate(expressions)}
+    rows = engine.rows(f"SELECT {by}, {selected} FROM {table} GROUP BY {by} ORDER BY {by}")
+    return {str(r[0]): {name: _block(r[1 + 2 * i], r[2 + 2 * i]) for i, name in enumerate(expressions)} for r in rows}
 
 
-def per_step(roots: pd.DataFrame) -> pd.DataFrame:
-    """One row per step: runner start/end skew (ns), the latest ranks, and how many ranks have the step."""
-    have = roots.dropna(subset=["runner_ts_ns", "runner_end_ns"]).astype({"runner_ts_ns": "int64", "runner_end_ns": "int64"})
-    if len(have) == 0:
-        return pd.DataFrame(columns=["step", "ranks", "runner_start_skew_ns", "runner_end_skew_ns",
-                                     "min_start_ns", "min_end_ns", "latest_start_rank", "latest_end_rank"])
-    grouped = have.groupby("step")
-    table = pd.DataFrame(
-        {
-            "ranks": grouped["rank"].nunique(),
-            "min_start_ns": grouped["runner_ts_ns"].min(),
-            "runner_start_skew_ns": grouped["runner_ts_ns"].max() - grouped["runner_ts_ns"].min(),
-            "min_end_ns": grouped["runner_end_ns"].min(),
-            "runner_end_skew_ns": grouped["runner_end_ns"].max() - grouped["runner_end_ns"].min(),
-            "latest_start_rank": have.loc[grouped["runner_ts_ns"].idxmax(), ["step", "rank"]].set_index("step")["rank"],
-            "latest_end_rank": have.loc[grouped["runner_end_ns"].idxmax(), ["step", "rank"]].set_index("step")["rank"],
-        }
-    )
-    return table.reset_index().astype({"step": "int64"})
+STEPS_SQL = """
+SELECT step, count(DISTINCT rank) AS ranks,
+       min(runner_ts_ns) AS min_start_ns,
+       max(runner_ts_ns) - min(runner_ts_ns) AS runner_start_skew_ns,
+       max(runner_end_ns) - min(runner_end_ns) AS runner_end_skew_ns,
+       arg_max(rank, (runner_ts_ns, -rank)) AS latest_start_rank,
+       arg_max(rank, (runner_end_ns, -rank)) AS latest_end_rank
+FROM decode WHERE runner_ts_ns IS NOT NULL AND runner_end_ns IS NOT NULL
+GROUP BY step
+"""
 
 
-def skew_figures(roots: pd.DataFrame) -> tuple[dict, list[dict], pd.DataFrame]:
-    """The ``figures`` block, the ``per_step`` list of summary.json, and the per-step table."""
-    steps = per_step(roots)
-    durations = root_durations(roots)
-    figures = {
-        "runner_start_skew_ms": percentile_block(steps["runner_start_skew_ns"]),
-        "runner_end_skew_ms": percentile_block(steps["runner_end_skew_ns"]),
-        "runner_to_validate_gap_ms": percentile_block(durations["runner_to_validate_gap_ns"]),
-        "validate_ms": percentile_block(durations["validate_ns"]),
-        "bind_ms": percentile_block(durations["bind_ns"]),
-        "runner_run_ms": percentile_block(durations["runner_ns"]),
-        "root_ms": percentile_block(durations["root_ns"]),
-    }
-    per_rank: dict[str, dict] = {}
-    blocks = {
-        name: grouped_percentile_blocks(durations, "rank", column)
-        for name, column in (("bind_ms", "bind_ns"), ("root_ms", "root_ns"), ("validate_ms", "validate_ns"),
-                             ("runner_to_validate_gap_ms", "runner_to_validate_gap_ns"))
-    }
-    devices = durations.drop_duplicates("rank").set_index("rank")["device"]
-    for rank, device in devices.items():  # one entry per rank
-        key = str(rank)
-        per_rank[key] = {name: blocks[name].get(key, percentile_block([])) for name in blocks} | {"device": str(device)}
-    figures["per_rank"] = per_rank
-    step_list = [
-        {
-            "step": int(row.step),
-            "ranks": int(row.ranks),
-            "runner_start_skew_ms": ns_to_ms(row.runner_start_skew_ns),
-            "runner_end_skew_ms": ns_to_ms(row.runner_end_skew_ns),
-            "latest_start_rank": int(row.latest_start_rank),
-            "latest_end_rank": int(row.latest_end_rank),
-        }
-        for row in steps.itertuples(index=False)  # output rows of summary.json, one per step
+def skew_figures(engine: Engine) -> tuple[dict, list[dict]]:
+    """The ``figures`` block and the ``per_step`` list of summary.json; leaves the ``steps`` table in the engine."""
+    engine.run(f"CREATE OR REPLACE TABLE steps AS {STEPS_SQL}")
+    figures = percentile_blocks(engine, "steps", {name: name.replace("_ms", "_ns") for name in STEP_FIGURES})
+    figures |= percentile_blocks(engine, "decode", DURATIONS)
+    per_rank = percentile_blocks(engine, "decode", {name: DURATIONS[name] for name in PER_RANK_FIGURES}, by="rank")
+    devices = dict(engine.rows("SELECT rank, min(device) FROM decode GROUP BY rank"))
+    figures["per_rank"] = {rank: blocks | {"device": str(devices[int(rank)])} for rank, blocks in per_rank.items()}
+    rows = engine.arrow("SELECT * FROM steps ORDER BY step").to_pylist()
+    per_step = [
+        {"step": r["step"], "ranks": r["ranks"], "runner_start_skew_ms": ns_to_ms(r["runner_start_skew_ns"]),
+         "runner_end_skew_ms": ns_to_ms(r["runner_end_skew_ns"]), "latest_start_rank": r["latest_start_rank"],
+         "latest_end_rank": r["latest_end_rank"]}
+        for r in rows  # output rows of summary.json, one per step
     ]
-    return figures, step_list, steps
+    return figures, per_step

@@ -1,333 +1,193 @@
-"""Invocations, span trees, decode steps and pipeline-slot lanes (SPEC §2-§3).
+"""From invocations to the swimlane: the profile window, ranks and devices, callables, decode steps.
 
-Everything here is a groupby/merge over the span table: an invocation is the
-set of STRACE rows sharing ``(pid, inv)``; its root is the ``depth == 0`` row
-and every other row of the invocation is a child by ``inv`` (never by
-timestamp containment), named by its span name. The result is the
-:class:`Swimlane` described in docs/ARCHITECTURE.md.
+Builds, in the engine, the table ``runs`` (every invocation with a root inside
+the profile window, with its rank, device and callable label) and the view
+``decode`` (the decode runs, one row per rank and step). The rules (SPEC §2-§3):
+
+* profile window: the request spans of the serving trace, else its serving
+  spans, else every serving span; without a serving trace, everything;
+* device of a process: its ``[chip_process] ready`` line, else its roots'
+  ``device`` attribute; rank: the roots' ``rank`` attribute, else the order
+  of devices (natural order, ``npu:2`` before ``npu:10``), then of pids;
+* callables are buckets of ``hid``; a bucket is labelled by its roots'
+  ``callable`` attribute; decode is ``decode.main+verify+mtp``, else a label
+  starting with ``decode``, else the most frequent bucket;
+* step s of rank r is its s-th decode run in start order; reports number it by
+  the producer's own ``step`` attribute when every decode root carries one,
+  they agree across ranks and increase on every rank, else by position.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
-import numpy as np
-import pandas as pd
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from dsprof.analysis.spans import Trace, attr_columns
-from dsprof.profiler.strace_format import DECODE_CALLABLE
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.invocations import gc_query, invocation_query, serving_row
+from dsprof.profiler import strace_format as fmt
 
-EXTERNAL_PREFIX = "ext."
-ROOT_ATTRS = ("callable", "rank", "device", "run_epoch", "slot_id", "step")
+STEP_NUMBERING_PRODUCER = "producer"
+STEP_NUMBERING_POSITION = "position"
 
 
 @dataclass
 class Swimlane:
-    """The analysed trace; column contracts are in docs/ARCHITECTURE.md ("Swimlane")."""
+    """What the structure of the trace is; the tables themselves live in the engine (``runs``, ``decode``, ``gc``)."""
 
-    runtime: pd.DataFrame
-    roots: pd.DataFrame
-    serving: pd.DataFrame
-    device_clock: pd.DataFrame
+    serving_window_ns: tuple[int, int] | None
     left_out_invocations: int
-    # invocations whose rows were read but whose root never closed (crash, torn log)
-    rootless_invocations: int = 0
-    # roots repeated for one (pid, inv): the first is kept
-    duplicate_roots: int = 0
-    serving_window_ns: tuple[int, int] | None = None
-    # callable label -> number of roots in the window; decode_label names the decode bucket
-    callables: dict[str, int] = field(default_factory=dict)
-    decode_label: str | None = None
-    # runtime pids without a CLOCK_ANCHOR
+    rootless_invocations: int
+    duplicate_roots: int
+    callables: dict[str, int]
+    decode_label: str | None
+    step_numbering: str
+    processes: list[dict]  # pid, rank, device, device_source
+    device_conflicts: list[dict] = field(default_factory=list)  # pid, devices: chip lines that disagree
     unanchored_pids: list[int] = field(default_factory=list)
-    # pid -> (rank, device) as resolved
-    processes: pd.DataFrame = field(default_factory=pd.DataFrame)
+    serving_spans: int = 0
 
 
-def _int_column(text: pd.Series) -> pd.arrays.IntegerArray:
-    """Integer attribute values (Int64; null where absent or not an integer)."""
-    arrow = pa.chunked_array(text.array._pa_array)
-    try:
-        values = pc.cast(arrow, pa.int64())
-    except pa.ArrowInvalid:  # some value is not an integer: parse leniently
-        return pd.array(pd.to_numeric(text, errors="coerce"), dtype="Int64")
-    return pd.array(values.to_pandas(types_mapper=pd.ArrowDtype), dtype="Int64")
+def build_swimlane(engine: Engine, invocations: pa.Table | None = None) -> Swimlane:
+    """Create ``invocations``, ``runs``, ``decode`` and ``gc`` in the engine; return the structure's facts.
 
-
-def phase_of(names: pd.Series) -> pd.Series:
-    """Phase label from the span name: ``chip.run`` -> root, ``chip.run.runner_run.X`` -> X.
-
-    Computed once per distinct name (a trace has a handful), then spread to the rows.
+    ``invocations`` may be given already computed (e.g. gathered from cluster
+    workers); else it is aggregated from ``spans`` here.
     """
-    codes, uniques = pd.factorize(names)
-    phase = pd.Series(uniques).str.replace(r"^chip\.run\.?", "", regex=True)
-    phase = phase.str.replace(r"^runner_run\.", "", regex=True)
-    phase = phase.mask(phase == "", "root").astype("string[pyarrow]")
-    return pd.Series(phase.array.take(codes), index=names.index, dtype="string[pyarrow]")
-
-
-def _natural_key(text: str) -> tuple:
-    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", text))
-
-
-def build_swimlane(trace: Trace, progress: Callable[[str], None] | None = None) -> Swimlane:
-    """Rebuild invocations from the span table and lay them out per device and lane."""
-    spans = trace.spans
-    is_strace = (spans["inv"].notna() & spans["depth"].notna()).to_numpy(bool)
-    serving = spans[~is_strace].reset_index(drop=True)
-    names = pc.dictionary_encode(pa.chunked_array(spans["name"].array._pa_array)).combine_chunks()
-    external = pc.starts_with(names.dictionary, EXTERNAL_PREFIX).to_numpy(zero_copy_only=False)
-    is_runtime = is_strace & ~external[names.indices.to_numpy(zero_copy_only=False)]
-    is_dev = (spans["clk"] == "dev").to_numpy(bool)
-    is_root = is_runtime & ~is_dev & (spans["depth"] == 0).fillna(False).to_numpy(bool)
-    if progress:
-        progress(f"swimlane: {int((is_runtime & ~is_dev).sum())} host runtime spans, {len(serving)} serving spans")
-
-    roots = spans[is_root].sort_values(["pid", "inv", "ts_ns"], kind="stable")
-    duplicate = roots.duplicated(["pid", "inv"])
-    duplicate_roots = int(duplicate.sum())
-    roots = roots[~duplicate]
-    # every runtime row's invocation key, looked up once in the root index
-    runtime_rows = np.flatnonzero(is_runtime)
-    row_keys = pd.MultiIndex.from_arrays(
-        [spans["pid"].to_numpy()[runtime_rows], spans["inv"].to_numpy(np.uint64, na_value=0)[runtime_rows]]
-    )
-    root_of_row = pd.MultiIndex.from_arrays([roots["pid"].to_numpy(), roots["inv"].to_numpy(np.uint64)]).get_indexer(row_keys)
-    rootless = int(row_keys[root_of_row < 0].unique().size)
-
-    attrs = attr_columns(roots, list(ROOT_ATTRS))
-    inv = pd.DataFrame(
-        {
-            "pid": roots["pid"].to_numpy(),
-            "tid": roots["tid"].to_numpy(),
-            "inv": roots["inv"].to_numpy(),
-            "hid": roots["hid"].to_numpy(),
-            "root_ts_ns": roots["ts_ns"].to_numpy(),
-            "root_end_ns": (roots["ts_ns"] + roots["dur_ns"]).to_numpy(),
-            "callable_attr": attrs["callable"].to_numpy(),
-            "rank_attr": _int_column(attrs["rank"]),
-            "device_attr": attrs["device"].to_numpy(),
-            "run_epoch": _int_column(attrs["run_epoch"]),
-            "slot_id": _int_column(attrs["slot_id"]),
-            "step_attr": _int_column(attrs["step"]),
-        }
-    )
-
-    # profile window: invocations whose roots overlap the serving window
-    window = None
-    timed = _window_spans(serving)
-    if len(timed):
-        window = (int(timed["ts_ns"].min()), int((timed["ts_ns"] + timed["dur_ns"]).max()))
-        inside = (inv["root_ts_ns"] < window[1]) & (inv["root_end_ns"] > window[0])
+    if invocations is None:
+        engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
     else:
-        inside = pd.Series(True, index=inv.index)
-    left_out = int((~inside).sum())
-    # invocation rows renumbered after the window: -1 for rows of left-out or rootless
-    # invocations (the extra last entry is where a root index of -1, "no root", lands)
-    kept_row = np.full(len(inv) + 1, -1, dtype=np.int64)
-    kept_row[np.flatnonzero(inside.to_numpy())] = np.arange(int(inside.sum()))
-    row_inv = kept_row[root_of_row]
-    inv = inv[inside.to_numpy()].reset_index(drop=True)
-
-    inv["callable"], decode_label = _label_callables(inv)
-    processes = _resolve_processes(inv, trace)
-    inv = inv.merge(processes, on="pid", how="left")
-    inv["lane"] = assign_lanes(inv)
-    inv["is_decode"] = inv["callable"] == decode_label
-
-    decode = inv[inv["is_decode"]].sort_values(["rank", "root_ts_ns", "pid", "inv"], kind="stable")
-    inv["step"] = pd.Series(pd.NA, index=inv.index, dtype="Int64")
-    inv.loc[decode.index, "step"] = decode.groupby("rank", dropna=False).cumcount().to_numpy()
-
-    # runtime rows of the kept invocations, carrying their invocation's identity
-    kept = row_inv >= 0
-    dev_rows = is_dev[runtime_rows] & kept
-    host_rows = ~is_dev[runtime_rows] & kept
-    runtime = _with_invocation(spans, runtime_rows[host_rows], row_inv[host_rows], inv)
-    runtime["wall_ns"] = _wall_ns(runtime, trace.anchors)
-    device_clock = _with_invocation(spans, runtime_rows[dev_rows], row_inv[dev_rows], inv)
-
-    root_table = _decode_roots(inv, runtime, device_clock)
-    runtime = runtime.drop(columns="inv_row")
-    device_clock = device_clock.drop(columns="inv_row")
-    anchored = set(trace.anchors["pid"].tolist())
-    unanchored = sorted(int(p) for p in processes["pid"] if int(p) not in anchored)
-    callables = inv["callable"].value_counts().to_dict()
-    if progress:
-        progress(f"swimlane: {len(root_table)} decode roots on {processes['rank'].nunique()} ranks")
+        engine.con.register("invocations_in", invocations)
+        engine.run("CREATE OR REPLACE TABLE invocations AS SELECT * FROM invocations_in")
+    engine.run(f"CREATE OR REPLACE TABLE gc AS {gc_query()}")
+    window = _serving_window(engine)
+    lo, hi = window if window else (-(2**63), 2**63 - 1)
+    engine.run(  # lo and hi are ints: a view cannot take parameters
+        f"CREATE OR REPLACE TEMP VIEW windowed AS SELECT * FROM invocations WHERE n_roots > 0 AND root_ts_ns < {int(hi)} "
+        f"AND root_end_ns > {int(lo)}"
+    )
+    rootless = engine.scalar("SELECT count(*) FROM invocations WHERE n_roots = 0")
+    duplicates = engine.scalar("SELECT coalesce(sum(n_roots - 1), 0) FROM invocations WHERE n_roots > 1")
+    left_out = engine.scalar("SELECT count(*) FROM invocations WHERE n_roots > 0") - engine.scalar("SELECT count(*) FROM windowed")
+    labels, decode_label = _callable_labels(engine)
+    processes, conflicts = _processes(engine)
+    engine.con.register("callable_labels", pa.table({"hid": list(labels), "label": list(labels.values())}, schema=_LABELS))
+    engine.con.register("processes", pa.Table.from_pylist(processes, schema=_PROCESSES))
+    engine.run(
+        """CREATE OR REPLACE TABLE runs AS
+           SELECT w.*, p.rank, p.device, coalesce(c.label, 'hid:' || w.hid) AS callable_label
+           FROM windowed w JOIN processes p USING (pid) LEFT JOIN callable_labels c USING (hid)"""
+    )
+    engine.run("ALTER TABLE runs ADD COLUMN is_decode BOOLEAN; UPDATE runs SET is_decode = coalesce(callable_label = ?, FALSE)",
+                [decode_label])
+    numbering = _number_steps(engine)
+    callables = dict(engine.rows("SELECT callable_label, count(*) FROM runs GROUP BY 1 ORDER BY 2 DESC, 1"))
+    anchored = {row[0] for row in engine.rows("SELECT DISTINCT pid FROM anchors")}
     return Swimlane(
-        runtime=runtime,
-        roots=root_table,
-        serving=serving,
-        device_clock=device_clock,
-        left_out_invocations=left_out,
-        rootless_invocations=int(rootless),
-        duplicate_roots=duplicate_roots,
         serving_window_ns=window,
+        left_out_invocations=int(left_out),
+        rootless_invocations=int(rootless),
+        duplicate_roots=int(duplicates),
         callables={str(k): int(v) for k, v in callables.items()},
         decode_label=decode_label,
-        unanchored_pids=unanchored,
+        step_numbering=numbering,
         processes=processes,
+        device_conflicts=conflicts,
+        unanchored_pids=sorted(p["pid"] for p in processes if p["pid"] not in anchored),
+        serving_spans=int(engine.scalar(f"SELECT count(*) FROM spans WHERE {serving_row()}")),
     )
 
 
-def _window_spans(serving: pd.DataFrame) -> pd.DataFrame:
-    """The spans that define the serving window: the requests, else the serving spans, else every span.
+_LABELS = pa.schema([("hid", pa.string()), ("label", pa.string())])
+_PROCESSES = pa.schema([("pid", pa.int64()), ("rank", pa.int64()), ("device", pa.string()), ("device_source", pa.string())])
+
+
+def _serving_window(engine: Engine) -> tuple[int, int] | None:
+    """[first start, last end) of the request spans, else the serving spans, else every serving span.
 
     Start-up spans (e.g. ``worker.init``) and warm-up rounds lie before the
     first request, so the request spans are the measured batch.
     """
-    timed = serving[(serving["ph"] == "X") & (serving["clk"] != "dev")]
-    for category in ("request", "serving"):
-        chosen = timed[timed["cat"] == category]
-        if len(chosen):
-            return chosen
-    return timed
+    for category in ("request", "serving", None):
+        condition = "TRUE" if category is None else f"cat = '{category}'"
+        row = engine.rows(
+            f"SELECT min(ts_ns), max(ts_ns + dur_ns) FROM spans WHERE {serving_row()} AND ph = 'X' "
+            f"AND clk <> '{fmt.CLK_DEVICE}' AND {condition}"
+        )[0]
+        if row is not None and row[0] is not None:
+            return int(row[0]), int(row[1])
+    return None
 
 
-def _with_invocation(spans: pd.DataFrame, rows: np.ndarray, inv_rows: np.ndarray, inv: pd.DataFrame) -> pd.DataFrame:
-    """The span rows ``rows`` plus their invocation's rank, device, step, callable, lane and phase."""
-    out = spans.take(rows).reset_index(drop=True)
-    for column in ("rank", "device", "step", "callable", "lane"):
-        out[column] = inv[column].array.take(inv_rows)
-    out["inv_row"] = inv_rows
-    out["phase"] = phase_of(out["name"])
-    return out
-
-
-def _label_callables(inv: pd.DataFrame) -> tuple[pd.Series, str | None]:
-    """Label each root's callable bucket (by hid); decode = its ``callable`` attribute, else the biggest bucket."""
-    if len(inv) == 0:
-        return pd.Series([], dtype="string[pyarrow]"), None
-    named = inv.dropna(subset=["callable_attr"])
-    label_by_hid = (
-        named.groupby(["hid", "callable_attr"], observed=True).size().reset_index(name="n")
-        .sort_values(["hid", "n"], ascending=[True, False]).drop_duplicates("hid")
-        .set_index("hid")["callable_attr"]
+def _callable_labels(engine: Engine) -> tuple[dict[str, str], str | None]:
+    """hid -> label (the most common ``callable`` of its roots), and the decode label."""
+    rows = engine.rows(
+        """SELECT hid, callable, count(*) AS n FROM windowed GROUP BY hid, callable
+           ORDER BY hid, callable IS NULL, n DESC, callable"""
     )
-    bucket_sizes = inv["hid"].value_counts()
-    labels = inv["hid"].map(label_by_hid)
-    if (label_by_hid == DECODE_CALLABLE).any():
-        decode_label = DECODE_CALLABLE
-    elif (label_by_hid.str.startswith("decode")).any():
-        decode_label = str(label_by_hid[label_by_hid.str.startswith("decode")].iloc[0])
-    else:
-        # no callable names: the most frequent bucket is decode (SPEC §2)
-        biggest = bucket_sizes.index[0]
-        decode_label = str(label_by_hid.get(biggest, "decode"))
-        labels = labels.mask(inv["hid"] == biggest, decode_label)
-    labels = labels.fillna("hid:" + inv["hid"].astype(str))
-    return labels.astype("string[pyarrow]"), decode_label
+    sizes: dict[str, int] = {}
+    labels: dict[str, str] = {}
+    for hid, callable_name, n in rows:  # one row per (hid, callable): a handful
+        sizes[hid] = sizes.get(hid, 0) + n
+        if callable_name is not None and hid not in labels:
+            labels[hid] = callable_name
+    if not sizes:
+        return labels, None
+    named = set(labels.values())
+    if fmt.DECODE_CALLABLE in named:
+        return labels, fmt.DECODE_CALLABLE
+    decode_like = sorted(label for label in named if label.startswith("decode"))
+    if decode_like:
+        return labels, decode_like[0]
+    # no callable names: the most frequent bucket is decode (SPEC §2)
+    biggest = max(sizes, key=lambda hid: (sizes[hid], hid))
+    labels.setdefault(biggest, "decode")
+    return labels, labels[biggest]
 
 
-def _resolve_processes(inv: pd.DataFrame, trace: Trace) -> pd.DataFrame:
-    """pid -> device (chip_process lines, else root attribute) and rank (root attribute, else device order)."""
-    pids = pd.DataFrame({"pid": np.sort(inv["pid"].unique())})
-    chip = trace.chip_devices.drop_duplicates("pid")[["pid", "device"]]
-    attr_device = inv.dropna(subset=["device_attr"]).groupby("pid")["device_attr"].agg(lambda s: s.mode().iloc[0])
-    attr_rank = inv.dropna(subset=["rank_attr"]).groupby("pid")["rank_attr"].min()
-    out = pids.merge(chip, on="pid", how="left")
-    out["device"] = out["device"].astype("object").fillna(out["pid"].map(attr_device))
-    out["rank"] = out["pid"].map(attr_rank).astype("Int64")
-    if out["rank"].isna().any():
-        # ranks follow the order of devices (natural order: npu:2 before npu:10), then of pids;
-        # this sorts processes, not spans
-        order_key = [((0, _natural_key(d)) if isinstance(d, str) else (1, ()), p) for d, p in zip(out["device"], out["pid"])]
-        ranked = sorted(range(len(out)), key=order_key.__getitem__)
-        fallback = np.empty(len(out), dtype=np.int64)
-        fallback[ranked] = np.arange(len(out))
-        out["rank"] = out["rank"].fillna(pd.Series(fallback, index=out.index)).astype("Int64")
-    out["device"] = out["device"].fillna("pid:" + out["pid"].astype(str)).astype("string[pyarrow]")
-    return out[["pid", "rank", "device"]]
+def _natural_key(text: str) -> tuple:
+    return tuple((0, int(p), "") if p.isdigit() else (1, 0, p) for p in re.split(r"(\d+)", text))
 
 
-def assign_lanes(inv: pd.DataFrame) -> np.ndarray:
-    """Pipeline-slot lane per root within its thread, such that overlapping roots never share a lane.
-
-    Start from the root's ``slot_id`` (the ping-pong slot) where every root of
-    the thread has one, else take turns over as many lanes as the thread's
-    deepest overlap; then move roots that still overlap their lane's
-    predecessor to a fresh lane until no lane holds two overlapping roots. Each round is
-    vectorised and settles at least one root; real traces need none.
-    """
-    if len(inv) == 0:
-        return np.zeros(0, dtype=np.int64)
-    frame = pd.DataFrame(
-        {
-            "thread": inv.groupby(["pid", "tid"], sort=True).ngroup().to_numpy(),
-            "start": inv["root_ts_ns"].to_numpy(np.int64),
-            "end": inv["root_end_ns"].to_numpy(np.int64),
-            "slot": inv["slot_id"].to_numpy(),
-        }
-    ).sort_values(["thread", "start"], kind="stable")
-    # roots running at each start = started before it - ended at or before it, within the thread;
-    # times are dense-ranked so that (thread, time) packs into one sortable int64 key
-    times, codes = np.unique(np.concatenate([frame["start"].to_numpy(), frame["end"].to_numpy()]), return_inverse=True)
-    width = len(times) + 1
-    thread = frame["thread"].to_numpy(np.int64)
-    start_key = thread * width + codes[: len(frame)]
-    end_key = np.sort(thread * width + codes[len(frame) :])
-    thread_first = np.searchsorted(end_key, thread * width, side="left")
-    ended = np.searchsorted(end_key, start_key, side="right") - thread_first
-    started = frame.groupby("thread").cumcount().to_numpy()
-    running = pd.Series(np.maximum(started - ended, 0), index=frame.index)
-    depth = running.groupby(frame["thread"]).transform("max").to_numpy() + 1
-    slot_known = frame["slot"].notna().groupby(frame["thread"]).transform("all").to_numpy()
-    lane = np.where(slot_known, pd.array(frame["slot"], dtype="Int64").fillna(0).to_numpy(np.int64), started % depth)
-
-    frame["lane"] = lane
-    while True:
-        by_lane = frame.sort_values(["thread", "lane", "start"], kind="stable")
-        previous_end = by_lane.groupby(["thread", "lane"])["end"].shift()
-        clash = by_lane.index[(by_lane["start"] < previous_end).to_numpy()]
-        if len(clash) == 0:
-            break
-        frame.loc[clash, "lane"] = frame["lane"].max() + 1
-    # number lanes 0.. densely within each thread
-    dense = frame.groupby("thread")["lane"].rank(method="dense").astype(np.int64) - 1
-    return dense.sort_index().to_numpy()
+def _processes(engine: Engine) -> tuple[list[dict], list[dict]]:
+    """pid -> rank and device (see the module docstring); plus pids whose chip_process lines disagree."""
+    attrs = engine.rows("SELECT pid, min(rank_attr), mode(device_attr) FROM windowed GROUP BY pid ORDER BY pid")
+    chips = engine.rows("SELECT pid, list(DISTINCT device ORDER BY device), first(device) FROM chip_devices GROUP BY pid")
+    chip_device = {pid: first for pid, _, first in chips}
+    conflicts = [{"pid": int(pid), "devices": list(devices)} for pid, devices, _ in chips if len(devices) > 1]
+    processes = []
+    for pid, rank, device_attr in attrs:  # one row per rank process
+        device, source = (chip_device[pid], "chip_process") if pid in chip_device else (device_attr, "root attribute")
+        processes.append({"pid": int(pid), "rank": rank, "device": device, "device_source": source if device else None})
+    unranked = [p for p in processes if p["rank"] is None]
+    if unranked:
+        order = sorted(processes, key=lambda p: ((0, _natural_key(p["device"])) if p["device"] else (1, ()), p["pid"]))
+        for position, process in enumerate(order):
+            if process["rank"] is None:
+                process["rank"] = position
+    for process in processes:
+        if process["device"] is None:
+            process["device"] = f"pid:{process['pid']}"
+    return processes, conflicts
 
 
-def _wall_ns(rows: pd.DataFrame, anchors: pd.DataFrame) -> pd.Series:
-    """Wall-clock start per row from its pid's CLOCK_ANCHOR (integers; null when unanchored)."""
-    first = anchors.drop_duplicates("pid").set_index("pid")
-    mono = rows["pid"].map(first["mono_ns"]).astype("Int64")
-    wall = rows["pid"].map(first["wall_ns"]).astype("Int64")
-    return (wall + (rows["ts_ns"].astype("Int64") - mono)).astype("Int64")
-
-
-def _decode_roots(inv: pd.DataFrame, runtime: pd.DataFrame, device_clock: pd.DataFrame) -> pd.DataFrame:
-    """One row per decode root with the times of its phases (the earliest span of each phase).
-
-    Rows carry ``inv_row`` (their invocation's row in ``inv``), so each phase
-    column is one scatter into an array per invocation; scattering in
-    descending start order leaves the earliest span of a repeated phase.
-    """
-    out = inv[["pid", "inv", "rank", "device", "step", "run_epoch", "slot_id", "root_ts_ns", "root_end_ns", "step_attr"]].copy()
-
-    def scatter(rows: pd.DataFrame, values: pd.Series) -> pd.Series:
-        column = np.zeros(len(inv), dtype=np.int64)
-        present = np.zeros(len(inv), dtype=bool)
-        order = np.argsort(-rows["ts_ns"].to_numpy(), kind="stable")
-        target = rows["inv_row"].to_numpy()[order]
-        column[target] = values.to_numpy(np.int64)[order]
-        present[target] = True
-        return pd.Series(pd.arrays.IntegerArray(column, ~present), index=out.index)
-
-    runtime = runtime[["phase", "ts_ns", "dur_ns", "inv_row"]]
-    device_clock = device_clock[["phase", "ts_ns", "dur_ns", "inv_row"]]
-    for phase, prefix in (("bind", "bind"), ("runner_run", "runner"), ("claim_release", "claim"), ("validate", "validate")):
-        rows = runtime[runtime["phase"] == phase]
-        out[f"{prefix}_ts_ns"] = scatter(rows, rows["ts_ns"])
-        if prefix != "claim":
-            out[f"{prefix}_end_ns"] = scatter(rows, rows["ts_ns"] + rows["dur_ns"])
-    fence = runtime[runtime["phase"] == "native_fence_wait"]
-    out["fence_wait_dur_ns"] = scatter(fence, fence["dur_ns"])
-    device_wall = device_clock[device_clock["phase"] == "device_wall"]
-    out["device_wall_dur_ns"] = scatter(device_wall, device_wall["dur_ns"])
-    out = out[inv["is_decode"].to_numpy()]
-    return out.sort_values(["rank", "step"], kind="stable").reset_index(drop=True)
+def _number_steps(engine: Engine) -> str:
+    """Create the ``decode`` table (one row per rank and step) and say which numbering it uses."""
+    engine.run(
+        """CREATE OR REPLACE TABLE decode AS
+           SELECT *, CAST(row_number() OVER (PARTITION BY rank ORDER BY root_ts_ns, pid, inv) - 1 AS BIGINT) AS position
+           FROM runs WHERE is_decode"""
+    )
+    producer = engine.scalar(
+        """SELECT count(*) > 0
+                  AND bool_and(step_attr IS NOT NULL)
+                  AND (SELECT bool_and(lo = hi) FROM (SELECT min(step_attr) lo, max(step_attr) hi FROM decode GROUP BY position))
+                  AND (SELECT bool_and(increasing) FROM (
+                         SELECT step_attr > lag(step_attr) OVER (PARTITION BY rank ORDER BY position)
+                                OR lag(step_attr) OVER (PARTITION BY rank ORDER BY position) IS NULL AS increasing FROM decode))
+           FROM decode"""
+    )
+    step = "step_attr" if producer else "position"
+    engine.run(f"ALTER TABLE decode ADD COLUMN step BIGINT; UPDATE decode SET step = {step}")
+    return STEP_NUMBERING_PRODUCER if producer else STEP_NUMBERING_POSITION

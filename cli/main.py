@@ -17,7 +17,12 @@ from pathlib import Path
 import click
 
 from dsprof import __version__
+from dsprof.analysis.engine import parse_memory_limit
+from dsprof.analysis.outputs.console import format_console_summary, terminal_safe
+from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
 from dsprof.errors import DsprofError
+from dsprof.profiler import artifacts
 
 _DEBUG_KEY = "dsprof.debug"
 _PROGRESS_KEY = "dsprof.progress"
@@ -149,8 +154,9 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
     runtime failed or the swimlane is not valid (what was written is still
     analysed, e.g. after an injected crash).
     """
+    # imported here, not at the top: it loads torch, which the other commands never need
+    from dsprof.commands.run import profile_run
     from dsprof.runtime.config import RuntimeConfig
-    from dsprof.session import profile_run
 
     config = RuntimeConfig.from_preset(  # None means "the preset's value"
         preset, ranks=ranks, tp=tp, requests=requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
@@ -162,12 +168,13 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
     progress = _progress()
     result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
     progress.done()
-    if result.summary_md is not None:
-        click.echo(result.summary_md.read_text().rstrip())
+    if result.summary is not None:
+        click.echo(format_console_summary(result.summary))
     for line in result.problems:
-        click.echo(f"dsprof: {line}", err=True)
-    if result.report_path is not None:
-        click.echo(f"report: {result.report_path}")
+        click.echo(f"dsprof: {terminal_safe(line)}", err=True)
+    report = result.output(artifacts.REPORT_HTML)
+    if report is not None:
+        click.echo(f"report: {report}")
     click.echo(f"artifacts: {result.out_dir}")
     click.get_current_context().exit(result.exit_code)
 
@@ -182,24 +189,27 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
                    "else ./dsprof-analysis].")
 @_THRESHOLD
 @click.option("--expect-ranks", type=click.IntRange(min=1), help="Fail validation unless this many ranks appear.")
-def analyze(paths, out_dir, threshold_ms, expect_ranks) -> None:
+@click.option("--memory-limit", default=None, metavar="SIZE",
+              help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25% [default: 12.5% of RAM].")
+@click.option("--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path),
+              help="Keep the span dataset (Parquet, queryable with DuckDB) in this directory.")
+def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir) -> None:
     """Analyse traces and write the figures.
 
     PATHS are artifact dirs, STRACE logs, SA_PROFILE fragment dirs or merged
-    traces, Chrome/Kineto JSON. Writes summary.json, summary.md, combined-swimlane.json and the HTML report,
-    and prints the summary table.
+    traces, Chrome/Kineto JSON, or a span dataset written by `dsprof ingest`.
+    Writes summary.json, summary.md, combined-swimlane.json and report.html,
+    and prints the findings (docs/CLI.md).
     """
-    from dsprof.analysis.analyze import analyze as run_analysis
-    from dsprof.analysis.analyze import format_summary_table
-
     if out_dir is None:
-        out_dir = paths[0] if len(paths) == 1 and paths[0].is_dir() else Path("dsprof-analysis")
+        out_dir = paths[0] if len(paths) == 1 and paths[0].is_dir() and not (paths[0] / "dataset.json").exists() else Path("dsprof-analysis")
     progress = _progress()
-    result = run_analysis(list(paths), out_dir, threshold_ms=threshold_ms, expect_ranks=expect_ranks,
-                          progress=progress)
+    outcome = analyze_paths(list(paths), out_dir, threshold_ms=threshold_ms, expect_ranks=expect_ranks,
+                            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
+                            spans_dir=spans_dir, progress=progress)
     progress.done()
-    click.echo(format_summary_table(result.summary))
-    for name, path in result.outputs.items():
+    click.echo(format_console_summary(outcome.summary))
+    for name, path in outcome.outputs.items():
         click.echo(f"{name}: {path}")
 
 
@@ -246,32 +256,29 @@ def merge(output) -> None:
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="HTML file [default: ARTIFACT_DIR/report.html].")
-@_THRESHOLD
-def report(artifact_dir, output, threshold_ms) -> None:
-    """Write the HTML report of an artifact directory."""
-    from dsprof.analysis.outputs.html_report import report_from_dir
+def report(artifact_dir, output) -> None:
+    """Write the HTML report of an analysed artifact directory.
 
+    Every figure comes from ARTIFACT_DIR/summary.json (run `dsprof analyze` first);
+    only the swimlane's spans are read again (docs/REPORTS.md).
+    """
     progress = _progress()
-    path = report_from_dir(artifact_dir, output, threshold_ms=threshold_ms, progress=progress)
+    path = report_from_dir(artifact_dir, output, progress=progress)
     progress.done()
     click.echo(f"report: {path}")
 
 
 @cli.command()
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["perfetto-json"]), default="perfetto-json", show_default=True,
+@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), default="perfetto-json", show_default=True,
               help="Trace format to write.")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Trace file [default: ARTIFACT_DIR/perfetto-trace.json].")
+              help="Trace file; a .gz name is compressed [default: ARTIFACT_DIR/perfetto-trace.json].")
 def export(artifact_dir, fmt, output) -> None:
-    """Export the combined swimlane for Perfetto.
+    """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
     The trace opens in ui.perfetto.dev and chrome://tracing.
     """
-    from dsprof.analysis.outputs.perfetto import export_from_dir
-
-    if output is None:
-        output = artifact_dir / "perfetto-trace.json"
     progress = _progress()
     path = export_from_dir(artifact_dir, output, format=fmt, progress=progress)
     progress.done()

@@ -23,16 +23,16 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from importlib import resources
-from pathlib import Path
-from typing import TYPE_CHECKING
 
+from plotly.offline import get_plotlyjs
+from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from dsprof.analysis.analyze import AnalysisResult
+from dsprof.analysis.layout import build_lanes, runtime_spans_sql, serving_spans_sql
 from dsprof.analysis.skew import PERCENTILES
-
-if TYPE_CHECKING:
-    from dsprof.analysis.swimlane import Swimlane
+from dsprof.fileio import atomic_write_text
 
 REPORT_NAME = "report.html"
 
@@ -281,10 +281,19 @@ def _round_list(values: pd.Series | np.ndarray, digits: int) -> list:
     return np.round(np.asarray(values, dtype=np.float64), digits).tolist()
 
 
-def _swimlane_data(swimlane: Swimlane, span_budget: int) -> dict:
+def _frames(result: AnalysisResult) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """Runtime spans, serving spans and decode roots, as the swimlane draws them."""
+    engine = result.engine
+    build_lanes(engine)
+    runtime = engine.arrow(runtime_spans_sql()).to_pandas()
+    serving = engine.arrow(serving_spans_sql()).to_pandas()
+    roots = engine.arrow("SELECT step, root_ts_ns, root_end_ns, runner_end_ns FROM decode").to_pandas()
+    return runtime, serving, roots
+
+
+def _swimlane_data(result: AnalysisResult, span_budget: int) -> dict:
     """The data block the browser turns into the swimlane plot."""
-    runtime = swimlane.runtime
-    serving = swimlane.serving
+    runtime, serving, roots = _frames(result)
     serving = serving[serving["ph"].astype("string") == "X"]
     layout, runtime_row, serving_row = _layout(runtime, serving)
     serving_labels = layout.rows.loc[layout.rows["kind"] == "serving", "label"].tolist()
@@ -317,7 +326,7 @@ def _swimlane_data(swimlane: Swimlane, span_budget: int) -> dict:
         ignore_index=True,
     )
     combined["step"] = combined["step"].astype("Int64")
-    windows = _step_windows(swimlane.roots)
+    windows = _step_windows(roots)
     detailed, aggregate, budget = _apply_budget(combined, windows, span_budget, len(layout.rows))
 
     origin_ns = int(combined["ts_ns"].min()) if len(combined) else 0
@@ -560,12 +569,10 @@ def _asset(name: str) -> str:
     return resources.files("dsprof.analysis.outputs").joinpath(name).read_text(encoding="utf-8")
 
 
-def render_html(swimlane: Swimlane, summary: dict, *, span_budget: int = 200_000) -> str:
+def render_html(result: AnalysisResult, summary: dict, *, span_budget: int = 200_000) -> str:
     """The whole report page as text."""
-    from plotly.offline import get_plotlyjs
-
     data = {
-        "swimlane": _swimlane_data(swimlane, span_budget),
+        "swimlane": _swimlane_data(result, span_budget),
         "steps": _step_chart_data(summary),
     }
     budget = data["swimlane"]["budget"]
@@ -600,27 +607,8 @@ def render_html(swimlane: Swimlane, summary: dict, *, span_budget: int = 200_000
 """
 
 
-def write_html_report(swimlane: Swimlane, summary: dict, path: str | Path, *, span_budget: int = 200_000) -> Path:
-    """Write the report page to ``path`` and return it."""
+def write_html_report(result: AnalysisResult, path: str | Path, *, span_budget: int = 200_000) -> Path:
+    """Write the report page of ``result`` (figures from its summary) to ``path`` and return it."""
     if span_budget < 1:
         raise ValueError("span_budget must be positive")
-    path = Path(path)
-    path.write_text(render_html(swimlane, summary, span_budget=span_budget), encoding="utf-8")
-    return path
-
-
-def report_from_dir(
-    artifact_dir: str | Path,
-    output: str | Path | None = None,
-    *,
-    threshold_ms: float = 5.0,
-    progress: Callable[[str], None] | None = None,
-) -> Path:
-    """Analyse an artifact directory and write its report (``DIR/report.html`` by default)."""
-    from dsprof.analysis.analyze import analyze_artifact_dir
-
-    result = analyze_artifact_dir(artifact_dir, threshold_ms=threshold_ms, progress=progress)
-    output = Path(output) if output is not None else Path(artifact_dir) / REPORT_NAME
-    if progress:
-        progress(f"writing {output}")
-    return write_html_report(result.swimlane, result.summary, output)
+    return atomic_write_text(path, render_html(result, dict(result.summary), span_budget=span_budget))

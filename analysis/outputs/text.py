@@ -13,7 +13,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 
-
 def json_string(values, *, null: str | None = "", large: bool = False) -> pa.Array:
     """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped).
 
@@ -44,10 +43,12 @@ def json_string(values, *, null: str | None = "", large: bool = False) -> pa.Arr
 def us_text(ns: pd.Series | np.ndarray) -> pa.Array:
     """Exact µs text of integer ns: ``12`` when whole, else ``12.345`` (no float rounding)."""
     values = np.asarray(ns, dtype=np.int64)
-    whole = pa.array(values // 1000)
-    frac = pa.array(values % 1000)
-    with_frac = join_text(whole, ".", pc.utf8_lpad(pc.cast(frac, pa.string()), 3, "0"))
-    return pc.if_else(pc.equal(frac, 0), pc.cast(whole, pa.string()), with_frac)
+    magnitude = np.abs(values)
+    sign = pa.array(np.where(values < 0, "-", ""))
+    whole = pa.array(magnitude // 1000)
+    frac = pa.array(magnitude % 1000)
+    with_frac = join_text(sign, whole, ".", pc.utf8_lpad(pc.cast(frac, pa.string()), 3, "0"))
+    return pc.if_else(pc.equal(frac, 0), join_text(sign, whole), with_frac)
 
 
 def join_text(*parts) -> pa.Array:

@@ -1,0 +1,423 @@
+"""Late starts, tail steps, and the cause of every late cell (SPEC §3 "cause of a late start or tail").
+
+Everything here is SQL over the engine's ``decode`` table (one row per rank and
+step) and ``gc`` table, so it runs unchanged on a day-long soak. The steps:
+
+1. ``cells``: each run with its phase durations, host evidence, garbage
+   collection inside its phase windows, and what it waited for on its own rank
+   (the launch admission of SPEC's pipeline rule — claim_release(N-1) — and the
+   previous user of its ping-pong slot; the drain of the previous run).
+2. For every quantity, the median over the *other* ranks of the same step: the
+   typical rank. A cell's excess is its value minus that median.
+3. The decision, per cell, for its start and for its end (below); then
+   carry-over chains are followed back to the step where they began.
+
+A late start (r, s): start(runner_run) − min_r start > threshold. A tail step:
+runner-end skew > threshold; its late ranks are the rank that ended last plus
+every rank whose end exceeds the typical end by more than the threshold.
+
+Why a start was late by X (X = start − typical start), first match wins:
+``carried_over`` when what admitted the run on its own rank (claim_release of
+the previous run, or the end of the slot's previous run) came at least X/2
+late; ``bind`` when the bind ran at least X/2 longer (then the host evidence of
+the bind decides: ``gc`` if a collection overlapped at least half the excess,
+``run_queue`` if the run-queue wait grew by half, ``host_cpu`` if the CPU time
+did, else ``unattributed``); the run began late (``gc`` before it, else
+``unattributed``); the launch gap after bind; else ``unattributed``.
+
+Why an end was late by Y: if the start was later than the run was longer, the
+start's cause. Else runner_run took R longer: ``carried_over`` when its drain
+could only begin after the previous run on the rank finished, late by R/2;
+when the device wall grew by half of R, ``gc`` / ``peer_wait`` (the growth is
+time waiting on a peer, ``*_wait`` device spans: the rank is a victim, the
+culprit is the peer that arrived last) / ``run_queue`` (the executor thread
+waited for a CPU — a CPU "device" is a host thread) / else ``device``; when the
+completion-fence wait grew by half, ``gc`` / ``run_queue`` / else ``device``
+(the fence was signalled late); otherwise the host part of runner_run by its
+evidence; with no device-phase markers at all, ``unattributed`` says so.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.skew import ns_to_ms
+from dsprof.profiler import strace_format as fmt
+
+MECHANISMS = ("device", "host_cpu", "run_queue", "gc", "carried_over", "peer_wait", "unattributed")
+# Plain words for each mechanism, for one-line verdicts.
+MECHANISM_WORDS = {
+    "device": "device work",
+    "host_cpu": "host CPU work",
+    "run_queue": "run-queue wait (CPU contention)",
+    "gc": "garbage collection",
+    "carried_over": "lateness carried over from earlier steps",
+    "peer_wait": "waiting on a peer rank",
+    "unattributed": "unattributed time",
+}
+EXPLAINS_SHARE = 0.5
+STRAGGLER_SHARE_OF_FLAGGED = 0.5
+STRAGGLER_SHARE_OF_STEPS = 0.10
+STRAGGLER_SIGNIFICANCE = 0.01
+PHASE_BEFORE_BIND = "before bind"
+PHASE_LAUNCH = "launch"
+
+# Quantities compared with the typical rank of the same step (medians over the other ranks).
+_COMPARED = (
+    "start_ns", "end_ns", "root_ts_ns", "admissible_ns", "drain_after_ns", "bind_ns", "launch_gap_ns", "runner_ns",
+    "fence_ns", "drain_lag_ns", "device_wall_ns", "device_wait_ns", "bind_rq_ns", "bind_cpu_ns", "runner_rq_ns",
+    "runner_cpu_ns", "fence_rq_ns", "device_rq_ns",
+)
+
+
+def _cells_sql() -> str:
+    """One row per decode run: times, durations, evidence and its predecessors on the rank."""
+    slot = "coalesce(slot_id, position % 2)"
+    return f"""
+    SELECT rank, step, position, device, pid, slot_id,
+           runner_ts_ns AS start_ns, runner_end_ns AS end_ns, root_ts_ns, root_end_ns,
+           bind_ts_ns, bind_end_ns, fence_ts_ns, fence_end_ns, validate_ts_ns, validate_end_ns,
+           bind_end_ns - bind_ts_ns AS bind_ns,
+           runner_ts_ns - bind_end_ns AS launch_gap_ns,
+           runner_end_ns - runner_ts_ns AS runner_ns,
+           fence_end_ns - fence_ts_ns AS fence_ns,
+           fence_ts_ns - runner_ts_ns AS drain_lag_ns,
+           device_wall_ns,
+           CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
+           device_markers,
+           bind_rq_ns, bind_cpu_ns, runner_rq_ns, runner_cpu_ns, fence_rq_ns, device_rq_ns,
+           lag(claim_ts_ns) OVER by_rank AS previous_claim_ns,
+           lag(step) OVER by_rank AS previous_step,
+           lag(root_end_ns) OVER by_rank AS drain_after_ns,
+           lag(root_end_ns) OVER (PARTITION BY rank, {slot} ORDER BY position) AS slot_free_ns,
+           lag(step) OVER (PARTITION BY rank, {slot} ORDER BY position) AS slot_step
+    FROM decode
+    WHERE runner_ts_ns IS NOT NULL AND runner_end_ns IS NOT NULL
+    WINDOW by_rank AS (PARTITION BY rank ORDER BY position)
+    """
+
+
+def _others_median_sql(column: str) -> str:
+    """Per (step, rank): the median of ``column`` over the other ranks of the step.
+
+    From the step's sorted values: with the cell's own value (0-based index i)
+    removed, m = n - 1 values remain and remaining[k] = v[k] for k < i, else
+    v[k + 1]; the median averages remaining[(m - 1) // 2] and remaining[m // 2].
+    """
+    def remaining(k: str) -> str:
+        return f"(CASE WHEN {k} < i THEN v[{k} + 1] ELSE v[{k} + 2] END)"
+
+    a, b = "((n - 2) // 2)", "((n - 1) // 2)"
+    return f"""
+    SELECT step, rank, CASE WHEN n < 2 THEN NULL ELSE ({remaining(a)} + {remaining(b)}) / 2.0 END AS {column}_typ
+    FROM (SELECT step, rank, row_number() OVER (PARTITION BY step ORDER BY {column}, rank) - 1 AS i,
+                 count(*) OVER (PARTITION BY step) AS n
+          FROM cells WHERE {column} IS NOT NULL)
+    JOIN (SELECT step, list({column} ORDER BY {column}, rank) AS v FROM cells WHERE {column} IS NOT NULL GROUP BY step)
+    USING (step)
+    """
+
+
+def _gc_overlap(start: str, end: str) -> str:
+    """Nanoseconds of garbage collection on the cell's process inside [start, end] (GC holds the GIL: any thread)."""
+    return f"""coalesce((SELECT sum(greatest(0, least(g.gc_end_ns, c.{end}) - greatest(g.gc_ts_ns, c.{start})))
+                         FROM gc g WHERE g.pid = c.pid AND g.gc_ts_ns < c.{end} AND g.gc_end_ns > c.{start}), 0)"""
+
+
+def _build_cells(engine: Engine) -> None:
+    engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS {_cells_sql()}")
+    engine.run("""ALTER TABLE cells ADD COLUMN admissible_ns BIGINT;
+                  UPDATE cells SET admissible_ns = CASE WHEN previous_claim_ns IS NULL THEN slot_free_ns
+                                                        WHEN slot_free_ns IS NULL THEN previous_claim_ns
+                                                        ELSE greatest(previous_claim_ns, slot_free_ns) END""")
+    typical = " ".join(f"LEFT JOIN ({_others_median_sql(c)}) USING (step, rank)" for c in _COMPARED)
+    gc_windows = {"gc_bind": ("bind_ts_ns", "bind_end_ns"), "gc_fence": ("fence_ts_ns", "fence_end_ns"),
+                  "gc_run": ("start_ns", "end_ns"), "gc_gap": ("bind_end_ns", "start_ns"), "gc_before": ("root_typ_ns", "root_ts_ns")}
+    gc_columns = ", ".join(f"{_gc_overlap(*window)} AS {name}" for name, window in gc_windows.items())
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE typed AS
+                   SELECT *, CAST(root_ts_ns_typ AS BIGINT) AS root_typ_ns FROM cells {typical}""")
+    engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS SELECT c.*, {gc_columns} FROM typed c")
+
+
+def _excess(column: str) -> str:
+    return f"({column} - {column}_typ)"
+
+
+def _half(value: str, of: str) -> str:
+    """``value`` (possibly null) explains at least half of ``of``."""
+    return f"coalesce({value} >= {EXPLAINS_SHARE} * {of}, FALSE)"
+
+
+def _host(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str, str, str, str, str]]:
+    """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
+    return [
+        (_half(gc, excess), phase, "gc", gc, f"'collection in {phase}'"),
+        (_half(_excess(rq), excess), phase, "run_queue", _excess(rq), f"'runnable but waiting for a CPU in {phase}'"),
+        (_half(_excess(cpu), excess), phase, "host_cpu", _excess(cpu), f"'more host CPU in {phase}'"),
+        (f"{rq} IS NULL AND {cpu} IS NULL", phase, "unattributed", excess, f"'{phase} took longer; no host evidence'"),
+        ("TRUE", phase, "unattributed", excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
+    ]
+
+
+def _start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
+    """Rules for a start that was ``delay`` late; conditions are tried in order."""
+    carried = _excess("admissible_ns")
+    bind = _excess("bind_ns")
+    arrival = _excess("root_ts_ns")
+    gap = _excess("launch_gap_ns")
+    through = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN 'claim_release' ELSE 'slot reuse' END"
+    return [
+        (f"NOT ({delay} > 0)", PHASE_BEFORE_BIND, "unattributed", delay, "'no later than the typical rank (an earlier rank started early)'"),
+        (_half(carried, delay), PHASE_BEFORE_BIND, "carried_over", carried, f"'held back by the late earlier run through ' || {through}"),
+        *[(f"{_half(bind, delay)} AND {cond}", phase, mech, ev, detail)
+          for cond, phase, mech, ev, detail in _host(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)],
+        (f"{_half(arrival, delay)} AND {_half('gc_before', arrival)}", PHASE_BEFORE_BIND, "gc", "gc_before", "'collection before the run began'"),
+        (_half(arrival, delay), PHASE_BEFORE_BIND, "unattributed", arrival, "'the run began late; nothing recorded before its bind explains it'"),
+        (f"{_half(gap, delay)} AND {_half('gc_gap', gap)}", PHASE_LAUNCH, "gc", "gc_gap", "'collection between bind and launch'"),
+        ("TRUE", PHASE_LAUNCH, "unattributed", delay, "'between bind and launch; nothing recorded explains it'"),
+    ]
+
+
+def _end_rules() -> list[tuple[str, str, str, str, str]]:
+    """Rules for an end that was late; ``runner_x`` is how much longer runner_run took."""
+    runner_x = _excess("runner_ns")
+    device = _excess("device_wall_ns")
+    fence = _excess("fence_ns")
+    drain = _excess("drain_after_ns")
+    markers = "device_markers > 0"
+    return [
+        *[(f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
+          for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))],
+        (f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
+         fmt.PHASE_RUNNER, "carried_over", drain, "'its drain waited for the late previous run'"),
+        (f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}", fmt.PHASE_DEVICE_WALL, "gc", "gc_run",
+         f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
+        (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}", fmt.PHASE_DEVICE_WALL,
+         "peer_wait", _excess("device_wait_ns"), "'waited for a peer rank'"),
+        (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_rq_ns'), device)}", fmt.PHASE_DEVICE_WALL,
+         "run_queue", _excess("device_rq_ns"), "'the device thread was runnable but waiting for a CPU'"),
+        (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, "device", device, "'slower device work'"),
+        (f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}", fmt.PHASE_FENCE_WAIT, "gc", "gc_fence",
+         f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
+        (f"{markers} AND {_half(fence, runner_x)} AND {_half(_excess('fence_rq_ns'), fence)}", fmt.PHASE_FENCE_WAIT,
+         "run_queue", _excess("fence_rq_ns"), "'woke from the fence but waited for a CPU'"),
+        (f"{markers} AND {_half(fence, runner_x)}", fmt.PHASE_FENCE_WAIT, "device", fence, "'the completion fence was signalled late'"),
+        *[(f"{markers} AND {cond}", phase, mech, ev, detail)
+          for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)],
+        # no device-phase markers: the host evidence of runner_run may still tell
+        *_host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
+        ("TRUE", fmt.PHASE_RUNNER, "unattributed", runner_x, "'inside runner_run; device-phase markers off'"),
+    ]
+
+
+def _case(rules: list[tuple[str, str, str, str, str]], field: int) -> str:
+    whens = " ".join(f"WHEN {rule[0]} THEN {_literal(rule[field]) if field in (1, 2) else rule[field]}" for rule in rules)
+    return f"CASE {whens} END"
+
+
+def _literal(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
+
+
+def _decide(engine: Engine, threshold_ns: int) -> None:
+    """Add to ``cells`` the start and end causes and the late flags."""
+    start_rules = _start_rules(_excess("start_ns"))
+    end_rules = _end_rules()
+    columns = []
+    for prefix, rules in (("start", start_rules), ("end", end_rules)):
+        columns += [f"{_case(rules, 1)} AS {prefix}_phase", f"{_case(rules, 2)} AS {prefix}_mechanism",
+                    f"CAST({_case(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns", f"{_case(rules, 4)} AS {prefix}_detail"]
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
+        SELECT c.*, {', '.join(columns)},
+               c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
+               c.end_ns - c.end_ns_typ AS end_excess_ns,
+               max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
+               arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank,
+               arg_min(c.rank, (coalesce(c.device_wait_ns, 0), c.rank)) OVER (PARTITION BY c.step) AS last_arrival_rank
+        FROM cells c""")
+    engine.run(f"""ALTER TABLE decided ADD COLUMN late_start BOOLEAN; ALTER TABLE decided ADD COLUMN late_end BOOLEAN;
+        UPDATE decided SET late_start = start_excess_ns > {threshold_ns},
+                           late_end = end_skew_ns > {threshold_ns} AND (rank = latest_end_rank OR end_excess_ns > {threshold_ns})""")
+
+
+def _chain_origins(engine: Engine) -> None:
+    """``start_from_step`` / ``end_from_step``: for carried_over causes, the step where the chain began.
+
+    A carried-over cause points at the earlier run on the rank that held it back
+    (``hop``); while that run was itself carried over, follow it. Pointer
+    jumping (every round, each cell jumps to its ancestor's ancestor) follows a
+    chain of length L in log L rounds.
+    """
+    claim_or_slot = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN previous_step ELSE slot_step END"
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE links AS
+        SELECT rank, step,
+               CASE WHEN start_mechanism = 'carried_over' THEN {claim_or_slot} END AS start_from,
+               CASE WHEN end_mechanism = 'carried_over' AND end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step
+                    WHEN end_mechanism = 'carried_over' THEN {claim_or_slot} END AS end_from
+        FROM decided""")
+    engine.run("CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, coalesce(end_from, start_from) AS anc FROM links")
+    while engine.scalar("""SELECT count(*) FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc
+                           WHERE p.anc IS NOT NULL"""):
+        engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS
+            SELECT a.rank, a.step, coalesce(p.anc, a.anc) AS anc
+            FROM ancestor a LEFT JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc""")
+    engine.run("""CREATE OR REPLACE TEMP TABLE diagnosed AS
+        SELECT d.*, CASE WHEN l.start_from IS NOT NULL THEN coalesce(s.anc, l.start_from) END AS start_from_step,
+                    CASE WHEN l.end_from IS NOT NULL THEN coalesce(e.anc, l.end_from) END AS end_from_step
+        FROM decided d JOIN links l USING (rank, step)
+        LEFT JOIN ancestor s ON s.rank = d.rank AND s.step = l.start_from
+        LEFT JOIN ancestor e ON e.rank = d.rank AND e.step = l.end_from""")
+
+
+@dataclass
+class Diagnosis:
+    """The ``late_starts``, ``tail_steps`` and ``tail_cost`` blocks of summary.json."""
+
+    late_starts: dict
+    tail_steps: dict
+    tail_cost: dict
+
+
+def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
+    """Every late start and tail step with its causes, the straggler verdict and the tail cost."""
+    threshold_ns = int(round(threshold_ms * 1e6))
+    _build_cells(engine)
+    _decide(engine, threshold_ns)
+    _chain_origins(engine)
+    late = _late_start_items(engine)
+    tails = _tail_items(engine)
+    ranks = int(engine.scalar("SELECT count(DISTINCT rank) FROM decode") or 0)
+    steps = int(engine.scalar("SELECT count(DISTINCT step) FROM cells") or 0)
+    straggler = straggler_verdict(late, tails, steps, ranks)
+    devices: dict[str, int] = {}
+    for item in tails:
+        devices[item["device"]] = devices.get(item["device"], 0) + 1
+    return Diagnosis(
+        late_starts={"threshold_ms": threshold_ms, "count": len(late), "items": late},
+        tail_steps={"threshold_ms": threshold_ms, "count": len(tails), "items": tails,
+                    "same_device": None if not tails else len(devices) == 1, "devices": devices, "straggler": straggler},
+        tail_cost=_tail_cost(engine),
+    )
+
+
+def _cause(row: dict, which: str, late_rank: int, late_device: str) -> dict:
+    """One cause, as summary.json items carry it; a victim names its culprit as ``rank``."""
+    mechanism = row[f"{which}_mechanism"]
+    evidence_ms = ns_to_ms(max(0.0, row[f"{which}_evidence_ns"] or 0.0))
+    item = {"rank": late_rank, "device": late_device, "phase": row[f"{which}_phase"], "mechanism": mechanism,
+            "evidence_ms": evidence_ms, "detail": row[f"{which}_detail"], "role": "culprit"}
+    if mechanism == "carried_over":
+        item["from_step"] = row[f"{which}_from_step"]
+    if mechanism == "peer_wait":
+        peer = row["last_arrival_rank"]
+        item.update(role="victim", rank=peer, device=row["peer_device"], peer=peer,
+                    detail=f"waited {evidence_ms:.3f} ms for rank {peer} (it reached the collective last)")
+    else:
+        item["detail"] = f"{evidence_ms:.3f} ms {item['detail']}"
+    item["late_rank"] = late_rank
+    return item
+
+
+_ITEM_COLUMNS = """d.*, p.device AS peer_device"""
+_PEER_JOIN = "LEFT JOIN (SELECT DISTINCT rank, device FROM decode) p ON p.rank = d.last_arrival_rank"
+
+
+def _late_start_items(engine: Engine) -> list[dict]:
+    rows = engine.arrow(f"SELECT {_ITEM_COLUMNS} FROM diagnosed d {_PEER_JOIN} WHERE late_start ORDER BY step, d.rank").to_pylist()
+    items = []
+    for row in rows:  # one per late start: the output items themselves
+        cause = _cause(row, "start", row["rank"], row["device"])
+        items.append({"step": row["step"], **cause, "excess_ms": ns_to_ms(row["start_excess_ns"])})
+    return items
+
+
+def _tail_items(engine: Engine) -> list[dict]:
+    rows = engine.arrow(f"""SELECT {_ITEM_COLUMNS} FROM diagnosed d {_PEER_JOIN} WHERE late_end
+                            ORDER BY step, end_ns DESC, d.rank""").to_pylist()
+    items: list[dict] = []
+    for row in rows:  # one per late rank of a tail step
+        late = {**_cause(row, "end", row["rank"], row["device"]), "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0))}
+        if items and items[-1]["step"] == row["step"]:
+            items[-1]["ranks"].append(late)
+            continue
+        items.append({"step": row["step"], "runner_end_skew_ms": ns_to_ms(row["end_skew_ns"]),
+                      "excess_ms": ns_to_ms(row["end_skew_ns"]), "ranks": [late]})
+    for item in items:  # the step's culprit: the latest-ending rank that is not a victim, else the latest
+        primary = next((r for r in item["ranks"] if r["role"] == "culprit"), item["ranks"][0])
+        item.update({k: v for k, v in primary.items() if k not in ("excess_ms",)})
+    return items
+
+
+def binomial_upper_tail(successes: int, trials: int, probability: float) -> float:
+    """P(X >= successes) for X ~ Binomial(trials, probability), summed in log space."""
+    if successes <= 0:
+        return 1.0
+    if probability <= 0.0:
+        return 0.0
+    if probability >= 1.0:
+        return 1.0
+    log_p, log_q = math.log(probability), math.log1p(-probability)
+    log_terms = [
+        math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1) + k * log_p + (trials - k) * log_q
+        for k in range(successes, trials + 1)  # at most one term per step of the run
+    ]
+    peak = max(log_terms)
+    return min(1.0, math.exp(peak) * sum(math.exp(t - peak) for t in log_terms))
+
+
+def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ranks: int) -> dict:
+    """Name a rank that is the culprit in most flagged steps, a real share of all steps, beyond chance.
+
+    Flagged (step, rank) pairs are the culprit cells of late starts and of the
+    late ranks of tail steps (victims are not counted). If lateness fell on
+    ranks at random, each flagged step would flag a rank with probability
+    pairs / (flagged steps x ranks); the top rank's count must be that unlikely
+    (one-sided binomial test, Bonferroni-corrected over ranks, p < 0.01). The
+    verdict names the rank's dominant mechanism (by evidence), so CPU
+    contention on a shared host reads differently from a slow device.
+    """
+    cells: dict[tuple[int, int], dict] = {}
+    for item in late:
+        if item["role"] == "culprit":
+            cells.setdefault((item["step"], item["rank"]), item)
+    for tail in tails:
+        for cause in tail["ranks"]:
+            if cause["role"] == "culprit":
+                cells.setdefault((tail["step"], cause["rank"]), cause)
+    flagged_steps = len({step for step, _ in cells})
+    empty = {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None, "mechanism": None, "ms_per_step": None}
+    if flagged_steps == 0 or total_steps == 0:
+        return empty
+    per_rank: dict[int, list[dict]] = {}
+    for (_, rank), cause in cells.items():
+        per_rank.setdefault(rank, []).append(cause)
+    top_rank = max(per_rank, key=lambda r: (len(per_rank[r]), -r))
+    top_steps = len(per_rank[top_rank])
+    share = top_steps / total_steps
+    chance = len(cells) / (flagged_steps * max(ranks, 1))
+    p_value = min(1.0, binomial_upper_tail(top_steps, flagged_steps, chance) * max(ranks, 1))
+    verdict = {**empty, "share": round(share, 4), "p_value": round(p_value, 6)}
+    if top_steps >= STRAGGLER_SHARE_OF_FLAGGED * flagged_steps and share >= STRAGGLER_SHARE_OF_STEPS and p_value < STRAGGLER_SIGNIFICANCE:
+        evidence: dict[str, float] = {}
+        for cause in per_rank[top_rank]:
+            evidence[cause["mechanism"]] = evidence.get(cause["mechanism"], 0.0) + cause["evidence_ms"]
+        explained = {m: v for m, v in evidence.items() if m not in ("carried_over", "unattributed")} or evidence
+        mechanism = max(explained, key=lambda m: (explained[m], m))
+        device = per_rank[top_rank][0]["device"]
+        per_step = round(evidence[mechanism] / total_steps, 3)
+        verdict.update(rank=top_rank, device=device, mechanism=mechanism, ms_per_step=per_step,
+                       verdict=f"rank {top_rank} ({device}) loses {per_step:.3f} ms a step to {MECHANISM_WORDS[mechanism]}")
+    return verdict
+
+
+def _tail_cost(engine: Engine) -> dict:
+    """Σ_s (max_r end − median_r end) of runner_run, and its share of the decode wall time (SPEC §3)."""
+    row = engine.rows("""SELECT sum(max_end - median_end), (SELECT max(root_end_ns) - min(root_ts_ns) FROM decode)
+                         FROM (SELECT max(end_ns) AS max_end, median(end_ns) AS median_end FROM cells GROUP BY step)""")[0]
+    total_ns, wall_ns = row
+    if total_ns is None:
+        return {"total_ms": None, "share_of_decode_wall": None, "decode_wall_ms": None}
+    return {"total_ms": ns_to_ms(total_ns), "share_of_decode_wall": round(total_ns / wall_ns, 4) if wall_ns else None,
+            "decode_wall_ms": ns_to_ms(wall_ns)}

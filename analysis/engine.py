@@ -1,0 +1,116 @@
+"""The analysis engine: DuckDB over a span table, in memory or on disk.
+
+Perfetto's trace processor is the model: the readers fill one storage schema
+(:mod:`dsprof.analysis.spans`) and every analysis is a query over it. The span
+table is registered as the relation ``spans`` — an Arrow table in memory, or
+the Parquet files of a span dataset (:mod:`dsprof.analysis.dataset`) read out
+of core — so the same SQL runs over a small test trace and a day-long 64-rank
+soak, under a memory cap (DuckDB spills to disk beyond it).
+
+The heavy, span-sized work is one aggregation into the invocation table
+(:mod:`dsprof.analysis.invocations`); everything after it works on one row per
+run (rank x step), which is small.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import pyarrow as pa
+
+from dsprof.analysis.spans import Trace
+from dsprof.errors import DsprofError
+
+# Share of physical memory DuckDB may hold before spilling (``--memory-limit`` overrides).
+DEFAULT_MEMORY_SHARE = 0.125
+MIN_MEMORY_LIMIT = 256 << 20
+
+
+def default_memory_limit() -> int:
+    """Bytes: a share of this machine's RAM, so a big analysis spills instead of exhausting memory."""
+    try:
+        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        physical = 8 << 30
+    return max(MIN_MEMORY_LIMIT, int(physical * DEFAULT_MEMORY_SHARE))
+
+
+def parse_memory_limit(text: str) -> int:
+    """``4GB``, ``512MiB``, ``25%`` (of RAM) or plain bytes -> bytes; DsprofError on anything else."""
+    value = text.strip().upper().replace(" ", "")
+    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "K": 1 << 10,
+             "M": 1 << 20, "G": 1 << 30, "B": 1}
+    try:
+        if value.endswith("%"):
+            share = float(value[:-1]) / 100
+            if not 0 < share <= 1:
+                raise ValueError
+            return max(MIN_MEMORY_LIMIT, int(default_memory_limit() / DEFAULT_MEMORY_SHARE * share))
+        for unit, factor in units.items():
+            if value.endswith(unit):
+                number = float(value[: -len(unit)])
+                break
+        else:
+            number, factor = float(value), 1
+        if not number > 0 or number != number or number == float("inf"):
+            raise ValueError
+        return max(MIN_MEMORY_LIMIT, int(number * factor))
+    except ValueError:
+        raise DsprofError(f"bad memory limit {text!r} (expected e.g. 4GB, 512MiB or 25%)") from None
+
+
+@dataclass
+class Engine:
+    """A DuckDB connection with the trace's tables registered: ``spans``, ``anchors``, ``chip_devices``."""
+
+    con: duckdb.DuckDBPyConnection
+    trace: Trace
+
+    def run(self, query: str, params: list | None = None) -> None:
+        """Execute a statement (or several) to completion."""
+        self.con.execute(query, params or []).fetchall()
+
+    def rows(self, query: str, params: list | None = None) -> list[tuple]:
+        return self.con.execute(query, params or []).fetchall()
+
+    def sql(self, query: str, params: list | None = None) -> duckdb.DuckDBPyRelation:
+        return self.con.sql(query, params=params)
+
+    def arrow(self, query: str, params: list | None = None) -> pa.Table:
+        """The result of ``query`` as an Arrow table."""
+        return self.con.sql(query, params=params).to_arrow_table()
+
+    def scalar(self, query: str, params: list | None = None):
+        rows = self.con.execute(query, params or []).fetchall()
+        return rows[0][0] if rows else None
+
+    def close(self) -> None:
+        self.con.close()
+
+
+def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str | os.PathLike | None = None) -> Engine:
+    """An engine over ``trace``: its in-memory spans, or its span files, as one ``spans`` relation."""
+    con = duckdb.connect(config={"memory_limit": f"{memory_limit or default_memory_limit()}B",
+                                 "temp_directory": str(spill_dir or Path(tempfile.gettempdir()) / "dsprof-duckdb"),
+                                 "preserve_insertion_order": True})
+    con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
+    con.register("spans_in_memory", trace.spans)
+    if trace.span_files:
+        files = ", ".join(_sql_text(str(p)) for p in trace.span_files)
+        on_disk = (f"SELECT * EXCLUDE (time_window) FROM read_parquet([{files}], hive_partitioning = true)"
+                   if any("time_window=" in str(p) for p in trace.span_files) else f"SELECT * FROM read_parquet([{files}])")
+        con.execute(f"CREATE VIEW spans AS {on_disk} UNION ALL BY NAME SELECT * FROM spans_in_memory")
+    else:
+        con.execute("CREATE VIEW spans AS SELECT * FROM spans_in_memory")
+    con.register("anchors", trace.anchors)
+    con.register("chip_devices", trace.chip_devices)
+    return Engine(con, trace)
+
+
+def _sql_text(text: str) -> str:
+    """A SQL string literal."""
+    return "'" + text.replace("'", "''") + "'"

@@ -1,0 +1,45 @@
+"""The summary printed by ``dsprof run`` and ``dsprof analyze``: one formatter for both.
+
+Findings first (verdicts, the worst late steps with their causes), then the
+figures. Text taken from traces is made safe for a terminal: no escape
+sequence from a trace reaches it.
+"""
+
+from __future__ import annotations
+
+import re
+
+from dsprof.analysis.outputs.findings import item_line, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES
+from dsprof.analysis.skew import PERCENTILES
+from dsprof.analysis.summary import Summary
+
+LIST_LIMIT = 5
+_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def terminal_safe(text: object) -> str:
+    """Text with control bytes (ESC, OSC, BEL, ...) shown as ``\\xNN`` instead of acting on the terminal."""
+    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
+def format_console_summary(summary: Summary) -> str:
+    """A readable fixed-width summary for the terminal."""
+    lines = [f"{label:<10} {text}" for label, text in verdict_lines(summary)]
+    for key, title in (("tail_steps", "worst tail steps"), ("late_starts", "worst late starts")):
+        items = worst_first((summary.get(key) or {}).get("items") or [])
+        if items:
+            lines += ["", f"{title}:"] + [f"  {item_line(item)}" for item in items[:LIST_LIMIT]]
+            if len(items) > LIST_LIMIT:
+                lines.append(f"  … {len(items) - LIST_LIMIT} more (summary.md, report.html)")
+    serving = summary.get("serving") or {}
+    lines += ["", f"tokens {value(serving.get('tokens_returned'))}/{value(serving.get('tokens_expected'))}; "
+                  f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
+                  f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}", ""]
+    lines.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format("figure (ms)", "p50", "p95", "p99", "max", "count"))
+    figures = summary.get("figures") or {}
+    for name in HEADLINE_FIGURES:
+        block = figures.get(name) or {}
+        lines.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(
+            name, *(value(block.get(key)) for key, _ in PERCENTILES), block.get("count", 0)))
+    return terminal_safe("\n".join(lines))

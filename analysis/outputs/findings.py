@@ -1,0 +1,86 @@
+"""Findings in words: one line per late item, worst first, and the run's verdicts.
+
+The one formatter behind summary.md, the ``dsprof run`` / ``dsprof analyze``
+printout and report.html, so the three say the same thing. Everything here
+reads the summary; nothing recomputes a figure.
+"""
+
+from __future__ import annotations
+
+from dsprof.analysis.summary import Summary
+
+MECHANISM_WORDS = {
+    "device": "device",
+    "host_cpu": "host CPU",
+    "run_queue": "run queue",
+    "gc": "GC",
+    "carried_over": "carried over",
+    "peer_wait": "peer wait",
+    "unattributed": "unattributed",
+}
+
+
+def value(number: object, unit: str = "") -> str:
+    """A summary value for people: ``n/a`` where the figure could not be computed (null)."""
+    if number is None:
+        return "n/a"
+    if isinstance(number, bool):
+        return "yes" if number else "no"
+    return f"{number}{unit}"
+
+
+def cause_text(item: dict) -> str:
+    """``gc: 48.700 ms collection in native_fence_wait`` — the mechanism and its evidence in one phrase."""
+    mechanism = item.get("mechanism") or "unattributed"
+    detail = item.get("detail") or ""
+    if mechanism == "carried_over" and item.get("from_step") is not None:
+        return f"carried over from step {item['from_step']}: {detail}"
+    if mechanism == "peer_wait":
+        return f"peer wait: rank {item.get('late_rank')} {detail}"
+    return f"{mechanism}: {detail}"
+
+
+def item_line(item: dict) -> str:
+    """``step 69 · rank 6 (cpu:6) · +50.914 ms · gc: 48.700 ms collection in native_fence_wait``."""
+    return (f"step {item.get('step')} · rank {item.get('rank')} ({item.get('device')}) · +{value(item.get('excess_ms'))} ms · "
+            f"{cause_text(item)}")
+
+
+def worst_first(items: list[dict]) -> list[dict]:
+    """Items ordered by excess, largest first (then by step)."""
+    return sorted(items, key=lambda i: (-(i.get("excess_ms") or 0.0), i.get("step") or 0, i.get("rank") or 0))
+
+
+def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
+    """(label, text) of each verdict: validity, the run's outcome, pipeline, straggler, tail cost."""
+    validation = summary.get("validation") or {}
+    pipeline = summary.get("pipeline") or {}
+    tails = summary.get("tail_steps") or {}
+    cost = summary.get("tail_cost") or {}
+    run = summary.get("run") or {}
+    lines = [("swimlane", "valid" if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []))]
+    lines.append(("run", run_outcome(summary)))
+    serialized = pipeline.get("serialized")
+    pipe = "n/a" if serialized is None else ("SERIALIZED" if serialized else "healthy")
+    lines.append(("pipeline", f"{pipe}: {pipeline.get('diagnosis') or 'not checked'}"))
+    straggler = (tails.get("straggler") or {}).get("verdict") or "none"
+    lines.append(("straggler", straggler))
+    if cost.get("total_ms") is not None:
+        share = cost.get("share_of_decode_wall")
+        lines.append(("tail cost", f"{cost['total_ms']} ms" + (f" ({100 * share:.1f}% of the decode wall time)" if share is not None else "")
+                      + " — saved had no rank ended later than the median"))
+    lines.append(("late", f"{(summary.get('late_starts') or {}).get('count', 0)} late starts, {tails.get('count', 0)} tail steps"))
+    return lines
+
+
+def run_outcome(summary: Summary) -> str:
+    """``exit status 0`` or, after a crash, which rank failed and why."""
+    run = summary.get("run") or {}
+    status = run.get("exit_status", summary.get("exit_status"))
+    text = f"exit status {value(status)}"
+    if run.get("failed_rank") is not None:
+        device = f" ({run['failed_device']})" if run.get("failed_device") else ""
+        text += f"; rank {run['failed_rank']}{device} failed"
+    if status not in (None, 0) and run.get("message"):
+        text += f": {run['message']}"
+    return text

@@ -1,0 +1,132 @@
+"""``dsprof analyze``: read artifacts, compute every figure, write summary.json, summary.md,
+combined-swimlane.json and report.html.
+
+Text logs larger than :data:`SPILL_BYTES` are read into a span dataset on disk
+(Parquet, :mod:`dsprof.analysis.dataset`) instead of memory, and analysed out
+of core; ``spans_dir`` keeps that dataset for later queries.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
+from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
+from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
+from dsprof.analysis.outputs.html_report import write_html_report
+from dsprof.analysis.outputs.summary_json import write_summary_json
+from dsprof.analysis.outputs.summary_md import write_summary_md
+from dsprof.analysis.spans import Trace
+from dsprof.errors import InputError
+from dsprof.profiler import artifacts
+
+Progress = Callable[[str], None] | None
+# Inputs bigger than this are analysed out of core (a span dataset on disk).
+SPILL_BYTES = 256 << 20
+
+
+@dataclass
+class AnalyzeOutcome:
+    """The analysis and the files written."""
+
+    result: AnalysisResult
+    outputs: dict[str, Path] = field(default_factory=dict)
+
+    @property
+    def summary(self):
+        return self.result.summary
+
+
+def analyze_paths(
+    paths: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike | None,
+    *,
+    threshold_ms: float = DEFAULT_THRESHOLD_MS,
+    expect_ranks: int | None = None,
+    memory_limit: int | None = None,
+    spans_dir: str | os.PathLike | None = None,
+    progress: Progress = None,
+) -> AnalyzeOutcome:
+    """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write the outputs there.
+
+    Inputs without a single span (and no serving summary) are an InputError.
+    """
+    check_threshold(threshold_ms)
+    trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
+    try:
+        require_something_to_analyse(trace, paths)
+        result = analyze_trace(trace, threshold_ms=threshold_ms, expect_ranks=expect_ranks, memory_limit=memory_limit,
+                               progress=progress)
+        outcome = AnalyzeOutcome(result)
+        if out_dir is not None:
+            outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
+        return outcome
+    finally:
+        if spill is not None:
+            shutil.rmtree(spill, ignore_errors=True)
+
+
+def read_inputs(paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None,
+                progress: Progress = None) -> tuple[Trace, Path | None]:
+    """Read ``paths``; big text logs go to a span dataset (``spans_dir``, else a temporary one returned for removal)."""
+    if len(paths) == 1 and (Path(paths[0]) / "dataset.json").is_file():
+        return open_dataset(paths[0]), None
+    temporary = None
+    if spans_dir is None and _text_bytes(paths) > SPILL_BYTES:
+        temporary = Path(tempfile.mkdtemp(prefix="dsprof-spans-"))
+    target = spans_dir if spans_dir is not None else temporary
+    if target is None:
+        return read_paths(paths, progress=progress), None
+    writer = SpanDatasetWriter(target)
+    trace = read_paths(paths, progress=progress, sink=writer)
+    writer.finish(trace)
+    dataset = open_dataset(target)
+    trace.spans, trace.span_files = trace.spans, dataset.span_files
+    return trace, temporary
+
+
+def _text_bytes(paths: Sequence[str | os.PathLike]) -> int:
+    """Bytes of the text logs among ``paths`` (directories: their ``*.log``)."""
+    total = 0
+    for path in map(Path, paths):
+        logs = list(path.glob("*.log")) if path.is_dir() else [path] if path.suffix not in (".json", ".jsonl", ".gz") else []
+        total += sum(p.stat().st_size for p in logs if p.is_file())
+    return total
+
+
+def require_something_to_analyse(trace: Trace, paths: Sequence[str | os.PathLike]) -> None:
+    """Refuse inputs that yielded no span and no serving summary: a table of n/a would hide the mistake.
+
+    A partial artifact (a crashed run, a torn log) still has spans and is
+    analysed as far as it goes; this only catches the wrong file or a run that
+    was not profiled.
+    """
+    if trace.span_count or isinstance(trace.performance_summary, dict):
+        return
+    named = trace.files or [str(p) for p in paths]
+    dropped = ", ".join(f"{reason} {count}" for reason, count in sorted(trace.dropped.items()) if count)
+    what = "no spans to analyse" + (f" ({trace.dropped_total} record(s) dropped: {dropped})" if dropped else "")
+    raise InputError(", ".join(named), what, expected="[STRACE] records, SA_PROFILE fragments or Chrome trace events")
+
+
+def write_outputs(result: AnalysisResult, out_dir: Path, progress: Progress = None) -> dict[str, Path]:
+    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    outputs = {
+        artifacts.SUMMARY_JSON: write_summary_json(result.summary, out_dir / artifacts.SUMMARY_JSON),
+        artifacts.SUMMARY_MD: write_summary_md(result.summary, out_dir / artifacts.SUMMARY_MD),
+    }
+    if progress:
+        progress(f"writing {out_dir / artifacts.COMBINED_SWIMLANE}")
+    outputs[artifacts.COMBINED_SWIMLANE] = write_chrome_trace(result, out_dir / artifacts.COMBINED_SWIMLANE,
+                                                              span_budget=COMBINED_SPAN_BUDGET, progress=progress)
+    if progress:
+        progress(f"writing {out_dir / artifacts.REPORT_HTML}")
+    outputs[artifacts.REPORT_HTML] = write_html_report(result, out_dir / artifacts.REPORT_HTML)
+    return outputs
