@@ -234,12 +234,52 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
                c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
                c.end_ns - c.end_ns_typ AS end_excess_ns,
                max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
-               arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank,
-               arg_min(c.rank, (coalesce(c.device_wait_ns, 0), c.rank)) OVER (PARTITION BY c.step) AS last_arrival_rank
+               arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank
         FROM cells c""")
+    # the peer a waiting rank waited for: of the other ranks that ended late in the step, the one that
+    # waited least (it reached the collective last); when none ended late, of all the others
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE peers AS
+        SELECT d.step, d.rank, arg_min(o.rank, (NOT (o.end_excess_ns > {threshold_ns} / 2), coalesce(o.device_wait_ns, 0), o.rank))
+               AS last_arrival_rank
+        FROM (SELECT step, rank FROM decided WHERE end_mechanism = 'peer_wait') d
+        JOIN decided o ON o.step = d.step AND o.rank <> d.rank GROUP BY d.step, d.rank""")
+    engine.run("""CREATE OR REPLACE TEMP TABLE decided AS
+        SELECT d.*, p.last_arrival_rank FROM decided d LEFT JOIN peers p USING (step, rank)""")
     engine.run(f"""ALTER TABLE decided ADD COLUMN late_start BOOLEAN; ALTER TABLE decided ADD COLUMN late_end BOOLEAN;
         UPDATE decided SET late_start = start_excess_ns > {threshold_ns},
                            late_end = end_skew_ns > {threshold_ns} AND (rank = latest_end_rank OR end_excess_ns > {threshold_ns})""")
+
+
+def _deepest_device_phase(engine: Engine) -> None:
+    """Name the deepest device sub-phase that explains a device cause (e.g. ``device_wall.verify``).
+
+    Each device-clock span below device_wall of the runs in question is
+    compared with the mean of the same span on the other ranks of the step; the
+    deepest one whose excess is at least half the device excess is named.
+    Only the few steps with a device cause are read.
+    """
+    which = [w for w in ("start", "end") if engine.scalar(
+        f"SELECT count(*) FROM decided WHERE {w}_mechanism = 'device' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}'")]
+    if not which:
+        return
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE device_phases AS
+        WITH wanted AS (SELECT DISTINCT step FROM decided WHERE (end_mechanism = 'device' OR start_mechanism = 'device')),
+             runs AS (SELECT d.pid, d.inv, d.step, d.rank FROM decode d JOIN wanted USING (step)),
+             sub AS (SELECT r.step, r.rank, s.name, sum(s.dur_ns) AS dur_ns FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
+                     WHERE s.clk = '{fmt.CLK_DEVICE}' AND starts_with(s.name, '{fmt.DEVICE_WALL}.')
+                       AND NOT ends_with(s.name, '{fmt.WAIT_SUFFIX}') GROUP BY r.step, r.rank, s.name)
+        SELECT step, rank, name, length(name) - length(replace(name, '.', '')) AS depth,
+               dur_ns - (sum(dur_ns) OVER (PARTITION BY step, name) - dur_ns) / nullif(count(*) OVER (PARTITION BY step, name) - 1, 0)
+               AS excess_ns
+        FROM sub""")
+    prefix = len(fmt.RUNNER_RUN) + 2  # SQL substr is 1-based
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE deepest AS
+        SELECT d.step, d.rank, arg_max(substr(p.name, {prefix}), (p.depth, p.excess_ns)) AS phase
+        FROM decided d JOIN device_phases p ON p.step = d.step AND p.rank = d.rank
+        WHERE d.end_mechanism = 'device' AND p.excess_ns >= {EXPLAINS_SHARE} * d.end_evidence_ns
+        GROUP BY d.step, d.rank""")
+    engine.run(f"""UPDATE decided SET end_phase = deepest.phase FROM deepest
+                   WHERE decided.step = deepest.step AND decided.rank = deepest.rank AND decided.end_phase = '{fmt.PHASE_DEVICE_WALL}'""")
 
 
 def _chain_origins(engine: Engine) -> None:
@@ -285,6 +325,7 @@ def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
     threshold_ns = int(round(threshold_ms * 1e6))
     _build_cells(engine)
     _decide(engine, threshold_ns)
+    _deepest_device_phase(engine)
     _chain_origins(engine)
     late = _late_start_items(engine)
     tails = _tail_items(engine)

@@ -152,7 +152,7 @@ def write_chrome_trace(result: AnalysisResult, path: str | Path, *, span_budget:
 
 
 def _batches(engine, query: str, progress, what: str) -> Iterator[pa.RecordBatch]:
-    reader = engine.con.sql(query).fetch_arrow_reader(BATCH_ROWS)
+    reader = engine.con.sql(query).to_arrow_reader(BATCH_ROWS)
     done = 0
     for batch in reader:
         done += batch.num_rows
