@@ -184,8 +184,9 @@ def test_carry_over_chains_name_the_step_where_they_began(diagnosed):
     # every late start on rank 1 after the gc at 14, and on rank 2 after the gc at 20, is carried over from there
     assert {(i["step"], i["rank"], i["from_step"]) for i in carried} == (
         {(s, 1, 14) for s in range(15, STEPS) if (s, 1) in late_cells} | {(s, 2, 20) for s in range(21, STEPS) if (s, 2) in late_cells})
-    chain = sorted(i["step"] for i in carried if i["rank"] == 2)
-    assert len(chain) >= 4 and chain[0] == 21  # through claim_release (21) and slot reuse (22), and on
+    chain = {i["step"]: i["detail"] for i in carried if i["rank"] == 2}
+    assert min(chain) == 22 and len(chain) >= 4  # 20's slot is reused by 22 ...
+    assert chain[22].endswith("slot reuse") and chain[23].endswith("claim_release")  # ... whose late launch admits 23 late
     # each carried start is late by exactly what its rank's runs say
     for item in carried:
         t = {r: runs[r, item["step"]].times for r in range(RANKS)}
