@@ -5,10 +5,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsprof.analysis.analyze import analyze
-from dsprof.analysis.skew import per_step, root_durations
-from dsprof.analysis.tails import LATE_ARRIVAL, UNATTRIBUTED_RUNNER, UNATTRIBUTED_START
-from dsprof.profiler.synthetic import SyntheticRun
+from dsprof.commands.analyze import analyze_paths
+from dsprof.testing.synthetic import SyntheticRun
+
+BEFORE_BIND, LAUNCH = "before bind", "launch"
+
+
+def analyze(paths, out=None, **options):
+    return analyze_paths(paths, out, **options)
 
 RANKS, STEPS = 6, 40
 
@@ -46,14 +50,14 @@ def jittered(tmp_path_factory):
 def test_per_step_skew_to_the_nanosecond(jittered):
     run, result = jittered
     t = run.timings()
-    steps = per_step(result.swimlane.roots)
+    engine = result.result.engine
+    steps = engine.arrow("SELECT * FROM steps ORDER BY step").to_pydict()
     np.testing.assert_array_equal(steps["runner_start_skew_ns"], t.runner_start_ns.max(0) - t.runner_start_ns.min(0))
     np.testing.assert_array_equal(steps["runner_end_skew_ns"], t.runner_end_ns.max(0) - t.runner_end_ns.min(0))
     np.testing.assert_array_equal(steps["latest_start_rank"], t.runner_start_ns.argmax(0))
-    durations = root_durations(result.swimlane.roots).sort_values(["rank", "step"])
-    np.testing.assert_array_equal(durations["runner_to_validate_gap_ns"].to_numpy(np.int64),
-                                  (t.validate_start_ns - t.runner_end_ns).ravel())
-    np.testing.assert_array_equal(durations["bind_ns"].to_numpy(np.int64), (t.bind_end_ns - t.bind_start_ns).ravel())
+    runs = engine.arrow("SELECT validate_ts_ns - runner_end_ns AS gap, bind_end_ns - bind_ts_ns AS bind FROM decode ORDER BY rank, step")
+    np.testing.assert_array_equal(runs["gap"].to_numpy(), (t.validate_start_ns - t.runner_end_ns).ravel())
+    np.testing.assert_array_equal(runs["bind"].to_numpy(), (t.bind_end_ns - t.bind_start_ns).ravel())
 
 
 def test_percentile_blocks_match_hand_computation(jittered):
@@ -115,24 +119,25 @@ def injected(tmp_path_factory):
 def test_injected_late_starts_found_with_rank_and_phase(injected):
     _, result = injected
     items = result.summary["late_starts"]["items"]
-    assert [(i["step"], i["rank"], i["device"], i["phase"]) for i in items] == [
-        (4, 3, "npu:3", "bind"),
-        (11, 6, "npu:6", LATE_ARRIVAL),
-        (26, 1, "npu:1", UNATTRIBUTED_START),
+    assert [(i["step"], i["rank"], i["device"], i["phase"], i["mechanism"]) for i in items] == [
+        (4, 3, "npu:3", "bind", "unattributed"),   # no host evidence in this log: the phase, but no mechanism
+        (11, 6, "npu:6", BEFORE_BIND, "unattributed"),
+        (26, 1, "npu:1", LAUNCH, "unattributed"),
     ]
-    assert [(i["excess_ms"], i["phase_excess_ms"]) for i in items] == [(7.0, 7.0), (9.0, 9.0), (6.0, 6.0)]
+    assert [(i["excess_ms"], i["evidence_ms"]) for i in items] == [(7.0, 7.0), (9.0, 9.0), (6.0, 6.0)]
+    assert "no host evidence" in items[0]["detail"]
 
 
 def test_injected_tails_found_with_rank_and_phase(injected):
     _, result = injected
     tails = result.summary["tail_steps"]
-    got = [(i["step"], i["rank"], i["phase"], i["runner_end_skew_ms"], i["phase_excess_ms"]) for i in tails["items"]]
+    got = [(i["step"], i["rank"], i["phase"], i["mechanism"], i["runner_end_skew_ms"], i["evidence_ms"]) for i in tails["items"]]
     assert got == [
-        (4, 3, "bind", 7.0, 7.0),
-        (11, 6, LATE_ARRIVAL, 9.0, 9.0),
-        (17, 5, "device_wall", 12.0, 12.0),
-        (23, 2, "native_fence_wait", 8.0, 8.0),
-        (26, 1, UNATTRIBUTED_START, 6.0, 6.0),
+        (4, 3, "bind", "unattributed", 7.0, 7.0),
+        (11, 6, BEFORE_BIND, "unattributed", 9.0, 9.0),
+        (17, 5, "device_wall", "device", 12.0, 12.0),
+        (23, 2, "native_fence_wait", "device", 8.0, 8.0),
+        (26, 1, LAUNCH, "unattributed", 6.0, 6.0),
     ]
     assert tails["same_device"] is False
     assert tails["straggler"]["verdict"] == "none"
@@ -141,9 +146,12 @@ def test_injected_tails_found_with_rank_and_phase(injected):
 def test_device_phases_off_leaves_runner_tails_unattributed(tmp_path):
     inject(device_phases=False).write(tmp_path / "run")
     result = analyze([tmp_path / "run"])
-    phases = {i["step"]: i["phase"] for i in result.summary["tail_steps"]["items"]}
-    assert phases == {4: "bind", 11: LATE_ARRIVAL, 17: UNATTRIBUTED_RUNNER, 23: UNATTRIBUTED_RUNNER, 26: UNATTRIBUTED_START}
-    assert result.swimlane.roots["fence_wait_dur_ns"].isna().all()
+    causes = {i["step"]: (i["phase"], i["mechanism"]) for i in result.summary["tail_steps"]["items"]}
+    assert causes == {4: ("bind", "unattributed"), 11: (BEFORE_BIND, "unattributed"), 17: ("runner_run", "unattributed"),
+                      23: ("runner_run", "unattributed"), 26: (LAUNCH, "unattributed")}
+    details = {i["step"]: i["detail"] for i in result.summary["tail_steps"]["items"]}
+    assert "device-phase markers off" in details[17] and "device-phase markers off" in details[23]
+    assert result.result.engine.scalar("SELECT count(*) FROM decode WHERE fence_ts_ns IS NOT NULL") == 0
 
 
 def test_persistent_straggler_is_named(tmp_path):
@@ -156,7 +164,9 @@ def test_persistent_straggler_is_named(tmp_path):
     SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=device, pipelined=False).write(tmp_path / "run")
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert tails["count"] == 8
-    assert {k: v for k, v in tails["straggler"].items() if k != "p_value"} == {"verdict": "rank 2 (npu:2)", "rank": 2, "device": "npu:2", "share": 0.35}
+    assert {k: v for k, v in tails["straggler"].items() if k != "p_value"} == {
+        "verdict": "rank 2 (npu:2) loses 2.100 ms a step to device work", "rank": 2, "device": "npu:2", "share": 0.35,
+        "mechanism": "device", "ms_per_step": 2.1}  # 7 steps x 6 ms over 20 steps
     # 8 flagged steps, 8 flagged pairs, 4 ranks: P(X >= 7 | n=8, p=1/4) x 4
     assert tails["straggler"]["p_value"] == pytest.approx(4 * (8 * 0.25**7 * 0.75 + 0.25**8), abs=1e-6)
     assert tails["devices"] == {"npu:2": 7, "npu:0": 1}
@@ -174,12 +184,13 @@ def test_late_start_held_back_by_the_previous_run(tmp_path):
     summary = analyze([tmp_path / "run"]).summary
     pushed_ns = t.runner_start_ns[2, 8] - t.runner_start_ns[0, 8]
     assert pushed_ns == 6_000_000 - (run.period_ns - 9_500_000)  # the slack of one period is absorbed
-    tails = {i["step"]: (i["rank"], i["phase"], i["phase_excess_ms"]) for i in summary["tail_steps"]["items"]}
-    assert tails[7] == (2, "device_wall", 6.0)
-    assert tails[8] == (2, "previous step's runner_run", ms(pushed_ns))
-    late = [(i["step"], i["rank"], i["phase"]) for i in summary["late_starts"]["items"]]
-    assert late[0] == (8, 2, "previous step's runner_run")
-    assert all(rank == 2 and phase == "previous step's runner_run" for _, rank, phase in late)
+    tails = {i["step"]: (i["rank"], i["mechanism"], i.get("from_step"), i["evidence_ms"]) for i in summary["tail_steps"]["items"]}
+    assert tails[7] == (2, "device", None, 6.0)
+    assert tails[8][:3] == (2, "carried_over", 7)
+    late = [(i["step"], i["rank"], i["mechanism"], i.get("from_step")) for i in summary["late_starts"]["items"]]
+    assert late[0] == (8, 2, "carried_over", 7)
+    assert summary["late_starts"]["items"][0]["excess_ms"] == ms(pushed_ns)
+    assert all(rank == 2 and mechanism == "carried_over" and origin == 7 for _, rank, mechanism, origin in late)
     assert summary["pipeline"]["claim_order_violations"] == 0
 
 
@@ -191,4 +202,5 @@ def test_two_chance_tails_on_one_rank_name_no_straggler(tmp_path):
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert [(i["step"], i["rank"]) for i in tails["items"]] == [(6, 1), (13, 1)]
     # P(X >= 2 | n=2, p=1/4) x 4 ranks = 0.25, far above the 1% bar
-    assert tails["straggler"] == {"verdict": "none", "rank": None, "device": None, "share": 0.1, "p_value": 0.25}
+    assert tails["straggler"] == {"verdict": "none", "rank": None, "device": None, "share": 0.1, "p_value": 0.25,
+                                  "mechanism": None, "ms_per_step": None}

@@ -6,10 +6,14 @@ import json
 
 import pytest
 
-from dsprof.analysis.analyze import analyze
+from dsprof.commands.analyze import analyze_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload
-from dsprof.profiler.synthetic import SyntheticRun
+from dsprof.testing.synthetic import SyntheticRun
+
+
+def analyze(paths, out=None, **options):
+    return analyze_paths(paths, out, **options)
 
 
 def checks(summary: dict) -> dict:
@@ -80,7 +84,7 @@ def test_serving_figures_from_request_spans_when_no_performance_summary(tmp_path
                 if e.get("cat") == "request"]
     elapsed_us = max(e["ts"] + e["dur"] for e in requests) - min(e["ts"] for e in requests)
     tokens = sum(e["args"]["output_tokens"] for e in requests)
-    assert serving["source"] == "sa_profile"
+    assert set(serving["sources"].values()) <= {"sa_profile request spans", "derived"}
     assert serving["tokens_returned"] == tokens == 6 * 40
     assert serving["tokens_expected"] == 6 * 40
     assert serving["batch_elapsed_s"] == round(elapsed_us / 1e6, 6)
@@ -93,9 +97,9 @@ def test_serving_figures_from_performance_summary(tmp_path):
     run.write(tmp_path / "run")
     summary = analyze([tmp_path / "run"]).summary
     written = json.loads((tmp_path / "run" / "performance_summary.json").read_text())
-    assert summary["serving"]["source"] == "performance_summary"
     for key in ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate"):
         assert summary["serving"][key] == written[key]
+        assert summary["serving"]["sources"][key] == f"performance_summary.json:{key}"
     assert summary["workload"] == written["workload"] and summary["exit_status"] == 0
 
 
@@ -128,3 +132,36 @@ def test_input_without_any_span_is_an_input_error(tmp_path, text, dropped):
     assert str(error.value).startswith(f"{log}: no spans to analyse")
     assert dropped in str(error.value)
     assert not (tmp_path / "out").exists()
+
+
+def test_other_producers_field_names_are_read_and_the_rest_comes_from_request_spans(tmp_path):
+    """A performance_summary.json with common field names of other tools; missing figures fall back field by field."""
+    run = SyntheticRun(ranks=2, steps=10, requests_per_rank=3, output_tokens=40)
+    run.write(tmp_path / "run")
+    (tmp_path / "run" / "performance_summary.json").write_text(json.dumps(
+        {"output_tokens": 240, "expected_output_tokens": 250, "batch_elapsed_seconds": 2.0}))
+    serving = analyze([tmp_path / "run"]).summary["serving"]
+    assert (serving["tokens_returned"], serving["tokens_expected"], serving["batch_elapsed_s"]) == (240, 250, 2.0)
+    assert serving["throughput_tok_s"] == 120.0 and serving["sources"]["throughput_tok_s"] == "derived"
+    assert serving["requests"] == 6 and serving["sources"]["requests"] == "sa_profile request spans"
+    assert serving["effective_tpot_ms"] == round(2000 / (240 / 6), 3)
+    assert serving["sources"]["tokens_returned"] == "performance_summary.json:output_tokens"
+
+
+def test_conflicting_device_lines_and_shared_devices_are_invalid(tmp_path):
+    SyntheticRun(ranks=2, steps=4).write(tmp_path / "run")
+    log = tmp_path / "run" / "server.log"
+    text = log.read_text().replace("[chip_process pid=41001 dev=npu:1]", "[chip_process pid=41001 dev=npu:0]")
+    log.write_text(text + "[mono_ns=1][T0x1][INFO] chip_process: [chip_process pid=41000 dev=npu:7] ready\n")
+    problems = analyze([tmp_path / "run"]).summary["validation"]["problems"]
+    assert "pid 41000 announced 2 devices: npu:0, npu:7" in problems
+    assert "ranks 0, 1 all run on device npu:0" in problems
+
+
+def test_decode_roots_without_bind_children_are_analysed(tmp_path):
+    SyntheticRun(ranks=2, steps=6).write(tmp_path / "run")
+    log = tmp_path / "run" / "server.log"
+    log.write_text("".join(line for line in log.read_text().splitlines(keepends=True) if "name=chip.run.bind" not in line))
+    summary = analyze([tmp_path / "run"]).summary
+    assert summary["figures"]["bind_ms"]["count"] == 0 and summary["figures"]["runner_start_skew_ms"]["count"] == 6
+    assert summary["validation"]["valid"] is True

@@ -118,6 +118,7 @@ class SyntheticRun:
     anchors: bool = True
     warmup_steps: int = 0             # decode invocations before the serving window
     prefill: bool = True              # one non-decode invocation per rank before decode
+    dispatch_ids: bool = False        # roots carry dispatch_id = run_epoch + 1 (else 0: no scheduler allocates one)
     unrelated_lines_per_step: int = 1
     two_per_line_every: int = 0       # join every n-th record to the next one on one line
     torn_tail: bool = False           # the log ends inside a record (crash)
@@ -269,8 +270,10 @@ class SyntheticRun:
             ts = np.full(self.ranks, T0_MONO_NS - 50_000_000, dtype=np.int64)
             dur = np.full(self.ranks, 30_000_000, dtype=np.int64)
             add(r, np.zeros(self.ranks, dtype=np.int64), 0, fmt.ROOT, ts, dur, PREFILL_HID, PREFILL_CALLABLE, np.full(self.ranks, -1))
-            add(r, np.zeros(self.ranks, dtype=np.int64), 1, fmt.RUNNER_RUN, ts + 1_000_000, dur - 2_000_000,
-                PREFILL_HID, PREFILL_CALLABLE, np.full(self.ranks, -1))
+            zero, no_step = np.zeros(self.ranks, dtype=np.int64), np.full(self.ranks, -1)
+            for depth, name, start, length in ((1, fmt.BIND, ts, 1_000_000), (1, fmt.RUNNER_RUN, ts + 1_000_000, dur - 2_000_000),
+                                               (1, fmt.CLAIM_RELEASE, ts + 1_100_000, 50_000), (1, fmt.VALIDATE, ts + dur - 900_000, 500_000)):
+                add(r, zero, depth, name, start, np.broadcast_to(length, (self.ranks,)).astype(np.int64), PREFILL_HID, PREFILL_CALLABLE, no_step)
         return {k: np.concatenate(v) for k, v in columns.items()}
 
     # -- writers ------------------------------------------------------------------
@@ -305,7 +308,8 @@ class SyntheticRun:
             root = rows["depth"] == 0
             slot = epoch % 2
             attrs = join_text(
-                " run_id=", epoch, " dispatch_id=0 run_epoch=", epoch, " slot_id=", slot,
+                " run_id=", epoch, " dispatch_id=", epoch + 1 if self.dispatch_ids else np.zeros_like(epoch), " run_epoch=", epoch,
+                " slot_id=", slot,
                 " generation=", epoch // 2, " rank=", rank, " device=npu:", rank,
                 " callable=", rows["callable"], " step=", rows["step"],
             )
@@ -345,7 +349,10 @@ class SyntheticRun:
         text = text.take(pa.array(order))
         sep = np.full(len(text), "\n", dtype=object)
         if self.two_per_line_every:
-            sep[self.two_per_line_every - 1 :: self.two_per_line_every] = ""
+            # only a record is joined to the next line: a clock anchor must end its line (SPEC §2, the stack's rule)
+            is_anchor = pc.match_substring(text, fmt.ANCHOR_MARKER).to_numpy(zero_copy_only=False)
+            joined = np.arange(self.two_per_line_every - 1, len(text), self.two_per_line_every)
+            sep[joined[~is_anchor[joined]]] = ""
         sep[-1] = "\n"
         text = pc.binary_join_element_wise(text, pa.array(sep, pa.string()), "")
         with open(path, "wb") as f:
