@@ -1,4 +1,4 @@
-"""analyze() writes summary.json, summary.md, combined-swimlane.json and report.html, agreeing with its result."""
+"""analyze writes summary.json, summary.md, combined-swimlane.json and report.html, agreeing with its summary."""
 
 from __future__ import annotations
 
@@ -6,8 +6,11 @@ import json
 
 import numpy as np
 
-from dsprof.analysis.analyze import analyze, format_summary_table
-from dsprof.profiler.synthetic import SyntheticRun
+from dsprof.analysis.outputs.console import format_console_summary, terminal_safe
+from dsprof.analysis.outputs.summary_md import format_summary_md, md
+from dsprof.analysis.summary import SUMMARY_SCHEMA, load_summary
+from dsprof.commands.analyze import analyze_paths
+from dsprof.testing.synthetic import SyntheticRun
 
 
 def test_outputs_written_and_consistent(tmp_path):
@@ -15,43 +18,59 @@ def test_outputs_written_and_consistent(tmp_path):
     fence[4, 9] += 15_000_000
     run = SyntheticRun(ranks=8, steps=20, fence_wait_ns=fence, device_wall_ns=fence + 100_000)
     run.write(tmp_path / "run")
-    result = analyze([tmp_path / "run"], tmp_path / "out", expect_ranks=8)
-    assert set(result.outputs) == {"summary.json", "summary.md", "combined-swimlane.json", "report.html"}
-    assert json.loads(result.outputs["summary.json"].read_text()) == result.summary
-    assert result.summary["schema"] == "dsprof.summary/1"
+    outcome = analyze_paths([tmp_path / "run"], tmp_path / "out", expect_ranks=8)
+    assert set(outcome.outputs) == {"summary.json", "summary.md", "combined-swimlane.json", "report.html"}
+    assert load_summary(tmp_path / "out") == outcome.summary
+    assert outcome.summary["schema"] == SUMMARY_SCHEMA
 
-    md = result.outputs["summary.md"].read_text()
-    assert "combined swimlane validated with 20 decode steps and 160 rank roots" in md
-    assert "Exit status: 0" in md
+    text = outcome.outputs["summary.md"].read_text()
+    assert text.index("**swimlane**: valid") < text.index("Tail steps") < text.index("| figure |")  # findings first
+    assert "**run**: exit status 0" in text
     # the shape a reviewer recognises, not every knob (layers stays in summary.json)
-    assert ("Workload: preset=synthetic, ranks=8, dp=8, ep=8, tp=1, requests=32, prompt_tokens=64, "
-            "output_tokens=256, metadata=async, depth=2, device_phases=True, seed=0") in md
-    assert f"Tokens: {8 * 4 * 256} / {8 * 4 * 256} expected" in md
-    assert "- step 9, rank 4 (npu:4): end skew 15.0 ms, device_wall +15.0 ms" in md
-    assert "| runner_start_skew_ms | 0.0 | 0.0 | 0.0 | 0.0 | 20 |" in md
+    assert ("Workload: preset=synthetic, ranks=8, dp=8, ep=8, tp=1, requests=32, prompt\\_tokens=64, "
+            "output\\_tokens=256, metadata=async, depth=2, device\\_phases=yes, seed=0") in text
+    assert f"Tokens: {8 * 4 * 256} / {8 * 4 * 256} expected" in text
+    assert "- step 9 · rank 4 (npu:4) · +15.0 ms · device: 15.000 ms slower device work" in text
+    assert "| runner\\_start\\_skew\\_ms | 0.0 | 0.0 | 0.0 | 0.0 | 20 |" not in text  # figure names are ours: not escaped
+    assert "| runner_start_skew_ms | 0.0 | 0.0 | 0.0 | 0.0 | 20 |" in text
 
-    table = format_summary_table(result.summary)
-    assert "ranks / decode steps / rank roots    8 / 20 / 160" in table
-    assert "step 9: rank 4 (npu:4) +15.0 ms, device_wall" in table
-    assert json.loads(result.outputs["combined-swimlane.json"].read_text())["traceEvents"]
+    console = format_console_summary(outcome.summary)
+    assert console.splitlines()[0].startswith("swimlane   valid")
+    assert "step 9 · rank 4 (npu:4) · +15.0 ms · device: 15.000 ms slower device work" in console
+    assert json.loads(outcome.outputs["combined-swimlane.json"].read_text())["traceEvents"]
 
 
-def test_failed_validation_is_stated_in_summary_md(tmp_path):
+def test_failed_validation_is_stated_first(tmp_path):
     SyntheticRun(ranks=3, steps=6, missing_steps={1: 2}).write(tmp_path / "run")
-    result = analyze([tmp_path / "run"], tmp_path / "out")
-    md = result.outputs["summary.md"].read_text()
-    assert "Validation: FAILED (6 decode steps, 16 rank roots): " in md
-    assert "rank 1 has 4 decode steps, others 6" in md
-    assert format_summary_table(result.summary).startswith("valid                                NO: ")
+    outcome = analyze_paths([tmp_path / "run"], tmp_path / "out")
+    text = outcome.outputs["summary.md"].read_text()
+    assert "- **swimlane**: NOT valid: " in text.splitlines()[2]
+    assert "rank 1 has 4 decode steps, others 6" in text
+    assert format_console_summary(outcome.summary).startswith("swimlane   NOT valid: ")
 
 
-def test_summary_md_lists_ten_tails_and_counts_the_rest(tmp_path):
+def test_lists_are_worst_first_and_count_the_rest(tmp_path):
     fence = np.full((3, 14), 9_000_000, dtype=np.int64)
     fence[1, :12] += 6_000_000  # rank 1 ends 6 ms late in the first 12 steps
+    fence[2, 13] += 30_000_000  # and rank 2 once, much later: it must come first
     SyntheticRun(ranks=3, steps=14, fence_wait_ns=fence, device_wall_ns=fence, pipelined=False).write(tmp_path / "run")
-    result = analyze([tmp_path / "run"], tmp_path / "out")
-    md = result.outputs["summary.md"].read_text()
-    assert result.summary["tail_steps"]["count"] == 12
-    assert md.count("end skew 6.0 ms, device_wall +6.0 ms") == 10
-    assert "- ... 2 more tail steps in summary.json" in md
-    assert "straggler: rank 1 (npu:1)" in md
+    outcome = analyze_paths([tmp_path / "run"], tmp_path / "out")
+    text = outcome.outputs["summary.md"].read_text()
+    assert outcome.summary["tail_steps"]["count"] == 13
+    items = [line for line in text.splitlines() if line.startswith("- step ")]
+    assert items[0].startswith("- step 13 · rank 2 (npu:2) · +30.0 ms")
+    assert len(items) == 10 and "- … 3 more in summary.json and report.html" in text
+    assert "**straggler**: rank 1 (npu:1) loses 5.143 ms a step to device work" in text  # 12 x 6 ms / 14 steps
+
+
+def test_a_crash_names_the_failed_rank_and_its_message():
+    summary = {"run": {"exit_status": 1, "failed_rank": 2, "failed_device": "cpu:2", "message": "rank 2 (cpu:2) failed: boom"},
+               "validation": {"valid": False, "problems": ["rank 2 has 3 decode steps, others 5"]}}
+    assert "**run**: exit status 1: rank 2 (cpu:2) failed: boom" in format_summary_md(summary)
+    assert "run        exit status 1: rank 2 (cpu:2) failed: boom" in format_console_summary(summary)
+
+
+def test_trace_text_is_inert_in_markdown_and_on_a_terminal():
+    hostile = "npu:0<script>alert(1)</script>|*x*\x1b]8;;http://e\x07"
+    assert md(hostile) == "npu:0\\<script\\>alert(1)\\</script\\>\\|\\*x\\*\\x1b\\]8;;http://e\\x07"
+    assert "\x1b" not in terminal_safe(hostile) and "\x07" not in terminal_safe(hostile)

@@ -7,7 +7,7 @@ from collections import defaultdict
 
 import pytest
 
-from dsprof.analysis.analyze import analyze
+from dsprof.commands.analyze import analyze_paths
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.launch import run_workload
 
@@ -29,7 +29,7 @@ def test_every_injected_fence_tail_is_found_on_its_rank(tmp_path):
         delayed_ranks_by_step[fault["step"]].add(fault["rank"])
     assert delayed_ranks_by_step, "seed 11 injects at least one fence delay"
 
-    summary = analyze([tmp_path], expect_ranks=4).summary
+    summary = analyze_paths([tmp_path], None, expect_ranks=4).summary
     assert summary["validation"]["valid"], summary["validation"]["problems"]
     tails = {item["step"]: item for item in summary["tail_steps"]["items"]}
     for step, ranks in sorted(delayed_ranks_by_step.items()):
@@ -39,11 +39,13 @@ def test_every_injected_fence_tail_is_found_on_its_rank(tmp_path):
         assert tails[step]["rank"] in ranks
         assert tails[step]["runner_end_skew_ms"] >= FENCE_DELAY_MS / 2
         # At depth 2, run N+2 is bound only once run N has drained, so a delay
-        # two steps earlier on the same rank makes this run start late, and the
-        # late start, not the fence, is then the larger part of the lateness.
+        # two steps earlier on the same rank makes this run start late: its cause
+        # is then the carry-over from that step, not its own fence.
         delayed_two_steps_before = ranks & delayed_ranks_by_step.get(step - 2, set())
-        if not delayed_two_steps_before:
-            assert tails[step]["phase"] == "native_fence_wait", tails[step]
-            assert tails[step]["phase_excess_ms"] >= FENCE_DELAY_MS / 2
+        if delayed_two_steps_before:
+            assert (tails[step]["mechanism"], tails[step]["from_step"]) == ("carried_over", step - 2), tails[step]
+        else:
+            assert (tails[step]["phase"], tails[step]["mechanism"]) == ("native_fence_wait", "device"), tails[step]
+            assert tails[step]["evidence_ms"] >= FENCE_DELAY_MS / 2
     # seed 11 puts two delays on rank 1 at steps 10 and 12: both cases above are exercised
     assert delayed_ranks_by_step == {10: {1}, 12: {1}}

@@ -78,9 +78,9 @@ def run_outcome(summary: Summary) -> str:
     run = summary.get("run") or {}
     status = run.get("exit_status", summary.get("exit_status"))
     text = f"exit status {value(status)}"
+    if status not in (None, 0) and run.get("message"):
+        return f"{text}: {run['message']}"
     if run.get("failed_rank") is not None:
         device = f" ({run['failed_device']})" if run.get("failed_device") else ""
         text += f"; rank {run['failed_rank']}{device} failed"
-    if status not in (None, 0) and run.get("message"):
-        text += f": {run['message']}"
     return text

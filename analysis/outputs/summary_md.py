@@ -30,8 +30,8 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 def md(text: object) -> str:
     """Trace text made inert in markdown and HTML: specials backslash-escaped, control bytes shown as \\xNN."""
-    plain = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-    return _MARKDOWN_SPECIAL.sub(r"\\\1", plain)
+    escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped)
 
 
 def format_summary_md(summary: Summary) -> str:
