@@ -78,14 +78,14 @@ def window_of_rows(table: pa.Table, window_ns: int) -> np.ndarray:
 class SpanDatasetWriter:
     """A SpanSink that writes each table it is given as Parquet files, one per time window touched."""
 
-    def __init__(self, directory: str | os.PathLike, window_ns: int = DEFAULT_WINDOW_NS):
+    def __init__(self, directory: str | os.PathLike, window_ns: int = DEFAULT_WINDOW_NS, part_prefix: str = "part"):
         self.directory = Path(directory)
         self.window_ns = window_ns
+        self.part_prefix = part_prefix  # writers sharing a directory (cluster ingest) use distinct prefixes
         self.files: list[dict] = []
         self._parts = 0
         self.directory.mkdir(parents=True, exist_ok=True)
-        if (self.directory / MANIFEST).exists():
-            (self.directory / MANIFEST).unlink()  # the old dataset is incomplete from here on
+        (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -98,7 +98,7 @@ class SpanDatasetWriter:
             self._write(int(windows[rows[0]]), table.take(pa.array(rows)))
 
     def _write(self, window: int, table: pa.Table) -> None:
-        relative = Path(f"time_window={window}") / f"part-{self._parts}.parquet"
+        relative = Path(f"time_window={window}") / f"{self.part_prefix}-{self._parts}.parquet"
         self._parts += 1
         (self.directory / relative.parent).mkdir(exist_ok=True)
         pq.write_table(table, self.directory / relative, compression="none", use_dictionary=list(DICTIONARY_COLUMNS))

@@ -91,9 +91,15 @@ def _columns() -> list[str]:
     ]
 
 
-def invocation_query(where: str = "TRUE") -> str:
-    """SQL for the invocation table of the runtime rows of ``spans`` that satisfy ``where``."""
-    return f"SELECT {', '.join(_columns())} FROM spans WHERE {runtime_row()} AND ({where}) GROUP BY pid, inv"
+def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
+    """SQL for the invocation table of the runtime rows of ``spans`` that satisfy ``where`` (groups: ``having``)."""
+    return f"SELECT {', '.join(_columns())} FROM spans WHERE {runtime_row()} AND ({where}) GROUP BY pid, inv HAVING {having}"
+
+
+def in_window(window: int, window_ns: int) -> str:
+    """HAVING clause: the invocation starts in time window ``window`` (its root, else its earliest host span)."""
+    start = f"coalesce(min(ts_ns) FILTER (WHERE {_HOST_ROOT}), min(ts_ns) FILTER (WHERE clk <> '{fmt.CLK_DEVICE}'), min(ts_ns))"
+    return f"floor({start} / {int(window_ns)}) = {int(window)}"
 
 
 def gc_query() -> str:

@@ -19,7 +19,7 @@ import click
 from dsprof import __version__
 from dsprof.analysis.engine import parse_memory_limit
 from dsprof.analysis.outputs.console import format_console_summary, terminal_safe
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analyze import ENGINES, analyze_paths
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
 from dsprof.errors import DsprofError
 from dsprof.profiler import artifacts
@@ -193,7 +193,10 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
               help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25% [default: 12.5% of RAM].")
 @click.option("--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Keep the span dataset (Parquet, queryable with DuckDB) in this directory.")
-def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir) -> None:
+@click.option("--engine", type=click.Choice(list(ENGINES)), default="embedded", show_default=True,
+              help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').")
+@click.option("--address", help="Ray cluster address for --engine ray [default: start a local cluster].")
+def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address) -> None:
     """Analyse traces and write the figures.
 
     PATHS are artifact dirs, STRACE logs, SA_PROFILE fragment dirs or merged
@@ -206,7 +209,7 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir)
     progress = _progress()
     outcome = analyze_paths(list(paths), out_dir, threshold_ms=threshold_ms, expect_ranks=expect_ranks,
                             memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
-                            spans_dir=spans_dir, progress=progress)
+                            spans_dir=spans_dir, engine=engine, address=address, progress=progress)
     progress.done()
     click.echo(format_console_summary(outcome.summary))
     for name, path in outcome.outputs.items():

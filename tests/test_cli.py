@@ -177,7 +177,7 @@ def test_gate_of_a_binary_summary_or_rules_file_is_one_line(tmp_path):
 
 
 def test_ingest_writes_span_table_and_reports_drops(tmp_path):
-    from dsprof.profiler.synthetic import SyntheticRun
+    from dsprof.testing.synthetic import SyntheticRun
 
     # 2 ranks x 3 decode steps x 9 spans (root, bind, bind.args, bind.prebuilt, runner_run,
     # native_fence_wait, device_wall, claim_release, validate) + 2 prefill spans per rank = 58,
@@ -194,7 +194,7 @@ def test_ingest_writes_span_table_and_reports_drops(tmp_path):
 
 
 def _synthetic(tmp_path: Path, name: str, **kwargs) -> Path:
-    from dsprof.profiler.synthetic import SyntheticRun
+    from dsprof.testing.synthetic import SyntheticRun
 
     return SyntheticRun(**kwargs).write(tmp_path / name)
 
@@ -209,12 +209,13 @@ def test_analyze_report_export_on_a_run_with_one_late_start(tmp_path):
     runner = CliRunner()
     result = runner.invoke(cli, ["analyze", str(run_dir), "--expect-ranks", "4"])
     assert result.exit_code == 0, result.output
-    assert "4 / 12 / 48" in result.output
+    assert "swimlane   valid" in result.output and "1 late starts, 1 tail steps" in result.output
     assert f"summary.json: {run_dir / 'summary.json'}" in result.output
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["validation"]["valid"] is True
     assert summary["figures"]["runner_start_skew_ms"]["max"] == 8.0
     assert [(i["step"], i["rank"], i["excess_ms"]) for i in summary["late_starts"]["items"]] == [(5, 2, 8.0)]
+    assert "step 5 · rank 2 (npu:2) · +8.0 ms · unattributed" in result.output
 
     elsewhere = tmp_path / "analysis"
     log_only = runner.invoke(cli, ["analyze", str(run_dir / "server.log"), "-o", str(elsewhere)])
@@ -246,3 +247,35 @@ def test_ci_rules_pass_a_pipelined_trace_and_fail_a_serialized_one(tmp_path):
         verdicts[name] = json.loads(verdict_path.read_text())
     failed = {r["path"] for r in verdicts["serialized"]["results"] if r["status"] == "fail"}
     assert failed == {"pipeline.serialized", "pipeline.violations", "pipeline.cadence_p50_ms"}
+
+
+def test_report_export_gate_and_diff_agree_with_summary_json_on_an_empty_rank(tmp_path):
+    """A 4-rank run whose rank 3 wrote nothing, analysed with --expect-ranks 4: every later command says invalid."""
+    run_dir = _synthetic(tmp_path, "empty-rank", ranks=3, steps=6)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["analyze", str(run_dir), "--expect-ranks", "4"]).exit_code == 0
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["validation"]["valid"] is False and "no decode steps on rank 3" in summary["validation"]["problems"]
+    (run_dir / "report.html").unlink()
+    assert runner.invoke(cli, ["report", str(run_dir)]).exit_code == 0
+    page = (run_dir / "report.html").read_text()
+    assert "NOT valid" in page and "no decode steps on rank 3" in page
+    exported = runner.invoke(cli, ["export", str(run_dir), "-o", str(tmp_path / "t.json")])
+    assert exported.exit_code == 0, exported.output
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["valid"] is False
+    rules = tmp_path / "rules.toml"
+    rules.write_text('[[rule]]\nname = "valid swimlane"\ncheck = "validation.valid == true"\n')
+    assert runner.invoke(cli, ["gate", str(run_dir), "--rules", str(rules)]).exit_code == 1
+
+
+def test_report_of_a_directory_never_analysed_says_to_analyse_first(tmp_path):
+    run_dir = _synthetic(tmp_path, "raw", ranks=2, steps=3)
+    _one_line_error(CliRunner().invoke(cli, ["report", str(run_dir)]), "summary.json", "not found", "dsprof analyze")
+
+
+@pytest.mark.parametrize("value", ["nan", "inf", "1e400", "-1"])
+def test_a_threshold_that_is_not_a_finite_number_is_one_line(tmp_path, value):
+    run_dir = _synthetic(tmp_path, "t", ranks=2, steps=3)
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), "--threshold-ms", value, "-o", str(tmp_path / "out")])
+    assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
+    assert not (tmp_path / "out").exists()

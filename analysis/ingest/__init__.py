@@ -46,8 +46,8 @@ SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
 
 
 def read_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike, progress: Progress = None,
-               sink: SpanSink | None = None) -> Trace:
-    """Read every path (see the module docstring) and merge the results."""
+               sink: SpanSink | None = None, logs: bool = True) -> Trace:
+    """Read every path (see the module docstring) and merge the results; ``logs=False`` leaves text logs out."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     traces: list[Trace] = []
@@ -56,17 +56,22 @@ def read_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike, progress:
         if path.resolve() in seen:  # the same input named twice is read once
             continue
         seen.add(path.resolve())
-        traces.extend(_read_one(path, progress, sink))
+        traces.extend(_read_one(path, progress, sink, logs))
     return merge_traces(traces)
 
 
-def _read_one(path: Path, progress: Progress, sink: SpanSink | None) -> list[Trace]:
+def is_text_log(path: Path) -> bool:
+    """Whether a file is read as a STRACE text log (not JSON, not a side file)."""
+    return path.name not in SIDE_FILES and path.suffix not in (".json", ".jsonl", ".gz") and not _starts_with_gzip_magic(path)
+
+
+def _read_one(path: Path, progress: Progress, sink: SpanSink | None, logs: bool) -> list[Trace]:
     if not path.exists():
         if artifacts.fragments_dir(path).is_dir():  # an SA_PROFILE .json output whose merge was never written
             return [read_sa_profile(path, progress=progress)]
         raise InputError(path, "no such file or directory")
     if path.is_dir():
-        return _read_directory(path, progress, sink)
+        return _read_directory(path, progress, sink, logs)
     if path.name in SIDE_FILES:
         return [read_side_file(path)]
     if progress is not None:
@@ -77,12 +82,12 @@ def _read_one(path: Path, progress: Progress, sink: SpanSink | None) -> list[Tra
         if _is_sa_profile_merge(path):
             return [read_sa_profile(path)]
         return [read_chrome_trace(path)]
-    return [read_strace_log(path, progress=progress, sink=sink)]
+    return [read_strace_log(path, progress=progress, sink=sink)] if logs else []
 
 
-def _read_directory(path: Path, progress: Progress, sink: SpanSink | None) -> list[Trace]:
+def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, logs: bool) -> list[Trace]:
     traces = []
-    for log in sorted(path.glob("*.log")):
+    for log in sorted(path.glob("*.log")) if logs else []:
         if log.is_file():
             if progress is not None:
                 progress(f"reading {log}")
@@ -98,7 +103,7 @@ def _read_directory(path: Path, progress: Progress, sink: SpanSink | None) -> li
     for name in SIDE_FILES:
         if (path / name).is_file():
             traces.append(read_side_file(path / name))
-    if not traces:
+    if not traces and logs:
         raise InputError(path, "directory holds no dsprof inputs", expected="*.log, serving-trace/, trace.json, fragments/ or trace.<pid>.jsonl")
     return traces
 

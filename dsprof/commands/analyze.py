@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
+from dsprof.analysis.cluster import read_and_aggregate
 from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
@@ -23,12 +24,13 @@ from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
-from dsprof.errors import InputError
+from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
 Progress = Callable[[str], None] | None
 # Inputs bigger than this are analysed out of core (a span dataset on disk).
 SPILL_BYTES = 256 << 20
+ENGINES = ("embedded", "ray")
 
 
 @dataclass
@@ -51,18 +53,31 @@ def analyze_paths(
     expect_ranks: int | None = None,
     memory_limit: int | None = None,
     spans_dir: str | os.PathLike | None = None,
+    engine: str = "embedded",
+    address: str | None = None,
     progress: Progress = None,
 ) -> AnalyzeOutcome:
     """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write the outputs there.
 
-    Inputs without a single span (and no serving summary) are an InputError.
+    ``engine``: ``embedded`` (DuckDB in this process, out of core for big
+    inputs) or ``ray`` (ingest and the span-sized aggregation as Ray tasks on
+    the cluster at ``address``; docs/CLUSTER.md). Inputs without a single span
+    (and no serving summary) are an InputError.
     """
     check_threshold(threshold_ms)
-    trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
+    if engine not in ENGINES:
+        raise DsprofError(f"unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
+    invocations = None
+    if engine == "ray":
+        spill = None if spans_dir is not None else Path(tempfile.mkdtemp(prefix="dsprof-spans-"))
+        trace, invocations = read_and_aggregate(paths, spans_dir or spill, address=address, memory_limit=memory_limit,
+                                                progress=progress)
+    else:
+        trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
     try:
         require_something_to_analyse(trace, paths)
         result = analyze_trace(trace, threshold_ms=threshold_ms, expect_ranks=expect_ranks, memory_limit=memory_limit,
-                               progress=progress)
+                               invocations=invocations, progress=progress)
         outcome = AnalyzeOutcome(result)
         if out_dir is not None:
             outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)

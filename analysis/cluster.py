@@ -1,0 +1,120 @@
+"""The same analysis on a Ray cluster, for fleets whose logs outgrow one machine.
+
+Only the span-sized work is distributed; everything per step runs once, on
+the driver, with the same SQL as the embedded engine, so both give the same
+summary.json:
+
+1. ingest: one Ray task per text log, writing its spans into the shared span
+   dataset (:mod:`dsprof.analysis.dataset`, time-window partitions) and
+   returning the log's side tables (anchors, chip devices, drop counts);
+2. invocations: one Ray task per time window, each a DuckDB aggregation over
+   the window and its two neighbours (an invocation cut between two windows is
+   whole in the three) that keeps the invocations starting in its window;
+3. the driver stacks the invocation tables and runs the analysis on them
+   (:func:`dsprof.analysis.analyze.analyze_trace`): pipeline pairs and
+   carry-over chains are followed over the whole run there, so no window needs
+   more overlap than its neighbours.
+
+Workers must see the input logs and the dataset directory at the same paths
+(a shared filesystem; docs/CLUSTER.md). Ray is an optional dependency:
+``pip install dsprof[cluster]``.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import pyarrow as pa
+
+from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, SpanDatasetWriter
+from dsprof.analysis.engine import open_engine
+from dsprof.analysis.ingest import is_text_log, read_paths
+from dsprof.analysis.invocations import in_window, invocation_query
+from dsprof.analysis.spans import Trace, merge_traces
+from dsprof.errors import DsprofError
+
+Progress = Callable[[str], None] | None
+
+
+def _ray():
+    """The ``ray`` module, or a clear error: the cluster engine is an optional extra."""
+    try:
+        import ray  # an optional dependency: imported only when the cluster engine is asked for
+    except ImportError:
+        raise DsprofError("the ray engine needs Ray: pip install 'dsprof[cluster]'") from None
+    return ray
+
+
+def _ingest_log(path: str, dataset: str, prefix: str, window_ns: int) -> tuple[Trace, dict[int, list[str]]]:
+    """Ray task: one text log into the shared dataset; its Trace (spans on disk) and its files by window."""
+    writer = SpanDatasetWriter(dataset, window_ns, part_prefix=prefix)
+    trace = read_paths([path], sink=writer)
+    by_window: dict[int, list[str]] = {}
+    for written in writer.files:
+        by_window.setdefault(written["window"], []).append(str(Path(dataset) / written["path"]))
+    trace.span_files = [Path(f) for files in by_window.values() for f in files]
+    return trace, by_window
+
+
+def _window_invocations(files: list[str], window: int, window_ns: int, memory_limit: int | None) -> pa.Table:
+    """Ray task: the invocations that start in ``window``, from the files of the window and its neighbours."""
+    engine = open_engine(Trace(span_files=[Path(f) for f in files]), memory_limit=memory_limit)
+    try:
+        return engine.arrow(invocation_query(having=in_window(window, window_ns)))
+    finally:
+        engine.close()
+
+
+def read_and_aggregate(
+    paths: Sequence[str | os.PathLike],
+    dataset: str | os.PathLike,
+    *,
+    address: str | None = None,
+    window_ns: int = DEFAULT_WINDOW_NS,
+    memory_limit: int | None = None,
+    progress: Progress = None,
+) -> tuple[Trace, pa.Table]:
+    """Read ``paths`` and aggregate their invocations on a Ray cluster (``address``; None: a local one)."""
+    ray = _ray()
+    started_here = not ray.is_initialized()
+    if started_here:
+        ray.init(address=address, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    try:
+        logs, others = _split_inputs(paths)
+        if progress:
+            progress(f"cluster: ingesting {len(logs)} log(s) on {int(ray.cluster_resources().get('CPU', 0))} CPUs")
+        ingest = ray.remote(_ingest_log)
+        parts = ray.get([ingest.remote(str(log), str(dataset), f"log{i}", window_ns) for i, log in enumerate(logs)])
+        local = read_paths(others, progress=progress, logs=False) if others else Trace()
+        trace = merge_traces([*(t for t, _ in parts), local])
+        by_window: dict[int, list[str]] = {}
+        for _, files_by_window in parts:
+            for window, files in files_by_window.items():
+                by_window.setdefault(window, []).extend(files)
+        if progress:
+            progress(f"cluster: aggregating invocations in {len(by_window)} time window(s)")
+        aggregate = ray.remote(_window_invocations)
+        tasks = [aggregate.remote(sorted(f for w in (k - 1, k, k + 1) for f in by_window.get(w, [])), k, window_ns, memory_limit)
+                 for k in sorted(by_window)]
+        tables = [t for t in ray.get(tasks) if t.num_rows]
+        return trace, (pa.concat_tables(tables) if tables else None)
+    finally:
+        if started_here:
+            ray.shutdown()
+
+
+def _split_inputs(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path]]:
+    """(text logs, everything else): each log is one ingest task; the rest (read without logs) stays on the driver."""
+    logs: list[Path] = []
+    others: list[Path] = []
+    for path in map(Path, paths):
+        if path.is_dir():
+            logs += sorted(p for p in path.glob("*.log") if p.is_file())
+            others.append(path)
+        elif is_text_log(path):
+            logs.append(path)
+        else:
+            others.append(path)
+    return logs, others
