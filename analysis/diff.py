@@ -34,7 +34,6 @@ from pathlib import Path
 from typing import Any
 
 from dsprof.analysis.gate import Unavailable, UnknownFigure, figure_unit, is_number, load_summary, resolve
-
 from dsprof.textsafe import terminal_safe
 
 # Sections whose leaves are run identity or raw counts of inputs, not figures.

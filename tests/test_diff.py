@@ -9,6 +9,9 @@ import statistics
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dsprof.analysis.diff import HIGHER, LOWER, diff_summaries, figure_direction, flatten_figures, format_diff
 from dsprof.cli.main import cli
 
@@ -290,3 +293,23 @@ def test_diff_does_not_mutate_inputs():
     before = copy.deepcopy(a)
     diff_summaries(a, _summary(0.4, 13.0))
     assert a == before
+
+
+SUMMARY_KEYS = ["figures", "pipeline", "serialized", "validation", "valid", "tail_steps", "straggler", "verdict",
+                "mechanism", "serving", "throughput_tok_s", "exit_status", "workload", "p50", "count", "0", "rank"]
+LEAVES = st.none() | st.booleans() | st.integers() | st.just(10**400) | st.floats() | st.text(max_size=6)
+ANY_SUMMARY = st.dictionaries(
+    st.sampled_from(SUMMARY_KEYS),
+    st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(SUMMARY_KEYS), inner,
+                                                                                       max_size=4), max_leaves=12),
+    max_size=6,
+).map(lambda body: {**body, "schema": "dsprof.summary/1"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(ANY_SUMMARY, min_size=1, max_size=3), st.lists(ANY_SUMMARY, min_size=1, max_size=3), st.booleans())
+def test_any_summaries_diff_without_crashing(a_runs, b_runs, show_all):
+    result = diff_summaries(a_runs, b_runs, per_rank=True)
+    text = format_diff(result, show_all=show_all)
+    assert "\x1b" not in text and text.startswith("A: ")
+    assert all(isinstance(r, object) for r in result.regressions)

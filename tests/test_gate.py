@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import copy
 import json
+import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from dsprof.analysis.gate import (
     _github_data,
     _github_property,
@@ -19,9 +23,9 @@ from dsprof.analysis.gate import (
     github_annotations,
     load_rules,
     load_summary,
+    write_junit,
 )
 from dsprof.cli.main import cli
-
 from dsprof.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -716,3 +720,32 @@ def test_ci_depth_rule_threshold_sits_between_the_measured_runs():
         results = {r.name: r for r in gate(summary, REPO / "examples" / "ci-rules.toml").results}
         depth = results["depth-2 pipeline: bind(N+1) overlaps runner_run(N) in at least 90% of adjacent pairs"]
         assert (depth.status == "pass") is passes, (checked, overlapped, depth.detail)
+
+
+# Summaries of any shape built from the schema's own key names (so that rules reach into them), with
+# values a hostile or broken producer could hand over from Python: NaN, infinities, 10**400, control text.
+SUMMARY_KEYS = ["figures", "pipeline", "serialized", "validation", "valid", "serving", "tokens_returned",
+                "tokens_expected", "exit_status", "runner_run_ms", "bind_ms", "p50", "cadence_p50_ms",
+                "pairs_checked", "pairs_overlapped", "violations", "achieved_depth", "0", "items"]
+LEAVES = (st.none() | st.booleans() | st.integers() | st.just(10**400) | st.floats()
+          | st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=6))
+ANY_SUMMARY = st.dictionaries(
+    st.sampled_from(SUMMARY_KEYS),
+    st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(SUMMARY_KEYS), inner,
+                                                                                       max_size=4), max_leaves=12),
+    max_size=6,
+).map(lambda body: {**body, "schema": "dsprof.summary/1"})
+
+
+@settings(max_examples=300, deadline=None)
+@given(ANY_SUMMARY, ANY_SUMMARY)
+def test_any_summary_gives_a_verdict_or_one_input_error(summary, baseline):
+    try:
+        verdict = gate(summary, REPO / "examples" / "gate-rules.toml", baseline=baseline)
+    except InputError as exc:
+        assert str(exc).startswith(str(REPO / "examples" / "gate-rules.toml"))
+        return
+    json.dumps(verdict.to_json(), allow_nan=False)
+    assert "\x1b" not in format_verdict(verdict) + "".join(github_annotations(verdict)) + format_step_summary(verdict)
+    with tempfile.TemporaryDirectory() as scratch:
+        ET.parse(write_junit(verdict, Path(scratch) / "gate.xml"))
