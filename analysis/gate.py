@@ -510,7 +510,7 @@ class UnknownFigure(Exception):
 
 
 def _figure_paths(summary: dict, limit: int = 20_000) -> Iterator[str]:
-    """Leaf paths of a summary for suggestions: every key, the first item of each list, ``*`` for run keys."""
+    """Leaf paths of a summary for suggestions: every fixed key, and ``*`` for run keys and list items (the first one's keys)."""
     stack: list[tuple[list[str], Any]] = [([], summary)]
     produced = 0
     while stack and produced < limit:
@@ -521,7 +521,7 @@ def _figure_paths(summary: dict, limit: int = 20_000) -> Iterator[str]:
             stack.extend(([*prefix, "*" if keyed else str(k)], v) for k, v in children)
         elif isinstance(node, list):
             if node:
-                stack.append(([*prefix, "0"], node[0]))
+                stack.append(([*prefix, "*"], node[0]))
         elif prefix:
             produced += 1
             path = ".".join(prefix)

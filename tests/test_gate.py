@@ -320,6 +320,9 @@ check = "pipeline.achieved_depth.* >= 1.2"
         ("pipeline.achieved_depht.* >= 1.2", ["did you mean pipeline.achieved_depth.*"]),
         ("exit_status.code == 0", ["exit_status.code is not a figure"]),
         ("tail_steps.straggler.verdikt == 'none'", ["did you mean tail_steps.straggler.verdict"]),
+        ("per_stpe.*.runner_start_skew_ms <= 1", ["did you mean per_step.*.runner_start_skew_ms?"]),
+        ("per_step.*.runner_start_skew <= 1", ["per_step.*.runner_start_skew is not a figure",
+                                               "(it has no per_step.0.runner_start_skew)"]),
     ],
 )
 def test_a_path_the_summary_does_not_have_is_a_rules_error_with_suggestions(tmp_path, check, fragments):
