@@ -306,7 +306,7 @@ ANY_SUMMARY = st.dictionaries(
 ).map(lambda body: {**body, "schema": "dsprof.summary/1"})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(st.lists(ANY_SUMMARY, min_size=1, max_size=3), st.lists(ANY_SUMMARY, min_size=1, max_size=3), st.booleans())
 def test_any_summaries_diff_without_crashing(a_runs, b_runs, show_all):
     result = diff_summaries(a_runs, b_runs, per_rank=True)

@@ -740,7 +740,7 @@ ANY_SUMMARY = st.dictionaries(
 ).map(lambda body: {**body, "schema": "dsprof.summary/1"})
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=150, deadline=None)
 @given(ANY_SUMMARY, ANY_SUMMARY)
 def test_any_summary_gives_a_verdict_or_one_input_error(summary, baseline):
     try:
