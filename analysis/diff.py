@@ -1,37 +1,101 @@
 """Compare the figures of two runs, or of two groups of repeated runs.
 
+What a reader needs first comes first: the verdicts that changed
+(``pipeline.serialized`` false -> true, ``validation.valid``, the straggler
+verdict and mechanism, ``exit_status``), then the figures that moved, worse
+ones first, each marked better or worse and with the number of runs per side;
+unchanged figures and figures within noise are folded into a count.
+
 A change only means something when it is larger than the spread between runs
 of the same code on the same machine. When a side has repeated runs, each
 figure's noise band on that side is ``[min(mean - 2·stdev, min), max(mean +
-2·stdev, max)]`` (sample stdev). A change is flagged as beyond noise when each
-side's mean lies outside the other side's band (a side with one run has a band
-of zero width at its value). With no repeats on either side there is no noise
-estimate, and nothing is flagged: the table still shows the change.
+2·stdev, max)]`` (sample stdev). A change is beyond noise when each side's mean
+lies outside the other side's band (a side with one run has a band of zero
+width at its value). With no repeats on either side there is no noise estimate:
+every change is listed, none is called beyond noise, and
+``--fail-on-regression`` refuses to judge.
+
+Which direction is better is decided per figure family (docs/GATE_RULES.md):
+higher for throughput, tokens returned, acceptance, achieved depth and pipeline
+overlap; lower for every time figure (unit ms/s/us/ns: latencies, skews, gaps,
+cadence, tail cost) and for counts and shares of bad events; no direction for
+sizes of the workload (steps, roots, requests, pairs checked).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import statistics
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-from dsprof.analysis.gate import ABSENT, load_summary, resolve
+from dsprof.analysis.gate import Unavailable, UnknownFigure, figure_unit, is_number, load_summary, resolve
+from dsprof.textsafe import terminal_safe
 
 # Sections whose leaves are run identity or raw counts of inputs, not figures.
 _SKIPPED_TOP = {"schema", "dsprof_version", "inputs", "workload", "per_step", "exit_status"}
 # Leaves that are settings or identifiers (a rank number has no magnitude to diff).
 _IDENTIFIERS = {"threshold_ms", "rank", "step"}
-# Leaves compared as labels (equal or not) rather than as numbers (exit_status too:
-# a status code has no magnitude).
-_LABELS = (
-    "exit_status",
-    "validation.valid",
-    "pipeline.serialized",
-    "tail_steps.same_device",
-    "tail_steps.straggler.verdict",
+
+HIGHER = "higher"
+LOWER = "lower"
+# Figure families by the direction that is better (figure paths as flatten_figures names them).
+_HIGHER_IS_BETTER = (
+    "serving.throughput_tok_s",
+    "serving.tokens_returned",
+    "serving.acceptance_rate",
+    "pipeline.achieved_depth.*",
+    "pipeline.overlap_share",
+    "pipeline.pairs_overlapped",
 )
+_LOWER_IS_BETTER = (  # besides every time figure
+    "late_starts.count",
+    "tail_steps.count",
+    "tail_steps.straggler.share",
+    "tail_cost.share_of_decode_wall",
+    "pipeline.violations",
+    "pipeline.claim_order_violations",
+    "validation.left_out_invocations",
+)
+_TIME_UNITS = {"ms", "s", "us", "ns"}
+
+
+def _bad_status(value: Any) -> bool:
+    return value not in (0, None)
+
+
+def _bad_straggler(value: Any) -> bool:
+    return value not in ("none", None)
+
+
+# Verdict-like leaves, compared as labels; each with the test for its bad value (None: no better or worse).
+_VERDICTS: dict[str, Callable[[Any], bool] | None] = {
+    "exit_status": _bad_status,
+    "validation.valid": lambda value: value is False,
+    "pipeline.serialized": lambda value: value is True,
+    "tail_steps.straggler.verdict": _bad_straggler,
+    "tail_steps.straggler.mechanism": None,
+    "tail_steps.same_device": None,
+}
+# A relative change against a baseline under 10 units of the summary's resolution
+# (0.01 ms; a count of 10), or one beyond ±1000%, says that the baseline was near
+# zero, not how large the change is: the absolute change alone is shown then.
+_TINY_BASELINE_UNITS = 10
+_RESOLUTION = 0.001  # the schema's three decimals
+_MAX_RELATIVE = 10.0
+
+
+def figure_direction(figure: str) -> str:
+    """``higher`` or ``lower`` when that direction is better for the figure, '' when neither is."""
+    if any(fnmatchcase(figure, pattern) for pattern in _HIGHER_IS_BETTER):
+        return HIGHER
+    if figure_unit(figure) in _TIME_UNITS or any(fnmatchcase(figure, pattern) for pattern in _LOWER_IS_BETTER):
+        return LOWER
+    return ""
 
 
 @dataclass
@@ -46,9 +110,33 @@ class FigureChange:
     a_runs: int
     b_runs: int
     change: float | None  # b_mean - a_mean
-    relative: float | None  # change / |a_mean|; None when a_mean is 0 or absent
+    relative: float | None  # change / |a_mean|; None when a_mean is 0, tiny or absent
     beyond_noise: bool | None  # None: no noise estimate (no repeats on either side)
     counted: bool = False  # every value is an integer count (printed without decimals)
+    direction: str = ""  # HIGHER, LOWER or '' (see figure_direction)
+
+    @property
+    def assessment(self) -> str:
+        """``worse``, ``better``, or '' (no direction, or no change)."""
+        if not self.direction or not self.change:
+            return ""
+        return "better" if (self.change > 0) == (self.direction == HIGHER) else "worse"
+
+    @property
+    def state(self) -> str:
+        """beyond noise | within noise | changed (no noise estimate) | unchanged | only in A | only in B."""
+        if self.change is None:
+            return "only in A" if self.b_mean is None else "only in B"
+        if self.beyond_noise:
+            return "beyond noise"
+        if not self.change:
+            return "unchanged"
+        return "within noise" if self.beyond_noise is False else "changed"
+
+    @property
+    def folded(self) -> bool:
+        """Left out of the default listing: nothing to see beyond a count."""
+        return self.state in ("unchanged", "within noise")
 
 
 @dataclass
@@ -58,6 +146,7 @@ class LabelChange:
     figure: str
     a_values: list[Any]
     b_values: list[Any]
+    assessment: str = ""  # worse | better | '' (no direction, or the same share of bad runs)
 
 
 @dataclass
@@ -71,56 +160,77 @@ class DiffResult:
     workload_differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
 
     @property
+    def has_noise_estimate(self) -> bool:
+        return len(self.a_paths) > 1 or len(self.b_paths) > 1
+
+    @property
     def flagged(self) -> list[FigureChange]:
         return [f for f in self.figures if f.beyond_noise]
 
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    @property
+    def regressions(self) -> list[LabelChange | FigureChange]:
+        """Verdicts that changed for the worse and figures beyond noise in their worse direction."""
+        return [*(label for label in self.labels if label.assessment == "worse"),
+                *(f for f in self.flagged if f.assessment == "worse")]
 
 
 def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int | float]:
-    """Numeric leaves of a summary by dotted path (``figures.`` prefix dropped).
+    """Finite numeric leaves of a summary by dotted path (``figures.`` prefix dropped).
 
     Percentile blocks' ``count``, the ``threshold_ms`` setting and rank/step
     identifiers are left out: they are sample sizes, options and names, not
-    measurements.
+    measurements. Lists (items, per_step) are not figures either.
     """
-    flat: dict[str, float] = {}
-
-    def walk(node: Any, prefix: list[str]) -> None:
-        if isinstance(node, dict):
-            percentile_block = "p50" in node
-            for key, value in node.items():
-                if key in _IDENTIFIERS or (percentile_block and key == "count"):
-                    continue
-                walk(value, [*prefix, str(key)])
-        elif _is_number(node):
-            flat[".".join(prefix)] = node
-
+    flat: dict[str, int | float] = {}
+    roots: list[tuple[list[str], Any]] = []
     for key, value in summary.items():
         if key in _SKIPPED_TOP:
             continue
         if key == "figures" and isinstance(value, dict):
-            for name, block in value.items():
-                if name == "per_rank" and not per_rank:
-                    continue
-                walk(block, [name])
+            roots.extend(([str(name)], block) for name, block in value.items() if per_rank or name != "per_rank")
         elif key == "pipeline" and isinstance(value, dict) and not per_rank:
-            walk({k: v for k, v in value.items() if k not in ("cadence_ms", "achieved_depth")}, [key])
+            roots.append(([key], {k: v for k, v in value.items() if k not in ("cadence_ms", "achieved_depth")}))
         else:
-            walk(value, [key])
+            roots.append(([str(key)], value))
+    stack = list(reversed(roots))  # iterative: a deeply nested summary cannot exhaust the stack
+    while stack:
+        prefix, node = stack.pop()
+        if isinstance(node, dict):
+            percentile_block = "p50" in node
+            children = [([*prefix, str(k)], v) for k, v in node.items()
+                        if k not in _IDENTIFIERS and not (percentile_block and k == "count")]
+            stack.extend(reversed(children))
+        elif is_number(node):
+            flat[".".join(prefix)] = node
     return flat
 
 
 def _label(summary: dict, path: str) -> Any:
-    (_, value), = resolve(summary, path)
-    return None if value is ABSENT else value
+    """A verdict's value; None when the summary (an older or partial one) does not have it."""
+    try:
+        (_, value), = resolve(summary, path)
+    except UnknownFigure:
+        return None
+    return None if isinstance(value, Unavailable) else value
+
+
+def _mean(values: list[float]) -> float:
+    """The mean without overflow: each term is divided first, so finite inputs give a finite mean."""
+    return math.fsum(v / len(values) for v in values)
+
+
+def _stdev(values: list[float]) -> float | None:
+    if len(values) < 2:
+        return None
+    try:
+        return statistics.stdev(values)
+    except OverflowError:  # a spread beyond the float range: no noise band can be told apart from it
+        return math.inf
 
 
 def _band(values: list[float]) -> tuple[float, float]:
-    mean = statistics.fmean(values)
-    spread = 2 * statistics.stdev(values) if len(values) > 1 else 0.0
+    mean = _mean(values)
+    spread = 2 * (_stdev(values) or 0.0)
     return min(mean - spread, min(values)), max(mean + spread, max(values))
 
 
@@ -128,6 +238,51 @@ def _as_list(side: Any) -> list:
     if isinstance(side, (str, Path, dict)):
         return [side]
     return list(side)
+
+
+def _relative(change: float | None, a_mean: float | None, counted: bool) -> float | None:
+    """``change / |A|``, or None when A is zero or so small that the ratio would say more about A than the change."""
+    if change is None or a_mean is None or abs(a_mean) < _TINY_BASELINE_UNITS * (1 if counted else _RESOLUTION):
+        return None
+    relative = change / abs(a_mean)
+    return relative if abs(relative) <= _MAX_RELATIVE else None
+
+
+def _figure_change(name: str, a_values: list, b_values: list, repeats: bool) -> FigureChange:
+    a_mean = _mean(a_values) if a_values else None
+    b_mean = _mean(b_values) if b_values else None
+    change = b_mean - a_mean if a_mean is not None and b_mean is not None else None
+    counted = all(isinstance(v, int) for v in (*a_values, *b_values))
+    beyond: bool | None = None
+    if repeats and a_mean is not None and b_mean is not None:
+        a_low, a_high = _band(a_values)
+        b_low, b_high = _band(b_values)
+        beyond = not (a_low <= b_mean <= a_high) and not (b_low <= a_mean <= b_high)
+    return FigureChange(
+        figure=name,
+        a_mean=a_mean,
+        b_mean=b_mean,
+        a_stdev=_stdev(a_values),
+        b_stdev=_stdev(b_values),
+        a_runs=len(a_values),
+        b_runs=len(b_values),
+        change=change,
+        relative=_relative(change, a_mean, counted),
+        beyond_noise=beyond,
+        counted=counted,
+        direction=figure_direction(name),
+    )
+
+
+def _label_change(path: str, a_values: list, b_values: list) -> LabelChange:
+    """A verdict that differs, assessed by the share of runs on each side holding its bad value."""
+    bad = _VERDICTS[path]
+    assessment = ""
+    if bad is not None:
+        a_bad = sum(map(bad, a_values)) / len(a_values)
+        b_bad = sum(map(bad, b_values)) / len(b_values)
+        assessment = "worse" if b_bad > a_bad else "better" if b_bad < a_bad else ""
+    return LabelChange(path, a_values, b_values, assessment)
 
 
 def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
@@ -144,38 +299,14 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
     b_flat = [flatten_figures(s, per_rank=per_rank) for s, _ in b_loaded]
     names = list(dict.fromkeys(k for flat in (*a_flat, *b_flat) for k in flat))
     repeats = len(a_flat) > 1 or len(b_flat) > 1
-    figures = []
-    for name in names:
-        a_values = [f[name] for f in a_flat if name in f]
-        b_values = [f[name] for f in b_flat if name in f]
-        a_mean = statistics.fmean(a_values) if a_values else None
-        b_mean = statistics.fmean(b_values) if b_values else None
-        change = b_mean - a_mean if a_values and b_values else None
-        relative = change / abs(a_mean) if change is not None and a_mean != 0 else None
-        beyond: bool | None = None
-        if repeats and a_values and b_values:
-            a_low, a_high = _band(a_values)
-            b_low, b_high = _band(b_values)
-            beyond = not (a_low <= b_mean <= a_high) and not (b_low <= a_mean <= b_high)
-        figures.append(FigureChange(
-            figure=name,
-            a_mean=a_mean,
-            b_mean=b_mean,
-            a_stdev=statistics.stdev(a_values) if len(a_values) > 1 else None,
-            b_stdev=statistics.stdev(b_values) if len(b_values) > 1 else None,
-            a_runs=len(a_values),
-            b_runs=len(b_values),
-            change=change,
-            relative=relative,
-            beyond_noise=beyond,
-            counted=all(isinstance(v, int) for v in (*a_values, *b_values)),
-        ))
+    figures = [_figure_change(name, [f[name] for f in a_flat if name in f], [f[name] for f in b_flat if name in f], repeats)
+               for name in names]
     labels = []
-    for path in _LABELS:
+    for path in _VERDICTS:
         a_values = [_label(s, path) for s, _ in a_loaded]
         b_values = [_label(s, path) for s, _ in b_loaded]
         if set(map(repr, a_values)) != set(map(repr, b_values)):
-            labels.append(LabelChange(path, a_values, b_values))
+            labels.append(_label_change(path, a_values, b_values))
     workload_differences = {}
     a_workload = _workload(a_loaded[0][0])
     b_workload = _workload(b_loaded[0][0])
@@ -197,50 +328,93 @@ def _workload(summary: dict) -> dict:
     return workload if isinstance(workload, dict) else {}
 
 
+# --------------------------------------------------------------------------- text
+
+
 def _number(value: float, counted: bool, sign: bool = False) -> str:
-    """Counts print as integers, measurements with the schema's three decimals."""
+    """Counts print as integers, measurements with the schema's three decimals (huge ones in exponent form)."""
     plus = "+" if sign else ""
+    if not math.isfinite(value) or abs(value) >= 1e15:
+        return f"{value:{plus}.6g}"
     return f"{value:{plus}.0f}" if counted and float(value).is_integer() else f"{value:{plus}.3f}"
 
 
-def _side(mean: float | None, stdev: float | None, runs: int, counted: bool) -> str:
+def _side(mean: float | None, stdev: float | None, counted: bool) -> str:
     if mean is None:
         return "-"
-    if runs > 1:
-        return f"{_number(mean, counted)} ± {stdev:.3f} (n={runs})"
-    return _number(mean, counted)
+    return _number(mean, counted) if stdev is None else f"{_number(mean, counted)} ± {_number(stdev, False)}"
 
 
-def format_diff(result: DiffResult, *, only_changed: bool = False) -> str:
-    """A side-by-side table: A, B, change, relative change, noise flag."""
-    rows = []
-    for f in result.figures:
-        if only_changed and (f.change is None or f.change == 0):
-            continue
-        change = "-" if f.change is None else _number(f.change, f.counted, sign=True)
-        relative = "-" if f.relative is None else f"{f.relative:+.1%}"
-        flag = {True: "BEYOND NOISE", False: "within noise", None: ""}[f.beyond_noise]
-        rows.append((f.figure, _side(f.a_mean, f.a_stdev, f.a_runs, f.counted),
-                     _side(f.b_mean, f.b_stdev, f.b_runs, f.counted),
-                     change, relative, flag))
-    header = ("figure", "A", "B", "change", "rel", "noise")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = [f"A: {', '.join(result.a_paths)}", f"B: {', '.join(result.b_paths)}"]
-    for key, (a_value, b_value) in result.workload_differences.items():
-        lines.append(f"note: workload {key} differs: A={a_value!r} B={b_value!r}")
-    lines.append("")
-    for row in [header, *rows]:
-        lines.append("  ".join(cell.ljust(widths[i]) if i == 0 else cell.rjust(widths[i]) for i, cell in enumerate(row)).rstrip())
-    for label in result.labels:
-        lines.append(f"{label.figure}: A={_values(label.a_values)} B={_values(label.b_values)}")
-    if any(f.beyond_noise is not None for f in result.figures):
-        lines.append(f"{len(result.flagged)} figure(s) changed beyond run-to-run noise "
-                     "(band: mean ± 2·stdev, widened to min..max)")
-    else:
-        lines.append("no repeated runs: changes are shown without a noise estimate")
-    return "\n".join(lines)
+def _verdict_value(value: Any) -> str:
+    return value if isinstance(value, str) else json.dumps(value, default=repr)
 
 
 def _values(values: Sequence[Any]) -> str:
-    unique = list(dict.fromkeys(map(repr, values)))
-    return unique[0] if len(unique) == 1 else "[" + ", ".join(map(repr, values)) + "]"
+    """One value when every run agrees, else each run's value."""
+    shown = [_verdict_value(v) for v in values]
+    return shown[0] if len(set(shown)) == 1 else "[" + ", ".join(shown) + "]"
+
+
+def _figure_row(f: FigureChange, show_all: bool) -> tuple[str, ...]:
+    """Figure, both sides, change, relative change, runs per side, and the marker (state when not implied, worse/better)."""
+    change = "-" if f.change is None else _number(f.change, f.counted, sign=True)
+    relative = "-" if f.relative is None else f"{f.relative:+.1%}"
+    state = f.state if show_all or f.state.startswith("only") else ""
+    marker = ", ".join(part for part in (state, "" if f.folded else f.assessment) if part)
+    return (f.figure, _side(f.a_mean, f.a_stdev, f.counted), _side(f.b_mean, f.b_stdev, f.counted), change, relative,
+            f"{f.a_runs}/{f.b_runs}", marker)
+
+
+def _table(rows: list[tuple[str, ...]]) -> list[str]:
+    """Rows under a header, columns aligned (figure left, numbers right); cells made terminal-safe first."""
+    header = ("figure", "A", "B", "change", "rel", "n", "")
+    cells = [tuple(terminal_safe(cell) for cell in row) for row in [header, *rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    return ["  " + "  ".join(cell.ljust(widths[i]) if i in (0, 6) else cell.rjust(widths[i])
+                             for i, cell in enumerate(row)).rstrip() for row in cells]
+
+
+_ORDER = {"worse": 0, "better": 1, "": 2}
+
+
+def format_diff(result: DiffResult, *, show_all: bool = False) -> str:
+    """Verdict changes, then the figures that moved (worse first), then what was folded."""
+    lines = [f"A: {', '.join(result.a_paths)} (n={len(result.a_paths)})",
+             f"B: {', '.join(result.b_paths)} (n={len(result.b_paths)})"]
+    for key, (a_value, b_value) in result.workload_differences.items():
+        lines.append(f"note: workload {key} differs: A={a_value!r} B={b_value!r}")
+    lines.append("")
+    if result.labels:
+        lines.append("verdicts that changed (A -> B):")
+        for label in sorted(result.labels, key=lambda item: _ORDER[item.assessment]):
+            marker = f"  [{label.assessment}]" if label.assessment else ""
+            lines.append(f"  {label.figure}: {_values(label.a_values)} -> {_values(label.b_values)}{marker}")
+    else:
+        lines.append("verdicts: none changed")
+    lines.append("")
+    listed = [f for f in result.figures if show_all or not f.folded]
+    listed.sort(key=lambda f: (f.folded, _ORDER[f.assessment]))
+    if result.has_noise_estimate:
+        title = "figures beyond noise" if not show_all else "figures"
+        lines.append(f"{title} (A, B: mean ± stdev; n: runs per side A/B):")
+    else:
+        lines.append("figures that changed (one run per side: no noise estimate):" if not show_all else "figures:")
+    lines.extend(_table([_figure_row(f, show_all) for f in listed]) if listed else ["  none"])
+    lines.append("")
+    lines.append(_footer(result, show_all))
+    return "\n".join(terminal_safe(line) for line in lines)
+
+
+def _footer(result: DiffResult, show_all: bool) -> str:
+    """What was folded and how to see it; with repeats, the noise rule; without, how to get one."""
+    unchanged = sum(f.state == "unchanged" for f in result.figures)
+    if result.has_noise_estimate:
+        within = sum(f.state == "within noise" for f in result.figures)
+        worse = sum(f.assessment == "worse" for f in result.flagged)
+        text = (f"{len(result.flagged)} figure(s) beyond run-to-run noise, {worse} of them worse "
+                f"(band: mean ± 2·stdev, widened to min..max)")
+        folded = f"{within} within noise, {unchanged} unchanged"
+    else:
+        text = "one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one)"
+        folded = f"{unchanged} unchanged"
+    return text if show_all else f"{text}; folded: {folded} (--all lists them)"

@@ -9,6 +9,7 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -18,11 +19,13 @@ import click
 
 from dsprof import __version__
 from dsprof.analysis.engine import parse_memory_limit
-from dsprof.analysis.outputs.console import format_console_summary, terminal_safe
+from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.commands.analyze import ENGINES, analyze_paths
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
 from dsprof.errors import DsprofError
+from dsprof.fileio import atomic_append_text
 from dsprof.profiler import artifacts
+from dsprof.textsafe import terminal_safe
 
 _DEBUG_KEY = "dsprof.debug"
 _PROGRESS_KEY = "dsprof.progress"
@@ -36,7 +39,8 @@ class UserError(click.ClickException):
         self.exit_code = exit_code
 
     def show(self, file=None) -> None:
-        click.echo(f"dsprof: error: {self.format_message()}", err=True)
+        # messages quote file names and file contents: nothing in them may drive the terminal
+        click.echo(f"dsprof: error: {terminal_safe(self.format_message())}", err=True)
 
 
 def _os_error_message(exc: OSError) -> str:
@@ -291,28 +295,40 @@ def export(artifact_dir, fmt, output) -> None:
 # --------------------------------------------------------------------------- gate / diff
 
 
-@cli.command()
+@cli.command(context_settings={"show_default": True})
 @click.argument("summary", type=click.Path(path_type=Path))
 @click.option("--rules", "rules_path", required=True, type=click.Path(path_type=Path),
-              help="TOML rules file (docs/GATE_RULES.md).")
-@click.option("--baseline", type=click.Path(path_type=Path),
+              help="TOML rules file; grammar, outcomes and outputs in docs/GATE_RULES.md.")
+@click.option("--baseline", type=click.Path(path_type=Path), show_default="none: [[relative]] rules are skipped",
               help="Baseline summary.json (or its artifact dir) for [[relative]] rules.")
-@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), help="Write JUnit XML here.")
-@click.option("--verdict", "verdict_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the JSON verdict here.")
+@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), show_default="not written",
+              help="Write JUnit XML here (one testcase per rule, named by the rule).")
+@click.option("--verdict", "verdict_path", type=click.Path(dir_okay=False, path_type=Path), show_default="not written",
+              help="Write the JSON verdict (dsprof.gate_verdict/1) here.")
 def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
-    """Check a summary against gate rules.
+    """Check a summary against gate rules (docs/GATE_RULES.md).
 
-    SUMMARY is a summary.json or the artifact dir holding one.
+    SUMMARY is a summary.json or the artifact dir holding one. One line per
+    rule: status, rule name, figure, value vs limit. On GitHub Actions
+    (GITHUB_ACTIONS=true) failures also become ::error annotations titled by
+    the rule, and a table of every rule's outcome is appended to
+    $GITHUB_STEP_SUMMARY.
 
-    Exit status: 0 every rule passed, 1 a rule failed or its figure is missing,
-    2 the rules or the summary could not be read.
+    Exit status: 0 every rule passed, 1 a rule failed or its figure was not
+    produced by the run, 2 the rules or the summary could not be read (a figure
+    path the summary does not have is a rules error).
     """
-    from dsprof.analysis.gate import format_verdict
+    from dsprof.analysis.gate import format_step_summary, format_verdict, github_annotations
     from dsprof.analysis.gate import gate as run_gate
 
     verdict = run_gate(summary, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path)
     click.echo(format_verdict(verdict))
+    if os.environ.get("GITHUB_ACTIONS") == "true":
+        for annotation in github_annotations(verdict):
+            click.echo(annotation)
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:
+            atomic_append_text(step_summary, format_step_summary(verdict))
     click.get_current_context().exit(verdict.exit_code)
 
 
@@ -323,21 +339,37 @@ def _runs(spec: str, name: str) -> list[Path]:
     return runs
 
 
-@cli.command()
+@cli.command(context_settings={"show_default": True})
 @click.argument("a")
 @click.argument("b")
-@click.option("--per-rank", is_flag=True, help="Include per-rank figures.")
-@click.option("--changed-only", is_flag=True, help="Leave out figures that did not change.")
-def diff(a, b, per_rank, changed_only) -> None:
-    """Compare the figures of two runs.
+@click.option("--per-rank/--no-per-rank", default=False,
+              help="Also compare per-rank blocks, per-rank cadence and achieved depth.")
+@click.option("--all/--folded", "show_all", default=False,
+              help="List every figure, or fold unchanged figures and figures within noise into a count.")
+@click.option("--fail-on-regression/--no-fail-on-regression", default=False,
+              help="Exit 1 when a verdict changes for the worse or a figure moves beyond noise in its worse direction "
+                   "(needs repeated runs on at least one side).")
+def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
+    """Compare the figures of two runs (docs/GATE_RULES.md, "Comparing runs").
 
     A and B are artifact dirs or summary.json files; give repeated runs
-    comma-separated (A1,A2,A3) to flag changes beyond run-to-run noise.
+    comma-separated (A1,A2,A3) to tell changes beyond run-to-run noise from
+    noise. Verdict changes come first, then the figures that moved, worse
+    first, each marked better or worse, with the runs per side.
+
+    Exit status: 0, or 1 with --fail-on-regression when something got worse
+    beyond noise; 2 when a summary cannot be read.
     """
     from dsprof.analysis.diff import diff_summaries, format_diff
 
     result = diff_summaries(_runs(a, "A"), _runs(b, "B"), per_rank=per_rank)
-    click.echo(format_diff(result, only_changed=changed_only))
+    if fail_on_regression and not result.has_noise_estimate:
+        raise click.UsageError("--fail-on-regression needs repeated runs on at least one side (A1,A2,A3) "
+                               "to tell a regression from run-to-run noise")
+    click.echo(format_diff(result, show_all=show_all))
+    if fail_on_regression and result.regressions:
+        click.echo(f"regression: {len(result.regressions)} verdict(s) or figure(s) worse beyond noise")
+        click.get_current_context().exit(1)
 
 
 def main() -> None:

@@ -5,6 +5,10 @@ and renamed over the target, so a reader (or a crash, a full disk, a SIGKILL)
 only ever sees the previous complete file or the new complete one. On any
 error the temporary file is removed, the previous output is left as it was,
 and the error names the file.
+
+A file that others append to as well (a CI job's step summary) cannot be
+replaced: :func:`atomic_append_text` adds its block with one ``O_APPEND`` write,
+so concurrent writers' blocks never interleave.
 """
 
 from __future__ import annotations
@@ -54,6 +58,26 @@ def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> Pat
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return atomic_write_bytes(path, text.encode("utf-8"))
+
+
+def atomic_append_text(path: str | os.PathLike, text: str) -> Path:
+    """Append ``text`` to ``path`` (created if absent) as one write, then flush it to disk."""
+    path = Path(path)
+    data = text.encode("utf-8")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot append: {exc.strerror or exc}") from None
+    try:
+        written = os.write(fd, data)
+        if written != len(data):  # a full disk or a file size limit: say so rather than leave a torn block unnoticed
+            raise OutputError(f"{path}: cannot append: wrote {written} of {len(data)} bytes")
+        os.fsync(fd)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot append: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    return path
 
 
 def _remove(temporary: str) -> None:

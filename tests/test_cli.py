@@ -80,9 +80,10 @@ def test_os_errors_are_one_line(tmp_path):
     summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
     rules = tmp_path / "rules.toml"
     rules.write_text("[[rule]]\ncheck = \"validation.valid == true\"\n")
-    target = tmp_path / "no-such-dir" / "verdict.json"
+    (tmp_path / "a-file").write_text("")
+    target = tmp_path / "a-file" / "verdict.json"  # its directory cannot be created
     result = CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules), "--verdict", str(target)])
-    _one_line_error(result, str(target), "No such file or directory")
+    _one_line_error(result, str(target), "cannot write")
 
 
 def test_usage_errors_are_one_line_and_exit_2():
@@ -246,7 +247,7 @@ def test_ci_rules_pass_a_pipelined_trace_and_fail_a_serialized_one(tmp_path):
         assert result.exit_code == (0 if pipelined else 1), result.output
         verdicts[name] = json.loads(verdict_path.read_text())
     failed = {r["path"] for r in verdicts["serialized"]["results"] if r["status"] == "fail"}
-    assert failed == {"pipeline.serialized", "pipeline.violations", "pipeline.cadence_p50_ms"}
+    assert failed == {"pipeline.serialized", "pipeline.overlap_share", "pipeline.violations", "pipeline.cadence_p50_ms"}
 
 
 def test_report_export_gate_and_diff_agree_with_summary_json_on_an_empty_rank(tmp_path):

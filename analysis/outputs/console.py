@@ -7,22 +7,13 @@ sequence from a trace reaches it.
 
 from __future__ import annotations
 
-import re
-
 from dsprof.analysis.outputs.findings import item_line, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.textsafe import terminal_safe
 
 LIST_LIMIT = 5
-_UNSAFE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-
-
-def terminal_safe(text: object) -> str:
-    """Text with control bytes (ESC, OSC, BEL, ...) shown as ``\\xNN`` instead of acting on the terminal."""
-    return _UNSAFE.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
-
-
 def format_console_summary(summary: Summary) -> str:
     """A readable fixed-width summary for the terminal."""
     lines = [f"{label:<10} {text}" for label, text in verdict_lines(summary)]
