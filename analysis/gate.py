@@ -35,6 +35,8 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from dsprof.analysis.summary import load_summary as read_summary
+from dsprof.analysis.summary import summary_path
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output, atomic_write_text
 from dsprof.textsafe import terminal_safe
@@ -89,7 +91,6 @@ RUN_KEYED_BLOCKS = frozenset({
 # Units by figure-name suffix, longest first (``_tok_s`` before ``_s``).
 _UNITS = (("_tok_s", "tok/s"), ("_ms", "ms"), ("_us", "us"), ("_ns", "ns"), ("_s", "s"))
 _MAX_DECIMALS = 6  # float noise in a summary (0.30000000000000004) is not precision
-_MAX_SUMMARY_BYTES = 256 * 2**20  # a summary of 10^6 steps is ~150 MiB; beyond that it is not a summary
 
 
 # --------------------------------------------------------------------------- rules
@@ -411,61 +412,11 @@ def _only_keys(table: dict, allowed: set[str], rules_path: Path, label: str) -> 
 # --------------------------------------------------------------------------- summaries
 
 
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON (the schema writes null for a figure it could not measure)")
-
-
-def _finite_float(text: str) -> float:
-    """JSON floats that fit a float; ``1e400`` would silently become infinity."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is beyond the range of a figure")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    """JSON integers within the float range; a longer one is corrupt (and int() refuses beyond 4300 digits)."""
-    if len(text.lstrip("-")) > 308:
-        raise ValueError(f"an integer of {len(text.lstrip('-'))} digits is beyond the range of a figure")
-    return int(text)
-
-
 def load_summary(summary_or_dir: str | Path | dict) -> tuple[dict, str | None]:
-    """A summary dict, a ``summary.json`` path, or an artifact dir holding one.
-
-    The one place summaries are read from disk. NaN/Infinity constants and
-    integers beyond the float range are refused with one clear error: the
-    producer never writes them, and they would break every comparison.
-    """
+    """A summary dict as given, or the summary of a ``summary.json`` path or artifact dir, with its path."""
     if isinstance(summary_or_dir, dict):
         return summary_or_dir, None
-    path = Path(summary_or_dir)
-    if path.is_dir():
-        path = path / "summary.json"
-    expected = "summary.json or an artifact directory holding one"
-    try:
-        size = path.stat().st_size
-        if size > _MAX_SUMMARY_BYTES:  # json.loads holds several times the text in memory
-            raise InputError(path, f"{size} bytes is too large for a summary", expected=f"at most {_MAX_SUMMARY_BYTES // 2**20} MiB")
-        text = path.read_text()
-    except FileNotFoundError:
-        raise InputError(path, "not found", expected=expected) from None
-    except IsADirectoryError:
-        raise InputError(path, "is a directory", expected="summary.json") from None
-    except UnicodeDecodeError:
-        raise InputError(path, "binary data, not JSON text", expected="summary.json") from None
-    try:
-        summary = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int,
-                             parse_float=_finite_float)
-    except json.JSONDecodeError as exc:
-        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
-    except ValueError as exc:
-        raise InputError(path, str(exc), expected="a dsprof summary") from None
-    except RecursionError:
-        raise InputError(path, "nested too deeply for a summary", expected="a dsprof summary") from None
-    if not isinstance(summary, dict) or not str(summary.get("schema", "")).startswith("dsprof.summary/"):
-        raise InputError(path, "not a dsprof summary", expected='a JSON object with "schema": "dsprof.summary/1"')
-    return summary, str(path)
+    return dict(read_summary(summary_or_dir)), str(summary_path(summary_or_dir))
 
 
 def _is_float_range(value: float) -> bool:

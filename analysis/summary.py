@@ -9,12 +9,13 @@ contract for the type checker.
 
 from __future__ import annotations
 
+import json
+import math
 import os
 from pathlib import Path
 from typing import Any, TypedDict
 
 import dsprof
-from dsprof.analysis.ingest.side_files import load_json_object
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 
@@ -139,12 +140,61 @@ def summary_path(summary_or_dir: str | os.PathLike) -> Path:
 
 
 def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
-    """Read a summary.json (or an artifact directory's); InputError names the file on anything wrong."""
+    """Read a summary.json (or an artifact directory's); InputError names the file on anything wrong.
+
+    The one place summaries are read from disk. NaN/Infinity constants and
+    numbers beyond the float range are refused with one clear error: dsprof
+    never writes them, and they would break every comparison.
+    """
     path = summary_path(summary_or_dir)
-    if not path.exists():
-        raise InputError(path, "not found", expected="summary.json or an artifact directory holding one (run dsprof analyze first)")
-    content = load_json_object(path, expected="summary.json written by dsprof analyze")
-    schema = content.get("schema")
-    if schema not in READABLE_SCHEMAS:
-        raise InputError(path, f"unknown summary schema {schema!r}", expected=" or ".join(READABLE_SCHEMAS))
+    expected = "summary.json or an artifact directory holding one (run dsprof analyze first)"
+    try:
+        size = path.stat().st_size
+        if size > MAX_SUMMARY_BYTES:  # json.loads holds several times the text in memory
+            raise InputError(path, f"{size} bytes is too large for a summary", expected=f"at most {MAX_SUMMARY_BYTES >> 20} MiB")
+        text = path.read_text()
+    except FileNotFoundError:
+        raise InputError(path, "not found", expected=expected) from None
+    except IsADirectoryError:
+        raise InputError(path, "is a directory", expected="summary.json") from None
+    except UnicodeDecodeError:
+        raise InputError(path, "binary data, not JSON text", expected="summary.json") from None
+    except OSError as exc:
+        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        content = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
+    except json.JSONDecodeError as exc:
+        raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
+    except ValueError as exc:
+        raise InputError(path, str(exc), expected="a dsprof summary") from None
+    except RecursionError:
+        raise InputError(path, "nested too deeply for a summary", expected="a dsprof summary") from None
+    if not isinstance(content, dict) or content.get("schema") not in READABLE_SCHEMAS:
+        found = content.get("schema") if isinstance(content, dict) else None
+        raise InputError(path, "not a dsprof summary" + (f" (schema {found!r})" if found else ""),
+                         expected=f'a JSON object with "schema": "{SUMMARY_SCHEMA}"')
     return Summary(**content)  # type: ignore[typeddict-item]
+
+
+# A summary of 10^6 steps is ~150 MiB; beyond this it is not a summary.
+MAX_SUMMARY_BYTES = 256 << 20
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (the schema writes null for a figure it could not measure)")
+
+
+def _finite_float(text: str) -> float:
+    """JSON floats that fit a float; ``1e400`` would silently become infinity."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a figure")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    """JSON integers within the float range; a longer one is corrupt (and int() refuses beyond 4300 digits)."""
+    digits = len(text.lstrip("-"))
+    if digits > 308:
+        raise ValueError(f"an integer of {digits} digits is beyond the range of a figure")
+    return int(text)

@@ -61,7 +61,7 @@ HEALTHY = {
                    "straggler": {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None,
                                  "mechanism": None}},
     "tail_cost": {"total_ms": 0.0, "share_of_decode_wall": 0.0},
-    "pipeline": {"pairs_checked": 36, "pairs_overlapped": 36, "violations": 0, "claim_order_violations": 0,
+    "pipeline": {"pairs_checked": 36, "pairs_overlapped": 36, "overlap_share": 1.0, "violations": 0, "claim_order_violations": 0,
                  "serialized": False, "first_violations": [], "cadence_p50_ms": 12.0,
                  "cadence_ms": {"0": _block(12.0, 12.5, 13.0, 13.5, count=9)},
                  "achieved_depth": {"0": 1.8, "1": 1.7, "2": 1.75, "3": 1.6},
@@ -75,7 +75,7 @@ HEALTHY = {
 def _serialized() -> dict:
     """HEALTHY with the device-resident regression: no pair overlaps, bind waits for the previous runner_run."""
     summary = copy.deepcopy(HEALTHY)
-    summary["pipeline"].update(serialized=True, pairs_overlapped=0, violations=36, cadence_p50_ms=19.2,
+    summary["pipeline"].update(serialized=True, pairs_overlapped=0, overlap_share=0.0, violations=36, cadence_p50_ms=19.2,
                                achieved_depth={"0": 1.65, "1": 1.65, "2": 1.64, "3": 1.66})
     return summary
 
@@ -719,7 +719,7 @@ def test_ci_depth_rule_threshold_sits_between_the_measured_runs():
     for checked, overlapped, passes in ((16, 16, True), (108, 108, True), (108, 0, False), (20, 18, True),
                                         (20, 17, False)):
         summary = copy.deepcopy(HEALTHY)
-        summary["pipeline"].update(pairs_checked=checked, pairs_overlapped=overlapped)
+        summary["pipeline"].update(pairs_checked=checked, pairs_overlapped=overlapped, overlap_share=round(overlapped / checked, 4))
         results = {r.name: r for r in gate(summary, REPO / "examples" / "ci-rules.toml").results}
         depth = results["depth-2 pipeline: bind(N+1) overlaps runner_run(N) in at least 90% of adjacent pairs"]
         assert (depth.status == "pass") is passes, (checked, overlapped, depth.detail)
