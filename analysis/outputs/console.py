@@ -33,4 +33,4 @@ def format_console_summary(summary: Summary) -> str:
         block = figures.get(name) or {}
         lines.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(
             name, *(value(block.get(key)) for key, _ in PERCENTILES), block.get("count", 0)))
-    return terminal_safe("\n".join(lines))
+    return "\n".join(terminal_safe(line) for line in "\n".join(lines).split("\n"))
