@@ -106,9 +106,14 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
         con.execute(f"CREATE VIEW spans AS {on_disk} UNION ALL BY NAME SELECT * FROM spans_in_memory")
     else:
         con.execute("CREATE VIEW spans AS SELECT * FROM spans_in_memory")
-    con.register("anchors", trace.anchors)
-    con.register("chip_devices", trace.chip_devices)
+    # side tables keep their order of reading in ``seq``: "the first ready line", "the last anchor"
+    con.register("anchors", _with_sequence(trace.anchors))
+    con.register("chip_devices", _with_sequence(trace.chip_devices))
     return Engine(con, trace)
+
+
+def _with_sequence(table: pa.Table) -> pa.Table:
+    return table.append_column("seq", pa.array(range(table.num_rows), pa.int64()))
 
 
 def _sql_text(text: str) -> str:

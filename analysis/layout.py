@@ -70,8 +70,7 @@ def build_lanes(engine: Engine) -> None:
     engine.run("CREATE OR REPLACE TABLE lanes AS SELECT * FROM lanes_in")
     # the serving stack keeps the last anchor of a process; so does dsprof
     engine.run("""CREATE OR REPLACE TABLE anchor_offsets AS
-                  SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM
-                  (SELECT *, row_number() OVER () AS seq FROM anchors) GROUP BY pid""")
+                  SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM anchors GROUP BY pid""")
 
 
 def runtime_spans_sql(where: str = "TRUE") -> str:

@@ -153,7 +153,7 @@ def _natural_key(text: str) -> tuple:
 def _processes(engine: Engine) -> tuple[list[dict], list[dict]]:
     """pid -> rank and device (see the module docstring); plus pids whose chip_process lines disagree."""
     attrs = engine.rows("SELECT pid, min(rank_attr), mode(device_attr) FROM windowed GROUP BY pid ORDER BY pid")
-    chips = engine.rows("SELECT pid, list(DISTINCT device ORDER BY device), first(device) FROM chip_devices GROUP BY pid")
+    chips = engine.rows("SELECT pid, list(DISTINCT device ORDER BY device), arg_min(device, seq) FROM chip_devices GROUP BY pid")
     chip_device = {pid: first for pid, _, first in chips}
     conflicts = [{"pid": int(pid), "devices": list(devices)} for pid, devices, _ in chips if len(devices) > 1]
     processes = []

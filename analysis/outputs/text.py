@@ -75,7 +75,9 @@ def join_text(*parts) -> pa.Array:
 
 def text_buffer(text: pa.Array) -> memoryview:
     """The concatenated bytes of a string array (its data buffer between the first and last offset), zero-copy."""
-    text = text.cast(pa.large_string()) if len(text) and isinstance(text, pa.Array) else text
+    if len(text) == 0:
+        return memoryview(b"")
+    text = text.cast(pa.large_string())
     offsets = np.frombuffer(text.buffers()[1], dtype=np.int64)[text.offset : text.offset + len(text) + 1]
     data = text.buffers()[2]
     return memoryview(data)[offsets[0] : offsets[-1]] if data is not None else memoryview(b"")

@@ -119,6 +119,7 @@ class SyntheticRun:
     warmup_steps: int = 0             # decode invocations before the serving window
     prefill: bool = True              # one non-decode invocation per rank before decode
     dispatch_ids: bool = False        # roots carry dispatch_id = run_epoch + 1 (else 0: no scheduler allocates one)
+    host_evidence: bool = False       # os.* attributes (SPEC §2.1) on every span: CPU time = duration, no run-queue wait
     unrelated_lines_per_step: int = 1
     two_per_line_every: int = 0       # join every n-th record to the next one on one line
     torn_tail: bool = False           # the log ends inside a record (crash)
@@ -210,12 +211,15 @@ class SyntheticRun:
 
     # -- span rows ----------------------------------------------------------------
 
-    def _span_rows(self) -> dict[str, np.ndarray | list]:
-        """Every STRACE span as flat columns (ints as int64/uint64, text as object arrays)."""
+    def _span_rows(self, first: int, stop: int, timings: Timings) -> dict[str, np.ndarray]:
+        """The STRACE spans of measured steps [first, stop) as flat columns (ints as int64, text as object arrays).
+
+        The warm-up rounds and the prefill go with the block that starts at step 0.
+        """
         blocks = []
-        if self.warmup_steps:
-            blocks.append((self._timings(self.warmup_steps, 0), 0, False))
-        blocks.append((self.timings(), self.warmup_steps, True))
+        if self.warmup_steps and first == 0:
+            blocks.append((self._timings(self.warmup_steps, 0), 0, False, 0))
+        blocks.append((_step_slice(timings, first, stop), self.warmup_steps + first, True, first))
         columns: dict[str, list] = {k: [] for k in ("rank", "epoch", "depth", "name", "ts", "dur", "end", "clk", "hid", "callable", "step")}
 
         def add(rank, epoch, depth, name, ts, dur, hid, callable_, step, clk="host", end=None):
@@ -234,14 +238,14 @@ class SyntheticRun:
 
         keep_counts = self.steps_per_rank()
         hid, callable_ = DECODE_HID, fmt.DECODE_CALLABLE
-        for t, first_epoch, measured in blocks:
+        for t, first_epoch, measured, step0 in blocks:
             steps = t.bind_start_ns.shape[1]
             rank_grid, step_grid = np.meshgrid(np.arange(self.ranks), np.arange(steps), indexing="ij")
-            keep = step_grid < (keep_counts[:, None] if measured else steps)
+            keep = step_grid + step0 < (keep_counts[:, None] if measured else steps)
             r = rank_grid[keep]
             s = step_grid[keep]
             epoch = s + first_epoch + (1 if self.prefill else 0)
-            step = s if measured else np.full(len(s), -1)
+            step = s + step0 if measured else np.full(len(s), -1)
             sel = lambda a: a[keep]  # noqa: E731 - a tiny local accessor keeps the calls short
             root_start, root_end = sel(t.root_start_ns), sel(t.root_end_ns)
             add(r, epoch, 0, fmt.ROOT, root_start, root_end - root_start, hid, callable_, step)
@@ -265,7 +269,7 @@ class SyntheticRun:
             vs, ve = sel(t.validate_start_ns), sel(t.validate_end_ns)
             add(r, epoch, 1, fmt.VALIDATE, vs, ve - vs, hid, callable_, step)
 
-        if self.prefill:
+        if self.prefill and first == 0:
             r = np.arange(self.ranks)
             ts = np.full(self.ranks, T0_MONO_NS - 50_000_000, dtype=np.int64)
             dur = np.full(self.ranks, 30_000_000, dtype=np.int64)
@@ -290,75 +294,78 @@ class SyntheticRun:
             (out / artifacts.PERFORMANCE_SUMMARY).write_text(json.dumps(self.performance_summary_dict(), indent=2))
         return out
 
-    def write_server_log(self, path: str | Path) -> None:
-        rows = self._span_rows()
+    def write_server_log(self, path: str | Path, block_steps: int = 2_000) -> None:
+        """Write the log a block of steps at a time, so a day-long run is written in bounded memory."""
+        timings = self.timings()
+        with open(path, "wb") as f:
+            f.write(text_buffer(self._lines(self._header_lines(timings))))
+            for first in range(0, self.steps, block_steps):  # a loop over blocks of steps
+                stop = min(first + block_steps, self.steps)
+                f.write(text_buffer(self._lines(self._record_lines(first, stop, timings))))
+            if self.torn_tail:
+                f.write(b"[mono_ns=99][T0x1][INFO] strace: [STRACE] v=1 pid=1 tid=1 inv=3 hid=ab depth=0 name=chip.r")
+
+    def _record_lines(self, first: int, stop: int, timings: Timings) -> tuple[np.ndarray, pa.Array]:
+        """(sort keys, text) of the records of steps [first, stop), with the noise lines between them."""
+        rows = self._span_rows(first, stop, timings)
         rank = rows["rank"].astype(np.int64)
         pid = rank + self.base_pid
         tid = pid  # each rank process runs its invocations on its main thread
         epoch = rows["epoch"].astype(np.int64)
-        inv = invocation_id(pid, epoch)
         end = rows["end"].astype(np.int64)
-
-        columns = {"pid": pid, "tid": tid, "inv": inv, "hid": rows["hid"], "depth": rows["depth"],
+        columns = {"pid": pid, "tid": tid, "inv": invocation_id(pid, epoch), "hid": rows["hid"], "depth": rows["depth"],
                    "name": rows["name"], "ts": rows["ts"], "dur": rows["dur"]}
         payload = join_text(*fmt.payload_parts(columns))
         is_dev = rows["clk"] == fmt.CLK_DEVICE
         payload = pc.if_else(pa.array(is_dev), pc.binary_join_element_wise(payload, f" {fmt.CLK_ATTR}={fmt.CLK_DEVICE}", ""), payload)
         if self.root_attrs:
-            root = rows["depth"] == 0
-            slot = epoch % 2
             attrs = join_text(
                 " run_id=", epoch, " dispatch_id=", epoch + 1 if self.dispatch_ids else np.zeros_like(epoch), " run_epoch=", epoch,
-                " slot_id=", slot,
-                " generation=", epoch // 2, " rank=", rank, " device=npu:", rank,
+                " slot_id=", epoch % 2, " generation=", epoch // 2, " rank=", rank, " device=npu:", rank,
                 " callable=", rows["callable"], " step=", rows["step"],
             )
-            payload = pc.if_else(pa.array(root), pc.binary_join_element_wise(payload, attrs, ""), payload)
-        records = join_text("[mono_ns=", end, "][T0x", _hex(tid), "][INFO] strace: ", payload)
-        keys = [end]
-        texts = [records]
-
-        # per-pid header: anchor and chip_process ready line, before the first span
-        ranks = np.arange(self.ranks)
-        start = int(rows["ts"][rows["clk"] != "dev"].min()) - 10_000_000
-        header_lines, header_keys = [], []
-        for r in ranks:  # one line per rank process, not per span
-            p = self.pid(int(r))
-            mono = start + int(r) * 1_000
-            if self.anchors:
-                header_lines.append(fmt.format_anchor_record(p, mono, WALL0_NS + (mono - T0_MONO_NS), p))
-                header_keys.append(mono)
-            if self.chip_ready_lines:
-                header_lines.append(fmt.format_prefix(mono + 500, p, "INFO", "chip_process") + fmt.format_chip_ready_payload(p, self.device(int(r))))
-                header_keys.append(mono + 500)
-        if header_lines:
-            keys.append(np.asarray(header_keys, dtype=np.int64))
-            texts.append(pa.array(header_lines, pa.string()))
-
+            payload = pc.if_else(pa.array(rows["depth"] == 0), pc.binary_join_element_wise(payload, attrs, ""), payload)
+        if self.host_evidence:  # the emitting thread ran the whole span, never waited for a CPU
+            evidence = join_text(f" {fmt.OS_CPU_NS}=", rows["dur"], f" {fmt.OS_RQ_NS}=0 {fmt.OS_NIVCSW}=0 {fmt.OS_MAJFLT}=0")
+            payload = pc.binary_join_element_wise(payload, evidence, "")
+        keys, texts = [end], [join_text("[mono_ns=", end, "][T0x", _hex(tid), "][INFO] strace: ", payload)]
         if self.unrelated_lines_per_step:
-            n = self.steps * self.unrelated_lines_per_step
-            when = T0_MONO_NS + np.arange(n, dtype=np.int64) * (self.period_ns // self.unrelated_lines_per_step) + 7_777
-            noise = join_text("[mono_ns=", when, "][T0x", _hex(np.full(n, self.base_pid - 1)),
-                          "][INFO] scheduler: batch ", np.arange(n), " admitted 4 requests [queue=0] depth=2 name=x")
+            n = (stop - first) * self.unrelated_lines_per_step
+            index = first * self.unrelated_lines_per_step + np.arange(n, dtype=np.int64)
+            when = T0_MONO_NS + index * (self.period_ns // self.unrelated_lines_per_step) + 7_777
             keys.append(when)
-            texts.append(noise)
+            texts.append(join_text("[mono_ns=", when, "][T0x", _hex(np.full(n, self.base_pid - 1)),
+                                   "][INFO] scheduler: batch ", index, " admitted 4 requests [queue=0] depth=2 name=x"))
+        return np.concatenate(keys), pa.concat_arrays(texts)
 
-        all_keys = np.concatenate(keys)
-        text = pa.concat_arrays([t if isinstance(t, pa.Array) else t.combine_chunks() for t in texts])
-        order = np.argsort(all_keys, kind="stable")
-        text = text.take(pa.array(order))
+    def _header_lines(self, timings: Timings) -> tuple[np.ndarray, pa.Array]:
+        """Each rank process's clock anchor and chip_process ready line, before its first span."""
+        start = int(min(timings.bind_start_ns.min(), T0_MONO_NS - 50_000_000)) - 10_000_000
+        lines, keys = [], []
+        for r in range(self.ranks):  # one line per rank process, not per span
+            p = self.pid(r)
+            mono = start + r * 1_000
+            if self.anchors:
+                lines.append(fmt.format_anchor_record(p, mono, WALL0_NS + (mono - T0_MONO_NS), p))
+                keys.append(mono)
+            if self.chip_ready_lines:
+                lines.append(fmt.format_prefix(mono + 500, p, "INFO", "chip_process") + fmt.format_chip_ready_payload(p, self.device(r)))
+                keys.append(mono + 500)
+        return np.asarray(keys, dtype=np.int64), pa.array(lines, pa.string())
+
+    def _lines(self, keyed: tuple[np.ndarray, pa.Array]) -> pa.Array:
+        """Lines in time order with their line breaks (every n-th record sharing a line with the next)."""
+        keys, text = keyed
+        if len(text) == 0:
+            return text
+        text = text.take(pa.array(np.argsort(keys, kind="stable")))
         sep = np.full(len(text), "\n", dtype=object)
         if self.two_per_line_every:
             # only a record is joined to the next line: a clock anchor must end its line (SPEC §2, the stack's rule)
             is_anchor = pc.match_substring(text, fmt.ANCHOR_MARKER).to_numpy(zero_copy_only=False)
-            joined = np.arange(self.two_per_line_every - 1, len(text), self.two_per_line_every)
+            joined = np.arange(self.two_per_line_every - 1, len(text) - 1, self.two_per_line_every)
             sep[joined[~is_anchor[joined]]] = ""
-        sep[-1] = "\n"
-        text = pc.binary_join_element_wise(text, pa.array(sep, pa.string()), "")
-        with open(path, "wb") as f:
-            f.write(text_buffer(text))
-            if self.torn_tail:
-                f.write(b"[mono_ns=99][T0x1][INFO] strace: [STRACE] v=1 pid=1 tid=1 inv=3 hid=ab depth=0 name=chip.r")
+        return pc.binary_join_element_wise(text, pa.array(sep, pa.string()), "")
 
     def request_spans(self) -> list[dict]:
         """SA_PROFILE request spans: one per request, spanning the serving window."""
@@ -435,6 +442,11 @@ class SyntheticRun:
                          "output_tokens": self.output_tokens, "layers": 0, "metadata": "async",
                          "depth": 2 if self.pipelined else 1, "device_phases": self.device_phases, "seed": 0},
         }
+
+
+def _step_slice(timings: Timings, first: int, stop: int) -> Timings:
+    """The timings of steps [first, stop)."""
+    return Timings(**{name: getattr(timings, name)[:, first:stop] for name in Timings.__dataclass_fields__})
 
 
 def invocation_id(pid: np.ndarray, epoch: np.ndarray) -> np.ndarray:
