@@ -99,25 +99,25 @@ def _cells_sql() -> str:
     """
 
 
-def _others_median_sql(column: str) -> str:
-    """Per (step, rank): the median of ``column`` over the other ranks of the step.
+def _typical_sql(columns: tuple[str, ...]) -> str:
+    """Per (step, rank): ``<column>_typ``, the median of each column over the *other* ranks of the step.
 
-    From the step's sorted values: with the cell's own value (0-based index i)
-    removed, m = n - 1 values remain and remaining[k] = v[k] for k < i, else
-    v[k + 1]; the median averages remaining[(m - 1) // 2] and remaining[m // 2].
+    One grouped pass keeps each step's sorted values v (0-based) of every
+    column; the median of the others then needs only the cell's own value x:
+    with n values, the others' median averages remaining[a] and remaining[b]
+    (a = (n - 2) // 2, b = (n - 1) // 2), and removing x (its first copy) leaves
+    remaining[k] = v[k] where v[k] < x, else v[k + 1].
     """
-    def remaining(k: str) -> str:
-        return f"(CASE WHEN {k} < i THEN v[{k} + 1] ELSE v[{k} + 2] END)"
+    lists = ", ".join(f"list({c} ORDER BY {c}) FILTER (WHERE {c} IS NOT NULL) AS {c}_v, count({c}) AS {c}_n" for c in columns)
 
-    a, b = "((n - 2) // 2)", "((n - 1) // 2)"
-    return f"""
-    SELECT step, rank, CASE WHEN n < 2 THEN NULL ELSE ({remaining(a)} + {remaining(b)}) / 2.0 END AS {column}_typ
-    FROM (SELECT step, rank, row_number() OVER (PARTITION BY step ORDER BY {column}, rank) - 1 AS i,
-                 count(*) OVER (PARTITION BY step) AS n
-          FROM cells WHERE {column} IS NOT NULL)
-    JOIN (SELECT step, list({column} ORDER BY {column}, rank) AS v FROM cells WHERE {column} IS NOT NULL GROUP BY step)
-    USING (step)
-    """
+    def remaining(c: str, k: str) -> str:  # DuckDB lists are 1-based
+        return f"(CASE WHEN {c}_v[{k} + 1] < c.{c} THEN {c}_v[{k} + 1] ELSE {c}_v[{k} + 2] END)"
+
+    typical = ", ".join(
+        f"CASE WHEN c.{c} IS NULL OR {c}_n < 2 THEN NULL ELSE "
+        f"({remaining(c, f'(({c}_n - 2) // 2)')} + {remaining(c, f'(({c}_n - 1) // 2)')}) / 2.0 END AS {c}_typ"
+        for c in columns)
+    return f"SELECT c.*, {typical} FROM cells c JOIN (SELECT step, {lists} FROM cells GROUP BY step) USING (step)"
 
 
 def _gc_overlap(start: str, end: str) -> str:
@@ -126,18 +126,28 @@ def _gc_overlap(start: str, end: str) -> str:
                          FROM gc g WHERE g.pid = c.pid AND g.gc_ts_ns < c.{end} AND g.gc_end_ns > c.{start}), 0)"""
 
 
-def _build_cells(engine: Engine) -> None:
-    engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS {_cells_sql()}")
+def _build_cells(engine: Engine, threshold_ns: int) -> None:
+    """``cells`` of the steps that need a diagnosis, with their typical values and GC overlaps.
+
+    Only steps with a late start or a tail, and the two before each (what a
+    carry-over chain looks back to), are diagnosed: a healthy soak costs nothing
+    here however long it is.
+    """
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE cells AS
+        WITH flagged AS (SELECT step FROM steps WHERE runner_start_skew_ns > {threshold_ns} OR runner_end_skew_ns > {threshold_ns}),
+             wanted AS (SELECT DISTINCT d.step FROM (SELECT DISTINCT step, position FROM decode) d
+                        JOIN (SELECT DISTINCT position FROM decode WHERE step IN (SELECT step FROM flagged)) f
+                        ON d.position BETWEEN f.position - 2 AND f.position)
+        SELECT * FROM ({_cells_sql()}) WHERE step IN (SELECT step FROM wanted)""")
     engine.run("""ALTER TABLE cells ADD COLUMN admissible_ns BIGINT;
                   UPDATE cells SET admissible_ns = CASE WHEN previous_claim_ns IS NULL THEN slot_free_ns
                                                         WHEN slot_free_ns IS NULL THEN previous_claim_ns
                                                         ELSE greatest(previous_claim_ns, slot_free_ns) END""")
-    typical = " ".join(f"LEFT JOIN ({_others_median_sql(c)}) USING (step, rank)" for c in _COMPARED)
     gc_windows = {"gc_bind": ("bind_ts_ns", "bind_end_ns"), "gc_fence": ("fence_ts_ns", "fence_end_ns"),
                   "gc_run": ("start_ns", "end_ns"), "gc_gap": ("bind_end_ns", "start_ns"), "gc_before": ("root_typ_ns", "root_ts_ns")}
     gc_columns = ", ".join(f"{_gc_overlap(*window)} AS {name}" for name, window in gc_windows.items())
     engine.run(f"""CREATE OR REPLACE TEMP TABLE typed AS
-                   SELECT *, CAST(root_ts_ns_typ AS BIGINT) AS root_typ_ns FROM cells {typical}""")
+                   SELECT *, CAST(root_ts_ns_typ AS BIGINT) AS root_typ_ns FROM ({_typical_sql(_COMPARED)})""")
     engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS SELECT c.*, {gc_columns} FROM typed c")
 
 
@@ -323,14 +333,14 @@ class Diagnosis:
 def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
     """Every late start and tail step with its causes, the straggler verdict and the tail cost."""
     threshold_ns = int(round(threshold_ms * 1e6))
-    _build_cells(engine)
+    _build_cells(engine, threshold_ns)
     _decide(engine, threshold_ns)
     _deepest_device_phase(engine)
     _chain_origins(engine)
     late = _late_start_items(engine)
     tails = _tail_items(engine)
     ranks = int(engine.scalar("SELECT count(DISTINCT rank) FROM decode") or 0)
-    steps = int(engine.scalar("SELECT count(DISTINCT step) FROM cells") or 0)
+    steps = int(engine.scalar("SELECT count(*) FROM steps") or 0)
     straggler = straggler_verdict(late, tails, steps, ranks)
     devices: dict[str, int] = {}
     for item in tails:
@@ -456,7 +466,8 @@ def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ran
 def _tail_cost(engine: Engine) -> dict:
     """Σ_s (max_r end − median_r end) of runner_run, and its share of the decode wall time (SPEC §3)."""
     row = engine.rows("""SELECT sum(max_end - median_end), (SELECT max(root_end_ns) - min(root_ts_ns) FROM decode)
-                         FROM (SELECT max(end_ns) AS max_end, median(end_ns) AS median_end FROM cells GROUP BY step)""")[0]
+                         FROM (SELECT max(runner_end_ns) AS max_end, median(runner_end_ns) AS median_end FROM decode
+                               WHERE runner_ts_ns IS NOT NULL GROUP BY step)""")[0]
     total_ns, wall_ns = row
     if total_ns is None:
         return {"total_ms": None, "share_of_decode_wall": None, "decode_wall_ms": None}

@@ -41,59 +41,57 @@ def serving_row(alias: str = "") -> str:
 _HOST_ROOT = f"depth = 0 AND clk <> '{fmt.CLK_DEVICE}'"
 
 
-def _first(column: str, condition: str) -> str:
-    """The value of ``column`` on the earliest row meeting ``condition``."""
-    return f"arg_min({column}, ts_ns) FILTER (WHERE {condition})"
+# Phases aggregated per invocation: (span name, column prefix, carries host evidence)
+_PHASES = ((fmt.BIND, "bind", True), (fmt.RUNNER_RUN, "runner", True), (fmt.FENCE_WAIT, "fence", True),
+           (fmt.CLAIM_RELEASE, "claim", False), (fmt.VALIDATE, "validate", True))
+# root field -> invocation column
+_ROOT_COLUMNS = (("tid", "tid"), ("hid", "hid"), ("callable", "callable"), ("rank", "rank_attr"), ("device", "device_attr"),
+                 ("step", "step_attr"), *((name, name) for name in fmt.IDENTITY_ATTRS), ("os_cpu_ns", "root_cpu_ns"),
+                 ("os_rq_ns", "root_rq_ns"))
+_DEVICE = f"clk = '{fmt.CLK_DEVICE}'"
 
 
-def _phase(name: str, prefix: str, *, end: bool = True, evidence: bool = True) -> list[str]:
-    condition = f"name = '{name}' AND clk <> '{fmt.CLK_DEVICE}'"
-    columns = [f"min(ts_ns) FILTER (WHERE {condition}) AS {prefix}_ts_ns"]
-    if end:
-        columns.append(f"{_first('ts_ns + dur_ns', condition)} AS {prefix}_end_ns")
-    if evidence:
-        columns += [f"{_first('os_cpu_ns', condition)} AS {prefix}_cpu_ns", f"{_first('os_rq_ns', condition)} AS {prefix}_rq_ns"]
-    return columns
+def _earliest(alias: str, where: str, fields: dict[str, str]) -> str:
+    """Per invocation, the earliest row meeting ``where`` (a ``min`` over a struct led by its start), unpacked as ``fields``.
+
+    One small grouped query per phase, joined on (pid, inv): far cheaper than
+    one wide aggregation with a filter per column.
+    """
+    packed = ", ".join(f"{name} := {expression}" for name, expression in {"ts": "ts_ns", **fields}.items())
+    return f"(SELECT pid, inv, min(struct_pack({packed})) AS {alias} FROM runtime WHERE {where} GROUP BY pid, inv)"
 
 
-def _columns() -> list[str]:
-    root = _HOST_ROOT
-    device = f"clk = '{fmt.CLK_DEVICE}'"
-    wall = f"{device} AND name = '{fmt.DEVICE_WALL}'"
-    below_wall = f"{device} AND starts_with(name, '{fmt.DEVICE_WALL}.')"
-    markers = f"depth >= 2 AND starts_with(name, '{fmt.RUNNER_RUN}.')"
-    return [
-        "pid",
-        "inv",
-        f"count(*) FILTER (WHERE {root}) AS n_roots",
-        "count(*) AS n_spans",
-        f"{_first('tid', root)} AS tid",
-        f"{_first('hid', root)} AS hid",
-        f"min(ts_ns) FILTER (WHERE {root}) AS root_ts_ns",
-        f"{_first('ts_ns + dur_ns', root)} AS root_end_ns",
-        f"{_first('callable', root)} AS callable",
-        f"{_first('rank', root)} AS rank_attr",
-        f"{_first('device', root)} AS device_attr",
-        f"{_first('step', root)} AS step_attr",
-        *(f"{_first(name, root)} AS {name}" for name in fmt.IDENTITY_ATTRS),
-        f"{_first('os_cpu_ns', root)} AS root_cpu_ns",
-        f"{_first('os_rq_ns', root)} AS root_rq_ns",
-        *_phase(fmt.BIND, "bind"),
-        *_phase(fmt.RUNNER_RUN, "runner"),
-        *_phase(fmt.FENCE_WAIT, "fence"),
-        *_phase(fmt.CLAIM_RELEASE, "claim", evidence=False),
-        *_phase(fmt.VALIDATE, "validate"),
-        f"{_first('dur_ns', wall)} AS device_wall_ns",
-        f"{_first('os_cpu_ns', wall)} AS device_cpu_ns",
-        f"{_first('os_rq_ns', wall)} AS device_rq_ns",
-        f"sum(dur_ns) FILTER (WHERE {below_wall} AND ends_with(name, '{fmt.WAIT_SUFFIX}')) AS device_wait_ns",
-        f"count(*) FILTER (WHERE {markers}) AS device_markers",
-    ]
+def _parts() -> list[tuple[str, str, list[str]]]:
+    """(alias, subquery, output columns) of each part joined into the invocation table."""
+    parts = [("root", _earliest("root", _HOST_ROOT, {"end_ns": "ts_ns + dur_ns", **{f: f for f, _ in _ROOT_COLUMNS}}),
+              ["root.ts AS root_ts_ns", "root.end_ns AS root_end_ns", *(f"root.{f} AS {alias}" for f, alias in _ROOT_COLUMNS)])]
+    for _, (name, prefix, evidence) in enumerate(_PHASES):
+        fields = {"end_ns": "ts_ns + dur_ns", **({"cpu": "os_cpu_ns", "rq": "os_rq_ns"} if evidence else {})}
+        columns = [f"{prefix}.ts AS {prefix}_ts_ns", f"{prefix}.end_ns AS {prefix}_end_ns"]
+        if evidence:
+            columns += [f"{prefix}.cpu AS {prefix}_cpu_ns", f"{prefix}.rq AS {prefix}_rq_ns"]
+        parts.append((prefix, _earliest(prefix, f"name = '{name}' AND NOT ({_DEVICE})", fields), columns))
+    parts.append(("device", _earliest("device", f"{_DEVICE} AND name = '{fmt.DEVICE_WALL}'", {"dur": "dur_ns", "cpu": "os_cpu_ns", "rq": "os_rq_ns"}),
+                  ["device.dur AS device_wall_ns", "device.cpu AS device_cpu_ns", "device.rq AS device_rq_ns"]))
+    return parts
+
+
+def _base(having: str) -> str:
+    """Every invocation, with what is counted or summed over all its rows."""
+    return f"""(SELECT pid, inv, count(*) FILTER (WHERE {_HOST_ROOT}) AS n_roots, count(*) AS n_spans,
+                       sum(dur_ns) FILTER (WHERE {_DEVICE} AND starts_with(name, '{fmt.DEVICE_WALL}.')
+                                           AND ends_with(name, '{fmt.WAIT_SUFFIX}')) AS device_wait_ns,
+                       count(*) FILTER (WHERE depth >= 2 AND starts_with(name, '{fmt.RUNNER_RUN}.')) AS device_markers
+                FROM runtime GROUP BY pid, inv HAVING {having})"""
 
 
 def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
     """SQL for the invocation table of the runtime rows of ``spans`` that satisfy ``where`` (groups: ``having``)."""
-    return f"SELECT {', '.join(_columns())} FROM spans WHERE {runtime_row()} AND ({where}) GROUP BY pid, inv HAVING {having}"
+    parts = _parts()
+    joins = " ".join(f"LEFT JOIN {subquery} USING (pid, inv)" for _, subquery, _ in parts)
+    columns = ["pid", "inv", "n_roots", "n_spans", *(c for _, _, cs in parts for c in cs), "device_wait_ns", "device_markers"]
+    return (f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM spans WHERE {runtime_row()} AND ({where})) "
+            f"SELECT {', '.join(columns)} FROM {_base(having)} {joins}")
 
 
 def in_window(window: int, window_ns: int) -> str:
