@@ -1,91 +1,114 @@
-"""Time and peak memory of ``analyze`` (read + figures + summary/combined-swimlane outputs).
+"""Time and peak memory of ``dsprof analyze`` as a whole process, and the Ray engine beside the embedded one.
 
-Shapes: the production shape (8 ranks x 143 steps = 1144 roots, with the
-SA_PROFILE trace and performance summary) and a generated 64 ranks x 10,000
-steps run (640,000 roots; the SA_PROFILE trace holds request and per-step
-scheduler spans). Targets for the large run: < 60 s and < 8 GB. Linearity:
-the large shape at 1/4, 1/2 and full size. Each measurement runs in a fresh
-process so its peak RSS is its own.
+Shapes, each generated here (the logs are written block by block, so even the
+day-long one is written in bounded memory):
 
-    .venv/bin/python benchmarks/bench_analyze.py [--steps 10000] [--ranks 64]
+* production: 8 ranks x 143 steps, with the SA_PROFILE trace;
+* 64 x 2,000: the embedded engine and the Ray engine (a local cluster of two
+  workers) must give the same summary.json;
+* 64 x 5,000 and 64 x 10,000: cost linear in spans (2x spans <= 2.2x time);
+  target 64 x 10,000 in < 30 s;
+* 64 x 100,000 (64M spans, a day-scale soak; about 13 GB of log): only with
+  DSPROF_BENCH_LARGE=1; target < 5 min with peak RSS < 4 GB.
+
+Each analysis runs in a child process; its peak RSS comes from ``wait4``.
+
+    .venv/bin/python benchmarks/bench_analyze.py [--keep DIR] [--skip-ray]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-from dsprof.profiler.synthetic import SyntheticRun
+from dsprof.testing.synthetic import SyntheticRun
 
-MEASURE = """
-import json, resource, sys, time
-from dsprof.analysis.analyze import analyze
-marks = {}
-def progress(message):
-    for prefix in ("swimlane:", "writing"):
-        if message.startswith(prefix):
-            marks.setdefault(prefix, time.perf_counter())
-start = time.perf_counter()
-result = analyze([sys.argv[1]], sys.argv[2], progress=progress)
-end = time.perf_counter()
-print(json.dumps({"seconds": end - start, "peak_rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6,
-                  "read_s": marks["swimlane:"] - start, "figures_s": marks["writing"] - marks["swimlane:"],
-                  "write_s": end - marks["writing"],
-                  "rank_roots": result.summary["validation"]["rank_roots"], "valid": result.summary["validation"]["valid"]}))
-"""
+DSPROF = Path(sys.executable).with_name("dsprof")
 
 
-def phases(m: dict) -> str:
-    return f"(read {m['read_s']:.1f} s, swimlane + figures {m['figures_s']:.1f} s, outputs {m['write_s']:.1f} s)"
+def generate(directory: Path, ranks: int, steps: int, **options) -> Path:
+    """A synthetic run with host evidence on every span (as the runtime writes by default)."""
+    if not (directory / "server.log").exists():
+        started = time.perf_counter()
+        SyntheticRun(ranks=ranks, steps=steps, host_evidence=True, sa_worker_spans=False, **options).write(directory)
+        size = (directory / "server.log").stat().st_size
+        print(f"  generated {ranks} x {steps}: {size / 1e9:.2f} GB of log in {time.perf_counter() - started:.1f} s")
+    return directory
 
 
-def measure(artifacts: Path, out: Path) -> dict:
-    proc = subprocess.run([sys.executable, "-c", MEASURE, str(artifacts), str(out)], capture_output=True, text=True, check=True)
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def analyze(run: Path, out: Path, *extra: str) -> dict:
+    """Run ``dsprof analyze`` in a child process: wall seconds, CPU seconds, peak RSS, summary."""
+    shutil.rmtree(out, ignore_errors=True)
+    started = time.perf_counter()
+    child = subprocess.Popen([str(DSPROF), "analyze", str(run), "-o", str(out), *extra],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, usage = os.wait4(child.pid, 0)
+    seconds = time.perf_counter() - started
+    if status != 0:
+        raise SystemExit(f"dsprof analyze {run} failed: {child.stderr.read().decode()[-2000:]}")
+    summary = json.loads((out / "summary.json").read_text())
+    return {"seconds": seconds, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": usage.ru_maxrss / 1e6,
+            "spans": summary["inputs"]["spans"], "summary": summary}
 
 
-def generate(run: SyntheticRun, where: Path) -> float:
-    start = time.perf_counter()
-    run.write(where)
-    return time.perf_counter() - start
+def report(label: str, result: dict) -> None:
+    spans = result["spans"]
+    print(f"  {label}: {result['seconds']:.1f} s wall, {result['cpu_s']:.1f} s CPU, peak RSS {result['peak_rss_gb']:.2f} GB, "
+          f"{spans:,} spans, {spans / result['seconds']:,.0f} spans/s")
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--ranks", type=int, default=64)
-    parser.add_argument("--steps", type=int, default=10_000)
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--keep", type=Path, help="generate and keep the inputs here (reused when present)")
+    parser.add_argument("--skip-ray", action="store_true", help="do not compare with the Ray engine")
     args = parser.parse_args()
-    with tempfile.TemporaryDirectory(prefix="dsprof-bench-") as tmp:
-        tmp = Path(tmp)
-        gen = generate(SyntheticRun(ranks=8, steps=143), tmp / "prod")
-        m = measure(tmp / "prod", tmp / "prod-out")
-        print(f"production shape 8 x 143: {m['rank_roots']} roots, valid={m['valid']}, "
-              f"analyze {m['seconds']:.2f} s {phases(m)}, peak RSS {m['peak_rss_gb']:.2f} GB (generated in {gen:.1f} s)")
+    base = args.keep or Path(tempfile.mkdtemp(prefix="dsprof-bench-analyze-"))
+    base.mkdir(parents=True, exist_ok=True)
+    try:
+        print("== production shape (8 x 143)")
+        report("analyze", analyze(generate(base / "production", 8, 143), base / "out-production"))
 
-        timings = []
-        for fraction in (4, 2, 1):
-            steps = args.steps // fraction
-            where = tmp / f"large-{steps}"
-            run = SyntheticRun(ranks=args.ranks, steps=steps, bind_children=False, sa_worker_spans=False,
-                               unrelated_lines_per_step=1)
-            gen = generate(run, where)
-            size_mb = (where / "server.log").stat().st_size / 1e6
-            m = measure(where, tmp / f"large-{steps}-out")
-            timings.append((m["rank_roots"], m["seconds"]))
-            print(f"{args.ranks} x {steps}: {m['rank_roots']} roots, server.log {size_mb:.0f} MB, valid={m['valid']}, "
-                  f"analyze {m['seconds']:.2f} s {phases(m)}, peak RSS {m['peak_rss_gb']:.2f} GB (generated in {gen:.1f} s)")
-            for path in sorted(where.rglob("*"), reverse=True):
-                path.unlink() if path.is_file() else path.rmdir()
-        base_roots, base_seconds = timings[0]
-        print("linearity (relative to the 1/4 run): "
-              + ", ".join(f"{roots / base_roots:.0f}x roots -> {seconds / base_seconds:.2f}x time" for roots, seconds in timings))
-        roots, seconds = timings[-1]
-        print(f"target {args.ranks} x {args.steps}: < 60 s -> {'met' if seconds < 60 else 'MISSED'} ({seconds:.1f} s)")
+        print("== 64 x 2,000: embedded and Ray engines")
+        run = generate(base / "r64x2000", 64, 2_000)
+        embedded = analyze(run, base / "out-embedded")
+        report("embedded", embedded)
+        if not args.skip_ray:
+            try:
+                import ray  # noqa: F401  (the optional cluster extra)
+            except ImportError:
+                print("  ray: not installed (pip install 'dsprof[cluster]'), skipped")
+            else:
+                distributed = analyze(run, base / "out-ray", "--engine", "ray")
+                report("ray (local cluster)", distributed)
+                same = distributed["summary"] == embedded["summary"]
+                print(f"  summary.json identical: {'yes' if same else 'NO'}")
+
+        print("== 64 x 5,000 and 64 x 10,000: linearity; target 64 x 10,000 < 30 s")
+        half = analyze(generate(base / "r64x5000", 64, 5_000), base / "out-5000")
+        report("64 x 5,000", half)
+        full = analyze(generate(base / "r64x10000", 64, 10_000), base / "out-10000")
+        report("64 x 10,000", full)
+        print(f"  2x spans took {full['seconds'] / half['seconds']:.2f}x the time (target <= 2.2x); "
+              f"64 x 10,000 {'meets' if full['seconds'] < 30 else 'misses'} the 30 s target")
+
+        if os.environ.get("DSPROF_BENCH_LARGE") == "1":
+            print("== 64 x 100,000 (day-scale soak); target < 5 min, peak RSS < 4 GB")
+            large = analyze(generate(base / "r64x100000", 64, 100_000), base / "out-100000")
+            report("64 x 100,000", large)
+            ok = large["seconds"] < 300 and large["peak_rss_gb"] < 4
+            print(f"  {'meets' if ok else 'misses'} the target")
+        else:
+            print("== 64 x 100,000: skipped (set DSPROF_BENCH_LARGE=1)")
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
 
 
 if __name__ == "__main__":
