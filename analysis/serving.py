@@ -57,7 +57,7 @@ def _number(value: object, factor: float) -> float | None:
 
 def _from_performance_summary(summary: dict) -> dict[str, tuple[float, str]]:
     found: dict[str, tuple[float, str]] = {}
-    workload = summary.get("workload") if isinstance(summary.get("workload"), dict) else {}
+    workload: dict = summary["workload"] if isinstance(summary.get("workload"), dict) else {}
     for figure, aliases in SUMMARY_ALIASES.items():
         for name, factor in aliases:
             value = _number(summary.get(name), factor)

@@ -91,6 +91,10 @@ DICTIONARY_COLUMNS = ("source", "file", "name", "cat", "ph", "hid", "clk", "devi
 _INT_TEXT = r"^-?[0-9]{1,18}$"
 
 
+ANCHOR_SCHEMA = pa.schema([("pid", pa.int64()), ("mono_ns", pa.int64()), ("wall_ns", pa.int64())])
+CHIP_SCHEMA = pa.schema([("pid", pa.int64()), ("device", pa.string())])
+
+
 def empty_spans() -> pa.Table:
     return SPAN_SCHEMA.empty_table()
 
@@ -207,8 +211,6 @@ class Trace:
             self.dropped[reason] = self.dropped.get(reason, 0) + int(n)
 
 
-ANCHOR_SCHEMA = pa.schema([("pid", pa.int64()), ("mono_ns", pa.int64()), ("wall_ns", pa.int64())])
-CHIP_SCHEMA = pa.schema([("pid", pa.int64()), ("device", pa.string())])
 
 
 def merge_traces(traces: list[Trace]) -> Trace:

@@ -99,7 +99,7 @@ def run_info(performance_summary: dict | None) -> RunInfo:
     summary = performance_summary if isinstance(performance_summary, dict) else {}
     failed = summary.get("failed_rank")
     failed = failed if isinstance(failed, int) and not isinstance(failed, bool) else None
-    devices = summary.get("devices") if isinstance(summary.get("devices"), dict) else {}
+    devices: dict = summary["devices"] if isinstance(summary.get("devices"), dict) else {}
     status = summary.get("exit_status")
     message = summary.get("message")
     return {
@@ -173,7 +173,7 @@ def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
         found = content.get("schema") if isinstance(content, dict) else None
         raise InputError(path, "not a dsprof summary" + (f" (schema {found!r})" if found else ""),
                          expected=f'a JSON object with "schema": "{SUMMARY_SCHEMA}"')
-    return Summary(**content)  # type: ignore[typeddict-item]
+    return Summary(**content)
 
 
 # A summary of 10^6 steps is ~150 MiB; beyond this it is not a summary.

@@ -18,7 +18,8 @@ def format_console_summary(summary: Summary) -> str:
     """A readable fixed-width summary for the terminal."""
     lines = [f"{label:<10} {text}" for label, text in verdict_lines(summary)]
     for key, title in (("tail_steps", "worst tail steps"), ("late_starts", "worst late starts")):
-        items = worst_first((summary.get(key) or {}).get("items") or [])
+        block: dict = summary.get(key) or {}  # type: ignore[assignment]
+        items = worst_first(block.get("items") or [])
         if items:
             lines += ["", f"{title}:"] + [f"  {item_line(item)}" for item in items[:LIST_LIMIT]]
             if len(items) > LIST_LIMIT:

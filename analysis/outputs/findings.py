@@ -57,7 +57,6 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     pipeline = summary.get("pipeline") or {}
     tails = summary.get("tail_steps") or {}
     cost = summary.get("tail_cost") or {}
-    run = summary.get("run") or {}
     lines = [("swimlane", "valid" if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []))]
     lines.append(("run", run_outcome(summary)))
     serialized = pipeline.get("serialized")
@@ -75,7 +74,7 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
 
 def run_outcome(summary: Summary) -> str:
     """``exit status 0`` or, after a crash, which rank failed and why."""
-    run = summary.get("run") or {}
+    run: dict = dict(summary.get("run") or {})
     status = run.get("exit_status", summary.get("exit_status"))
     text = f"exit status {value(status)}"
     if status not in (None, 0) and run.get("message"):

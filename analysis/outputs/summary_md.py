@@ -63,7 +63,7 @@ def format_summary_md(summary: Summary) -> str:
 def _late_lists(summary: Summary) -> list[str]:
     lines: list[str] = []
     for key, title in (("tail_steps", "Tail steps"), ("late_starts", "Late starts")):
-        block = summary.get(key) or {}
+        block: dict = summary.get(key) or {}  # type: ignore[assignment]
         items = worst_first(block.get("items") or [])
         if not items:
             continue

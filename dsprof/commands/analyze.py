@@ -70,8 +70,9 @@ def analyze_paths(
     invocations = None
     if engine == "ray":
         spill = None if spans_dir is not None else Path(tempfile.mkdtemp(prefix="dsprof-spans-"))
-        trace, invocations = read_and_aggregate(paths, spans_dir or spill, address=address, memory_limit=memory_limit,
-                                                progress=progress)
+        dataset = Path(spans_dir) if spans_dir is not None else spill
+        assert dataset is not None
+        trace, invocations = read_and_aggregate(paths, dataset, address=address, memory_limit=memory_limit, progress=progress)
     else:
         trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
     try:

@@ -134,13 +134,14 @@ class SyntheticRun:
     acceptance_rate: float = 0.79
 
     def __post_init__(self) -> None:
-        if self.period_ns is None:
-            # the typical (median) step sets the period, so an injected delay stays local
-            if self.pipelined:
-                self.period_ns = int(np.median(self._plan("launch_ns") + self._plan("fence_wait_ns")
-                                               + self._plan("drain_ns") + self._plan("claim_ns"))) + 20_000
-            else:
-                self.period_ns = int(np.median(self._root_length())) + 500_000
+        self.period: int = self._default_period() if self.period_ns is None else self.period_ns
+        self.period_ns = self.period
+
+    def _default_period(self) -> int:
+        """The typical (median) step sets the period, so an injected delay stays local."""
+        if self.pipelined:
+            return int(np.median(self._plan("launch_ns") + self._plan("fence_wait_ns") + self._plan("drain_ns") + self._plan("claim_ns"))) + 20_000
+        return int(np.median(self._root_length())) + 500_000
 
     # -- timing plan --------------------------------------------------------------
 
@@ -162,13 +163,13 @@ class SyntheticRun:
         """Warm-up rounds come first, then a pause longer than a root, then the measured steps."""
         if not self.warmup_steps:
             return 0
-        return self.warmup_steps * self.period_ns + int(np.max(self._root_length())) + 5_000_000
+        return self.warmup_steps * self.period + int(np.max(self._root_length())) + 5_000_000
 
     def _timings(self, steps: int, origin_ns: int) -> Timings:
         p = {f: self._plan(f) for f in _TIMING_FIELDS}
         if steps != self.steps:  # warm-up rounds reuse step 0's plan
             p = {f: np.repeat(v[:, :1], steps, axis=1) for f, v in p.items()}
-        grid = T0_MONO_NS + origin_ns + np.arange(steps, dtype=np.int64) * self.period_ns
+        grid = T0_MONO_NS + origin_ns + np.arange(steps, dtype=np.int64) * self.period
         bind_start = grid[None, :] + p["bind_start_offset_ns"]
         bind_end = bind_start + p["bind_ns"]
         runner_start = bind_end + p["bind_to_runner_ns"]
@@ -332,7 +333,7 @@ class SyntheticRun:
         if self.unrelated_lines_per_step:
             n = (stop - first) * self.unrelated_lines_per_step
             index = first * self.unrelated_lines_per_step + np.arange(n, dtype=np.int64)
-            when = T0_MONO_NS + index * (self.period_ns // self.unrelated_lines_per_step) + 7_777
+            when = T0_MONO_NS + index * (self.period // self.unrelated_lines_per_step) + 7_777
             keys.append(when)
             texts.append(join_text("[mono_ns=", when, "][T0x", _hex(np.full(n, self.base_pid - 1)),
                                    "][INFO] scheduler: batch ", index, " admitted 4 requests [queue=0] depth=2 name=x"))
