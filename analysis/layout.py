@@ -74,11 +74,12 @@ def build_lanes(engine: Engine) -> None:
 
 
 def runtime_spans_sql(where: str = "TRUE") -> str:
-    """Host-clock runtime spans of the runs in the window, with rank, device, step, callable, lane, phase and wall time."""
+    """Host-clock runtime spans of the runs in the window, with rank, device, step, callable, lane, phase, identity and wall time."""
     return f"""
     SELECT s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
            r.rank, r.device, d.step, r.callable_label AS callable, l.lane, {PHASE_SQL.replace('name', 's.name')} AS phase,
            s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt, r.device_wall_ns AS run_device_wall_ns,
+           s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,
            s.ts_ns + a.offset_ns AS wall_ns
     FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
     LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
@@ -89,9 +90,9 @@ def runtime_spans_sql(where: str = "TRUE") -> str:
 
 
 def serving_spans_sql(where: str = "TRUE") -> str:
-    """Serving (SA_PROFILE / Chrome) spans and instants as read, with wall time where their pid is anchored."""
+    """Serving (SA_PROFILE / Chrome) spans and instants as read (``file``, ``line``: which one), with wall time where their pid is anchored."""
     return f"""
-    SELECT s.source, s.pid, s.tid, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, s.rank, s.step, s.dispatch_id, s.run_id, s.attrs,
+    SELECT s.source, s.file, s.line, s.pid, s.tid, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, s.rank, s.step, s.dispatch_id, s.run_id, s.attrs,
            s.ts_ns + coalesce(a.offset_ns, (SELECT min(offset_ns) FROM anchor_offsets)) AS wall_ns
     FROM spans s LEFT JOIN anchor_offsets a ON a.pid = s.pid
     WHERE {serving_row('s')} AND s.ph IN ('X', 'i') AND ({where})
