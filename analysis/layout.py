@@ -89,6 +89,25 @@ def runtime_spans_sql(where: str = "TRUE") -> str:
     """
 
 
+def device_spans_sql() -> str:
+    """Device-clock spans (``clk=dev``) of the runs in the window, placed on the host axis at their run's launch.
+
+    A device span's ``ts`` is an offset on a per-invocation device clock whose
+    origin is the program's launch; the launch happens inside runner_run, just
+    after it starts, so ``runner_run start + offset`` places it approximately
+    (early by the launch latency). For drawing only: no figure uses it. Columns
+    as :func:`runtime_spans_sql` has them that a drawing needs, with the run's thread.
+    """
+    return f"""
+    SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, d.step,
+           l.lane, {PHASE_SQL.replace('name', 's.name')} AS phase
+    FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
+    LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
+    LEFT JOIN lanes l ON l.pid = s.pid AND l.inv = s.inv
+    WHERE {runtime_row('s')} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
+    """
+
+
 def serving_spans_sql(where: str = "TRUE") -> str:
     """Serving (SA_PROFILE / Chrome) spans and instants as read (``file``, ``line``: which one), with wall time where their pid is anchored."""
     return f"""
