@@ -262,6 +262,24 @@ def test_pftrace_holds_every_slice_nested_on_its_track(proto, events):
     assert slices == expected
 
 
+def _annotations(trace: pb.Trace, event: pb.TrackEvent) -> dict[str, object]:
+    names = {n.iid: n.name for p in trace.packet for n in p.interned_data.debug_annotation_names}
+    return {names[a.name_iid]: a.string_value if a.HasField("string_value") else a.int_value for a in event.debug_annotations}
+
+
+def test_pftrace_annotations_carry_identity_and_text_as_read(proto, analysed):
+    _, trace = proto
+    names = _interned_names(trace)
+    begins = [p.track_event for p in _track_events(trace) if p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN]
+    hostile = [e for e in begins if names[e.name_iid] == HOSTILE]
+    assert len(hostile) == 1 and _annotations(trace, hostile[0]).items() >= {"run_id": RUN_ID_LINK, "note": HOSTILE}.items()
+    inv, run_id, epoch = _rows(analysed, "SELECT inv, run_id, run_epoch FROM decode WHERE step = 3 AND rank = 2")[0]
+    root = [a for e in begins if names[e.name_iid] == fmt.ROOT for a in [_annotations(trace, e)] if a.get("inv") == str(inv)]
+    assert len(root) == 1
+    assert {k: root[0][k] for k in ("step", "rank", "run_id", "run_epoch", "phase", "device")} == {
+        "step": 3, "rank": 2, "run_id": run_id, "run_epoch": epoch, "phase": "root", "device": "npu:2"}
+
+
 def test_pftrace_overlapping_serving_spans_lie_on_lanes_that_never_overlap(proto):
     _, trace = proto
     tracks = _descriptors(trace)

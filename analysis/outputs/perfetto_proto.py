@@ -10,7 +10,7 @@ decides processes, tracks, names, arrows and counters); here it is spelled as
 * every span as a ``TYPE_SLICE_BEGIN`` / ``TYPE_SLICE_END`` pair (instants as
   ``TYPE_INSTANT``), its name and category interned once at the start of the
   sequence, the run's step, rank, phase, identity and host evidence and the
-  span's own attributes as debug annotations on the begin;
+  span's own attributes as debug annotations on the begin (their names interned too);
 * flows as ``flow_ids`` on the dispatching serving span and
   ``terminating_flow_ids`` on the root it started;
 * counter values as ``TYPE_COUNTER`` events, in time order with the slices.
@@ -26,6 +26,7 @@ Perfetto's default trace clock.
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pyarrow as pa
@@ -60,20 +61,42 @@ def write_perfetto_proto(result: AnalysisResult, path: str | Path, *, progress: 
     _register_tracks(engine, layout, uuids)
     _register_counters(engine, layout, uuids)
     _register_flows(engine)
-    names = [row[0] for row in engine.rows("SELECT DISTINCT name FROM report_events WHERE name IS NOT NULL ORDER BY 1")]
-    categories = [row[0] for row in engine.rows("SELECT DISTINCT cat FROM report_events WHERE cat IS NOT NULL ORDER BY 1")]
-    name_iid = {name: i + 1 for i, name in enumerate(names)}
-    category_iid = {cat: i + 1 for i, cat in enumerate(categories)}
+    interned = _Interned.of(engine)
     with atomic_output(path) as out:
-        out.write(_descriptors(layout, uuids, names, categories).serialize())
+        out.write(_descriptors(layout, uuids, interned).serialize())
         reader = engine.con.sql(_ORDERED_EVENTS_SQL).to_arrow_reader(BATCH_ROWS)
         done = 0
         for batch in reader:
-            out.write(_event_packets(batch, name_iid, category_iid).serialize())
+            out.write(_event_packets(batch, interned).serialize())
             done += batch.num_rows
             if progress:
                 progress(f"writing trace events: {done:,}")
     return path
+
+
+@dataclass
+class _Interned:
+    """Iids of the event names, categories and debug-annotation names, written once in the sequence's first packet."""
+
+    names: dict[str, int]
+    categories: dict[str, int]
+    annotations: dict[str, int]
+
+    @classmethod
+    def of(cls, engine: Engine) -> _Interned:
+        def iids(query: str, fixed: tuple[str, ...] = ()) -> dict[str, int]:
+            values = dict.fromkeys([*fixed, *(row[0] for row in engine.rows(query))])
+            return {value: i + 1 for i, value in enumerate(values)}
+
+        return cls(names=iids("SELECT DISTINCT name FROM report_events WHERE name IS NOT NULL ORDER BY 1"),
+                   categories=iids("SELECT DISTINCT cat FROM report_events WHERE cat IS NOT NULL ORDER BY 1"),
+                   annotations=iids("SELECT DISTINCT k FROM (SELECT unnest(map_keys(attrs)) AS k FROM report_events) ORDER BY 1",
+                                    (*(EVIDENCE_NAMES.get(n, n) for n in RUNTIME_INT_ARGS), *(n for n, _ in TEXT_ARGS))))
+
+    def fill(self, data: pb.InternedData) -> None:
+        data.event_names.extend(pb.EventName(iid=iid, name=name) for name, iid in self.names.items())
+        data.event_categories.extend(pb.EventCategory(iid=iid, name=name) for name, iid in self.categories.items())
+        data.debug_annotation_names.extend(pb.DebugAnnotationName(iid=iid, name=name) for name, iid in self.annotations.items())
 
 
 class _Uuids:
@@ -148,14 +171,13 @@ ORDER BY t, k, k2, k3, span_id, is_end
 """
 
 
-def _descriptors(layout: TrackLayout, uuids: _Uuids, names: list[str], categories: list[str]) -> TraceProtoBuilder:
+def _descriptors(layout: TrackLayout, uuids: _Uuids, interned: _Interned) -> TraceProtoBuilder:
     """The sequence's first packet (interned names and categories), then a descriptor per process, track and counter."""
     builder = TraceProtoBuilder()
     first = builder.add_packet()
     first.trusted_packet_sequence_id = SEQUENCE_ID
     first.sequence_flags = pb.TracePacket.SEQ_INCREMENTAL_STATE_CLEARED
-    first.interned_data.event_names.extend(pb.EventName(iid=i + 1, name=name) for i, name in enumerate(names))
-    first.interned_data.event_categories.extend(pb.EventCategory(iid=i + 1, name=cat) for i, cat in enumerate(categories))
+    interned.fill(first.interned_data)
     for process in layout.processes:  # one per process
         track = builder.add_packet().track_descriptor
         track.uuid = uuids.process[process.pid]
@@ -176,7 +198,7 @@ def _descriptors(layout: TrackLayout, uuids: _Uuids, names: list[str], categorie
     return builder
 
 
-def _event_packets(batch: pa.RecordBatch, name_iid: dict[str, int], category_iid: dict[str, int]) -> TraceProtoBuilder:
+def _event_packets(batch: pa.RecordBatch, interned: _Interned) -> TraceProtoBuilder:
     """One packet per begin, end, instant or counter value of ``batch`` (already in order)."""
     builder = TraceProtoBuilder()
     columns = {name: batch.column(name).to_pylist() for name in batch.schema.names}
@@ -195,28 +217,28 @@ def _event_packets(batch: pa.RecordBatch, name_iid: dict[str, int], category_iid
             event.type, event.double_counter_value = pb.TrackEvent.TYPE_COUNTER, columns["value"][i]
             continue
         event.type = instant if columns["ph"][i] == "i" else begin
-        event.name_iid = name_iid[columns["name"][i]]
-        event.category_iids.append(category_iid[columns["cat"][i]])
+        event.name_iid = interned.names[columns["name"][i]]
+        event.category_iids.append(interned.categories[columns["cat"][i]])
         if columns["flow_out"][i]:
             event.flow_ids.extend(columns["flow_out"][i])
         if columns["flow_in"][i]:
             event.terminating_flow_ids.extend(columns["flow_in"][i])
-        _annotate(event, columns, i)
+        _annotate(event, columns, i, interned.annotations)
     return builder
 
 
-def _annotate(event: pb.TrackEvent, columns: dict[str, list], i: int) -> None:
-    """The span's figures-free facts as debug annotations: identity, host evidence, its own attributes."""
+def _annotate(event: pb.TrackEvent, columns: dict[str, list], i: int, iids: dict[str, int]) -> None:
+    """The span's facts as debug annotations (names interned): identity, host evidence, its own attributes."""
     for name in RUNTIME_INT_ARGS:
         value = columns[name][i]
         if value is not None:
             annotation = event.debug_annotations.add()
-            annotation.name, annotation.int_value = EVIDENCE_NAMES.get(name, name), value
+            annotation.name_iid, annotation.int_value = iids[EVIDENCE_NAMES.get(name, name)], value
     for name, column in TEXT_ARGS:
         value = columns[column][i]
         if value is not None:
             annotation = event.debug_annotations.add()
-            annotation.name, annotation.string_value = name, value
+            annotation.name_iid, annotation.string_value = iids[name], value
     for key, value in columns["attrs"][i] or ():
         annotation = event.debug_annotations.add()
-        annotation.name, annotation.string_value = key, value if value is not None else ""
+        annotation.name_iid, annotation.string_value = iids[key], value if value is not None else ""
