@@ -178,7 +178,7 @@ def test_over_budget_keeps_the_worst_steps_in_detail_and_aggregates_the_rest(res
     skew = {row["step"]: row["runner_end_skew_ms"] for row in result.summary["per_step"]}
     assert min(skew[s] for s in detailed) >= max(skew[s] for s in set(skew) - detailed)
     covered = set()
-    for lo, hi in zip(data["aggregate"]["step_lo"], data["aggregate"]["step_hi"]):
+    for lo, hi in zip(data["aggregate"]["step_lo"], data["aggregate"]["step_hi"], strict=True):
         covered.update(range(lo, hi + 1))
     assert set(skew) - detailed <= covered
     assert "over the span budget" in render_html(result, span_budget=budget)

@@ -377,7 +377,7 @@ def _trace_processor_shell() -> tuple[str | None, str]:
 
     try:
         return get_perfetto_prebuilt(TRACE_PROCESSOR_SHELL_MANIFEST), ""
-    except Exception as error:  # noqa: BLE001 - any failure to fetch means: not available here
+    except Exception as error:  # any failure to fetch means: not available here
         return None, f"{type(error).__name__}: {error}"
 
 

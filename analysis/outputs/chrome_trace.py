@@ -181,7 +181,7 @@ def counter_events(layout: TrackLayout) -> list[dict]:
     home = layout.processes[0].pid if layout.processes else 0
     return [{"ph": "C", "name": counter.name, "pid": home if counter.pid is None else counter.pid, "tid": 0,
              "ts": float(us_text(np.array([ts]))[0].as_py()), "args": {"ms": value}}
-            for counter in layout.counters for ts, value in zip(counter.ts_ns, counter.values)]  # one per step / run
+            for counter in layout.counters for ts, value in zip(counter.ts_ns, counter.values, strict=True)]  # one per step / run
 
 
 def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table) -> pa.Array:

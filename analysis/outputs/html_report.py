@@ -35,6 +35,7 @@ import json
 import math
 from importlib import resources
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pyarrow as pa
@@ -164,10 +165,10 @@ def _budget_steps(engine: Engine, span_budget: int, n_rows: int) -> tuple[list[i
         return None, budget | {"shown_spans": total, "aggregated_spans": 0}
     n_aggregate = max(span_budget // AGGREGATE_SHARE, n_rows)
     fits = np.cumsum([n for _, n in counts]) <= span_budget - n_aggregate
-    kept = [step for (step, _), ok in zip(counts, fits) if ok]
+    kept = [step for (step, _), ok in zip(counts, fits, strict=True) if ok]
     n_steps = int(engine.scalar("SELECT count(*) FROM step_windows") or 0)
     bucket_steps = max(1, math.ceil(max(n_steps, 1) * n_rows / n_aggregate))
-    shown = sum(n for (_, n), ok in zip(counts, fits) if ok)
+    shown = sum(n for (_, n), ok in zip(counts, fits, strict=True) if ok)
     return kept, budget | {"shown_spans": shown, "aggregated_spans": total - shown, "detailed_steps": sum(s is not None for s in kept),
                            "bucket_steps": bucket_steps}
 
@@ -213,7 +214,7 @@ def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET
         budget["aggregate_bars"] = aggregate.num_rows
     spans, names, phases = _columns(detailed, origin_ns)
     windows = engine.arrow("SELECT step, start_ns, end_ns FROM step_windows ORDER BY position")
-    return {
+    data: dict[str, object] = {
         "origin_mono_ns": str(origin_ns),
         "origin_wall": _origin_wall(engine, origin_ns),
         **lanes,
@@ -236,6 +237,7 @@ def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET
         },
         "budget": budget,
     }
+    return data
 
 
 def _folded(bands: dict) -> list[bool]:
@@ -297,6 +299,12 @@ def _chart_data(summary: Summary) -> dict:
 # ---------------------------------------------------------------- server-rendered HTML
 
 
+def _block(summary: Summary, key: str) -> dict[str, Any]:
+    """A block of the summary by name (``late_starts``, ``tail_steps``), empty when absent."""
+    block = cast(dict, summary).get(key)
+    return block if isinstance(block, dict) else {}
+
+
 def _e(text: object) -> str:
     """A value as escaped text for people: yes/no, n/a, numbers, lists and mappings spelled out (never a Python literal)."""
     return html.escape(_plain(text))
@@ -327,7 +335,7 @@ def _findings_section(summary: Summary) -> str:
                         f"<dt>{html.escape(label)}</dt><dd>{html.escape(text)}</dd></div>")
     worst = []
     for key, title in (("tail_steps", "Worst tail steps"), ("late_starts", "Worst late starts")):
-        items = worst_first((summary.get(key) or {}).get("items") or [])
+        items = worst_first(_block(summary, key).get("items") or [])
         if items:
             entries = "".join(_findings_entry(item) for item in _list_items(items[:FINDINGS_ITEMS]))
             more = f'<p class="more">{len(items) - FINDINGS_ITEMS:,} more in the lists below.</p>' if len(items) > FINDINGS_ITEMS else ""
@@ -346,7 +354,7 @@ def _findings_entry(item: dict) -> str:
 
 
 def _run_failed(summary: Summary) -> bool:
-    run = summary.get("run") or {}
+    run: dict[str, Any] = dict(summary.get("run") or {})
     return run.get("exit_status") not in (None, 0) or run.get("failed_rank") is not None
 
 
@@ -386,7 +394,7 @@ to fold it. Device spans (hatched) are on the device's clock and are placed unde
 def _lists_section(summary: Summary) -> str:
     parts = []
     for key, title in (("tail_steps", "Tail steps"), ("late_starts", "Late starts")):
-        block = summary.get(key) or {}
+        block = _block(summary, key)
         parts.append(f"""<section class="late-list" id="list-{key}" data-list="{key}">
 <h2>{title} ({_e(block.get('count', 0))}, threshold {_e(block.get('threshold_ms'))} ms)</h2>
 <div class="list-controls">sort by
@@ -403,7 +411,8 @@ def _pipeline_section(summary: Summary) -> str:
     cadence = pipeline.get("cadence_ms") or {}
     depth = pipeline.get("achieved_depth") or {}
     runner = pipeline.get("runner_depth") or {}
-    rows = [[rank] + [(block or {}).get(k) for k in PERCENTILE_KEYS] + [depth.get(rank), runner.get(rank)] for rank, block in cadence.items()]
+    rows: list[list[object]] = [[rank, *((block or {}).get(k) for k in PERCENTILE_KEYS), depth.get(rank), runner.get(rank)]
+                                for rank, block in cadence.items()]
     violations = "".join(f"<li>rank {_e(v.get('rank'))}, step {_e(v.get('step'))}: {_e(v.get('reason'))}</li>"
                          for v in pipeline.get("first_violations") or [])
     return f"""<section id="pipeline"><h2>Pipeline health</h2>
@@ -415,8 +424,9 @@ def _pipeline_section(summary: Summary) -> str:
 
 def _percentile_section(summary: Summary) -> str:
     figures = summary.get("figures") or {}
-    rows = [[name] + [block.get(k) for k in PERCENTILE_KEYS] for name, block in figures.items() if isinstance(block, dict) and "p50" in block]
-    per_rank = [[rank, blocks.get("device"), name] + [block.get(k) for k in PERCENTILE_KEYS]
+    rows: list[list[object]] = [[name, *(block.get(k) for k in PERCENTILE_KEYS)] for name, block in figures.items()
+                                if isinstance(block, dict) and "p50" in block]
+    per_rank: list[list[object]] = [[rank, blocks.get("device"), name, *(block.get(k) for k in PERCENTILE_KEYS)]
                 for rank, blocks in (figures.get("per_rank") or {}).items() for name, block in blocks.items()
                 if isinstance(block, dict) and "p50" in block]
     return f"""<section id="percentiles"><h2>Percentiles (ms)</h2>
@@ -460,7 +470,7 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
     data = {
         "swimlane": swimlane,
         "chart": _chart_data(summary),
-        "lists": {key: _list_items((summary.get(key) or {}).get("items") or []) for key in ("tail_steps", "late_starts")},
+        "lists": {key: _list_items(_block(summary, key).get("items") or []) for key in ("tail_steps", "late_starts")},
     }
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

@@ -112,7 +112,7 @@ class _Uuids:
 def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
     """Tables ``track_of_run`` (pid, tid, lane -> uuid) and ``track_of_serving`` (pid, tid, cat, lane -> uuid); view ``report_events``."""
     for name, table in (("track_of_run", layout.runtime_track_table()), ("track_of_serving", layout.serving_track_table())):
-        uuid = [uuids.thread[(pid, track)] for pid, track in zip(table.column("pid").to_pylist(), table.column("track").to_pylist())]
+        uuid = [uuids.thread[(pid, track)] for pid, track in zip(table.column("pid").to_pylist(), table.column("track").to_pylist(), strict=True)]
         engine.con.register(name, table.append_column("uuid", pa.array(uuid, pa.int64())))  # one per track
     engine.run(f"""CREATE OR REPLACE TEMP VIEW report_events AS
         SELECT t.uuid AS track, s.name, '{RUNTIME_CATEGORY}' AS cat, 'X' AS ph, s.ts_ns, s.dur_ns, s.depth, s.pid, s.inv,
@@ -131,7 +131,7 @@ def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None
 
 def _register_counters(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
     """``counter_values`` (t, track, value): every counter value, to be ordered with the slices."""
-    tracks = [uuid for counter, uuid in zip(layout.counters, uuids.counter) for _ in counter.ts_ns]
+    tracks = [uuid for counter, uuid in zip(layout.counters, uuids.counter, strict=True) for _ in counter.ts_ns]
     engine.con.register("counter_values", pa.table({
         "t": pa.array([t for counter in layout.counters for t in counter.ts_ns], pa.int64()),
         "track": pa.array(tracks, pa.int64()),
@@ -189,7 +189,7 @@ def _descriptors(layout: TrackLayout, uuids: _Uuids, interned: _Interned) -> Tra
         track.uuid, track.parent_uuid = uuids.thread[(thread.pid, thread.tid)], uuids.process[thread.pid]
         track.thread.pid, track.thread.tid, track.thread.thread_name = thread.pid, thread.tid, thread.name
         track.thread.legacy_sort_index = thread.sort_index
-    for counter, uuid in zip(layout.counters, uuids.counter):  # one per counter track
+    for counter, uuid in zip(layout.counters, uuids.counter, strict=True):  # one per counter track
         track = builder.add_packet().track_descriptor
         track.uuid, track.name = uuid, counter.name
         if counter.pid is not None:
