@@ -7,6 +7,7 @@ plus a serving trace with per-rank scheduler, worker and kernel spans and hostil
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
@@ -106,6 +107,15 @@ def test_findings_come_first_and_configuration_last_folded(page, result):
         assert html.escape(item_line(item)) in findings
     assert "exit status 0" in findings and "tail cost" in findings and "pipeline" in findings
     assert html.escape(summary["pipeline"]["diagnosis"]) in findings
+
+
+def test_a_failed_run_says_which_rank_failed_and_why_in_red(result):
+    summary = dict(result.summary, exit_status=1,
+                   run={"exit_status": 1, "failed_rank": 2, "failed_device": "npu:2", "message": "rank 2 crashed at step 11"})
+    page = render_html(dataclasses.replace(result, summary=summary), span_budget=1000)
+    verdict = re.search(r'<div class="verdict (\w+)" data-label="run"><dt>run</dt><dd>(.*?)</dd>', page)
+    assert verdict and verdict.groups() == ("bad", "exit status 1: rank 2 crashed at step 11")
+    assert re.search(r'<div class="verdict ok" data-label="swimlane">', page)
 
 
 def test_no_python_literals_on_the_page(page):

@@ -66,8 +66,10 @@ PERCENTILE_KEYS = (*(name for name, _ in PERCENTILES), "count")
 # row per rank), and a band with more lanes than FOLDED_LANES (e.g. a batch's request lanes) always does.
 EXPANDED_RANKS = 16
 FOLDED_LANES = 8
-# Verdict labels whose text says something is wrong when it starts so (findings.verdict_lines' wording).
+# Verdict labels whose text says something is wrong when it starts so (findings.verdict_lines' wording);
+# the figures-only lines (tail cost, counts) are information, neither good nor bad.
 _BAD_PREFIXES = {"swimlane": "NOT", "pipeline": "SERIALIZED"}
+_INFO_LABELS = ("tail cost", "late")
 
 _CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:")
 
@@ -124,12 +126,14 @@ def _lane_rows(layout: TrackLayout) -> tuple[dict, pa.Table, pa.Table]:
 
 
 def _register_report_spans(engine: Engine, runtime_rows: pa.Table, serving_rows: pa.Table) -> None:
-    """The view ``report_spans``: every span to draw with its row, level, step, phase and whether it is on the device clock.
+    """The table ``report_spans``: every span to draw with its row, level, step, phase and whether it is on the device clock.
 
     Runtime spans sit at their depth, device spans one level deeper (below the
     host phases of runner_run); serving spans at level 0 of their lane. A span
     belongs to its run's decode step; other spans (serving, prefill) to the
-    last step that started at or before them (null before the first).
+    last step that started at or before them (null before the first). A table,
+    not a view: the budget counts it, then detail and bars are read from it
+    (DuckDB keeps it under the engine's memory limit, spilling beyond it).
     """
     engine.con.register("runtime_rows", runtime_rows)
     engine.con.register("serving_rows", serving_rows)
@@ -137,7 +141,7 @@ def _register_report_spans(engine: Engine, runtime_rows: pa.Table, serving_rows:
                   SELECT step, min(root_ts_ns) AS start_ns, max(root_end_ns) AS end_ns,
                          row_number() OVER (ORDER BY min(root_ts_ns), step) - 1 AS position
                   FROM decode GROUP BY step""")
-    engine.run(f"""CREATE OR REPLACE TEMP VIEW report_spans AS
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE report_spans AS
         WITH drawn AS (
             SELECT r.row, s.depth AS level, s.ts_ns, s.dur_ns, s.phase, s.name, s.step AS own_step, 0 AS device
             FROM ({runtime_spans_sql()}) s JOIN runtime_rows r USING (pid, tid, lane)
@@ -330,8 +334,10 @@ def _findings_section(summary: Summary) -> str:
     """The verdicts and the worst late steps: what a reader acts on, above the fold."""
     verdicts = []
     for label, text in verdict_lines(summary):  # a handful of lines
-        bad = text.startswith(_BAD_PREFIXES.get(label, "\0")) or (label == "run" and _run_failed(summary))
-        verdicts.append(f'<div class="verdict {"bad" if bad else "ok"}" data-label="{html.escape(label)}">'
+        bad = (text.startswith(_BAD_PREFIXES.get(label, "\0")) or (label == "run" and _run_failed(summary))
+               or (label == "straggler" and (_block(summary, "tail_steps").get("straggler") or {}).get("rank") is not None))
+        state = "info" if label in _INFO_LABELS else "bad" if bad else "ok"
+        verdicts.append(f'<div class="verdict {state}" data-label="{html.escape(label)}">'
                         f"<dt>{html.escape(label)}</dt><dd>{html.escape(text)}</dd></div>")
     worst = []
     for key, title in (("tail_steps", "Worst tail steps"), ("late_starts", "Worst late starts")):
