@@ -33,6 +33,7 @@ import datetime as _dt
 import html
 import json
 import math
+from collections import Counter, defaultdict
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
@@ -95,17 +96,22 @@ def _lane_rows(layout: TrackLayout) -> tuple[dict, pa.Table, pa.Table]:
     bands: dict[str, list] = {"label": [], "rank": [], "first_row": [], "rows": []}
     rows: dict[str, list] = {"band": [], "label": [], "track": [], "kind": []}
     runtime_keys, serving_keys = [], []
+    serving_of: dict[int, list] = defaultdict(list)
+    runtime_of: dict[int, list] = defaultdict(list)
+    for key, track in layout.serving.items():  # one per serving track
+        serving_of[key[0]].append((key, track))
+    for rkey, track in layout.runtime.items():  # one per pipeline-slot lane
+        runtime_of[rkey[0]].append((rkey, track))
+    lanes = Counter(key[:3] for key in layout.serving)
     for band, process in enumerate(processes):  # one per process
         bands["label"].append(process.name)
         bands["rank"].append(process.rank)
         bands["first_row"].append(len(rows["band"]))
-        serving = sorted(((key, t) for key, t in layout.serving.items() if key[0] == process.pid),
-                         key=lambda kt: (order.get(kt[0][2], len(order)), kt[0][2], kt[0][1], kt[0][3]))
-        runtime = sorted((key, t) for key, t in layout.runtime.items() if key[0] == process.pid)
+        serving = sorted(serving_of[process.pid], key=lambda kt: (order.get(kt[0][2], len(order)), kt[0][2], kt[0][1], kt[0][3]))
+        runtime = sorted(runtime_of[process.pid])
         threads = {key[1] for key, _ in runtime}
         for (pid, tid, cat, lane), track in serving:  # one per serving track
-            lanes = sum(1 for k, _ in serving if k[1:3] == (tid, cat))
-            rows["label"].append((cat or "serving") + (f" · lane {lane}" if lanes > 1 else ""))
+            rows["label"].append((cat or "serving") + (f" · lane {lane}" if lanes[(pid, tid, cat)] > 1 else ""))
             rows["track"].append(track.name)
             rows["kind"].append("serving")
             rows["band"].append(band)
