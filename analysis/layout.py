@@ -74,11 +74,12 @@ def build_lanes(engine: Engine) -> None:
 
 
 def runtime_spans_sql(where: str = "TRUE") -> str:
-    """Host-clock runtime spans of the runs in the window, with rank, device, step, callable, lane, phase and wall time."""
+    """Host-clock runtime spans of the runs in the window, with rank, device, step, callable, lane, phase, identity and wall time."""
     return f"""
     SELECT s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
            r.rank, r.device, d.step, r.callable_label AS callable, l.lane, {PHASE_SQL.replace('name', 's.name')} AS phase,
            s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt, r.device_wall_ns AS run_device_wall_ns,
+           s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,
            s.ts_ns + a.offset_ns AS wall_ns
     FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
     LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
@@ -88,10 +89,29 @@ def runtime_spans_sql(where: str = "TRUE") -> str:
     """
 
 
-def serving_spans_sql(where: str = "TRUE") -> str:
-    """Serving (SA_PROFILE / Chrome) spans and instants as read, with wall time where their pid is anchored."""
+def device_spans_sql() -> str:
+    """Device-clock spans (``clk=dev``) of the runs in the window, placed on the host axis at their run's launch.
+
+    A device span's ``ts`` is an offset on a per-invocation device clock whose
+    origin is the program's launch; the launch happens inside runner_run, just
+    after it starts, so ``runner_run start + offset`` places it approximately
+    (early by the launch latency). For drawing only: no figure uses it. Columns
+    as :func:`runtime_spans_sql` has them that a drawing needs, with the run's thread.
+    """
     return f"""
-    SELECT s.source, s.pid, s.tid, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, s.rank, s.step, s.dispatch_id, s.run_id, s.attrs,
+    SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, d.step,
+           l.lane, {PHASE_SQL.replace('name', 's.name')} AS phase
+    FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
+    LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
+    LEFT JOIN lanes l ON l.pid = s.pid AND l.inv = s.inv
+    WHERE {runtime_row('s')} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
+    """
+
+
+def serving_spans_sql(where: str = "TRUE") -> str:
+    """Serving (SA_PROFILE / Chrome) spans and instants as read (``file``, ``line``: which one), with wall time where their pid is anchored."""
+    return f"""
+    SELECT s.source, s.file, s.line, s.pid, s.tid, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, s.rank, s.step, s.dispatch_id, s.run_id, s.attrs,
            s.ts_ns + coalesce(a.offset_ns, (SELECT min(offset_ns) FROM anchor_offsets)) AS wall_ns
     FROM spans s LEFT JOIN anchor_offsets a ON a.pid = s.pid
     WHERE {serving_row('s')} AND s.ph IN ('X', 'i') AND ({where})

@@ -277,14 +277,16 @@ def report(artifact_dir, output) -> None:
 
 @cli.command()
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), default="perfetto-json", show_default=True,
-              help="Trace format to write.")
+@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), default=None,
+              help="perfetto: Perfetto's native protobuf (.pftrace); perfetto-json: Chrome trace JSON "
+                   "[default: from the output's name, .json or .json.gz for JSON, else perfetto].")
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Trace file; a .gz name is compressed [default: ARTIFACT_DIR/perfetto-trace.json].")
+              help="Trace file; a .json.gz name is compressed JSON "
+                   "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].")
 def export(artifact_dir, fmt, output) -> None:
     """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
-    The trace opens in ui.perfetto.dev and chrome://tracing.
+    Both formats open in ui.perfetto.dev; the JSON also in chrome://tracing.
     """
     progress = _progress()
     path = export_from_dir(artifact_dir, output, format=fmt, progress=progress)

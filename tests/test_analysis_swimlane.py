@@ -94,8 +94,12 @@ def test_combined_swimlane_keeps_serving_events_and_adds_rank_lanes(messy):
     source = json.loads((out.parent / "run" / "serving-trace" / "trace.json").read_text())["traceEvents"]
     source_spans = [e for e in source if e["ph"] == "X" and e["cat"] != "request"]
     serving = [e for e in events if e.get("cat") not in ("runtime", "request", "flow") and e["ph"] == "X"]
-    key = lambda e: (e["pid"], e["tid"], e["ts"], e["name"], e["dur"])  # noqa: E731
+    key = lambda e: (e["pid"], e["ts"], e["name"], e["dur"])  # noqa: E731
     assert sorted(map(key, serving)) == sorted(map(key, source_spans))
+    # serving spans sit on tracks per (thread, category, lane) named after their thread (docs/REPORTS.md)
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    source_tid = {key(e): e["tid"] for e in source_spans}
+    assert all(f"tid {source_tid[key(e)]} · {e['cat']}" in names[(e["pid"], e["tid"])] for e in serving)
     requests = [e for e in source if e.get("cat") == "request"]
     assert sum(e["ph"] == "b" for e in events) == sum(e["ph"] == "e" for e in events) == len(requests)
     runtime = [e for e in events if e.get("cat") == "runtime"]

@@ -1,289 +1,360 @@
-"""The HTML report: data block, span budget, escaping, and the page in headless chromium."""
+"""The HTML report: findings first, the swimlane's data (bands, device phases, budget), and the page in headless chromium.
+
+The run is the hand-built log of ``test_causes_known_answers`` (every mechanism, a carry-over chain, and at
+step 29 a culprit — rank 0, slow device work before the all-to-all — with a victim, rank 3, waiting for it),
+plus a serving trace with per-rank scheduler, worker and kernel spans and hostile text.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import html
 import json
 import re
 import shutil
-import struct
 import subprocess
-import zlib
 from pathlib import Path
 
 import numpy as np
 import pytest
+from test_causes_known_answers import RANKS, STEPS, plan, simulate, write_log
 
-from dsprof.analysis.analyze import analyze
-from dsprof.analysis.outputs.html_report import REPORT_NAME, _script_json, _swimlane_data, render_html, report_from_dir, write_html_report
+from dsprof.analysis.outputs.findings import item_line, worst_first
+from dsprof.analysis.outputs.html_report import REPORT_NAME, render_html, script_json, swimlane_data, write_html_report
+from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.report import report_from_dir
 from dsprof.errors import InputError
-from dsprof.profiler.synthetic import SyntheticRun
+from dsprof.profiler import artifacts
+from dsprof.testing.synthetic import SyntheticRun
 
-RANKS = 4
-STEPS = 24
-# rank 2 waits 20 ms longer on its fence at step 7, 12 ms at step 15: the two worst runner-end skews
-TAILS = {7: 20_000_000, 15: 12_000_000}
-LATE_RANK = 2
+MS = 1_000_000
 XSS = "<img src=x onerror=alert(1)>"
 XSS_CAT = "</script><b>cat"
+# rank 0's device, as its chip_process line names it: quotes, markup and an entity, which plotly must show as text
+HOSTILE_DEVICE = 'npu:"0"<b>x</b>&amp;'
+CULPRIT_STEP, CULPRIT, VICTIM = 29, 0, 3
 
 
-def _fence_plan() -> np.ndarray:
-    fence = np.full((RANKS, STEPS), 9_000_000, dtype=np.int64)
-    for step, extra in TAILS.items():
-        fence[LATE_RANK, step] += extra
-    return fence
-
-
-def _write_run(directory: Path) -> Path:
-    """A synthetic artifact dir with two tail steps and hostile text in the serving trace and workload."""
-    SyntheticRun(ranks=RANKS, steps=STEPS, fence_wait_ns=_fence_plan()).write(directory)
-    merged = directory / "serving-trace" / "trace.json"
-    doc = json.loads(merged.read_text())
-    first = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
-    doc["traceEvents"].append({"name": XSS, "cat": XSS_CAT, "ph": "X", "ts": first + 100, "dur": 50, "pid": 7, "tid": 7, "args": {}})
-    merged.write_text(json.dumps(doc))
-    performance = directory / "performance_summary.json"
-    summary = json.loads(performance.read_text())
-    summary["workload"]["preset"] = XSS
-    performance.write_text(json.dumps(summary))
-    return directory
+def _serving_trace(runs: dict, path: Path) -> None:
+    """SA_PROFILE-shaped spans in each rank process: a scheduler step, a worker span and a kernel span per run."""
+    events = [{"ph": "M", "name": "process_name", "pid": 400, "tid": 0, "args": {"name": "serving"}}]
+    first = min(run.times["root"] for run in runs.values()) // 1000
+    last = max(run.times["root_end"] for run in runs.values()) // 1000
+    events.append({"name": "request", "cat": "request", "ph": "X", "ts": first - 500, "dur": last - first + 1000, "pid": 400, "tid": 1,
+                   "args": {"request_id": "r0"}})
+    for (rank, step), run in runs.items():
+        pid, t = 500 + rank, run.times
+        events += [
+            {"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": t["root"] // 1000, "dur": 40, "pid": pid, "tid": pid,
+             "args": {"step": step, "rank": rank}},
+            {"name": "worker.execute", "cat": "worker", "ph": "X", "ts": t["bind_end"] // 1000, "dur": 60, "pid": pid, "tid": pid,
+             "args": {"step": step}},
+            {"name": "kernel.decode_fwd", "cat": "kernel", "ph": "X", "ts": t["fence"] // 1000, "dur": 2000, "pid": pid, "tid": pid + 50,
+             "args": {"step": step}},
+            {"name": "kernel.verify", "cat": "kernel", "ph": "X", "ts": t["fence"] // 1000 + 2000, "dur": 1500, "pid": pid, "tid": pid + 50,
+             "args": {"step": step}},
+        ]
+    events.append({"name": XSS, "cat": XSS_CAT, "ph": "X", "ts": first + 100, "dur": 50, "pid": 400, "tid": 7, "args": {}})
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"traceEvents": events}))
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
-    return _write_run(tmp_path_factory.mktemp("run"))
+    directory = tmp_path_factory.mktemp("known")
+    runs = plan()
+    simulate(runs)
+    write_log(runs, directory / artifacts.SERVER_LOG)
+    log = directory / artifacts.SERVER_LOG
+    log.write_text(log.read_text().replace("dev=npu:0]", "dev=" + HOSTILE_DEVICE.replace('"', "%22").replace("<", "%3C") + "]"))
+    _serving_trace(runs, directory / artifacts.SERVING_TRACE_DIR / artifacts.MERGED_TRACE)
+    (directory / artifacts.PERFORMANCE_SUMMARY).write_text(json.dumps({
+        "schema": artifacts.PERFORMANCE_SUMMARY_SCHEMA, "exit_status": 0, "message": "done",
+        "workload": {"preset": XSS, "ranks": RANKS, "device_phases": True, "inject": ["gc", "straggler"], "rounds": None}}))
+    analyze_paths([directory], directory)
+    return directory
 
 
 @pytest.fixture(scope="module")
-def analysed(run_dir):
-    return analyze([run_dir])
+def result(run_dir):
+    return analyze_paths([run_dir], None).result
 
 
 @pytest.fixture(scope="module")
-def swimlane(analysed):
-    return analysed.swimlane
+def page(run_dir) -> str:
+    return (run_dir / REPORT_NAME).read_text()
 
 
-@pytest.fixture(scope="module")
-def summary(analysed):
-    return analysed.summary
+# ---------------------------------------------------------------- server side
 
 
 def test_script_json_cannot_end_the_script_block():
     value = {"name": "</script><script>alert(1)</script>", "sep": "a\u2028b\u2029c", "amp": "&lt;"}
-    text = _script_json(value)
+    text = script_json(value)
     assert not set("<>&\u2028\u2029") & set(text)
     assert json.loads(text) == value
 
 
-def test_every_span_is_drawn_once_without_a_budget(swimlane):
-    data = _swimlane_data(swimlane, span_budget=10**9)
-    total = len(swimlane.runtime) + int((swimlane.serving["ph"] == "X").sum())
-    assert data["budget"] == {"total_spans": total, "span_budget": 10**9, "limited": False, "shown_spans": total,
-                              "detailed_steps": None, "bucket_steps": 0, "aggregated_spans": 0}
-    assert len(data["spans"]["row"]) == total and data["aggregate"]["row"] == []
-    device_ticks = [t["text"] for t in data["ticks"] if t["kind"] == "device"]
-    assert device_ticks == [f"npu:{r}" for r in range(RANKS)]
-    # one sub-lane per pipeline-slot lane: the pipelined run overlaps consecutive roots (two lanes), and
-    # rank 2's 29 ms step-7 root overlaps two successors (a third lane)
-    rows = data["rows"]
-    subs = {}
-    for kind, label, sub in zip(rows["kind"], rows["label"], rows["sub"]):
-        if kind == "device":
-            subs.setdefault(label, []).append(sub)
-    assert subs == {f"npu:{r}": [0, 1, 2] if r == LATE_RANK else [0, 1] for r in range(RANKS)}
-    # the tail shows in the data: rank 2's fence wait at step 7 is 29 ms long
-    phase = data["phases"]["name"].index("native_fence_wait")
-    names = data["names"]
-    fence = [
-        d for p, st, r, d in zip(data["spans"]["phase"], data["spans"]["step"], data["spans"]["row"], data["spans"]["dur_us"])
-        if p == phase and st == 7 and rows["rank"][r] == LATE_RANK
-    ]
-    assert fence == [29_000.0]
-    assert XSS in names
+def test_findings_come_first_and_configuration_last_folded(page, result):
+    body = page[page.index("<main>"):]
+    order = [body.index(marker) for marker in ('id="findings"', 'id="swimlane-section"', 'id="step-charts"', 'id="list-tail_steps"',
+                                               'id="pipeline"', 'id="percentiles"', '<details id="configuration">')]
+    assert order == sorted(order)
+    summary = result.summary
+    worst = worst_first(summary["tail_steps"]["items"])[:5]
+    findings = body[:order[1]]
+    for item in worst:
+        assert html.escape(item_line(item)) in findings
+    assert "exit status 0" in findings and "tail cost" in findings and "pipeline" in findings
+    assert html.escape(summary["pipeline"]["diagnosis"]) in findings
 
 
-def test_over_budget_keeps_the_worst_steps_in_detail(swimlane, summary):
-    per_step = len(swimlane.runtime[swimlane.runtime["step"] == 0])
-    budget = 2 * per_step + 200  # room for two steps in detail (the aggregate part takes 1/10)
-    data = _swimlane_data(swimlane, span_budget=budget)
-    info = data["budget"]
-    assert info["limited"] and info["detailed_steps"] >= 1
-    detailed = set(data["spans"]["step"]) - {-1}
-    # the detailed steps are those with the largest runner-end skews
-    skew = {s: TAILS.get(s, 0) for s in range(STEPS)}
-    assert {7, 15} <= detailed and len(detailed) == info["detailed_steps"] < STEPS
-    assert max(skew[s] for s in set(range(STEPS)) - detailed) <= min(skew[s] for s in detailed)
-    assert info["shown_spans"] + info["aggregated_spans"] == info["total_spans"]
-    assert sum(data["aggregate"]["spans"]) == info["aggregated_spans"]
-    assert info["shown_spans"] + info["aggregate_bars"] <= budget
-    # aggregated bars never cover a detailed step's spans
-    agg = data["aggregate"]
-    covered = set()
-    for lo, hi in zip(agg["step_lo"], agg["step_hi"]):
-        covered.update(range(lo, hi + 1))
-    assert set(range(STEPS)) - detailed <= covered
-    page = render_html(swimlane, summary, span_budget=budget)
-    assert "over the span budget" in page
+def test_a_failed_run_says_which_rank_failed_and_why_in_red(result):
+    summary = dict(result.summary, exit_status=1,
+                   run={"exit_status": 1, "failed_rank": 2, "failed_device": "npu:2", "message": "rank 2 crashed at step 11"})
+    page = render_html(dataclasses.replace(result, summary=summary), span_budget=1000)
+    verdict = re.search(r'<div class="verdict (\w+)" data-label="run"><dt>run</dt><dd>(.*?)</dd>', page)
+    assert verdict and verdict.groups() == ("bad", "exit status 1: rank 2 crashed at step 11")
+    assert re.search(r'<div class="verdict ok" data-label="swimlane">', page)
 
 
-def test_page_is_one_offline_file_with_escaped_text(swimlane, summary, tmp_path):
+def test_no_python_literals_on_the_page(page):
+    text = re.sub(r"<script.*?</script>", " ", page, flags=re.DOTALL)
+    text = re.sub(r"<[^>]+>", " ", text)
+    assert not re.findall(r"\b(True|False|None)\b|\{'|\['", html.unescape(text))
+    assert "<td>gc, straggler</td>" in page and "<td>n/a</td>" in page and "<td>yes</td>" in page
+
+
+def test_page_is_one_offline_file_with_escaped_text(page):
     from plotly.offline import get_plotlyjs
 
-    path = write_html_report(swimlane, summary, tmp_path / "report.html")
-    page = path.read_text()
     assert page.count(get_plotlyjs()[:500]) == 1
     assert not re.search(r"<(script|link|img|iframe)[^>]+(src|href)=", page)
-    assert XSS not in page and XSS_CAT not in page
+    assert XSS not in page and XSS_CAT not in page and HOSTILE_DEVICE not in page
     assert html.escape(XSS) in page  # the workload preset, rendered as text
+
+
+def test_bands_put_each_ranks_serving_lanes_with_its_pipeline_lanes(result):
+    data = swimlane_data(result, span_budget=10**9)
+    bands, rows = data["bands"], data["rows"]
+    ranked = [(i, r) for i, r in enumerate(bands["rank"]) if r is not None]
+    assert [r for _, r in ranked] == list(range(RANKS))
+    for band, _ in ranked:
+        first, count = bands["first_row"][band], bands["rows"][band]
+        labels = rows["label"][first:first + count]
+        # serving lanes in SPEC order (kernel spans of runs in flight together overlap: they get lanes), then pipeline lanes
+        assert labels[:2] == ["scheduler", "worker"] and all(label.startswith("kernel") for label in labels[2:-2])
+        assert labels[-2:] == ["lane 0", "lane 1"]
+    # kernel spans stay separate spans on their rank's kernel rows: one per span, none merged
+    kernel_rows = {i for i, label in enumerate(rows["label"]) if label.startswith("kernel")}
+    kernels = [i for i, r in enumerate(data["spans"]["row"]) if r in kernel_rows]
+    assert len(kernels) == 2 * RANKS * STEPS
+
+
+def test_device_phases_sit_under_their_runner_run_at_launch_plus_offset(result, run_dir):
+    data = swimlane_data(result, span_budget=10**9)
+    spans, phases = data["spans"], data["phases"]
+    runs = plan()
+    simulate(runs)
+    runner = {}
+    for i, p in enumerate(spans["phase"]):
+        if phases[p] == "runner_run":
+            runner[(spans["row"][i], spans["step"][i])] = spans["start_us"][i]
+    device = [i for i, d in enumerate(spans["device"]) if d]
+    assert len(device) == 5 * RANKS * STEPS  # device_wall and forward, a2a_wait, verify, mtp per run
+    for i in device:
+        name = phases[spans["phase"][i]]
+        assert name.startswith("device_wall")
+        # device_wall at depth 2 -> level 3 (below the fence wait), sub-phases deeper
+        assert spans["level"][i] == 3 + name.count(".")
+        launch = runner[(spans["row"][i], spans["step"][i])]
+        offset = spans["start_us"][i] - launch
+        assert offset >= 1.0 - 1e-6  # the log's device spans start 1 µs after launch, later ones further in
+    fwd = [i for i in device if phases[spans["phase"][i]] == "device_wall.forward" and spans["step"][i] == CULPRIT_STEP]
+    lengths = sorted(spans["dur_us"][i] for i in fwd)
+    assert lengths[-2:] == [23_000.0, 23_000.0]  # ranks 0 and 3 at step 29: 5 ms + the injected 18 ms
+
+
+def test_over_budget_keeps_the_worst_steps_in_detail_and_aggregates_the_rest(result):
+    total = swimlane_data(result, span_budget=10**9)["budget"]["total_spans"]
+    budget = total // 4
+    data = swimlane_data(result, span_budget=budget)
+    info = data["budget"]
+    assert info["limited"] and info["shown_spans"] + info["aggregated_spans"] == total
+    assert len(data["spans"]["row"]) == info["shown_spans"] and sum(data["aggregate"]["spans"]) == info["aggregated_spans"]
+    assert info["shown_spans"] + info["aggregate_bars"] <= budget
+    detailed = set(data["spans"]["step"]) - {-1}
+    assert len(detailed) == info["detailed_steps"] < STEPS
+    skew = {row["step"]: row["runner_end_skew_ms"] for row in result.summary["per_step"]}
+    assert min(skew[s] for s in detailed) >= max(skew[s] for s in set(skew) - detailed)
+    covered = set()
+    for lo, hi in zip(data["aggregate"]["step_lo"], data["aggregate"]["step_hi"], strict=True):
+        covered.update(range(lo, hi + 1))
+    assert set(skew) - detailed <= covered
+    assert "over the span budget" in render_html(result, span_budget=budget)
+
+
+def test_report_from_dir_defaults_into_the_directory_and_rejects_a_file(run_dir, tmp_path):
+    progress: list[str] = []
+    assert report_from_dir(run_dir, tmp_path / "r.html", progress=progress.append) == tmp_path / "r.html"
+    assert progress[-1].startswith("writing ")
+    assert report_from_dir(run_dir) == run_dir / REPORT_NAME
+    with pytest.raises(InputError, match="not a directory"):
+        report_from_dir(run_dir / artifacts.SERVER_LOG)
 
 
 # ---------------------------------------------------------------- headless chromium
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
-    "--enable-logging=stderr", "--v=0", "--virtual-time-budget=30000",
+    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=30000",
+    "--window-size=1400,1000",
 ]
-# Before the page's own scripts: record errors; after them: wait for the plots, act, and write results into the DOM.
+# Before the page's own scripts: record errors; after them: act like a reader and write what happened into the DOM.
 ERROR_HOOK = """<script>window.__errors=[];addEventListener('error',function(e){__errors.push(String(e.message))});
 var __ce=console.error;console.error=function(){__errors.push(Array.from(arguments).join(' '));__ce.apply(console,arguments)};</script>"""
-CHECK = """<script>
-dsprofReport.ready.then(function () {
-  var gd = document.getElementById('swimlane'), r = dsprofReport, out = {};
-  out.rendered = document.body.dataset.rendered;
-  out.ticks = Array.from(gd.querySelectorAll('.ytick text')).map(function (t) { return t.textContent; });
-  out.injected = document.querySelectorAll('img[src=x], b').length;
-  // hover the hostile span for real: a mouse move over its bar fills the tooltip
-  var sw = r.data.swimlane, item = sw.spans.name.indexOf(sw.names.indexOf(%(xss)s)), at = r.itemCenter(item);
-  gd.dispatchEvent(new MouseEvent('mousemove', {clientX: at.x, clientY: at.y, bubbles: true}));
-  out.hover = document.getElementById('tooltip').textContent.split('\\n');
-  out.hoverItem = r.itemAt(at.x - gd.querySelector('canvas.spans').getBoundingClientRect().left, at.y - gd.querySelector('canvas.spans').getBoundingClientRect().top) === item;
-  document.querySelector('button.zoom[data-step="7"]').click();
-  out.range = gd.layout.xaxis.range;
-  var st = r.data.swimlane.steps, i = st.step.indexOf(7);
-  out.step7 = [st.start_ms[i], st.end_ms[i]];
-  out.errors = __errors;
-  var pre = document.createElement('pre'); pre.id = 'check'; pre.textContent = JSON.stringify(out);
-  document.body.appendChild(pre);
-});
-</script>"""
 
 
-def _chromium(args: list[str], tmp_path: Path) -> subprocess.CompletedProcess:
+def _browse(page: str, check: str, tmp_path: Path) -> dict:
+    """Load ``page`` with ``check`` (JS filling ``out``, run once the plots are drawn) in headless chromium; return ``out``."""
     if shutil.which(CHROMIUM) is None:
-        pytest.fail(f"headless chromium is required for the browser tests and {CHROMIUM} is missing (apt-get install chromium)")
-    profile = tmp_path / "chromium-profile"
-    return subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=120)
-
-
-def _png_pixels(data: bytes) -> np.ndarray:
-    """Decode an 8-bit RGB/RGBA PNG (what chromium writes) into an (h, w, channels) array."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat = 8, b""
-    while pos < len(data):
-        length, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, color = struct.unpack(">IIBB", body[:10])
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    assert depth == 8 and color in (2, 6)
-    channels = 3 if color == 2 else 4
-    raw = np.frombuffer(zlib.decompress(idat), dtype=np.uint8).reshape(height, 1 + width * channels)
-    out = np.zeros((height, width * channels), dtype=np.int32)
-    prev = np.zeros(width * channels, dtype=np.int32)
-    for y in range(height):
-        kind, row = raw[y, 0], raw[y, 1:].astype(np.int32)
-        if kind == 0:
-            cur = row
-        elif kind == 1:
-            cur = _undo_left(row, np.zeros_like(row), channels, lambda a, b, c: a)
-        elif kind == 2:
-            cur = (row + prev) % 256
-        elif kind == 3:
-            cur = _undo_left(row, prev, channels, lambda a, b, c: (a + b) // 2)
-        else:
-            cur = _undo_left(row, prev, channels, _paeth)
-        out[y] = cur
-        prev = cur
-    return out.reshape(height, width, channels)
-
-
-def _paeth(a: int, b: int, c: int) -> int:
-    p = a + b - c
-    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-
-
-def _undo_left(row: np.ndarray, prev: np.ndarray, bpp: int, predict) -> np.ndarray:
-    cur = row.tolist()
-    up = prev.tolist()
-    for x in range(len(cur)):
-        left = cur[x - bpp] if x >= bpp else 0
-        upper_left = up[x - bpp] if x >= bpp else 0
-        cur[x] = (cur[x] + predict(left, up[x], upper_left)) % 256
-    return np.array(cur, dtype=np.int32)
-
-
-@pytest.mark.browser
-def test_report_renders_in_headless_chromium(swimlane, summary, tmp_path):
-    page = render_html(swimlane, summary)
-    page = page.replace("<head>", "<head>" + ERROR_HOOK, 1).replace("</body>", CHECK % {"xss": json.dumps(XSS)} + "</body>", 1)
+        pytest.fail(f"headless chromium is required for the browser tests and {CHROMIUM} is missing (make browser)")
+    script = ("<script>dsprofReport.ready.then(function () { var r = dsprofReport, out = {};" + check +
+              " out.errors = __errors; var pre = document.createElement('pre'); pre.id = 'check';"
+              " pre.textContent = JSON.stringify(out); document.body.appendChild(pre); });</script>")
     path = tmp_path / "report.html"
-    path.write_text(page)
-    result = _chromium(["--dump-dom", path.as_uri()], tmp_path)
-    found = re.search(r'<pre id="check">(.*?)</pre>', result.stdout, re.S)
+    path.write_text(page.replace("<head>", "<head>" + ERROR_HOOK, 1).replace("</body>", script + "</body>", 1))
+    result = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", path.as_uri()],
+                            check=False, capture_output=True, text=True, timeout=180)
+    found = re.search(r'<pre id="check">(.*?)</pre>', result.stdout, re.DOTALL)
     console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line and ("Uncaught" in line or "Refused" in line)]
     assert found, f"the report did not finish rendering; console: {console}"
-    check = json.loads(found.group(1).replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&").replace("&quot;", '"'))
-    assert check["errors"] == [] and console == []
-    assert check["rendered"] == "true"
-    # serving lanes on top (request, serving, scheduler, worker, kernel, then the hostile category), then one lane per device
-    assert check["ticks"] == ["request", "serving", "scheduler", "worker", "kernel", XSS_CAT] + [f"npu:{r}" for r in range(RANKS)]
-    assert check["injected"] == 0
-    assert check["hover"][0] == XSS and "phase: serving · " + XSS_CAT in check["hover"] and check["hoverItem"]
-    # clicking the tail entry zooms the time axis onto step 7
-    lo, hi = check["range"]
-    start, end = check["step7"]
-    assert lo < start < end < hi and hi - lo < 2 * (end - start) + 1
+    out = json.loads(html.unescape(found.group(1)))
+    assert out["errors"] == [] and console == []
+    return out
+
+
+READER = """
+var sw = r.data.swimlane;
+out.rendered = document.body.dataset.rendered;
+out.findingsTop = document.getElementById('findings').getBoundingClientRect().top;
+out.firstWorstBottom = document.querySelector('#findings .worst li').getBoundingClientRect().bottom;
+out.viewport = window.innerHeight;
+out.view = [r.state.t0, r.state.t1]; out.decode = r.decodeWindow; out.extent = r.extent;
+out.injected = document.querySelectorAll('img[src=x], main b, #lanes ~ b').length;
+// the tail list: default order, then each sort
+var tails = document.getElementById('list-tail_steps');
+function column(name) { return Array.from(tails.querySelectorAll('ol.items li')).map(function (li) { return li.dataset[name]; }); }
+out.byExcess = column('excess').map(Number);
+tails.querySelector('[data-sort=rank]').click(); out.byRank = column('rank').map(Number);
+tails.querySelector('[data-sort=step]').click(); out.byStep = column('step').map(Number);
+tails.querySelector('[data-sort=mechanism]').click(); out.byMechanism = column('mechanism');
+// zoom to the step where rank 3 waited for rank 0, from its list entry
+tails.querySelector('[data-sort=step]').click();
+Array.from(tails.querySelectorAll('ol.items li')).filter(function (li) { return li.dataset.step === '%(step)d'; })[0]
+  .querySelector('button').click();
+var h = r.state.highlight;
+out.highlight = {step: h.step, rank: h.rank, victims: h.victims, phase: h.phase};
+out.culprit = Array.from(h.spans).map(function (s) {
+  return {band: sw.bands.label[sw.rows.band[sw.spans.row[s]]], phase: sw.phases[sw.spans.phase[s]], device: sw.spans.device[s],
+          center: r.spanCenter(s)}; });
+out.victims = Array.from(h.victimSpans).map(function (s) { return sw.bands.label[sw.rows.band[sw.spans.row[s]]]; });
+out.viewAfterZoom = [r.state.t0, r.state.t1];
+var i = sw.steps.step.indexOf(%(step)d); out.stepWindow = [sw.steps.start_ms[i], sw.steps.end_ms[i]];
+// the culprit's device span is drawn, with its name, and hovering it says so
+var c = out.culprit[0].center, box = document.getElementById('lanes').getBoundingClientRect();
+out.culpritUnderPointer = r.spanAt(c.x - box.left, c.y - box.top) === Array.from(h.spans)[0];
+document.getElementById('lanes').dispatchEvent(new MouseEvent('mousemove', {clientX: c.x, clientY: c.y, bubbles: true}));
+out.hover = document.getElementById('tooltip').textContent.split('\\n');
+out.labels = r.state.lastPaint.labels;
+// filter and search
+r.setFilter('rank 2');
+out.filtered = Array.from(new Set(r.visibleLanes().map(function (l) { return sw.bands.label[l.band]; })));
+r.setFilter('');
+r.setSearch('a2a_wait'); out.searchCount = document.getElementById('search-count').textContent;
+var hit = r.nextMatch(); out.searchHit = sw.names[sw.spans.name[hit]]; out.viewAfterSearch = [r.state.t0, r.state.t1];
+out.searchHitStart = sw.spans.start_us[hit] / 1000;
+r.setSearch('');
+// hostile text: the span named like markup hovers as that text
+var x = sw.names.indexOf(%(xss)s), xs = sw.spans.name.indexOf(x), b = sw.rows.band[sw.spans.row[xs]];
+r.state.collapsed[b] = false; r.setFilter('');
+var sx = sw.spans.start_us[xs] / 1000; r.state.t0 = sx - 1; r.state.t1 = sx + 1; r.setFilter('');
+var at = r.spanCenter(xs);
+document.getElementById('lanes').dispatchEvent(new MouseEvent('mousemove', {clientX: at.x, clientY: at.y, bubbles: true}));
+out.hostileHover = document.getElementById('tooltip').textContent.split('\\n')[0];
+// plotly: the marker of the culprit's step, hovered, names the hostile device as text
+var plot = document.getElementById('end-skew'), k = plot.data[1].x.indexOf(%(step)d);
+Plotly.Fx.hover(plot, [{curveNumber: 1, pointNumber: k}]);
+var layer = plot.querySelector('.hoverlayer');
+out.plotlyHover = layer.textContent; out.plotlyMarkup = layer.querySelectorAll('b, img').length;
+"""
 
 
 @pytest.mark.browser
-def test_screenshot_is_not_blank(swimlane, summary, tmp_path):
-    path = write_html_report(swimlane, summary, tmp_path / "report.html")
-    shot = tmp_path / "shot.png"
-    _chromium(["--window-size=800,900", f"--screenshot={shot}", path.as_uri()], tmp_path)
-    assert shot.exists(), "chromium wrote no screenshot"
-    pixels = _png_pixels(shot.read_bytes())
-    assert pixels.shape[:2] == (900, 800)
-    gray = pixels[..., :3].mean(axis=2)
-    assert gray.std() > 20  # text, bars and axes on white
-    colors = {tuple(p) for p in pixels[::4, ::4, :3].reshape(-1, 3).tolist()}
-    assert len(colors) > 50
+def test_the_page_reads_findings_first_and_zooms_to_the_culprit(page, result, tmp_path):
+    out = _browse(page, READER % {"step": CULPRIT_STEP, "xss": json.dumps(XSS)}, tmp_path)
+    assert out["rendered"] == "true" and out["injected"] == 0
+    assert 0 <= out["findingsTop"] and out["firstWorstBottom"] < out["viewport"]  # findings above the fold
+    # the first view is the decode window, not the process start-up before it
+    lo, hi = out["view"]
+    assert lo <= out["decode"][0] and hi >= out["decode"][1] and hi - lo < 1.1 * (out["decode"][1] - out["decode"][0])
+    # every tail step listed; sorts by excess (default), rank, step, mechanism
+    items = result.summary["tail_steps"]["items"]
+    assert out["byExcess"] == sorted((i["excess_ms"] for i in items), reverse=True)
+    assert out["byRank"] == sorted(i["rank"] for i in items) and out["byStep"] == sorted(i["step"] for i in items)
+    assert out["byMechanism"] == sorted(i["mechanism"] for i in items)
+    # zoom to step 29: rank 0's slow forward pass is the culprit, rank 3 waited
+    assert out["highlight"] == {"step": CULPRIT_STEP, "rank": CULPRIT, "victims": [VICTIM], "phase": "device_wall.forward"}
+    assert [(c["band"].split(" (pid")[0], c["phase"], c["device"]) for c in out["culprit"]] == [
+        (f"rank 0 · {HOSTILE_DEVICE}", "device_wall.forward", 1)]
+    assert [v.split(" ·")[0] for v in out["victims"]] == [f"rank {VICTIM}"]
+    start, end = out["stepWindow"]
+    assert out["viewAfterZoom"][0] < start < end < out["viewAfterZoom"][1] < end + (end - start)
+    assert out["culpritUnderPointer"]
+    assert out["hover"][0] == "chip.run.runner_run.device_wall.forward" and "culprit of the selected step" in out["hover"]
+    assert "device clock: placed at runner_run start + its offset (approximate)" in out["hover"]
+    # bars wide enough carry their names: the run's phases and, under runner_run, its device phases
+    assert {"root", "runner_run", "native_fence_wait", "device_wall", "device_wall.forward", "verify"} <= set(out["labels"])
+    # the lane filter keeps rank 2's band only; the search finds every a2a_wait and jumps to the first
+    assert [b.split(" (pid")[0] for b in out["filtered"]] == ["rank 2 · npu:2"]
+    assert out["searchCount"] == f"{RANKS * STEPS} matching spans" and out["searchHit"].endswith("a2a_wait")
+    assert out["viewAfterSearch"][0] <= out["searchHitStart"] <= out["viewAfterSearch"][1]
+    # hostile text stays text, in the tooltip and in plotly's labels (no &quot; shown, no markup made)
+    assert out["hostileHover"] == XSS
+    assert HOSTILE_DEVICE in out["plotlyHover"] and "&quot;" not in out["plotlyHover"] and out["plotlyMarkup"] == 0
 
 
-def test_report_from_dir_lists_the_tail_steps_the_analysis_found(run_dir, summary, tmp_path):
-    progress: list[str] = []
-    path = report_from_dir(run_dir, tmp_path / "out.html", progress=progress.append)
-    page = path.read_text()
-    # the analysis finds the two injected tails on rank 2; each entry zooms to its step
-    assert re.findall(r'<ol class="tail-steps">(.*?)</ol>', page, re.S)
-    buttons = re.findall(r'<button type="button" class="zoom" data-step="(\d+)">', page)
-    assert sorted(map(int, buttons)) == sorted(TAILS)
-    assert "late rank 2 (npu:2)" in page and "native_fence_wait" in page
-    # the percentile table carries the analysis' figures: the worst end skew is the 20 ms injected at step 7
-    row = re.search(r"<tr><td>runner_end_skew_ms</td>(.*?)</tr>", page).group(1)
-    assert re.findall(r"<td>(.*?)</td>", row)[3:5] == ["20.000", str(STEPS)]
-    assert html.escape(summary["pipeline"]["diagnosis"]) in page
-    assert progress and progress[-1].startswith("writing ")
+PAGER = """
+var late = document.getElementById('list-tail_steps'), seen = [];
+out.pages = late.querySelector('.page').textContent;
+for (var p = 0, label = null; p < 10 && late.querySelector('.page').textContent !== label; p++) {  // until "next" stays put
+  label = late.querySelector('.page').textContent;
+  Array.from(late.querySelectorAll('ol.items li')).forEach(function (li) { seen.push(Number(li.dataset.step)); });
+  late.querySelector('[data-page="1"]').click();
+}
+out.seen = seen;
+out.bands = r.visibleLanes().filter(function (l) { return l.kind !== 'band'; }).map(function (l) { return l.kind; });
+out.budget = r.data.swimlane.budget;
+"""
 
 
-def test_report_from_dir_defaults_into_the_directory_and_rejects_a_file(run_dir, tmp_path):
-    assert report_from_dir(run_dir) == run_dir / REPORT_NAME
-    assert (run_dir / REPORT_NAME).stat().st_size > 1_000_000
-    with pytest.raises(InputError, match="not a directory"):
-        report_from_dir(run_dir / "server.log")
+@pytest.mark.browser
+def test_long_lists_page_through_every_item_and_many_ranks_open_folded(tmp_path):
+    ranks, steps = 20, 240
+    fence = np.full((ranks, steps), 9 * MS, dtype=np.int64)
+    fence[np.arange(steps) % ranks, np.arange(steps)] += 8 * MS  # a tail on a different rank every step
+    SyntheticRun(ranks=ranks, steps=steps, fence_wait_ns=fence, sa_worker_spans=False).write(tmp_path / "run")
+    outcome = analyze_paths([tmp_path / "run"], None)
+    tails = outcome.summary["tail_steps"]["items"]
+    assert len(tails) == steps
+    out = _browse(render_html(outcome.result, span_budget=20_000), PAGER, tmp_path)
+    assert out["pages"] == f"page 1 of 3 ({steps} items)"
+    assert sorted(out["seen"]) == sorted(i["step"] for i in tails)  # every item reachable, each once
+    assert set(out["bands"]) == {"summary"} and len(out["bands"]) == ranks + 1  # folded: one row per band
+    assert out["budget"]["limited"]
+
+
+def test_write_html_report_refuses_a_zero_budget(result, tmp_path):
+    with pytest.raises(ValueError):
+        write_html_report(result, tmp_path / "r.html", span_budget=0)

@@ -1,82 +1,118 @@
-"""Perfetto / Chrome JSON export: fields, units, tracks, strict nesting, metadata and flows."""
+"""The Perfetto exports: Chrome JSON and the native ``.pftrace``, one layout, checked structurally and in Perfetto's own trace processor."""
 
 from __future__ import annotations
 
+import gzip
 import json
+import os
+import shutil
 from collections import Counter, defaultdict
+from pathlib import Path
 
 import numpy as np
 import pytest
+from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from dsprof.analysis.analyze import analyze
-from dsprof.analysis.outputs.perfetto import _nested_tracks, export_from_dir, write_perfetto_json
-from dsprof.analysis.spans import attr_columns
+from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
+from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
+from dsprof.analysis.outputs.track_layout import END_SKEW_COUNTER, RUN_QUEUE_COUNTER, START_SKEW_COUNTER
+from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.report import export_from_dir
 from dsprof.errors import DsprofError
-from dsprof.profiler.synthetic import SyntheticRun
+from dsprof.profiler import artifacts
+from dsprof.profiler import strace_format as fmt
+from dsprof.testing.synthetic import SyntheticRun
 
 RANKS = 4
 STEPS = 16
 LATE_RANK = 1
 HOSTILE = 'a"b\\c\x01</script><img src=x>\u2028'
-RUN_ID_LINK = "9"  # the executor span below names the runs with run_id 9
+RUN_ID_LINK = 9  # the central executor span below names the runs with run_id 9 (one per rank)
+MS = 1_000_000
+
+
+def _add_serving_events(directory: Path, run: SyntheticRun) -> None:
+    """What the real stack adds: a scheduler.step span per step in every rank process (it dispatches that rank's run),
+    a central span naming a run_id, an instant, and hostile text."""
+    merged = directory / artifacts.SERVING_TRACE_DIR / artifacts.MERGED_TRACE
+    doc = json.loads(merged.read_text())
+    first = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
+    t = run.timings()
+    for rank in range(RANKS):
+        for step in range(STEPS):
+            start = int(t.bind_start_ns[rank, step]) // 1000
+            doc["traceEvents"].append({"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": start, "dur": 50,
+                                       "pid": run.pid(rank), "tid": run.pid(rank), "args": {"step": step, "rank": rank}})
+    doc["traceEvents"] += [
+        {"name": HOSTILE, "cat": "executor", "ph": "X", "ts": first + 10, "dur": 5, "pid": 9, "tid": 9,
+         "args": {"run_id": RUN_ID_LINK, "note": HOSTILE}},
+        {"name": "marker", "cat": "executor", "ph": "i", "s": "t", "ts": first + 20, "pid": 9, "tid": 9, "args": {}},
+    ]
+    merged.write_text(json.dumps(doc))
 
 
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory):
     directory = tmp_path_factory.mktemp("run")
-    fence = np.full((RANKS, STEPS), 9_000_000, dtype=np.int64)
-    fence[LATE_RANK, 5] += 25_000_000  # a long run that overlaps its two successors
-    SyntheticRun(ranks=RANKS, steps=STEPS, fence_wait_ns=fence).write(directory)
-    merged = directory / "serving-trace" / "trace.json"
-    doc = json.loads(merged.read_text())
-    first = min(e["ts"] for e in doc["traceEvents"] if e.get("ph") == "X")
-    doc["traceEvents"] += [
-        {"name": HOSTILE, "cat": "executor", "ph": "X", "ts": first + 10, "dur": 5, "pid": 9, "tid": 9, "args": {"run_id": RUN_ID_LINK, "note": HOSTILE}},
-        {"name": "marker", "cat": "executor", "ph": "i", "s": "t", "ts": first + 20, "pid": 9, "tid": 9, "args": {}},
-    ]
-    merged.write_text(json.dumps(doc))
+    fence = np.full((RANKS, STEPS), 9 * MS, dtype=np.int64)
+    fence[LATE_RANK, 5] += 25 * MS  # a long run that overlaps its two successors
+    run = SyntheticRun(ranks=RANKS, steps=STEPS, fence_wait_ns=fence)
+    run.write(directory)
+    _add_serving_events(directory, run)
+    analyze_paths([directory], directory)
     return directory
 
 
 @pytest.fixture(scope="module")
 def analysed(run_dir):
-    return analyze([run_dir])
+    return analyze_paths([run_dir], None).result
 
 
 @pytest.fixture(scope="module")
 def events(analysed, tmp_path_factory):
-    path = write_perfetto_json(analysed.swimlane, analysed.summary, tmp_path_factory.mktemp("out") / "trace.json")
+    path = write_chrome_trace(analysed, tmp_path_factory.mktemp("out") / "trace.json")
     doc = json.loads(path.read_text())
     assert doc["otherData"]["valid"] is True and doc["displayTimeUnit"] == "ns"
     return doc["traceEvents"]
+
+
+@pytest.fixture(scope="module")
+def proto(analysed, tmp_path_factory) -> tuple[Path, pb.Trace]:
+    path = write_perfetto_proto(analysed, tmp_path_factory.mktemp("out") / "trace.pftrace")
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    return path, trace
 
 
 def _spans(events):
     return [e for e in events if e["ph"] == "X"]
 
 
+def _rows(analysed, query: str) -> list[tuple]:
+    return analysed.engine.rows(query)
+
+
+# ---------------------------------------------------------------- Chrome JSON
+
+
 def test_every_span_is_an_event_with_exact_microseconds(analysed, events):
-    runtime, serving = analysed.swimlane.runtime, analysed.swimlane.serving
-    spans = _spans(events)
-    assert len(spans) == len(runtime) + int((serving["ph"] == "X").sum())
-    for e in spans:
-        assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= e.keys()
-        assert isinstance(e["pid"], int) and isinstance(e["tid"], int) and e["dur"] >= 0
-    # ts/dur are µs; multiplied back they give the span table's ns exactly
-    exported = Counter((e["name"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in spans if e["cat"] == "runtime")
-    expected = Counter(zip(runtime["name"], runtime["ts_ns"], runtime["dur_ns"]))
-    assert exported == expected
-    instants = [e for e in events if e["ph"] == "i"]
-    assert [(e["name"], e["s"]) for e in instants] == [("marker", "t")]
+    runtime = _rows(analysed, "SELECT s.name, s.ts_ns, s.dur_ns FROM spans s JOIN runs r USING (pid, inv) WHERE s.clk = 'host'")
+    exported = Counter((e["name"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in _spans(events) if e["cat"] == "runtime")
+    assert exported == Counter(runtime)  # ts/dur are µs; multiplied back they give the span table's ns exactly
+    serving_x = _rows(analysed, "SELECT count(*) FROM spans WHERE inv IS NULL AND ph = 'X' AND cat <> 'request'")[0][0]
+    assert len([e for e in _spans(events) if e["cat"] != "runtime"]) == serving_x
+    for e in _spans(events):
+        assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= e.keys() and e["dur"] >= 0
+    assert [(e["name"], e["s"]) for e in events if e["ph"] == "i"] == [("marker", "t")]
 
 
-def test_wall_clock_travels_as_integer_strings(analysed, events):
-    runtime = analysed.swimlane.runtime
-    root = runtime[runtime["depth"] == 0].iloc[0]
-    match = [e for e in _spans(events) if e["cat"] == "runtime" and round(e["ts"] * 1000) == root["ts_ns"] and e["pid"] == root["pid"] and e["name"] == "chip.run"]
-    assert len(match) == 1
-    assert match[0]["args"]["wall_ns"] == str(int(root["wall_ns"]))
-    assert match[0]["args"]["step"] == int(root["step"]) and match[0]["args"]["rank"] == int(root["rank"])
+def test_roots_carry_identity_and_wall_clock_as_integer_strings(analysed, events):
+    pid, inv, ts, wall, run_id, slot = _rows(analysed, """SELECT s.pid, s.inv, s.ts_ns, s.ts_ns + a.wall_ns - a.mono_ns, s.run_id, s.slot_id
+        FROM spans s JOIN anchors a USING (pid) JOIN decode d USING (pid, inv) WHERE s.depth = 0 AND d.step = 3 AND d.rank = 2""")[0]
+    root = [e for e in _spans(events) if e["pid"] == pid and e["args"].get("inv") == str(inv) and e["name"] == fmt.ROOT]
+    assert len(root) == 1 and round(root[0]["ts"] * 1000) == ts
+    assert root[0]["args"]["wall_ns"] == str(wall)
+    assert (root[0]["args"]["step"], root[0]["args"]["rank"], root[0]["args"]["run_id"], root[0]["args"]["slot_id"]) == (3, 2, run_id, slot)
 
 
 def test_tracks_nest_strictly_and_overlapping_runs_get_their_own_track(analysed, events):
@@ -84,98 +120,305 @@ def test_tracks_nest_strictly_and_overlapping_runs_get_their_own_track(analysed,
     for e in _spans(events):
         by_track[(e["pid"], e["tid"])].append((round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)))
     for track, intervals in by_track.items():
-        stack = []
+        stack: list[int] = []
         for start, end in sorted(intervals, key=lambda i: (i[0], -i[1])):
             while stack and stack[-1] <= start:
                 stack.pop()
             assert not stack or end <= stack[-1], f"partial overlap on track {track}"
             stack.append(end)
     # the late rank's long run overlaps its two successors: three tracks hold its roots
-    late_pid = int(analysed.swimlane.roots.loc[analysed.swimlane.roots["rank"] == LATE_RANK, "pid"].iloc[0])
-    root_tracks = {e["tid"] for e in _spans(events) if e["pid"] == late_pid and e["name"] == "chip.run"}
-    assert len(root_tracks) == 3
+    late_pid = _rows(analysed, f"SELECT DISTINCT pid FROM decode WHERE rank = {LATE_RANK}")[0][0]
+    assert len({e["tid"] for e in _spans(events) if e["pid"] == late_pid and e["name"] == fmt.ROOT}) == 3
 
 
-def test_processes_and_threads_are_named_and_ordered(events):
+def test_every_process_and_thread_is_named_and_ordered(events):
     meta = defaultdict(dict)
     for e in events:
         if e["ph"] == "M":
             key = (e["pid"],) if e["name"].startswith("process") else (e["pid"], e["tid"])
             meta[key][e["name"]] = e["args"]
-    for e in _spans(events):
-        assert {"process_name", "process_sort_index"} <= meta[(e["pid"],)].keys()
-        assert {"thread_name", "thread_sort_index"} <= meta[(e["pid"], e["tid"])].keys()
-    rank_names = sorted(m["process_name"]["name"] for k, m in meta.items() if len(k) == 1 and "rank" in m["process_name"]["name"])
-    assert [n.split(" (pid")[0] for n in rank_names] == [f"rank {r} · npu:{r}" for r in range(RANKS)]
+    for e in events:
+        if e["ph"] in ("X", "i", "b", "e", "s", "f"):
+            assert {"process_name", "process_sort_index"} <= meta[(e["pid"],)].keys(), e
+            assert {"thread_name", "thread_sort_index"} <= meta[(e["pid"], e["tid"])].keys(), e
+    names = [m["process_name"]["name"] for k, m in meta.items() if len(k) == 1]
+    ranks = sorted(n.split(" (pid")[0] for n in names if n.startswith("rank "))
+    assert ranks == [f"rank {r} · npu:{r}" for r in range(RANKS)]
     sort_of = {m["process_name"]["name"]: m["process_sort_index"]["sort_index"] for k, m in meta.items() if len(k) == 1}
-    assert sorted(sort_of, key=sort_of.get)[0].startswith("serving")
+    assert sorted(sort_of, key=sort_of.get)[-RANKS:] == sorted((n for n in names if n.startswith("rank ")), key=sort_of.get)
+    assert "serving (pid 9)" in names  # a process the trace never named still gets one
 
 
 def test_hostile_text_round_trips_through_json(events):
     hostile = [e for e in _spans(events) if e["name"] == HOSTILE]
-    assert len(hostile) == 1 and hostile[0]["args"]["attrs"]["note"] == HOSTILE
+    assert len(hostile) == 1 and hostile[0]["args"]["note"] == HOSTILE
 
 
-def test_flows_link_dispatch_spans_to_the_roots_they_started(analysed, events):
-    spans = _spans(events)
-    flows = defaultdict(dict)
+def test_overlapping_requests_become_async_slices(analysed, events):
+    requests = _rows(analysed, "SELECT ts_ns, dur_ns FROM spans WHERE cat = 'request'")
+    begins = {e["id"]: e for e in events if e["ph"] == "b"}
+    ends = {e["id"]: e for e in events if e["ph"] == "e"}
+    assert len(begins) == len(requests) == RANKS * 4 and begins.keys() == ends.keys()
+    assert Counter((round(b["ts"] * 1000), round((ends[i]["ts"] - b["ts"]) * 1000)) for i, b in begins.items()) == Counter(requests)
+    assert not [e for e in _spans(events) if e["cat"] == "request"]
+
+
+def _flows(events) -> dict[int, dict]:
+    flows: dict[int, dict] = defaultdict(dict)
     for e in events:
-        if e["ph"] in "sf":
+        if e["ph"] in ("s", "f"):
+            assert e["ph"] not in flows[e["id"]]
             flows[e["id"]][e["ph"]] = e
+    return flows
+
+
+def test_each_root_gets_one_arrow_from_the_span_that_dispatched_it(analysed, events):
+    flows = _flows(events)
     assert all(set(f) == {"s", "f"} and f["f"]["bp"] == "e" for f in flows.values())
-    roots = analysed.swimlane.runtime[analysed.swimlane.runtime["depth"] == 0]
-    root_attrs = attr_columns(roots, ["run_id"])
-    by_run_id = int((root_attrs["run_id"] == RUN_ID_LINK).sum())
-    decode_roots = len(analysed.swimlane.roots)
-    # one arrow per decode root from its scheduler step, plus one per root with run_id 9 from the executor span
-    assert len(flows) == decode_roots + by_run_id and by_run_id == RANKS
-    starts = {(e["pid"], e["tid"], e["ts"]): e for e in spans}
-    sources = Counter(starts[(f["s"]["pid"], f["s"]["tid"], f["s"]["ts"])]["name"] for f in flows.values())
-    assert sources == {"scheduler.step": decode_roots, HOSTILE: RANKS}
+    decode_roots = _rows(analysed, "SELECT count(*) FROM decode")[0][0]
+    # one arrow per decode root from its own rank's scheduler step (not one per rank: 4x as many), plus one per rank's
+    # root with run_id 9 from the central executor span
+    assert len(flows) == decode_roots + RANKS
+    roots = {(e["pid"], e["tid"], e["ts"]): e for e in _spans(events) if e["name"] == fmt.ROOT}
+    starts = Counter()
     for f in flows.values():
-        target = starts[(f["f"]["pid"], f["f"]["tid"], f["f"]["ts"])]
-        assert target["name"] == "chip.run"
-        source = starts[(f["s"]["pid"], f["s"]["tid"], f["s"]["ts"])]
-        if source["name"] == "scheduler.step":
-            assert source["args"]["attrs"]["step"] == str(target["args"]["attrs"]["step"])
+        source, target = f["s"], roots[(f["f"]["pid"], f["f"]["tid"], f["f"]["ts"])]
+        if source["pid"] == 9:
+            starts["central"] += 1
+            assert target["args"]["run_id"] == RUN_ID_LINK
+        else:
+            starts["rank"] += 1
+            assert source["pid"] == target["pid"]  # a rank's scheduler starts its own run only
+            step = [e for e in _spans(events) if e["pid"] == source["pid"] and e["ts"] == source["ts"] and e["name"] == "scheduler.step"]
+            assert step[0]["args"]["step"] == target["args"]["step"]
+    assert starts == {"rank": decode_roots, "central": RANKS}
+    assert Counter((f["f"]["pid"], f["f"]["ts"]) for f in flows.values() if f["s"]["pid"] != 9).most_common(1)[0][1] == 1
 
 
-def test_nested_tracks_split_chains_over_two_tracks_and_keep_nesting():
-    # five pipelined steps, each overlapping the next; and one parent holding two children
-    start = np.array([0, 8, 16, 24, 32, 100, 101, 105])
-    end = np.array([10, 18, 26, 34, 42, 110, 104, 109])
-    group = np.array([0] * 5 + [1] * 3)
-    assert _nested_tracks(group, start, end).tolist() == [0, 1, 0, 1, 0, 0, 0, 0]
+def test_skew_counters_carry_the_summarys_figures(analysed, events):
+    per_step = analysed.summary["per_step"]
+    for name, key in ((START_SKEW_COUNTER, "runner_start_skew_ms"), (END_SKEW_COUNTER, "runner_end_skew_ms")):
+        values = [e["args"]["ms"] for e in sorted((e for e in events if e["ph"] == "C" and e["name"] == name), key=lambda e: e["ts"])]
+        assert values == [row[key] for row in per_step]
+    assert max(e["args"]["ms"] for e in events if e["ph"] == "C" and e["name"] == END_SKEW_COUNTER) == 25.0
 
 
-@pytest.mark.parametrize("seed", range(5))
-def test_nested_tracks_never_leave_a_partial_overlap(seed):
-    rng = np.random.default_rng(seed)
-    start = rng.integers(0, 1000, 300)
-    end = start + rng.integers(0, 60, 300)
-    group = rng.integers(0, 3, 300)
-    track = _nested_tracks(group, start, end)
-    for key in set(zip(group.tolist(), track.tolist())):
-        mask = (group == key[0]) & (track == key[1])
-        intervals = sorted(zip(start[mask].tolist(), end[mask].tolist()), key=lambda i: (i[0], -i[1]))
-        stack = []
-        for s, e in intervals:
-            while stack and stack[-1] <= s:
-                stack.pop()
-            assert not stack or e <= stack[-1]
-            stack.append(e)
+def test_json_gz_is_compressed_json(analysed, tmp_path):
+    path = write_chrome_trace(analysed, tmp_path / "t.json.gz")
+    assert json.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+
+
+# ---------------------------------------------------------------- native protobuf
+
+
+def _descriptors(trace: pb.Trace) -> dict[int, pb.TrackDescriptor]:
+    return {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
+
+
+def _track_events(trace: pb.Trace) -> list[pb.TracePacket]:
+    return [p for p in trace.packet if p.HasField("track_event")]
+
+
+def _interned_names(trace: pb.Trace) -> dict[int, str]:
+    return {n.iid: n.name for p in trace.packet for n in p.interned_data.event_names}
+
+
+def test_pftrace_names_every_process_and_track(proto, events):
+    _, trace = proto
+    tracks = _descriptors(trace)
+    processes = {t.process.pid: t.process.process_name for t in tracks.values() if t.HasField("process")}
+    json_processes = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert processes == json_processes  # one layout for both writers
+    threads = {(t.thread.pid, t.thread.tid): t.thread.thread_name for t in tracks.values() if t.HasField("thread")}
+    json_threads = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert threads == json_threads and all(threads.values())
+    for event in _track_events(trace):
+        assert event.track_event.track_uuid in tracks
+    for track in tracks.values():
+        assert track.name or track.HasField("process") or track.HasField("thread")
+        if track.parent_uuid:
+            assert tracks[track.parent_uuid].HasField("process")
+
+
+def test_pftrace_holds_every_slice_nested_on_its_track(proto, events):
+    _, trace = proto
+    names = _interned_names(trace)
+    stacks: dict[int, list[tuple[int, str]]] = defaultdict(list)
+    slices = Counter()
+    last = 0
+    for packet in _track_events(trace):
+        event = packet.track_event
+        assert packet.timestamp >= last  # in time order
+        last = packet.timestamp
+        if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN:
+            stacks[event.track_uuid].append((packet.timestamp, names[event.name_iid]))
+        elif event.type == pb.TrackEvent.TYPE_SLICE_END:
+            start, name = stacks[event.track_uuid].pop()  # an end closes the innermost open slice of its track
+            slices[(name, start, packet.timestamp)] += 1
+    assert not any(stacks.values())
+    expected = Counter((e["name"], round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)) for e in _spans(events))
+    begins = {e["id"]: e for e in events if e["ph"] == "b"}
+    expected.update((b["name"], round(b["ts"] * 1000), round(e["ts"] * 1000)) for e in events if e["ph"] == "e" for b in [begins[e["id"]]])
+    assert slices == expected
+
+
+def _annotations(trace: pb.Trace, event: pb.TrackEvent) -> dict[str, object]:
+    names = {n.iid: n.name for p in trace.packet for n in p.interned_data.debug_annotation_names}
+    return {names[a.name_iid]: a.string_value if a.HasField("string_value") else a.int_value for a in event.debug_annotations}
+
+
+def test_pftrace_annotations_carry_identity_and_text_as_read(proto, analysed):
+    _, trace = proto
+    names = _interned_names(trace)
+    begins = [p.track_event for p in _track_events(trace) if p.track_event.type == pb.TrackEvent.TYPE_SLICE_BEGIN]
+    hostile = [e for e in begins if names[e.name_iid] == HOSTILE]
+    assert len(hostile) == 1 and _annotations(trace, hostile[0]).items() >= {"run_id": RUN_ID_LINK, "note": HOSTILE}.items()
+    inv, run_id, epoch = _rows(analysed, "SELECT inv, run_id, run_epoch FROM decode WHERE step = 3 AND rank = 2")[0]
+    root = [a for e in begins if names[e.name_iid] == fmt.ROOT for a in [_annotations(trace, e)] if a.get("inv") == str(inv)]
+    assert len(root) == 1
+    assert {k: root[0][k] for k in ("step", "rank", "run_id", "run_epoch", "phase", "device")} == {
+        "step": 3, "rank": 2, "run_id": run_id, "run_epoch": epoch, "phase": "root", "device": "npu:2"}
+
+
+def test_pftrace_overlapping_serving_spans_lie_on_lanes_that_never_overlap(proto):
+    _, trace = proto
+    tracks = _descriptors(trace)
+    lanes = {uuid: t.thread.thread_name for uuid, t in tracks.items()
+             if " · lane " in t.thread.thread_name and not t.thread.thread_name.startswith("host thread")}
+    # the 16 requests of the batch all overlap; so do the pipelined worker.execute spans of each rank
+    assert sum(" · request · lane " in name for name in lanes.values()) == RANKS * 4
+    assert {f"tid {41000 + r} · worker · lane {lane}" for r in range(RANKS) for lane in (0, 1)} <= set(lanes.values())
+    open_on: dict[int, int] = defaultdict(int)
+    for packet in _track_events(trace):
+        event = packet.track_event
+        if event.track_uuid in lanes and event.type in (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_SLICE_END):
+            open_on[event.track_uuid] += 1 if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN else -1
+            assert open_on[event.track_uuid] <= 1
+
+
+def test_pftrace_flows_go_from_the_dispatch_to_its_root(proto, events):
+    _, trace = proto
+    names = _interned_names(trace)
+    leaving, ending = Counter(), {}
+    for packet in _track_events(trace):
+        event = packet.track_event
+        for flow in event.flow_ids:
+            leaving[flow] += 1
+        for flow in event.terminating_flow_ids:
+            assert names[event.name_iid] == fmt.ROOT and flow not in ending
+            ending[flow] = packet.timestamp
+    assert set(leaving) == set(ending) and len(ending) == len(_flows(events)) and set(leaving.values()) == {1}
+    json_targets = Counter(round(f["f"]["ts"] * 1000) for f in _flows(events).values())
+    assert Counter(ending.values()) == json_targets
+
+
+def test_pftrace_counters_carry_the_skews(proto, analysed):
+    _, trace = proto
+    tracks = _descriptors(trace)
+    values: dict[str, list[float]] = defaultdict(list)
+    for packet in _track_events(trace):
+        if packet.track_event.type == pb.TrackEvent.TYPE_COUNTER:
+            track = tracks[packet.track_event.track_uuid]
+            assert track.HasField("counter")
+            values[track.name].append(packet.track_event.double_counter_value)
+    per_step = analysed.summary["per_step"]
+    assert values[START_SKEW_COUNTER] == [row["runner_start_skew_ms"] for row in per_step]
+    assert values[END_SKEW_COUNTER] == [row["runner_end_skew_ms"] for row in per_step]
+    assert RUN_QUEUE_COUNTER not in values  # no host evidence in this run
+
+
+def _evidence_log(path: Path, rq_ms: dict[tuple[int, int], int]) -> None:
+    """Two ranks, three steps, each root carrying os.rq_ns (and a serving trace-free log)."""
+    lines = []
+    for rank in range(2):
+        pid = 700 + rank
+        lines.append(fmt.format_anchor_record(pid, 10**9, 1_700_000_000_000_000_000, pid))
+        for step in range(3):
+            ts = 2 * 10**9 + step * 20 * MS
+            attrs = {"rank": rank, "step": step, "device": f"npu:{rank}", "callable": fmt.DECODE_CALLABLE, "run_epoch": step,
+                     fmt.OS_RQ_NS: rq_ms[(rank, step)] * MS}
+            for depth, name, start, dur in ((1, fmt.BIND, ts, MS), (1, fmt.RUNNER_RUN, ts + MS, 10 * MS), (1, fmt.VALIDATE, ts + 12 * MS, MS),
+                                            (0, fmt.ROOT, ts, 13 * MS)):
+                payload = fmt.format_strace_payload(pid=pid, tid=pid, inv=rank * 100 + step + 1, hid="ab", depth=depth, name=name,
+                                                    ts_ns=start, dur_ns=dur, attrs=attrs if depth == 0 else None)
+                lines.append(fmt.format_prefix(start + dur, pid, "INFO", "span") + payload)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_pftrace_draws_run_queue_wait_per_rank_where_spans_carry_it(tmp_path):
+    rq = {(r, s): 1 + r * 3 + s for r in range(2) for s in range(3)}
+    _evidence_log(tmp_path / artifacts.SERVER_LOG, rq)
+    analyze_paths([tmp_path], tmp_path)
+    out = export_from_dir(tmp_path, tmp_path / "t.pftrace")
+    trace = pb.Trace()
+    trace.ParseFromString(out.read_bytes())
+    tracks = _descriptors(trace)
+    by_process: dict[str, list[float]] = defaultdict(list)
+    for packet in _track_events(trace):
+        track = tracks[packet.track_event.track_uuid]
+        if track.name == RUN_QUEUE_COUNTER:
+            by_process[tracks[track.parent_uuid].process.process_name.split(" (pid")[0]].append(packet.track_event.double_counter_value)
+    assert by_process == {f"rank {r} · npu:{r}": [float(rq[(r, s)]) for s in range(3)] for r in range(2)}
+
+
+# ---------------------------------------------------------------- Perfetto's trace processor
+
+
+def _trace_processor_shell() -> tuple[str | None, str]:
+    """A trace_processor_shell: $TRACE_PROCESSOR_SHELL, PATH, else what the perfetto package fetches (its pinned build).
+
+    Returns (path, "") or (None, why not): offline, the package's download fails at once.
+    """
+    for candidate in (os.environ.get("TRACE_PROCESSOR_SHELL"), shutil.which("trace_processor_shell")):
+        if candidate and os.access(candidate, os.X_OK):
+            return candidate, ""
+    from perfetto.prebuilts.manifests.trace_processor_shell import TRACE_PROCESSOR_SHELL_MANIFEST
+    from perfetto.prebuilts.perfetto_prebuilts import get_perfetto_prebuilt
+
+    try:
+        return get_perfetto_prebuilt(TRACE_PROCESSOR_SHELL_MANIFEST), ""
+    except Exception as error:  # any failure to fetch means: not available here
+        return None, f"{type(error).__name__}: {error}"
+
+
+@pytest.mark.parametrize("name", ["trace.pftrace", "trace.json"])
+def test_perfettos_trace_processor_loads_the_export(run_dir, analysed, tmp_path, name):
+    shell, why = _trace_processor_shell()
+    if shell is None:
+        pytest.skip(f"no trace_processor_shell here and the perfetto package could not fetch one ({why[:120]}); "
+                    "the structural tests above parse the .pftrace with the package's own proto classes")
+    from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
+
+    path = export_from_dir(run_dir, tmp_path / name)
+    with TraceProcessor(trace=str(path), config=TraceProcessorConfig(bin_path=shell)) as tp:
+        slices = tp.query("SELECT count(*) AS n FROM slice WHERE dur >= 0").as_pandas_dataframe()["n"][0]
+        flows = tp.query("SELECT count(*) AS n FROM flow").as_pandas_dataframe()["n"][0]
+        threads = tp.query("SELECT count(*) AS n FROM thread WHERE name IS NULL AND utid <> 0").as_pandas_dataframe()["n"][0]
+        counters = tp.query(f"SELECT count(*) AS n FROM counter c JOIN counter_track t ON c.track_id = t.id "
+                            f"WHERE t.name = '{END_SKEW_COUNTER}'").as_pandas_dataframe()["n"][0]
+    runtime = _rows(analysed, "SELECT count(*) FROM spans s JOIN runs r USING (pid, inv) WHERE s.clk = 'host'")[0][0]
+    serving = _rows(analysed, "SELECT count(*) FROM spans WHERE inv IS NULL")[0][0]
+    assert slices == runtime + serving
+    assert flows == _rows(analysed, "SELECT count(*) FROM decode")[0][0] + RANKS
+    assert threads == 0 and counters == STEPS
+
+
+# ---------------------------------------------------------------- export command
+
+
+def test_export_format_follows_the_output_name_and_defaults_to_pftrace(run_dir, tmp_path):
+    assert export_from_dir(run_dir) == run_dir / artifacts.PERFETTO_PROTO
+    pb.Trace().ParseFromString((run_dir / artifacts.PERFETTO_PROTO).read_bytes())
+    assert json.loads(export_from_dir(run_dir, tmp_path / "t.json").read_text())["traceEvents"]
+    assert json.loads(gzip.decompress(export_from_dir(run_dir, tmp_path / "t.json.gz").read_bytes()))["traceEvents"]
+    assert export_from_dir(run_dir, format="perfetto-json") == run_dir / artifacts.PERFETTO_JSON
+    with pytest.raises(DsprofError, match="unknown export format 'pprof'"):
+        export_from_dir(run_dir, tmp_path / "t.pb", format="pprof")
 
 
 def test_unanchored_run_exports_without_wall_clock(tmp_path):
     SyntheticRun(ranks=2, steps=3, anchors=False, sa_profile=False).write(tmp_path / "run")
+    analyze_paths([tmp_path / "run"], tmp_path / "run")
     out = export_from_dir(tmp_path / "run", tmp_path / "t.json")
     spans = _spans(json.loads(out.read_text())["traceEvents"])
-    assert len(spans) == len(analyze([tmp_path / "run"]).swimlane.runtime)
     assert spans and all("wall_ns" not in e["args"] for e in spans)
-
-
-def test_export_from_dir(run_dir, tmp_path):
-    out = export_from_dir(run_dir, tmp_path / "t.json", format="perfetto-json")
-    assert json.loads(out.read_text())["traceEvents"]
-    with pytest.raises(DsprofError, match="unknown export format 'pprof'"):
-        export_from_dir(run_dir, tmp_path / "t.pb", format="pprof")

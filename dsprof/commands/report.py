@@ -16,13 +16,17 @@ from pathlib import Path
 from dsprof.analysis.analyze import AnalysisResult, layout_only
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
+from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.summary import load_summary
 from dsprof.commands.analyze import read_inputs
 from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
 Progress = Callable[[str], None] | None
-EXPORT_FORMATS = ("perfetto-json",)
+# export format -> its default file name in the artifact directory
+PERFETTO_PROTO, PERFETTO_JSON = "perfetto", "perfetto-json"
+EXPORT_FORMATS = (PERFETTO_PROTO, PERFETTO_JSON)
+_DEFAULT_NAMES = {PERFETTO_PROTO: artifacts.PERFETTO_PROTO, PERFETTO_JSON: artifacts.PERFETTO_JSON}
 
 
 def _analysed(artifact_dir: str | os.PathLike, progress: Progress) -> tuple[AnalysisResult, Path | None]:
@@ -47,16 +51,32 @@ def report_from_dir(artifact_dir: str | os.PathLike, output: str | os.PathLike |
         _remove(spill)
 
 
-def export_from_dir(artifact_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, format: str = "perfetto-json",
+def export_format(output: str | os.PathLike | None) -> str:
+    """The format an output name asks for: ``.json`` / ``.json.gz`` -> Chrome JSON, anything else the native protobuf."""
+    if output is None:
+        return PERFETTO_PROTO
+    name = Path(output).name.lower()
+    return PERFETTO_JSON if name.endswith((".json", ".json.gz")) else PERFETTO_PROTO
+
+
+def export_from_dir(artifact_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, format: str | None = None,
                     progress: Progress = None) -> Path:
-    """Export an analysed artifact directory for Perfetto (``.json``, or ``.json.gz`` compressed)."""
+    """Export an analysed artifact directory for Perfetto.
+
+    ``perfetto`` writes Perfetto's native protobuf trace (``.pftrace``),
+    ``perfetto-json`` Chrome trace JSON (``.json``, or ``.json.gz`` compressed);
+    without a format, the output's name decides (default: the protobuf).
+    """
+    format = format or export_format(output)
     if format not in EXPORT_FORMATS:
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
-    output = Path(output) if output is not None else Path(artifact_dir) / artifacts.PERFETTO_JSON
+    output = Path(output) if output is not None else Path(artifact_dir) / _DEFAULT_NAMES[format]
     result, spill = _analysed(artifact_dir, progress)
     try:
         if progress:
             progress(f"writing {output}")
+        if format == PERFETTO_PROTO:
+            return write_perfetto_proto(result, output, progress=progress)
         return write_chrome_trace(result, output, progress=progress)
     finally:
         result.engine.close()

@@ -1,0 +1,222 @@
+"""Where every span, arrow and counter of an exported trace goes: the one track layout of both Perfetto writers.
+
+The Chrome JSON writer (:mod:`~dsprof.analysis.outputs.chrome_trace`) and the
+native protobuf writer (:mod:`~dsprof.analysis.outputs.perfetto_proto`) draw
+the same picture, so they take it from here (docs/REPORTS.md, "Perfetto"):
+
+* one process per rank process, named ``rank R · DEVICE (pid P)`` and sorted by
+  rank after the serving processes, which keep the name their trace gave them;
+* runtime spans on one track per (OS thread, pipeline-slot lane), named
+  ``host thread T · lane L``: runs that overlap on a thread (a depth-2
+  pipeline keeps two in flight) are on different lanes, so every track nests;
+* serving spans on one track per (pid, tid, category, lane), named
+  ``THREAD · CATEGORY`` (THREAD: the trace's thread name, else ``tid T``), with
+  `` · lane L`` where spans of one category overlap on their thread without
+  nesting (pipelined ``worker.execute`` spans, the ``request`` spans of a
+  batch): each lane holds spans that never overlap, so every track nests;
+* flow arrows from a serving dispatch span to the one root it started (see
+  :func:`flow_links`);
+* counters: the runner-start and runner-end skew of each step (from the
+  summary) at the step's first runner start, and, where spans carry host
+  evidence (``os.rq_ns``), each rank's run-queue wait per run at the run's start.
+
+Track ids are synthetic (from :data:`TRACK_TID_BASE` up) so that they never
+collide with a pid: Perfetto takes a thread whose tid equals its pid for the
+process' main thread. The real thread id is in the track's name.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pyarrow as pa
+
+from dsprof.analysis.analyze import AnalysisResult
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.invocations import serving_row
+from dsprof.analysis.layout import assign_lanes, build_lanes, serving_spans_sql
+from dsprof.analysis.skew import ns_to_ms
+
+TRACK_TID_BASE = 1 << 30
+SERVING_PROCESS_SORT = 0
+RANK_PROCESS_SORT = 1000
+SERVING_THREAD_SORT = 0
+RUNTIME_THREAD_SORT = 100
+REQUEST_CATEGORY = "request"
+# A scheduler span carrying a step dispatched that step's run in its own rank process.
+STEP_LINK_CATEGORY = "scheduler"
+FLOW_NAME = "dispatch"
+START_SKEW_COUNTER = "runner-start skew (ms)"
+END_SKEW_COUNTER = "runner-end skew (ms)"
+RUN_QUEUE_COUNTER = "run-queue wait per run (ms)"
+
+
+@dataclass(frozen=True)
+class Process:
+    pid: int
+    name: str
+    sort_index: int
+    rank: int | None = None
+
+
+@dataclass(frozen=True)
+class Thread:
+    """One track: ``tid`` is the id the writers give it (synthetic for runtime lanes, the OS tid for serving threads)."""
+
+    pid: int
+    tid: int
+    name: str
+    sort_index: int
+
+
+@dataclass(frozen=True)
+class Counter:
+    """One counter track: values (ms) at host times (ns); ``pid`` is the process it belongs to (None: global)."""
+
+    name: str
+    pid: int | None
+    ts_ns: list[int]
+    values: list[float]
+
+
+@dataclass
+class TrackLayout:
+    processes: list[Process]
+    runtime: dict[tuple[int, int, int], Thread]  # (pid, OS tid, lane) -> track
+    serving: dict[tuple[int, int, str, int], Thread]  # (pid, tid, category, lane) -> track
+    counters: list[Counter] = field(default_factory=list)
+
+    @property
+    def threads(self) -> list[Thread]:
+        return [*self.serving.values(), *self.runtime.values()]
+
+    def runtime_track_table(self) -> pa.Table:
+        """``pid, tid, lane -> track`` as a table, to join against span batches."""
+        keys = list(self.runtime)
+        return pa.table({"pid": pa.array([k[0] for k in keys], pa.int64()), "tid": pa.array([k[1] for k in keys], pa.int64()),
+                         "lane": pa.array([k[2] for k in keys], pa.int64()),
+                         "track": pa.array([t.tid for t in self.runtime.values()], pa.int64())})
+
+    def serving_track_table(self) -> pa.Table:
+        """``pid, tid, cat, lane -> track`` as a table, to join against span batches."""
+        keys = list(self.serving)
+        return pa.table({"pid": pa.array([k[0] for k in keys], pa.int64()), "tid": pa.array([k[1] for k in keys], pa.int64()),
+                         "cat": pa.array([k[2] for k in keys], pa.string()), "lane": pa.array([k[3] for k in keys], pa.int64()),
+                         "track": pa.array([t.tid for t in self.serving.values()], pa.int64())})
+
+
+def build_track_layout(result: AnalysisResult) -> TrackLayout:
+    """Processes, tracks and counters of ``result``'s trace.
+
+    Creates the engine's ``lanes`` (runs) and ``serving_lanes`` (``file, line, lane`` of every serving
+    span; :func:`serving_lanes_sql` is the serving spans with their lane).
+    """
+    engine = result.engine
+    build_lanes(engine)
+    runtime = _runtime_threads(engine)
+    _build_serving_lanes(engine)
+    serving = _serving_threads(engine, result.trace.thread_names, first_tid=TRACK_TID_BASE + len(runtime))
+    pids = {t.pid for t in runtime.values()} | {t.pid for t in serving.values()}
+    return TrackLayout(processes=_processes(result, pids), runtime=runtime, serving=serving,
+                       counters=_skew_counters(engine, result.summary.get("per_step") or []) + _run_queue_counters(engine))
+
+
+def _processes(result: AnalysisResult, pids: set[int]) -> list[Process]:
+    """Rank processes by rank, after every other process (named as its trace named it, else ``serving``)."""
+    ranked = {p["pid"]: p for p in result.swimlane.processes}
+    names = result.trace.process_names
+    processes = []
+    for pid in sorted(pids | set(ranked) | set(names)):  # one per process
+        rank_process = ranked.get(pid)
+        if rank_process is not None:
+            processes.append(Process(pid, f"rank {rank_process['rank']} · {rank_process['device']} (pid {pid})",
+                                     RANK_PROCESS_SORT + int(rank_process["rank"]), int(rank_process["rank"])))
+        else:
+            processes.append(Process(pid, f"{names.get(pid, 'serving')} (pid {pid})", SERVING_PROCESS_SORT))
+    return processes
+
+
+def _runtime_threads(engine: Engine) -> dict[tuple[int, int, int], Thread]:
+    rows = engine.rows("SELECT DISTINCT r.pid, r.tid, l.lane FROM runs r JOIN lanes l USING (pid, inv) ORDER BY 1, 2, 3")
+    return {(pid, tid, lane): Thread(pid, TRACK_TID_BASE + i, f"host thread {tid} · lane {lane}", RUNTIME_THREAD_SORT + i)
+            for i, (pid, tid, lane) in enumerate(rows)}
+
+
+def _build_serving_lanes(engine: Engine) -> None:
+    """``serving_lanes``: a lane per serving span within its (pid, tid, category), overlapping spans on different lanes."""
+    spans = engine.arrow(f"""SELECT file, line, ts_ns, ts_ns + dur_ns AS end_ns,
+                                    dense_rank() OVER (ORDER BY pid, tid, cat) AS thread_cat
+                             FROM spans WHERE {serving_row()} AND ph IN ('X', 'i')""")
+    lanes = assign_lanes(spans.column("thread_cat").to_numpy(), spans.column("ts_ns").to_numpy(), spans.column("end_ns").to_numpy(), None)
+    engine.con.register("serving_lanes_in", pa.table({"file": spans.column("file"), "line": spans.column("line"),
+                                                      "lane": pa.array(lanes, pa.int64())}))
+    engine.run("CREATE OR REPLACE TABLE serving_lanes AS SELECT * FROM serving_lanes_in")
+
+
+def serving_lanes_sql() -> str:
+    """The serving spans to draw (:func:`~dsprof.analysis.layout.serving_spans_sql`) with their ``lane``."""
+    return f"SELECT s.*, coalesce(l.lane, 0) AS lane FROM ({serving_spans_sql()}) s LEFT JOIN serving_lanes l USING (file, line)"
+
+
+def _serving_threads(engine: Engine, thread_names: dict[tuple[int, int], str], first_tid: int) -> dict[tuple[int, int, str, int], Thread]:
+    """A track per (pid, tid, category, lane), named after the thread (by its trace, else its id) and the category."""
+    rows = engine.rows(f"""SELECT pid, tid, cat, lane, max(lane) OVER (PARTITION BY pid, tid, cat) AS last_lane
+                           FROM (SELECT DISTINCT pid, tid, cat, lane FROM ({serving_lanes_sql()})) ORDER BY pid, tid, cat, lane""")
+    threads = {}
+    for i, (pid, tid, cat, lane, last_lane) in enumerate(rows):  # one per serving track
+        name = f"{thread_names.get((pid, tid)) or f'tid {tid}'} · {cat or 'serving'}" + (f" · lane {lane}" if last_lane else "")
+        threads[(pid, tid, cat, lane)] = Thread(pid, first_tid + i, name, SERVING_THREAD_SORT + i)
+    return threads
+
+
+def _skew_counters(engine: Engine, per_step: list[dict]) -> list[Counter]:
+    """The summary's per-step skews, placed at each step's first runner start (the engine's ``steps`` table)."""
+    if not per_step:
+        return []
+    starts = dict(engine.rows("SELECT step, min_start_ns FROM steps"))
+    placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)
+    return [Counter(name, None, [ts for ts, _ in placed], [float(row[key]) for _, row in placed])
+            for name, key in ((START_SKEW_COUNTER, "runner_start_skew_ms"), (END_SKEW_COUNTER, "runner_end_skew_ms"))]
+
+
+def _run_queue_counters(engine: Engine) -> list[Counter]:
+    """Per rank process: the run-queue wait its host thread saw during each run (root ``os.rq_ns``, else its phases')."""
+    rows = engine.arrow("""
+        SELECT pid, list(root_ts_ns ORDER BY root_ts_ns) AS ts, list(rq ORDER BY root_ts_ns) AS rq FROM (
+            SELECT pid, root_ts_ns, coalesce(root_rq_ns, CASE WHEN coalesce(bind_rq_ns, runner_rq_ns, validate_rq_ns) IS NOT NULL
+                   THEN coalesce(bind_rq_ns, 0) + coalesce(runner_rq_ns, 0) + coalesce(validate_rq_ns, 0) END) AS rq
+            FROM runs) WHERE rq IS NOT NULL GROUP BY pid ORDER BY pid""").to_pylist()
+    return [Counter(RUN_QUEUE_COUNTER, row["pid"], row["ts"], [ns_to_ms(v) for v in row["rq"]]) for row in rows]
+
+
+def flow_links(engine: Engine) -> pa.Table:
+    """One row per arrow: a serving dispatch span -> the root it started (``src_*`` -> ``dst_*``).
+
+    The source is the span at ``src_file``/``src_line`` (on ``src_pid``/``src_tid``, category ``src_cat``, lane
+    ``src_lane``, at ``src_ts``); the
+    destination the root of run ``dst_pid``/``dst_inv`` (on ``dst_tid``, lane ``dst_lane``, at ``dst_ts``).
+
+    A span links by the first identity it carries: ``dispatch_id`` (non-zero),
+    else ``run_id``, else — a scheduler span in a rank process — ``step``. A
+    span in a rank process only links to roots of that process, so one
+    scheduler step of rank r starts rank r's run, not every rank's; a span of
+    a process without runs (a central scheduler) links by dispatch_id or run_id.
+    """
+    return engine.arrow(f"""
+        WITH roots AS (SELECT r.pid, r.tid, l.lane, r.inv, r.root_ts_ns, r.dispatch_id, r.run_id, r.step_attr
+                       FROM runs r JOIN lanes l USING (pid, inv)),
+             dispatch AS (SELECT s.file, s.line, s.pid, s.tid, s.ts_ns, s.cat, s.lane, s.dispatch_id, s.run_id, s.step,
+                                 s.pid IN (SELECT pid FROM runs) AS in_rank_process
+                          FROM ({serving_lanes_sql()}) s WHERE s.ph = 'X'
+                            AND (coalesce(s.dispatch_id, 0) <> 0 OR s.run_id IS NOT NULL
+                                 OR (s.cat = '{STEP_LINK_CATEGORY}' AND s.step IS NOT NULL)))
+        SELECT d.file AS src_file, d.line AS src_line, d.pid AS src_pid, d.tid AS src_tid, d.cat AS src_cat, d.lane AS src_lane,
+               d.ts_ns AS src_ts, r.pid AS dst_pid, r.tid AS dst_tid,
+               r.lane AS dst_lane, r.inv AS dst_inv, r.root_ts_ns AS dst_ts
+        FROM dispatch d JOIN roots r ON
+             (NOT d.in_rank_process OR r.pid = d.pid) AND (
+               (coalesce(d.dispatch_id, 0) <> 0 AND r.dispatch_id = d.dispatch_id)
+               OR (coalesce(d.dispatch_id, 0) = 0 AND d.run_id IS NOT NULL AND r.run_id = d.run_id)
+               OR (d.in_rank_process AND coalesce(d.dispatch_id, 0) = 0 AND d.run_id IS NULL AND d.cat = '{STEP_LINK_CATEGORY}'
+                   AND r.step_attr = d.step))
+        ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts""")
