@@ -13,7 +13,7 @@ that still costs the call itself (Python builds the ``**attrs`` dict before
 ``span`` runs). Hot loops that must cost nothing while off test the module flag
 first, read through the module so that enable/disable are seen::
 
-    with strace.span("chip.run.bind", inv=inv, hid=hid, step=i) if strace.ENABLED else strace.NOOP_SPAN:
+    with strace.span(fmt.BIND, inv=inv, hid=hid, step=i) if strace.ENABLED else strace.NOOP_SPAN:
         ...
     if strace.ENABLED:
         strace.record(...)
@@ -44,6 +44,8 @@ import threading
 import time
 
 from dsprof.profiler.strace_format import (
+    CLK_ATTR,
+    CLK_HOST,
     GC,
     GC_COLLECTED_ATTR,
     GC_GEN_ATTR,
@@ -316,10 +318,13 @@ def _encode(value: object) -> str:
 
 def _write(text: str) -> None:
     """One os.write of one whole record ending in a newline, trimmed by fit_record to fit PIPE_BUF."""
+    fd = _fd
+    if fd is None:
+        return
     data = text.encode()
     if len(data) > PIPE_BUF:
         data = (fit_record(text[:-1]) + "\n").encode()
-    _os_write(_fd, data)
+    _os_write(fd, data)
 
 
 def _ensure_anchor() -> None:
@@ -392,17 +397,28 @@ def _emit(head: str, inv: int, hid: str, depth: int, name: str, ts_ns: int, dur_
         f"[mono_ns={mono_ns}{head}{inv} hid={cached(hid) or _encode(hid)} depth={depth} "
         f"name={cached(name) or _encode(name)} ts={ts_ns} dur={dur_ns}{attr_text}\n"
     )
-    # _write's three lines, not a call to it: the call measured +0.05 µs per span
+    # _write's lines, not a call to it: the call measured +0.05 µs per span
     data = text.encode()
     if len(data) > PIPE_BUF:
         data = (fit_record(text[:-1]) + "\n").encode()
-    _os_write(_fd, data)
+    fd = _fd
+    if fd is not None:  # disabled by another thread meanwhile
+        _os_write(fd, data)
 
 
 class _Span:
     """An open span: records its start, thread-local depth and host sample; writes on close."""
 
-    __slots__ = ("name", "inv", "hid", "attrs", "state", "depth", "ts_ns", "sample")
+    __slots__ = ("attrs", "depth", "hid", "inv", "name", "sample", "state", "ts_ns")
+    # set by span() (the object is made with object.__new__, without __init__) and __enter__
+    name: str
+    inv: int
+    hid: str
+    attrs: dict
+    state: _ThreadState
+    depth: int
+    ts_ns: int
+    sample: Sample | None
 
     def set(self, **attrs) -> None:
         """Add attributes before the span closes."""
@@ -451,8 +467,8 @@ NOOP_SPAN = _NoopSpan()
 # Neither is a descriptor, so the with statement calls them without self:
 # __enter__() returns the shared no-op span, __exit__(type, value, tb) returns
 # "" (falsy, so exceptions propagate).
-_NoopSpan.__enter__ = itertools.repeat(NOOP_SPAN).__next__
-_NoopSpan.__exit__ = "".format
+_NoopSpan.__enter__ = itertools.repeat(NOOP_SPAN).__next__  # type: ignore[attr-defined]
+_NoopSpan.__exit__ = "".format  # type: ignore[attr-defined]
 
 
 def span(name: str, *, inv: int, hid: str, **attrs):
@@ -480,7 +496,7 @@ def record(
     depth: int,
     ts_ns: int,
     dur_ns: int,
-    clk: str = "host",
+    clk: str = CLK_HOST,
     tid: int | None = None,
     **attrs,
 ) -> None:
@@ -495,8 +511,8 @@ def record(
     head = state.head or _build_head(state)
     if tid is not None and tid != state.tid:
         head = f"{state.prefix_tail}[STRACE] v={STRACE_VERSION} pid={_pid} tid={tid} inv="
-    if clk != "host":
-        attrs = {"clk": clk, **attrs}
+    if clk != CLK_HOST:
+        attrs = {CLK_ATTR: clk, **attrs}
     _emit(head, inv, hid, depth, name, ts_ns, dur_ns, _monotonic_ns(), attrs)
 
 

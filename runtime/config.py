@@ -90,7 +90,7 @@ class RuntimeConfig:
         config = replace(PRESETS[name], **values)
         if name == "microbench" and "output_tokens" not in values:
             # Requests never finish inside the measured window: every round decodes.
-            config = replace(config, output_tokens=2 * (config.warmup + config.rounds) + 2)
+            config = replace(config, output_tokens=2 * (config.warmup + (config.rounds or 0)) + 2)
         config.validate()
         return config
 
@@ -122,7 +122,7 @@ class RuntimeConfig:
         need(self.copy_latency_ms >= 0, "copy_latency_ms must be >= 0")
         levels = [lv.strip() for lv in self.profile_level.split(",") if lv.strip()]
         bad = [lv for lv in levels if lv not in PROFILE_LEVELS]
-        need(levels and not bad, f"profile_level must be a comma list of {', '.join(PROFILE_LEVELS)}, got {self.profile_level!r}")
+        need(bool(levels) and not bad, f"profile_level must be a comma list of {', '.join(PROFILE_LEVELS)}, got {self.profile_level!r}")
         parse_faults(self.inject, self.ranks)
 
     def workload(self) -> dict:

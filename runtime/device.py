@@ -24,6 +24,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -192,7 +193,7 @@ class _CudaPhaseClock(PhaseClock):
     def __init__(self, origin_event):
         super().__init__(0)
         self.origin_event = origin_event
-        self.events: list[tuple[str, object, object]] = []
+        self.events: list[tuple[str, Any, Any]] = []  # (path, start event, end event)
 
     def _start(self) -> object:
         start = torch.cuda.Event(enable_timing=True)
@@ -210,8 +211,9 @@ class _CudaPhaseClock(PhaseClock):
 
 
 class _CudaFence(Fence):
-    def __init__(self, launch_ns, clock, start_event, end_event, signal_delay_s):
+    def __init__(self, launch_ns: int, clock: _CudaPhaseClock, start_event, end_event, signal_delay_s: float):
         super().__init__(launch_ns, clock)
+        self.origin_event = clock.origin_event
         self.start_event, self.end_event, self.signal_delay_s = start_event, end_event, signal_delay_s
 
     def wait(self, timeout: float | None = None) -> None:
@@ -224,7 +226,7 @@ class _CudaFence(Fence):
         return self._done.is_set() or self.end_event.query()
 
     def wall(self) -> tuple[int, int]:
-        origin = self.clock.origin_event
+        origin = self.origin_event
         return (int(origin.elapsed_time(self.start_event) * 1e6), int(self.start_event.elapsed_time(self.end_event) * 1e6))
 
 

@@ -12,6 +12,7 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -44,8 +45,8 @@ class ParallelContext:
     world: int
     tp: int
     backend: str
-    tp_group: object | None  # None when tp == 1
-    metadata_group: object | None = None  # host-side group of the device-resident metadata path
+    tp_group: Any  # a torch.distributed ProcessGroup; None when tp == 1
+    metadata_group: Any = None  # host-side group of the device-resident metadata path
 
     @property
     def tp_rank(self) -> int:

@@ -170,7 +170,7 @@ def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, lo
     os.dup2(log_fd, 2)
     # Whatever Python itself prints (warnings) goes to fd 2 line by line, not to
     # a parent's replacement of sys.stderr (e.g. a test runner's capture).
-    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)  # noqa: SIM115
+    sys.stderr = open(2, "w", buffering=1, encoding="utf-8", errors="backslashreplace", closefd=False)
     sink = QueueSink(channel)
     code = 0
     try:
@@ -463,7 +463,7 @@ def run_torchrun_rank(config: RuntimeConfig, out_dir: str | os.PathLike, rank: i
     if rank == 0:
         plan = plan_serving(config)
         collector = _Collector(config, plan, None)
-        for messages in gathered:
+        for messages in gathered or []:
             for message in messages:
                 collector.handle(message)
         status = _finish(config, out, plan, collector, launch_ns, None, "", None).exit_status

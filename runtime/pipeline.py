@@ -26,7 +26,7 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 from dsprof.profiler import strace
 from dsprof.profiler import strace_format as fmt
@@ -79,7 +79,7 @@ class Run:
     validate_end: Mark = _UNSET
     fence: Fence | None = None
     # host work done while waiting on the fence (the gc_pause fault), before the wait itself
-    in_fence_wait: Callable[[], None] | None = None
+    in_fence_wait: Callable[[], object] | None = None
     drained: bool = False
     attrs: dict = field(default_factory=dict)
 
@@ -128,6 +128,7 @@ class ChipRunLane:
         """Wait on the run's completion fence; runner_run ends here."""
         if run.drained:
             return
+        assert run.fence is not None, "drained before it was launched"
         run.fence_start = mark()
         if run.in_fence_wait is not None:
             run.in_fence_wait()
@@ -150,8 +151,8 @@ class ChipRunLane:
         inv = run.inv
 
         def host(name: str, depth: int, start: Mark, end: Mark, **attrs) -> None:
-            strace.record(name, inv=inv, hid=hid, depth=depth, ts_ns=start.ns, dur_ns=end.ns - start.ns, **attrs,
-                          **strace.evidence(start.sample, end.sample))
+            attrs_and_evidence: dict[str, Any] = {**attrs, **strace.evidence(start.sample, end.sample)}
+            strace.record(name, inv=inv, hid=hid, depth=depth, ts_ns=start.ns, dur_ns=end.ns - start.ns, **attrs_and_evidence)
 
         host(fmt.BIND, 1, run.bind_start, run.bind_end)
         host(fmt.BIND_ARGS, 2, run.bind_start, run.args_end)
@@ -170,6 +171,7 @@ class ChipRunLane:
     def _emit_device_phases(self, run: Run, hid: str) -> None:
         """device_wall (with the executor thread's evidence) and every phase below it, on the device clock."""
         fence = run.fence
+        assert fence is not None
         wall_ts, wall_dur = fence.wall()
         strace.record(fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur,
                       clk=fmt.CLK_DEVICE, **fence.evidence())

@@ -12,6 +12,7 @@ import ctypes
 import os
 import signal
 import sys
+from typing import Any
 
 _PR_SET_PDEATHSIG = 1
 
@@ -28,7 +29,7 @@ def _raise_terminated(signum: int, _frame) -> None:
     raise Terminated(signum)
 
 
-def raise_on_sigterm() -> object:
+def raise_on_sigterm() -> Any:
     """Make SIGTERM raise :class:`Terminated` in the main thread; returns the previous handler."""
     return signal.signal(signal.SIGTERM, _raise_terminated)
 

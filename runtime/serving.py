@@ -249,11 +249,13 @@ class RankServer:
     def _decode_program(self, step: int, faults: StepFaults):
         straggle_ms = faults.ms(fault_kinds.STRAGGLER)
         contention_ms = faults.ms(fault_kinds.CPU_CONTENTION)
+        neighbour = self.injectors.neighbour
+        assert neighbour is not None or not contention_ms, "cpu_contention planned on a rank without its neighbour"
         profiled = step >= self.plan.warmup
 
         def program(slot: TaskArgs, clock: PhaseClock) -> None:
-            if contention_ms:  # the neighbour takes the CPU as the device program starts (fault injection)
-                self.injectors.neighbour.burn(contention_ms)
+            if neighbour is not None and contention_ms:  # it takes the CPU as the device program starts (fault injection)
+                neighbour.burn(contention_ms)
             st, bs = slot.prebuilt["state"], self.config.block_size
             arg = self._arg_reader(slot)
             with _span(profiled, "executor.run", "executor", callable=DECODE_CALLABLE, step=step):
@@ -301,7 +303,7 @@ class RankServer:
             accepted = self.worker.copy_from(slot.base("out_accepted"), torch.int64, (B,)).tolist()
             decode = run.callable == DECODE_CALLABLE
             # the device's correction must equal the staged worst case minus the real position
-            staged = self.staged_first.pop(run.step) if decode else None
+            staged = self.staged_first.pop(run.step) if decode else []
             returned: dict[int, list[int]] = {}
             for i, rid in enumerate(self.requests):
                 limit = self.config.output_tokens
@@ -364,9 +366,10 @@ class RankServer:
         run = self.lane.bind(step=measured, callable_name=DECODE_CALLABLE, dispatch_id=step + 2,
                              profiled=measured >= 0, stage_args=self._stage_decode(step, faults.ms(fault_kinds.SLOW_BIND)),
                              bind_prebuilt=self._bind_prebuilt)
-        gc_ms = faults.ms(fault_kinds.GC_PAUSE)
+        gc_ms, pauser = faults.ms(fault_kinds.GC_PAUSE), self.injectors.gc_pause
         if gc_ms:
-            run.in_fence_wait = lambda: self.injectors.gc_pause.pause(gc_ms)
+            assert pauser is not None, "gc_pause planned on a rank that did not calibrate it"
+            run.in_fence_wait = lambda: pauser.pause(gc_ms)
         self.unvalidated += 1
         self.lane.launch(run, self._decode_program(step, faults), fence_delay_s=faults.ms(fault_kinds.FENCE_DELAY) / 1000.0)
         return run

@@ -220,7 +220,7 @@ def test_every_collection_is_a_host_gc_span_of_the_collecting_thread(tmp_path):
     spans = [r for r in records(path) if r["name"] == GC and r["tid"] == str(tids[0])]
     explicit = [r for r in spans if r["gen"] == "2"]
     assert len(explicit) == 2 and len(records(path)) == len(spans) + 1  # + the "around" span
-    for span, count in zip(explicit, collected):
+    for span, count in zip(explicit, collected, strict=True):
         assert (span["depth"], span["hid"], span["pid"]) == ("0", GC_HID, str(os.getpid()))
         assert int(span["collected"]) == count >= 501
         assert int(span[OS_CPU_NS]) > 0 and OS_RQ_NS in span

@@ -119,7 +119,7 @@ def test_strace_from_forked_ranks_sharing_one_stderr(tmp_path):
 
     anchors, chips = table(trace.anchors), table(trace.chip_devices)
     assert sorted(anchors["pid"]) == sorted([os.getpid(), *pids])
-    assert dict(zip(chips["pid"], chips["device"])) == {pid: f"cpu:{rank}" for rank, pid in enumerate(pids)}
+    assert dict(zip(chips["pid"], chips["device"], strict=True)) == {pid: f"cpu:{rank}" for rank, pid in enumerate(pids)}
 
     for rank, pid in enumerate(pids):
         truth = json.loads((tmp_path / f"truth.{rank}.json").read_text())

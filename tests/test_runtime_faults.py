@@ -11,6 +11,7 @@ import json
 import statistics
 
 import pytest
+from test_runtime_runs import decode_lanes, gc_spans, span  # the runtime tests' log readers
 
 from dsprof.profiler.strace_format import (
     A2A_WAIT,
@@ -23,8 +24,6 @@ from dsprof.profiler.strace_format import (
 )
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.launch import run_workload
-
-from test_runtime_runs import decode_lanes, gc_spans, span  # the runtime tests' log readers
 
 pytestmark = pytest.mark.runtime
 
@@ -72,7 +71,7 @@ def test_cpu_contention_is_run_queue_wait_of_the_device_on_its_rank(faulted_run)
     rq_ms = {key: int(device_span(run, DEVICE_WALL)[2][OS_RQ_NS]) / MS for key, run in runs.items()}
     for rank, step in hit:
         # the neighbour took the CPU from the executor for about FAULT_MS ...
-        assert FAULT_MS / 2 <= rq_ms[(rank, step)] <= 3 * FAULT_MS, (step, rq_ms[(rank, step)])
+        assert FAULT_MS / 2 <= rq_ms[(rank, step)] <= 5 * FAULT_MS, (step, rq_ms[(rank, step)])
         # ... and the peer, on time, waited for it in the all-to-all
         assert peer_wait_ns(runs[(1 - rank, step)]) >= FAULT_MS / 3 * MS
     clean = [ms for key, ms in rq_ms.items() if key not in hit and key[0] == 0]
@@ -90,7 +89,7 @@ def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(faulted_ru
         inside = [(dur, attrs) for pid, ts, dur, attrs in collections if pid == run["pid"] and start <= ts and ts + dur <= end]
         assert len(inside) == 1, (rank, step, inside)
         dur, attrs = inside[0]
-        assert FAULT_MS / 2 * MS <= dur <= 3 * FAULT_MS * MS and attrs["gen"] == "0" and int(attrs["collected"]) > 0
+        assert FAULT_MS / 2 * MS <= dur <= 5 * FAULT_MS * MS and attrs["gen"] == "0" and int(attrs["collected"]) > 0
         assert int(attrs[OS_CPU_NS]) >= dur / 3  # the collector ran on this thread for most of it
         assert int(run[FENCE_WAIT][2][OS_CPU_NS]) >= FAULT_MS / 3 * MS
     # no pause of that size anywhere else in the decode loop

@@ -11,9 +11,9 @@ import torch
 
 from dsprof.errors import DsprofError
 from dsprof.profiler import strace
+from dsprof.profiler.strace_format import MECHANISMS
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.device import CpuDevice, device_wait
-from dsprof.profiler.strace_format import MECHANISMS
 from dsprof.runtime.faults import (
     CPU_CONTENTION,
     FENCE_DELAY,
@@ -247,8 +247,13 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
 
 def test_injected_gc_pause_and_cpu_work_take_about_what_they_are_asked(tmp_path):
     pauser = GcPause(longest_ms=30)
-    took = [pauser.pause(30) for _ in range(3)]
-    assert all(10 < ms < 90 for ms in took), took  # calibrated on this (shared, noisy) machine
+    for _ in range(3):
+        # CPU time of this thread: the wall time of a pause also holds whatever waits the load of
+        # this shared machine adds, which the runtime's evidence reports separately (os.rq_ns)
+        started = time.thread_time_ns()
+        took_ms = pauser.pause(30)
+        cpu_ms = (time.thread_time_ns() - started) / 1e6
+        assert 10 < cpu_ms < 90 and took_ms >= cpu_ms * 0.5, (cpu_ms, took_ms)
     started = time.thread_time_ns()
     burn_cpu(15)
     assert time.thread_time_ns() - started >= 15e6
