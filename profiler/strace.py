@@ -37,11 +37,14 @@ thread. A process that never collects pays nothing.
 
 from __future__ import annotations
 
+import ctypes
 import gc
 import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from dsprof.profiler.strace_format import (
     CLK_ATTR,
@@ -97,7 +100,7 @@ _inv_base: int = 0
 _inv_counter = itertools.count()
 _monotonic_ns = time.monotonic_ns
 _os_write = os.write
-_os_pread = os.pread
+_SCHEDSTAT_BYTES = 128  # "<cpu ns> <run-queue ns> <timeslices>\n" fits with room to spare
 _evidence_wanted = os.environ.get(HOST_EVIDENCE_ENV) != "0"
 # Public mirror of "enabled and host evidence on": code that samples for later records tests it.
 SAMPLING = False
@@ -109,7 +112,7 @@ _getrusage = resource.getrusage if resource is not None else None
 class _ThreadState:
     """This thread's span nesting depth, the precomputed start of its records and its schedstat file."""
 
-    __slots__ = ("depth", "gc_start", "head", "prefix_tail", "schedstat_fd", "tid")
+    __slots__ = ("depth", "gc_start", "head", "prefix_tail", "schedstat_buf", "schedstat_fd", "tid")
 
     def __init__(self) -> None:
         self.depth = 0
@@ -119,6 +122,7 @@ class _ThreadState:
         self.tid = 0
         # this thread's /proc/thread-self/schedstat: None = not opened yet, -1 = not available
         self.schedstat_fd: int | None = None
+        self.schedstat_buf = ctypes.create_string_buffer(_SCHEDSTAT_BYTES + 1)  # + the NUL that ends a read
         # (ns, sample) when this thread's running garbage collection started
         self.gc_start: tuple[int, Sample | None] | None = None
 
@@ -218,11 +222,41 @@ def _update_sampling() -> None:
 # -- host evidence ------------------------------------------------------------------------
 
 
+def _pread_holding_the_gil() -> Callable[[int, Any, int, int], int] | None:
+    """libc's pread called without releasing the GIL, or None where ctypes cannot reach it.
+
+    ``os.pread`` releases the GIL for the system call. A sample would then hand
+    the GIL to another thread of the process (the CPU executor) and wait for it
+    back, up to the interpreter's switch interval (5 ms): sampling would change
+    the timing it measures and leave blocked time in the span that is neither
+    CPU nor run-queue time. Reading a proc file of one's own thread does not
+    block, so holding the GIL through it is safe.
+    """
+    try:
+        pread = ctypes.PyDLL(None).pread
+    except (OSError, AttributeError):
+        return None
+    pread.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long)
+    pread.restype = ctypes.c_ssize_t
+    return pread
+
+
+_pread = _pread_holding_the_gil()
+_string_at = ctypes.string_at
+
+
+def _read_schedstat(state: _ThreadState, fd: int) -> bytes:
+    if _pread is None:
+        return os.pread(fd, _SCHEDSTAT_BYTES, 0)
+    buf = state.schedstat_buf
+    return _string_at(buf, max(0, _pread(fd, buf, _SCHEDSTAT_BYTES, 0)))
+
+
 def _open_schedstat(state: _ThreadState) -> int:
-    """Open this thread's schedstat once; -1 where the kernel has none (then RUSAGE_THREAD is the fallback)."""
+    """Open this thread's schedstat once; -1 where the kernel has none (then os.rq_ns is left out)."""
     try:
         fd = os.open(SCHEDSTAT_PATH, os.O_RDONLY | os.O_CLOEXEC)
-        fields = _os_pread(fd, 128, 0).split()
+        fields = _read_schedstat(state, fd).split()
         if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
             os.close(fd)
             fd = -1
@@ -245,7 +279,7 @@ def _sample(state: _ThreadState) -> Sample:
     if fd is None:
         fd = _open_schedstat(state)
     cpu = _thread_time_ns()
-    rq = int(_os_pread(fd, 128, 0).split(None, 2)[1]) if fd >= 0 else -1  # "<cpu ns> <run-queue ns> <slices>"
+    rq = int(_read_schedstat(state, fd).split(None, 2)[1]) if fd >= 0 else -1  # "<cpu ns> <run-queue ns> <slices>"
     if _RUSAGE_THREAD is None:
         return cpu, rq, -1, -1
     usage = _getrusage(_RUSAGE_THREAD)
@@ -255,8 +289,10 @@ def _sample(state: _ThreadState) -> Sample:
 def host_sample() -> Sample | None:
     """A sample of the calling thread for :func:`evidence`; None while the emitter or host evidence is off.
 
-    Cheap (one ``pread`` and one ``getrusage``), safe from any thread (each
-    thread reads its own file) and across ``fork`` (the child reopens).
+    Cheap (the thread clock, one ``pread`` that keeps the GIL, one
+    ``getrusage``: none of them lets another thread run meanwhile), safe from
+    any thread (each thread reads its own file) and across ``fork`` (the child
+    reopens).
     """
     if not SAMPLING:
         return None
@@ -291,10 +327,11 @@ def _on_gc(phase: str, info: dict) -> None:
     started, state.gc_start = state.gc_start, None
     if started is None:  # enabled while this collection ran
         return
+    end_sample = _sample(state) if started[1] is not None else None
     end_ns = _monotonic_ns()
     attrs: dict = {GC_GEN_ATTR: info["generation"], GC_COLLECTED_ATTR: info["collected"]}
-    if started[1] is not None:
-        attrs.update(evidence(started[1], _sample(state)))
+    if end_sample is not None:
+        attrs.update(evidence(started[1], end_sample))
     _emit(state.head or _build_head(state), new_invocation(), GC_HID, 0, GC, started[0], end_ns - started[0], end_ns, attrs)
 
 
@@ -428,19 +465,21 @@ class _Span:
         self.state = state = _per_thread.state
         self.depth = depth = state.depth
         state.depth = depth + 1
-        self.sample = _sample(state) if SAMPLING else None
         self.ts_ns = _monotonic_ns()
+        # sampled inside [ts, end]: a thread busy all along shows os.cpu_ns <= dur
+        self.sample = _sample(state) if SAMPLING else None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        end_ns = _monotonic_ns()
         state = self.state
+        end_sample = _sample(state) if self.sample is not None else None
+        end_ns = _monotonic_ns()
         state.depth = depth = self.depth
         if _fd is None:
             return
         attrs = self.attrs
-        if self.sample is not None:
-            attrs.update(evidence(self.sample, _sample(state)))
+        if end_sample is not None:
+            attrs.update(evidence(self.sample, end_sample))
         if exc_type is not None:
             attrs["error"] = exc_type.__name__
         ts_ns = self.ts_ns

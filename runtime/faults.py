@@ -76,11 +76,11 @@ class FaultEvent:
     step: int
     ms: float | None
 
-    def to_json(self) -> dict:
-        """The faults.json entry: where it was injected, how much, and what an analysis should name."""
+    def to_json(self, details: dict | None = None) -> dict:
+        """The faults.json entry: where it was injected, how much, what an analysis should name, and ``details``."""
         mechanism, phase = GROUND_TRUTH[self.kind]
         return {"kind": self.kind, "rank": self.rank, "step": self.step, "delay_ms": self.ms,
-                "mechanism": mechanism, "phase": phase}
+                "mechanism": mechanism, "phase": phase, **(details or {})}
 
 
 def parse_fault(text: str, ranks: int) -> FaultSpec:

@@ -115,8 +115,11 @@ class GcPause:
     asked to keep freed heap memory (``M_TRIM_THRESHOLD``) and the calibration
     ends with a pause as long as the longest one planned: later pauses reuse
     those pages, and building then costs ~1/20 of collecting. The calibration
-    measures the collector's cost per reference on this machine; each pause
-    refines it.
+    measures the collector's CPU time per reference on this machine (CPU time,
+    not wall time: it does not move with the load of a shared machine); each
+    pause refines it. On an idle CPU a pause lasts its CPU time; where the
+    thread has to wait for a CPU it lasts longer, and its host evidence shows
+    the wait as ``os.rq_ns``.
     """
 
     CHUNK = 10_000  # 80 KB per list: heap memory, below glibc's mmap threshold
@@ -135,21 +138,21 @@ class GcPause:
         return max(1, round(ms * 1e6 / self.ns_per_ref / self.CHUNK)) * self.CHUNK
 
     def pause(self, ms: float) -> float:
-        """Build and collect about ``ms`` worth of garbage; returns how long the collection took (ms)."""
+        """Build and collect about ``ms`` of CPU worth of garbage; returns the collection's CPU time (ms)."""
         refs = self._refs(ms)
         took_ns = self._collect(refs)
         self.ns_per_ref = (self.ns_per_ref + took_ns / refs) / 2
         return took_ns / 1e6
 
     def _collect(self, refs: int) -> int:
-        """Make ``refs`` references of cyclic garbage and collect them; ns the collection took."""
+        """Make ``refs`` references of cyclic garbage and collect them; the CPU ns the collection took."""
         enabled = gc.isenabled()
         gc.disable()
         try:
             _make_cyclic_garbage(refs // self.CHUNK, self.CHUNK)
-            started = time.perf_counter_ns()
+            started = time.thread_time_ns()
             gc.collect(0)
-            return time.perf_counter_ns() - started
+            return time.thread_time_ns() - started
         finally:
             if enabled:
                 gc.enable()

@@ -50,7 +50,7 @@ class Mark(NamedTuple):
 
 
 def mark() -> Mark:
-    return Mark(time.monotonic_ns(), strace.host_sample())
+    return Mark(time.monotonic_ns(), strace.host_sample())  # one sample serves the span ending and the one starting here
 
 
 _UNSET = Mark(0, None)

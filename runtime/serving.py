@@ -354,13 +354,18 @@ class RankServer:
                 runs[step + 1] = self._start_decode(step + 1)
             self.lane.finish(runs.pop(step), self._validate)
 
+    def _fault_details(self, kind: str) -> dict:
+        """What faults.json should also know of an event on this rank: whether the CPU neighbour ran realtime."""
+        neighbour = self.injectors.neighbour
+        return {"realtime": neighbour.realtime} if kind == fault_kinds.CPU_CONTENTION and neighbour is not None else {}
+
     def _start_decode(self, step: int) -> Run:
         """Bind and launch decode step ``step`` (warm-up included), with the faults planned for it."""
         rank, measured = self.par.rank, step - self.plan.warmup
         faults = self.injectors.plan.at(rank, measured) if measured >= 0 else StepFaults(())
         for event in faults.events:
             if event.kind == fault_kinds.CRASH or not faults.crash:  # after a crash nothing else happens
-                self.sink.fault(event.to_json())
+                self.sink.fault(event.to_json(self._fault_details(event.kind)))
         if faults.crash:
             raise InjectedCrash(f"rank {rank} crashed at decode step {measured} (injected)")
         run = self.lane.bind(step=measured, callable_name=DECODE_CALLABLE, dispatch_id=step + 2,

@@ -41,46 +41,68 @@ def peer_wait_ns(run: dict) -> int:
     return sum(dur for name, _, _, dur, _ in run["dev"] if name == A2A)
 
 
-@pytest.fixture(scope="module")
-def faulted_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("faults")
-    config = RuntimeConfig.from_preset("demo", ranks=2, requests=4, output_tokens=40, seed=7,
-                                       inject=[f"cpu_contention:rank=0,p=0.25,ms={FAULT_MS}",
-                                               f"gc_pause:rank=1,p=0.25,ms={FAULT_MS}"])
+def faulted_run(out, spec: str) -> tuple[list[dict], dict]:
+    """A demo run on two ranks with one fault spec: (faults.json entries, (rank, step) -> run)."""
+    config = RuntimeConfig.from_preset("demo", ranks=2, requests=4, output_tokens=40, seed=7, inject=[spec])
     outcome = run_workload(config, out)
     assert outcome.exit_status == 0, outcome.message
     truth = json.loads((out / "faults.json").read_text())["faults"]
     runs = {(rank, int(run["attrs"]["step"])): run for rank, lane in decode_lanes(out / "server.log").items() for run in lane}
-    return out, truth, runs
-
-
-def test_faults_json_names_mechanism_and_phase(faulted_run):
-    _, truth, runs = faulted_run
-    kinds = {f["kind"] for f in truth}
-    assert kinds == {"cpu_contention", "gc_pause"}
     for fault in truth:
         assert (fault["rank"], fault["step"]) in runs and fault["delay_ms"] == FAULT_MS
-        assert (fault["mechanism"], fault["phase"]) == {"cpu_contention": ("run_queue", "device_wall"),
-                                                        "gc_pause": ("gc", "native_fence_wait")}[fault["kind"]]
+    return truth, runs
 
 
-def test_cpu_contention_is_run_queue_wait_of_the_device_on_its_rank(faulted_run):
-    _, truth, runs = faulted_run
-    hit = {(f["rank"], f["step"]) for f in truth if f["kind"] == "cpu_contention"}
-    assert len(hit) >= 3
+def isolated(truth: list[dict]) -> list[tuple[int, int]]:
+    """(rank, step) of the events with no other event one step before or after them."""
+    steps = [f["step"] for f in truth]
+    return [(f["rank"], f["step"]) for f in truth if not {f["step"] - 1, f["step"] + 1} & set(steps)]
+
+
+@pytest.fixture(scope="module")
+def contention_run(tmp_path_factory):
+    return faulted_run(tmp_path_factory.mktemp("contention"), f"cpu_contention:rank=0,p=0.25,ms={FAULT_MS}")
+
+
+@pytest.fixture(scope="module")
+def gc_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("gc")
+    return (out, *faulted_run(out, f"gc_pause:rank=1,p=0.25,ms={FAULT_MS}"))
+
+
+def test_faults_json_names_mechanism_and_phase(contention_run, gc_run):
+    for truth, kind, expected in ((contention_run[0], "cpu_contention", ("run_queue", "device_wall")),
+                                  (gc_run[1], "gc_pause", ("gc", "native_fence_wait"))):
+        assert truth and {f["kind"] for f in truth} == {kind}
+        for fault in truth:
+            assert (fault["mechanism"], fault["phase"]) == expected
+            # whether the CPU neighbour could run SCHED_FIFO (it takes the whole CPU) is part of the truth
+            assert ("realtime" in fault) is (kind == "cpu_contention")
+
+
+def test_cpu_contention_is_run_queue_wait_of_the_device_on_its_rank(contention_run):
+    truth, runs = contention_run
+    hit = {(f["rank"], f["step"]) for f in truth}
+    alone = isolated(truth)
+    assert len(alone) >= 2
     rq_ms = {key: int(device_span(run, DEVICE_WALL)[2][OS_RQ_NS]) / MS for key, run in runs.items()}
-    for rank, step in hit:
-        # the neighbour took the CPU from the executor for about FAULT_MS ...
-        assert FAULT_MS / 2 <= rq_ms[(rank, step)] <= 5 * FAULT_MS, (step, rq_ms[(rank, step)])
-        # ... and the peer, on time, waited for it in the all-to-all
-        assert peer_wait_ns(runs[(1 - rank, step)]) >= FAULT_MS / 3 * MS
-    clean = [ms for key, ms in rq_ms.items() if key not in hit and key[0] == 0]
-    assert statistics.median(clean) < FAULT_MS / 4
+    clean = statistics.median(ms for key, ms in rq_ms.items() if key not in hit and key[0] == 0)
+    if all(f["realtime"] for f in truth):
+        for rank, step in alone:
+            # the SCHED_FIFO neighbour took the CPU from the executor for about FAULT_MS ...
+            assert FAULT_MS / 2 <= rq_ms[(rank, step)] <= 5 * FAULT_MS, (step, rq_ms[(rank, step)])
+            # ... and the peer, on time, waited for it in the all-to-all, the culprit hardly at all
+            victim, culprit = peer_wait_ns(runs[(1 - rank, step)]), peer_wait_ns(runs[(rank, step)])
+            assert victim > culprit + FAULT_MS / 10 * MS, (step, victim, culprit)
+        assert clean < FAULT_MS / 4
+    else:  # a neighbour under the normal scheduler only shares the CPU: the rank waits for part of it
+        assert not any(f["realtime"] for f in truth)
+        assert statistics.median(rq_ms[key] for key in hit) > 2 * clean + 0.5
 
 
-def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(faulted_run):
-    out, truth, runs = faulted_run
-    hit = [(f["rank"], f["step"]) for f in truth if f["kind"] == "gc_pause"]
+def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(gc_run):
+    out, truth, runs = gc_run
+    hit = [(f["rank"], f["step"]) for f in truth]
     assert len(hit) >= 3
     collections = gc_spans(out / "server.log")
     for rank, step in hit:
@@ -89,9 +111,11 @@ def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(faulted_ru
         inside = [(dur, attrs) for pid, ts, dur, attrs in collections if pid == run["pid"] and start <= ts and ts + dur <= end]
         assert len(inside) == 1, (rank, step, inside)
         dur, attrs = inside[0]
-        assert FAULT_MS / 2 * MS <= dur <= 5 * FAULT_MS * MS and attrs["gen"] == "0" and int(attrs["collected"]) > 0
-        assert int(attrs[OS_CPU_NS]) >= dur / 3  # the collector ran on this thread for most of it
-        assert int(run[FENCE_WAIT][2][OS_CPU_NS]) >= FAULT_MS / 3 * MS
+        assert dur >= FAULT_MS / 2 * MS and attrs["gen"] == "0" and int(attrs["collected"]) > 0
+        # the collector worked about FAULT_MS on this thread (calibrated in CPU time: on a loaded
+        # machine the span also waits for a CPU, and lasts longer)
+        assert FAULT_MS / 3 * MS <= int(attrs[OS_CPU_NS]) <= 3 * FAULT_MS * MS and OS_RQ_NS in attrs, attrs
+        assert int(run[FENCE_WAIT][2][OS_CPU_NS]) >= int(attrs[OS_CPU_NS])  # inside the fence wait, on its thread
     # no pause of that size anywhere else in the decode loop
     for key, run in runs.items():
         if key not in hit:

@@ -248,12 +248,12 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
 def test_injected_gc_pause_and_cpu_work_take_about_what_they_are_asked(tmp_path):
     pauser = GcPause(longest_ms=30)
     for _ in range(3):
-        # CPU time of this thread: the wall time of a pause also holds whatever waits the load of
-        # this shared machine adds, which the runtime's evidence reports separately (os.rq_ns)
+        # CPU time: the wall time of a pause also holds whatever waits the load of this
+        # shared machine adds, which the runtime's evidence reports separately (os.rq_ns)
         started = time.thread_time_ns()
-        took_ms = pauser.pause(30)
-        cpu_ms = (time.thread_time_ns() - started) / 1e6
-        assert 10 < cpu_ms < 90 and took_ms >= cpu_ms * 0.5, (cpu_ms, took_ms)
+        collect_ms = pauser.pause(30)
+        cpu_ms = (time.thread_time_ns() - started) / 1e6  # building the garbage included
+        assert 15 < collect_ms < 60 and collect_ms <= cpu_ms < 2 * collect_ms, (collect_ms, cpu_ms)
     started = time.thread_time_ns()
     burn_cpu(15)
     assert time.thread_time_ns() - started >= 15e6
@@ -272,7 +272,7 @@ def test_cpu_neighbour_takes_the_cpu_it_is_pinned_to():
     finally:
         os.sched_setaffinity(0, before)
         neighbour.close()
-    # 10 ms of our CPU work took at least the neighbour's share of the CPU longer
-    assert took >= (50e6 if neighbour.realtime else 25e6)
+    # 10 ms of our CPU work waited for the whole burn (SCHED_FIFO), or shared the CPU with it
+    assert took >= (50e6 if neighbour.realtime else 15e6)
     with pytest.raises(ChildProcessError):
         os.waitpid(neighbour.pid, os.WNOHANG)  # reaped: gone
