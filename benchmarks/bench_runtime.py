@@ -115,9 +115,11 @@ def _plain_record_us(n: int) -> float:
 def overhead(args, tmp: Path) -> None:
     batch: dict[str, list[float]] = {name: [] for name in SETTINGS}
     cpu: dict[str, list[float]] = {name: [] for name in SETTINGS}
+    names = list(SETTINGS)
     for i in range(args.repeats):
-        for name, overrides in SETTINGS.items():  # interleaved: load changes hit every setting alike
-            config = RuntimeConfig.from_preset(args.preset, **overrides)
+        # interleaved, and in a rotated order: load changes and drift within a repeat hit every setting alike
+        for name in names[i % len(names):] + names[: i % len(names)]:
+            config = RuntimeConfig.from_preset(args.preset, **SETTINGS[name])
             summary, _, cpu_s = run(config, tmp / f"overhead-{name.replace(' ', '-')}-{i}")
             batch[name].append(summary["batch_elapsed_s"])
             cpu[name].append(cpu_s)
