@@ -1,25 +1,38 @@
-"""Cost per span of the two recorders, enabled and disabled (µs).
+"""Cost per span of the two recorders, enabled and disabled, with and without host evidence (µs).
 
 Targets on the development machine: STRACE emit ≤ 3 µs per span enabled and
-≤ 0.2 µs disabled. A disabled ``span()`` cannot cost less than calling any
-Python function with the same arguments (CPython builds the ``**attrs`` dict
-before the callee runs), so the disabled target is judged on what the emitter
-adds over that floor; the absolute figures are printed too, beside the
-``strace.ENABLED``-guarded idiom that skips the call. CPU time of this process
-(``time.process_time_ns``), best of N round-robin runs, because the machine is
-shared and noisy. Run: ``python benchmarks/bench_recorders.py [--spans N] [--rounds R]``.
+≤ 0.2 µs disabled, without host evidence. A disabled ``span()`` cannot cost
+less than calling any Python function with the same arguments (CPython builds
+the ``**attrs`` dict before the callee runs), so the disabled target is judged
+on what the emitter adds over that floor; the absolute figures are printed too,
+beside the ``strace.ENABLED``-guarded idiom that skips the call.
+
+Host evidence (SPEC §2.1) is printed on and off side by side: a span with
+evidence takes two host samples (thread CPU clock + a ``pread`` of the
+thread's schedstat + ``getrusage``) and writes four more attributes; the lane
+records spans after the fact and takes one sample per phase boundary, shown
+as "record + one sample". Its budget is set by the runtime's overhead, which
+``bench_runtime.py`` measures. One ``host.gc`` record per collection is shown
+as the cost of a young collection with gc spans on and off.
+
+CPU time of this process (``time.process_time_ns``), best of N round-robin
+runs, because the machine is shared and noisy.
+Run: ``python benchmarks/bench_recorders.py [--spans N] [--rounds R]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import tempfile
 import threading
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
 from dsprof.profiler import sa_profile, strace
+from dsprof.profiler import strace_format as fmt
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload
 
 STRACE_ENABLED_TARGET_US = 3.0
@@ -37,27 +50,60 @@ def us_per_span(body, spans: int) -> float:
 def strace_spans(n: int) -> None:
     span = strace.span
     for i in range(n):
-        with span("chip.run.bind", inv=1234567890123, hid="9f3ab2", step=i):
+        with span(fmt.BIND, inv=1234567890123, hid="9f3ab2", step=i):
             pass
 
 
 def strace_spans_guarded(n: int) -> None:
     """The zero-cost idiom of the strace module docstring: skip the call while off."""
     for i in range(n):
-        with strace.span("chip.run.bind", inv=1234567890123, hid="9f3ab2", step=i) if strace.ENABLED else strace.NOOP_SPAN:
+        with strace.span(fmt.BIND, inv=1234567890123, hid="9f3ab2", step=i) if strace.ENABLED else strace.NOOP_SPAN:
             pass
 
 
 def strace_records(n: int) -> None:
     record = strace.record
     for i in range(n):
-        record("chip.run.runner_run.device_wall", inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
+        record(fmt.DEVICE_WALL, inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
 
 
 def strace_records_guarded(n: int) -> None:
     for i in range(n):
         if strace.ENABLED:
-            strace.record("chip.run.runner_run.device_wall", inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
+            strace.record(fmt.DEVICE_WALL, inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
+
+
+def strace_records_with_evidence(n: int) -> None:
+    """What the lane pays per span with evidence on: one sample at a phase boundary, four more attributes."""
+    record, sample, evidence = strace.record, strace.host_sample, strace.evidence
+    start = sample()
+    for i in range(n):
+        end = sample()
+        record(fmt.BIND, inv=1234567890123, hid="9f3ab2", depth=1, ts_ns=i, dur_ns=100, **evidence(start, end))
+        start = end
+
+
+def host_samples(n: int) -> None:
+    sample = strace.host_sample
+    for _ in range(n):
+        sample()
+
+
+def young_collections(n: int) -> None:
+    """gc.collect(0) with nothing to collect: the collector's floor, plus one host.gc record when gc spans are on."""
+    collect = gc.collect
+    for _ in range(n):
+        collect(0)
+
+
+def _evidence(on: bool, gc_spans: bool = False) -> Callable[[int], Callable[[], None]]:
+    """A setup enabling the emitter on ``fd`` with host evidence ``on`` (and gc spans as asked)."""
+    def setup_for(fd: int) -> Callable[[], None]:
+        def setup() -> None:
+            strace.set_host_evidence(on)
+            strace.enable(fd, gc_spans=gc_spans)
+        return setup
+    return setup_for
 
 
 def sa_spans(n: int) -> None:
@@ -80,21 +126,21 @@ def span_floor(n: int) -> None:
     """The interpreter's floor for a disabled span: the same call and with-block, no checks."""
     span = _span_floor
     for i in range(n):
-        with span("chip.run.bind", inv=1234567890123, hid="9f3ab2", step=i):
+        with span(fmt.BIND, inv=1234567890123, hid="9f3ab2", step=i):
             pass
 
 
 def record_floor(n: int) -> None:
     record = _record_floor
     for i in range(n):
-        record("chip.run.runner_run.device_wall", inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
+        record(fmt.DEVICE_WALL, inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
 
 
 def os_writes(fd: int):
     """The kernel's share: one os.write per span of a record as long as the benchmark's own."""
     line = format_prefix(time.monotonic_ns(), threading.get_ident(), strace.LOG_LEVEL, strace.SPAN_FUNC) + format_strace_payload(
         pid=os.getpid(), tid=threading.get_native_id(), inv=1234567890123, hid="9f3ab2", depth=0,
-        name="chip.run.bind", ts_ns=time.monotonic_ns(), dur_ns=1234, attrs={"step": 12345},
+        name=fmt.BIND, ts_ns=time.monotonic_ns(), dur_ns=1234, attrs={"step": 12345},
     )
     data = (line + "\n").encode()
 
@@ -131,7 +177,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         log_fd = os.open(os.path.join(tmp, "server.log"), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         off = strace.disable
+        bare, with_evidence = _evidence(False), _evidence(True)
         write_devnull, write_file = "os.write of such a record alone -> /dev/null", "os.write of such a record alone -> file"
+        span_plain, record_plain = "strace span, enabled -> /dev/null", "strace record, enabled -> /dev/null"
+        collect_plain = "gc.collect(0), gc spans off"
         # run round-robin so that load from other processes hits every case alike
         cases = [
             Case("empty loop", off, empty_loop),
@@ -143,9 +192,14 @@ def main() -> None:
             Case("strace record, disabled, ENABLED-guarded", off, strace_records_guarded, STRACE_DISABLED_TARGET_US),
             Case(write_devnull, off, os_writes(devnull)),
             Case(write_file, off, os_writes(log_fd)),
-            Case("strace span, enabled -> /dev/null", lambda: strace.enable(devnull), strace_spans, STRACE_ENABLED_TARGET_US, write_devnull),
-            Case("strace record, enabled -> /dev/null", lambda: strace.enable(devnull), strace_records, STRACE_ENABLED_TARGET_US, write_devnull),
-            Case("strace span, enabled -> file", lambda: strace.enable(log_fd), strace_spans, STRACE_ENABLED_TARGET_US, write_file),
+            Case(span_plain, bare(devnull), strace_spans, STRACE_ENABLED_TARGET_US, write_devnull),
+            Case(record_plain, bare(devnull), strace_records, STRACE_ENABLED_TARGET_US, write_devnull),
+            Case("strace span, enabled -> file", bare(log_fd), strace_spans, STRACE_ENABLED_TARGET_US, write_file),
+            Case("host sample alone", with_evidence(devnull), host_samples),
+            Case("strace span + host evidence -> /dev/null", with_evidence(devnull), strace_spans, None, span_plain),
+            Case("strace record + one sample + evidence", with_evidence(devnull), strace_records_with_evidence, None, record_plain),
+            Case(collect_plain, off, young_collections),
+            Case("gc.collect(0) + host.gc record", _evidence(True, gc_spans=True)(devnull), young_collections, None, collect_plain),
             Case("sa_profile span, disabled", lambda: sa_profile.configure(None), sa_spans),
             Case("sa_profile span, enabled -> fragment", lambda: sa_profile.configure(tmp, "e2e"), sa_spans),
         ]
@@ -155,6 +209,7 @@ def main() -> None:
                 case.setup()
                 best[case.label] = min(best[case.label], us_per_span(case.body, args.spans))
         strace.disable()
+        strace.set_host_evidence(True)
         sa_profile.shutdown()
         os.close(log_fd)
     os.close(devnull)

@@ -143,15 +143,18 @@ _THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), defaul
 @click.option("--profile-level", help="SA_PROFILE levels, comma-separated: e2e, kernel, verbose.")
 @click.option("--device-phases/--no-device-phases", default=None,
               help="Emit device-phase markers inside runner_run.")
+@click.option("--host-evidence/--no-host-evidence", default=None,
+              help="Attach what the OS saw of each span's thread (os.cpu_ns, os.rq_ns, ...) [default: on].")
 @click.option("--inject", "inject", multiple=True, metavar="SPEC",
               help="Inject a fault (repeatable): fence_tail:p=P,ms=X | straggler:rank=R,ms=X | "
-                   "slow_bind:rank=R,ms=X[,step=K] | crash:rank=R,step=K.")
+                   "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X | "
+                   "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.")
 @click.option("--seed", type=int, help="Random seed of the workload and injected faults.")
 @_THRESHOLD
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Artifact directory [default: runs/<preset>-<timestamp>].")
 def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, rounds, warmup, acceptance_rate,
-        metadata, profile_level, device_phases, inject, seed, threshold_ms, out_dir) -> None:
+        metadata, profile_level, device_phases, host_evidence, inject, seed, threshold_ms, out_dir) -> None:
     """Run the bundled decode runtime, profiled, then analyse it.
 
     Both profilers are on (SA_PROFILE fragments, STRACE markers). Prints the verification summary and the report's path. Exits 1 if the
@@ -165,7 +168,8 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
     config = RuntimeConfig.from_preset(  # None means "the preset's value"
         preset, ranks=ranks, tp=tp, requests=requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
         layers=layers, rounds=rounds, warmup=warmup, acceptance_rate=acceptance_rate, metadata=metadata,
-        profile_level=profile_level, device_phases=device_phases, seed=seed, inject=list(inject) or None,
+        profile_level=profile_level, device_phases=device_phases, host_evidence=host_evidence, seed=seed,
+        inject=list(inject) or None,
     )
     if out_dir is None:
         out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"

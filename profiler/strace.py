@@ -13,35 +13,73 @@ that still costs the call itself (Python builds the ``**attrs`` dict before
 ``span`` runs). Hot loops that must cost nothing while off test the module flag
 first, read through the module so that enable/disable are seen::
 
-    with strace.span("chip.run.bind", inv=inv, hid=hid, step=i) if strace.ENABLED else strace.NOOP_SPAN:
+    with strace.span(fmt.BIND, inv=inv, hid=hid, step=i) if strace.ENABLED else strace.NOOP_SPAN:
         ...
     if strace.ENABLED:
         strace.record(...)
+
+Host evidence (SPEC §2.1). While on (the default; :func:`set_host_evidence`,
+or ``DSPROF_HOST_EVIDENCE=0`` at import, turns it off) every :func:`span`
+carries what the OS saw of its thread between open and close: ``os.cpu_ns``,
+``os.rq_ns``, ``os.nivcsw``, ``os.majflt``. Code that records spans after the
+fact takes :func:`host_sample` at each boundary and passes
+``evidence(start, end)`` as the record's attributes. A sample reads the
+thread's CPU clock, its own ``/proc/thread-self/schedstat`` (kept open per
+thread, read with ``pread``) for the run-queue wait, and
+``getrusage(RUSAGE_THREAD)``; where schedstat is missing (non-Linux, no
+schedstats) ``os.rq_ns`` is omitted.
+
+Garbage collections (SPEC §2.1): :func:`enable` also hooks ``gc.callbacks``, so
+every collection becomes a ``host.gc`` record (its own invocation, depth 0,
+``hid=0``, ``gen``, ``collected``, host evidence) written by the collecting
+thread. A process that never collects pays nothing.
 """
 
 from __future__ import annotations
 
+import ctypes
+import gc
 import itertools
 import os
 import threading
 import time
+from collections.abc import Callable
+from typing import Any
 
 from dsprof.profiler.strace_format import (
+    CLK_ATTR,
+    CLK_HOST,
+    GC,
+    GC_COLLECTED_ATTR,
+    GC_GEN_ATTR,
+    GC_HID,
     MAX_VALUE_CHARS,
+    OS_CPU_NS,
+    OS_MAJFLT,
+    OS_NIVCSW,
+    OS_RQ_NS,
     PIPE_BUF,
     STRACE_VERSION,
     encode_value,
     fit_record,
-    format_anchor_payload,
+    format_anchor_record,
     format_chip_ready_payload,
     format_prefix,
 )
 
+try:
+    import resource
+except ImportError:  # not a POSIX system: CPU time from the thread clock only
+    resource = None  # type: ignore[assignment]
+
 LOG_LEVEL = "INFO"
-# The "<func>" part of the log prefix for each kind of line this module writes.
+# The "<func>" part of the log prefix for spans and chip_process lines (anchors use strace_format's).
 SPAN_FUNC = "strace_span"
-ANCHOR_FUNC = "clock_anchor"
 READY_FUNC = "chip_process"
+HOST_EVIDENCE_ENV = "DSPROF_HOST_EVIDENCE"
+SCHEDSTAT_PATH = "/proc/thread-self/schedstat"
+# What a host sample holds: (cpu ns, run-queue ns, involuntary switches, major faults); -1 = not available.
+Sample = tuple[int, int, int, int]
 
 _UINT64_MASK = (1 << 64) - 1
 # Short strings seen as names/hids/values, mapped to their encoding, and
@@ -62,12 +100,19 @@ _inv_base: int = 0
 _inv_counter = itertools.count()
 _monotonic_ns = time.monotonic_ns
 _os_write = os.write
+_SCHEDSTAT_BYTES = 128  # "<cpu ns> <run-queue ns> <timeslices>\n" fits with room to spare
+_evidence_wanted = os.environ.get(HOST_EVIDENCE_ENV) != "0"
+# Public mirror of "enabled and host evidence on": code that samples for later records tests it.
+SAMPLING = False
+_thread_time_ns = time.thread_time_ns
+_RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)
+_getrusage = resource.getrusage if resource is not None else None
 
 
 class _ThreadState:
-    """This thread's span nesting depth and the precomputed start of its records."""
+    """This thread's span nesting depth, the precomputed start of its records and its schedstat file."""
 
-    __slots__ = ("depth", "head", "prefix_tail", "tid")
+    __slots__ = ("depth", "gc_start", "head", "prefix_tail", "schedstat_buf", "schedstat_fd", "tid")
 
     def __init__(self) -> None:
         self.depth = 0
@@ -75,6 +120,20 @@ class _ThreadState:
         self.head: str | None = None
         self.prefix_tail = ""
         self.tid = 0
+        # this thread's /proc/thread-self/schedstat: None = not opened yet, -1 = not available
+        self.schedstat_fd: int | None = None
+        self.schedstat_buf = ctypes.create_string_buffer(_SCHEDSTAT_BYTES + 1)  # + the NUL that ends a read
+        # (ns, sample) when this thread's running garbage collection started
+        self.gc_start: tuple[int, Sample | None] | None = None
+
+    def close_schedstat(self) -> None:
+        """Close this thread's schedstat file (the thread ended, or a fork left the copy of another thread's)."""
+        fd, self.schedstat_fd = self.schedstat_fd, None
+        if fd is not None and fd >= 0:
+            os.close(fd)
+
+    def __del__(self) -> None:  # the thread ended: its threading.local state goes, and its file with it
+        self.close_schedstat()
 
 
 class _PerThread(threading.local):
@@ -99,34 +158,181 @@ _reseed_invocations()
 
 def _after_fork_in_child() -> None:
     # pid and the forking thread's native tid changed: drop its precomputed
-    # pieces but keep the nesting depth of the spans open across the fork.
+    # pieces and its schedstat file (it describes the parent's thread) but
+    # keep the nesting depth of the spans open across the fork.
     global _pid, _anchor_lock
     _pid = os.getpid()
     _anchor_lock = threading.Lock()
-    _per_thread.state.head = None
+    state = _per_thread.state
+    state.head = None
+    state.close_schedstat()
+    state.gc_start = None
     _reseed_invocations()
 
 
 os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
-def enable(fd: int = 2) -> None:
-    """Write records to ``fd``; a new fd gets its own CLOCK_ANCHOR before the first record."""
+def enable(fd: int = 2, *, gc_spans: bool = True) -> None:
+    """Write records to ``fd``; a new fd gets its own CLOCK_ANCHOR before the first record.
+
+    ``gc_spans`` records every garbage collection of this process as a ``host.gc`` span.
+    """
     global _fd, _anchored_pid, ENABLED
     if fd != _fd:
         _anchored_pid = None
     _fd = fd
     ENABLED = True
+    _update_sampling()
+    if gc_spans and _on_gc not in gc.callbacks:
+        gc.callbacks.append(_on_gc)
+    elif not gc_spans and _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
 
 
 def disable() -> None:
     global _fd, ENABLED
     _fd = None
     ENABLED = False
+    _update_sampling()
+    if _on_gc in gc.callbacks:
+        gc.callbacks.remove(_on_gc)
 
 
 def is_enabled() -> bool:
     return _fd is not None
+
+
+def set_host_evidence(on: bool) -> None:
+    """Switch host evidence (SPEC §2.1) on or off for every later span and sample of this process."""
+    global _evidence_wanted
+    _evidence_wanted = on
+    _update_sampling()
+
+
+def host_evidence_enabled() -> bool:
+    return _evidence_wanted
+
+
+def _update_sampling() -> None:
+    global SAMPLING
+    SAMPLING = ENABLED and _evidence_wanted
+
+
+# -- host evidence ------------------------------------------------------------------------
+
+
+def _pread_holding_the_gil() -> Callable[[int, Any, int, int], int] | None:
+    """libc's pread called without releasing the GIL, or None where ctypes cannot reach it.
+
+    ``os.pread`` releases the GIL for the system call. A sample would then hand
+    the GIL to another thread of the process (the CPU executor) and wait for it
+    back, up to the interpreter's switch interval (5 ms): sampling would change
+    the timing it measures and leave blocked time in the span that is neither
+    CPU nor run-queue time. Reading a proc file of one's own thread does not
+    block, so holding the GIL through it is safe.
+    """
+    try:
+        pread = ctypes.PyDLL(None).pread
+    except (OSError, AttributeError):
+        return None
+    pread.argtypes = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long)
+    pread.restype = ctypes.c_ssize_t
+    return pread
+
+
+_pread = _pread_holding_the_gil()
+_string_at = ctypes.string_at
+
+
+def _read_schedstat(state: _ThreadState, fd: int) -> bytes:
+    if _pread is None:
+        return os.pread(fd, _SCHEDSTAT_BYTES, 0)
+    buf = state.schedstat_buf
+    return _string_at(buf, max(0, _pread(fd, buf, _SCHEDSTAT_BYTES, 0)))
+
+
+def _open_schedstat(state: _ThreadState) -> int:
+    """Open this thread's schedstat once; -1 where the kernel has none (then os.rq_ns is left out)."""
+    try:
+        fd = os.open(SCHEDSTAT_PATH, os.O_RDONLY | os.O_CLOEXEC)
+        fields = _read_schedstat(state, fd).split()
+        if len(fields) < 2 or not (fields[0].isdigit() and fields[1].isdigit()):
+            os.close(fd)
+            fd = -1
+    except OSError:
+        fd = -1
+    state.schedstat_fd = fd
+    return fd
+
+
+def _sample(state: _ThreadState) -> Sample:
+    """What the OS has seen of the calling thread so far (``state`` is that thread's).
+
+    CPU time is CLOCK_THREAD_CPUTIME_ID: the counter of schedstat's field 1,
+    but brought up to date when read; field 1 itself lags a running thread by
+    up to a scheduler tick (0–4 ms here), too coarse for millisecond spans.
+    The run-queue wait (field 2) is exact for a thread that is running, as the
+    reader is: every wait it had has ended.
+    """
+    fd = state.schedstat_fd
+    if fd is None:
+        fd = _open_schedstat(state)
+    cpu = _thread_time_ns()
+    rq = int(_read_schedstat(state, fd).split(None, 2)[1]) if fd >= 0 else -1  # "<cpu ns> <run-queue ns> <slices>"
+    if _RUSAGE_THREAD is None:
+        return cpu, rq, -1, -1
+    usage = _getrusage(_RUSAGE_THREAD)
+    return cpu, rq, usage.ru_nivcsw, usage.ru_majflt
+
+
+def host_sample() -> Sample | None:
+    """A sample of the calling thread for :func:`evidence`; None while the emitter or host evidence is off.
+
+    Cheap (the thread clock, one ``pread`` that keeps the GIL, one
+    ``getrusage``: none of them lets another thread run meanwhile), safe from
+    any thread (each thread reads its own file) and across ``fork`` (the child
+    reopens).
+    """
+    if not SAMPLING:
+        return None
+    return _sample(_per_thread.state)
+
+
+def evidence(start: Sample | None, end: Sample | None) -> dict[str, int]:
+    """The SPEC §2.1 attributes of the span between two samples of one thread ({} when either is missing).
+
+    ``os.rq_ns`` is left out where the thread had no schedstat, and the rusage
+    counts where there is no RUSAGE_THREAD.
+    """
+    if start is None or end is None:
+        return {}
+    found = {OS_CPU_NS: end[0] - start[0]}
+    if start[1] >= 0:
+        found[OS_RQ_NS] = end[1] - start[1]
+    if start[2] >= 0:
+        found[OS_NIVCSW] = end[2] - start[2]
+        found[OS_MAJFLT] = end[3] - start[3]
+    return found
+
+
+def _on_gc(phase: str, info: dict) -> None:
+    """gc.callbacks hook: one ``host.gc`` record per collection, written by the collecting thread."""
+    if _fd is None:
+        return
+    state = _per_thread.state
+    if phase == "start":
+        state.gc_start = (_monotonic_ns(), _sample(state) if SAMPLING else None)
+        return
+    started, state.gc_start = state.gc_start, None
+    if started is None:  # enabled while this collection ran
+        return
+    end_sample = _sample(state) if started[1] is not None else None
+    end_ns = _monotonic_ns()
+    attrs: dict = {GC_GEN_ATTR: info["generation"], GC_COLLECTED_ATTR: info["collected"]}
+    if end_sample is not None:
+        attrs.update(evidence(started[1], end_sample))
+    _emit(state.head or _build_head(state), new_invocation(), GC_HID, 0, GC, started[0], end_ns - started[0], end_ns, attrs)
 
 
 def new_invocation() -> int:
@@ -149,10 +355,13 @@ def _encode(value: object) -> str:
 
 def _write(text: str) -> None:
     """One os.write of one whole record ending in a newline, trimmed by fit_record to fit PIPE_BUF."""
+    fd = _fd
+    if fd is None:
+        return
     data = text.encode()
     if len(data) > PIPE_BUF:
         data = (fit_record(text[:-1]) + "\n").encode()
-    _os_write(_fd, data)
+    _os_write(fd, data)
 
 
 def _ensure_anchor() -> None:
@@ -169,8 +378,7 @@ def emit_clock_anchor() -> None:
         return
     mono_ns = _monotonic_ns()
     wall_ns = time.time_ns()
-    prefix = format_prefix(mono_ns, threading.get_ident(), LOG_LEVEL, ANCHOR_FUNC)
-    _write(prefix + format_anchor_payload(_pid, mono_ns, wall_ns) + "\n")
+    _write(format_anchor_record(_pid, mono_ns, wall_ns, threading.get_ident()) + "\n")
     _anchored_pid = _pid
 
 
@@ -226,17 +434,28 @@ def _emit(head: str, inv: int, hid: str, depth: int, name: str, ts_ns: int, dur_
         f"[mono_ns={mono_ns}{head}{inv} hid={cached(hid) or _encode(hid)} depth={depth} "
         f"name={cached(name) or _encode(name)} ts={ts_ns} dur={dur_ns}{attr_text}\n"
     )
-    # _write's three lines, not a call to it: the call measured +0.05 µs per span
+    # _write's lines, not a call to it: the call measured +0.05 µs per span
     data = text.encode()
     if len(data) > PIPE_BUF:
         data = (fit_record(text[:-1]) + "\n").encode()
-    _os_write(_fd, data)
+    fd = _fd
+    if fd is not None:  # disabled by another thread meanwhile
+        _os_write(fd, data)
 
 
 class _Span:
-    """An open span: records its start and thread-local depth, writes on close."""
+    """An open span: records its start, thread-local depth and host sample; writes on close."""
 
-    __slots__ = ("name", "inv", "hid", "attrs", "state", "depth", "ts_ns")
+    __slots__ = ("attrs", "depth", "hid", "inv", "name", "sample", "state", "ts_ns")
+    # set by span() (the object is made with object.__new__, without __init__) and __enter__
+    name: str
+    inv: int
+    hid: str
+    attrs: dict
+    state: _ThreadState
+    depth: int
+    ts_ns: int
+    sample: Sample | None
 
     def set(self, **attrs) -> None:
         """Add attributes before the span closes."""
@@ -247,18 +466,24 @@ class _Span:
         self.depth = depth = state.depth
         state.depth = depth + 1
         self.ts_ns = _monotonic_ns()
+        # sampled inside [ts, end]: a thread busy all along shows os.cpu_ns <= dur
+        self.sample = _sample(state) if SAMPLING else None
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        end_ns = _monotonic_ns()
         state = self.state
+        end_sample = _sample(state) if self.sample is not None else None
+        end_ns = _monotonic_ns()
         state.depth = depth = self.depth
         if _fd is None:
             return
+        attrs = self.attrs
+        if end_sample is not None:
+            attrs.update(evidence(self.sample, end_sample))
         if exc_type is not None:
-            self.attrs["error"] = exc_type.__name__
+            attrs["error"] = exc_type.__name__
         ts_ns = self.ts_ns
-        _emit(state.head or _build_head(state), self.inv, self.hid, depth, self.name, ts_ns, end_ns - ts_ns, end_ns, self.attrs)
+        _emit(state.head or _build_head(state), self.inv, self.hid, depth, self.name, ts_ns, end_ns - ts_ns, end_ns, attrs)
 
 
 _new_span = object.__new__
@@ -281,16 +506,16 @@ NOOP_SPAN = _NoopSpan()
 # Neither is a descriptor, so the with statement calls them without self:
 # __enter__() returns the shared no-op span, __exit__(type, value, tb) returns
 # "" (falsy, so exceptions propagate).
-_NoopSpan.__enter__ = itertools.repeat(NOOP_SPAN).__next__
-_NoopSpan.__exit__ = "".format
+_NoopSpan.__enter__ = itertools.repeat(NOOP_SPAN).__next__  # type: ignore[attr-defined]
+_NoopSpan.__exit__ = "".format  # type: ignore[attr-defined]
 
 
 def span(name: str, *, inv: int, hid: str, **attrs):
     """Context manager timing a host span on CLOCK_MONOTONIC; the record is written on close.
 
     ``depth`` is the thread-local nesting depth at entry. The yielded object's
-    ``set(**attrs)`` adds attributes; an exception leaving the span adds
-    ``error=<ExceptionType>``.
+    ``set(**attrs)`` adds attributes; host evidence follows them (while on), and
+    an exception leaving the span adds ``error=<ExceptionType>``.
     """
     if _fd is None:
         return NOOP_SPAN
@@ -310,7 +535,7 @@ def record(
     depth: int,
     ts_ns: int,
     dur_ns: int,
-    clk: str = "host",
+    clk: str = CLK_HOST,
     tid: int | None = None,
     **attrs,
 ) -> None:
@@ -325,8 +550,8 @@ def record(
     head = state.head or _build_head(state)
     if tid is not None and tid != state.tid:
         head = f"{state.prefix_tail}[STRACE] v={STRACE_VERSION} pid={_pid} tid={tid} inv="
-    if clk != "host":
-        attrs = {"clk": clk, **attrs}
+    if clk != CLK_HOST:
+        attrs = {CLK_ATTR: clk, **attrs}
     _emit(head, inv, hid, depth, name, ts_ns, dur_ns, _monotonic_ns(), attrs)
 
 

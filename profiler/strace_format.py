@@ -56,6 +56,17 @@ EXTERNAL_PREFIX = "ext."
 WAIT_SUFFIX = "_wait"
 # A device-clock span waiting on a peer rank names it in this attribute.
 PEER_ATTR = "peer"
+# Device phases below ``device_wall`` (clk=dev): the fused decode program's three
+# stages, and inside them one span per collective call, which waits for the peer
+# ranks (``chip.run.runner_run.device_wall.forward.a2a_wait``).
+DEVICE_FORWARD, DEVICE_VERIFY, DEVICE_MTP = "forward", "verify", "mtp"
+A2A_WAIT = "a2a_wait"  # the MoE all-to-all (EP dispatch / combine)
+ALLREDUCE_WAIT = "allreduce_wait"  # the TP all-reduce
+
+
+def device_phase_name(path: str) -> str:
+    """The span name of a device phase given its path below device_wall (``forward.a2a_wait``)."""
+    return f"{DEVICE_WALL}.{path}"
 
 # Phase labels: the span name below the root, with the runner_run level dropped
 # (``chip.run.runner_run.native_fence_wait`` -> ``native_fence_wait``).
@@ -92,6 +103,13 @@ HOST_EVIDENCE_ATTRS = (OS_CPU_NS, OS_RQ_NS, OS_NIVCSW, OS_MAJFLT)
 GC_GEN_ATTR, GC_COLLECTED_ATTR = "gen", "collected"
 # The ``callable`` of a decode root: the fused decode program.
 DECODE_CALLABLE = "decode.main+verify+mtp"
+
+# -- diagnosis vocabulary (SPEC §3, "cause of a late start or tail") ----------------------
+# The mechanisms an analysis names for a late (rank, step), and the runtime's
+# faults.json records as ground truth for each injected fault.
+MECH_DEVICE, MECH_HOST_CPU, MECH_RUN_QUEUE, MECH_GC = "device", "host_cpu", "run_queue", "gc"
+MECH_CARRIED_OVER, MECH_PEER_WAIT, MECH_UNATTRIBUTED = "carried_over", "peer_wait", "unattributed"
+MECHANISMS = (MECH_DEVICE, MECH_HOST_CPU, MECH_RUN_QUEUE, MECH_GC, MECH_CARRIED_OVER, MECH_PEER_WAIT, MECH_UNATTRIBUTED)
 
 # -- escaping -------------------------------------------------------------------------
 

@@ -12,6 +12,7 @@ import sys
 from dsprof.errors import DsprofError
 from dsprof.runtime.config import METADATA_PATHS, PRESETS, RuntimeConfig
 from dsprof.runtime.distributed import torchrun_env
+from dsprof.runtime.processes import exit_status_of, signal_of
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -28,6 +29,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--profile-level", default=None, help="SA_PROFILE levels, e.g. e2e,kernel")
     parser.add_argument("--no-profile", dest="profile", action="store_false", default=None,
                         help="switch SA_PROFILE and STRACE off")
+    parser.add_argument("--no-host-evidence", dest="host_evidence", action="store_false", default=None,
+                        help="STRACE spans without host evidence (os.cpu_ns, os.rq_ns, os.nivcsw, os.majflt)")
     parser.add_argument("-o", "--out", required=True, help="artifact directory")
     return parser
 
@@ -48,6 +51,9 @@ def main(argv: list[str] | None = None) -> int:
     except DsprofError as error:
         print(f"error: {error}", file=sys.stderr)
         return error.exit_code
+    except KeyboardInterrupt as stop:  # Ctrl-C or SIGTERM: the ranks were stopped, the artifacts written
+        print(f"interrupted by {signal_of(stop).name}: the ranks were stopped; what ran is in {out}", file=sys.stderr)
+        return exit_status_of(stop)
     print(outcome.message, file=sys.stderr)
     return outcome.exit_status
 

@@ -6,52 +6,91 @@ device-phase times come from the executor's clock. On CUDA the same interface
 uses a real stream and events. Either way a run's device timeline is reported
 relative to that run's launch (a per-invocation device clock origin), never as
 host timestamps.
+
+Device phases nest: a collective call inside a phase (the MoE all-to-all in
+``forward``) is timed as ``forward.a2a_wait`` through :func:`device_wait`,
+which finds the clock of the program running on the calling thread.
+
+The CPU executor also takes a host sample (SPEC §2.1) of its own thread around
+every program: that "device" competes for the CPU like any thread, so what the
+OS saw of it during ``device_wall`` tells contention from slow device work.
+A CUDA device has no such thread, and no such evidence.
 """
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
+from dsprof.profiler import strace
+
+# The PhaseClock of the program running on this thread (the executor's, or CUDA's host enqueue).
+_running = threading.local()
+
 
 class PhaseClock:
-    """Collects named device phases of one program run (CPU: executor clock)."""
+    """Collects the named, possibly nested, device phases of one program run (CPU: executor clock)."""
 
     def __init__(self, origin_ns: int):
         self.origin_ns = origin_ns
-        self.phases: list[tuple[str, int, int]] = []  # (name, start offset ns, dur ns)
+        self.phases: list[tuple[str, int, int]] = []  # (path below device_wall, start offset ns, dur ns)
+        self._open: list[str] = []  # names of the phases open now, outermost first
 
-    def phase(self, name: str) -> _Phase:
-        return _Phase(self, name)
+    @contextlib.contextmanager
+    def phase(self, name: str) -> Iterator[None]:
+        """Time ``name`` inside the innermost open phase (its path is ``outer.name``)."""
+        self._open.append(name)
+        path = ".".join(self._open)
+        token = self._start()
+        try:
+            yield
+        finally:
+            self._open.pop()
+            self._finish(path, token)
+
+    def _start(self) -> object:
+        return time.monotonic_ns()
+
+    def _finish(self, path: str, token) -> None:
+        end = time.monotonic_ns()
+        self.phases.append((path, token - self.origin_ns, end - token))
 
     def resolve(self) -> list[tuple[str, int, int]]:
         return self.phases
 
 
-class _Phase:
-    __slots__ = ("clock", "name", "start")
+@contextlib.contextmanager
+def running(clock: PhaseClock) -> Iterator[None]:
+    """Mark ``clock`` as the one of the program this thread runs (for :func:`device_wait`)."""
+    _running.clock = clock
+    try:
+        yield
+    finally:
+        _running.clock = None
 
-    def __init__(self, clock: PhaseClock, name: str):
-        self.clock, self.name = clock, name
 
-    def __enter__(self):
-        self.start = time.monotonic_ns()
-        return self
+def device_wait(name: str):
+    """Time a wait of the running device program on a peer (a collective) as a nested phase.
 
-    def __exit__(self, *exc):
-        end = time.monotonic_ns()
-        self.clock.phases.append((self.name, self.start - self.clock.origin_ns, end - self.start))
+    Outside a device program (e.g. in a test calling the model directly) it times nothing.
+    """
+    clock = getattr(_running, "clock", None)
+    return clock.phase(name) if clock is not None else contextlib.nullcontext()
 
 
 class Fence:
-    """Completion fence of one submitted program.
+    """Completion fence of one submitted program, and what the device reports of the program.
 
-    ``device_phases()`` returns ``[("device_wall", start, dur), (phase, start, dur), ...]``
-    with offsets from the program's launch on the device clock.
+    ``wall()`` is the program's ``device_wall`` and ``phases()`` its phases
+    (paths below device_wall, nested ones included), as (start offset from the
+    launch, duration) on the device clock; ``evidence()`` is what the OS saw
+    of the CPU executor thread while the program ran ({} on CUDA).
     """
 
     def __init__(self, launch_ns: int, clock: PhaseClock):
@@ -59,6 +98,8 @@ class Fence:
         self.clock = clock
         self.start_ns = 0
         self.end_ns = 0
+        self.start_sample: strace.Sample | None = None
+        self.end_sample: strace.Sample | None = None
         self.error: BaseException | None = None
         self._done = threading.Event()
 
@@ -71,9 +112,15 @@ class Fence:
     def done(self) -> bool:
         return self._done.is_set()
 
-    def device_phases(self) -> list[tuple[str, int, int]]:
-        wall = ("device_wall", self.start_ns - self.launch_ns, self.end_ns - self.start_ns)
-        return [wall, *self.clock.resolve()]
+    def wall(self) -> tuple[int, int]:
+        return self.start_ns - self.launch_ns, self.end_ns - self.start_ns
+
+    def phases(self) -> list[tuple[str, int, int]]:
+        """Nested phases in start order, a parent before the children that start with it."""
+        return sorted(self.clock.resolve(), key=lambda phase: (phase[1], phase[0].count(".")))
+
+    def evidence(self) -> dict[str, int]:
+        return strace.evidence(self.start_sample, self.end_sample)
 
 
 class CpuDevice:
@@ -99,13 +146,15 @@ class CpuDevice:
             if item is None:
                 return
             fn, fence, signal_delay_s = item
+            fence.start_sample = strace.host_sample()
             fence.start_ns = time.monotonic_ns()
             try:
-                with torch.inference_mode():  # device programs never need autograd
+                with torch.inference_mode(), running(fence.clock):  # device programs never need autograd
                     fn(fence.clock)
             except BaseException as error:  # the host sees it when it waits on the fence
                 fence.error = error
             fence.end_ns = time.monotonic_ns()
+            fence.end_sample = strace.host_sample()
             if signal_delay_s > 0:  # a late completion fence (fault injection)
                 time.sleep(signal_delay_s)
             fence._done.set()
@@ -139,36 +188,32 @@ class CpuDevice:
 
 
 class _CudaPhaseClock(PhaseClock):
+    """Phases as pairs of CUDA events, resolved to offsets from the launch's origin event once done."""
+
     def __init__(self, origin_event):
         super().__init__(0)
         self.origin_event = origin_event
-        self.events: list[tuple[str, object, object]] = []
+        self.events: list[tuple[str, Any, Any]] = []  # (path, start event, end event)
 
-    def phase(self, name: str):
-        clock = self
+    def _start(self) -> object:
+        start = torch.cuda.Event(enable_timing=True)
+        start.record()
+        return start
 
-        class _Ev:
-            def __enter__(self):
-                self.start = torch.cuda.Event(enable_timing=True)
-                self.start.record()
-
-            def __exit__(self, *exc):
-                end = torch.cuda.Event(enable_timing=True)
-                end.record()
-                clock.events.append((name, self.start, end))
-
-        return _Ev()
+    def _finish(self, path: str, token) -> None:
+        end = torch.cuda.Event(enable_timing=True)
+        end.record()
+        self.events.append((path, token, end))
 
     def resolve(self) -> list[tuple[str, int, int]]:
-        out = []
-        for name, start, end in self.events:
-            out.append((name, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6)))
-        return out
+        return [(path, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6))
+                for path, start, end in self.events]
 
 
 class _CudaFence(Fence):
-    def __init__(self, launch_ns, clock, start_event, end_event, signal_delay_s):
+    def __init__(self, launch_ns: int, clock: _CudaPhaseClock, start_event, end_event, signal_delay_s: float):
         super().__init__(launch_ns, clock)
+        self.origin_event = clock.origin_event
         self.start_event, self.end_event, self.signal_delay_s = start_event, end_event, signal_delay_s
 
     def wait(self, timeout: float | None = None) -> None:
@@ -180,11 +225,9 @@ class _CudaFence(Fence):
     def done(self) -> bool:
         return self._done.is_set() or self.end_event.query()
 
-    def device_phases(self) -> list[tuple[str, int, int]]:
-        origin = self.clock.origin_event
-        wall = ("device_wall", int(origin.elapsed_time(self.start_event) * 1e6),
-                int(self.start_event.elapsed_time(self.end_event) * 1e6))
-        return [wall, *self.clock.resolve()]
+    def wall(self) -> tuple[int, int]:
+        origin = self.origin_event
+        return (int(origin.elapsed_time(self.start_event) * 1e6), int(self.start_event.elapsed_time(self.end_event) * 1e6))
 
 
 class CudaDevice:
@@ -208,7 +251,8 @@ class CudaDevice:
             end = torch.cuda.Event(enable_timing=True)
             clock = _CudaPhaseClock(origin)
             start.record()
-            fn(clock)
+            with running(clock):
+                fn(clock)
             end.record()
         return _CudaFence(launch, clock, start, end, signal_delay_s)
 

@@ -12,11 +12,14 @@ import datetime
 import os
 import socket
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as dist
 
 from dsprof.errors import DsprofError
+from dsprof.profiler.strace_format import A2A_WAIT, ALLREDUCE_WAIT
+from dsprof.runtime.device import device_wait
 
 
 def free_port() -> int:
@@ -42,8 +45,8 @@ class ParallelContext:
     world: int
     tp: int
     backend: str
-    tp_group: object | None  # None when tp == 1
-    metadata_group: object | None = None  # host-side group of the device-resident metadata path
+    tp_group: Any  # a torch.distributed ProcessGroup; None when tp == 1
+    metadata_group: Any = None  # host-side group of the device-resident metadata path
 
     @property
     def tp_rank(self) -> int:
@@ -54,8 +57,10 @@ class ParallelContext:
         return self.rank // self.tp
 
     def all_reduce_tp(self, tensor: torch.Tensor) -> torch.Tensor:
+        """Sum over the TP group; inside a device program it is timed as an ``allreduce_wait`` phase."""
         if self.tp > 1:
-            dist.all_reduce(tensor, group=self.tp_group)
+            with device_wait(ALLREDUCE_WAIT):
+                dist.all_reduce(tensor, group=self.tp_group)
         return tensor
 
     def wait_global_predecessor(self) -> None:
@@ -63,9 +68,14 @@ class ParallelContext:
         dist.barrier(group=self.metadata_group)
 
     def all_to_all(self, send: torch.Tensor) -> torch.Tensor:
-        """Equal-split all-to-all over every rank (the EP dispatch/combine)."""
+        """Equal-split all-to-all over every rank (the EP dispatch/combine), timed as an ``a2a_wait`` phase.
+
+        The call returns when the slowest peer has sent its share, so its length
+        on a rank that was on time is how long it waited for the others.
+        """
         recv = torch.empty_like(send)
-        dist.all_to_all_single(recv, send)
+        with device_wait(A2A_WAIT):
+            dist.all_to_all_single(recv, send)
         return recv
 
 

@@ -1,14 +1,20 @@
-"""Faults injected on purpose (``--inject``), seeded so a run can be repeated.
+"""Faults injected on purpose (``--inject``), seeded so a run can be repeated, with their ground truth.
 
 Grammar (one spec per ``--inject``; see docs/RUNTIME.md)::
 
-    fence_tail:p=<0..1>,ms=<delay>          completion-fence delay on a random rank, per decode step with probability p
-    straggler:rank=<r>,ms=<delay>           rank r's device is slower by <delay> every decode step
-    slow_bind:rank=<r>,ms=<delay>[,step=K]  rank r's bind takes <delay> longer (every step, or only step K)
-    crash:rank=<r>,step=<K>                 rank r dies at decode step K
+    fence_tail:p=<0..1>,ms=<delay>               per decode step with probability p, one random rank's completion fence is late
+    straggler:rank=<r>,ms=<work>                 rank r's device does <work> ms more work every decode step
+    slow_bind:rank=<r>,ms=<work>[,step=K]        rank r's bind does <work> ms more host CPU work (every step, or only step K)
+    cpu_contention:[rank=<r>,]p=<0..1>,ms=<burn> per step with probability p, a neighbour process burns the rank's CPU
+    gc_pause:[rank=<r>,]p=<0..1>,ms=<pause>      per step with probability p, a garbage collection of about <pause> ms
+    crash:rank=<r>,step=<K>                      rank r dies at decode step K
 
+Steps are measured decode steps, numbered as the root's ``step`` attribute (the
+number the analysis reports): warm-up rounds are excluded, and never perturbed.
+Where ``rank`` is optional and left out, each event picks a seeded random rank.
 Every rank derives the same plan from the seed; each event a rank applies is
-reported to the launcher, which writes them to ``faults.json`` (ground truth).
+reported to the launcher, which writes them to ``faults.json`` with the
+mechanism and phase an analysis should name for it (SPEC §3).
 """
 
 from __future__ import annotations
@@ -17,17 +23,39 @@ import random
 from dataclasses import dataclass
 
 from dsprof.errors import DsprofError
+from dsprof.profiler import strace_format as fmt
 
-FAULTS_SCHEMA = "dsprof.faults/1"
+# Event kinds, as faults.json names them (a fence_tail spec produces fence_delay events).
+FENCE_DELAY, STRAGGLER, SLOW_BIND = "fence_delay", "straggler", "slow_bind"
+CPU_CONTENTION, GC_PAUSE, CRASH = "cpu_contention", "gc_pause", "crash"
 
-# kind -> (required keys, optional keys)
+# spec kind -> (required keys, optional keys)
 _GRAMMAR: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     "fence_tail": (("p", "ms"), ()),
-    "straggler": (("rank", "ms"), ()),
-    "slow_bind": (("rank", "ms"), ("step",)),
-    "crash": (("rank", "step"), ()),
+    STRAGGLER: (("rank", "ms"), ()),
+    SLOW_BIND: (("rank", "ms"), ("step",)),
+    CPU_CONTENTION: (("p", "ms"), ("rank",)),
+    GC_PAUSE: (("p", "ms"), ("rank",)),
+    CRASH: (("rank", "step"), ()),
 }
+_EVENT_KIND = {"fence_tail": FENCE_DELAY}  # spec kinds whose events are named otherwise
 _INT_KEYS = {"rank", "step"}
+
+# What an analysis should find for each event: (mechanism, phase). A fence that
+# fires late keeps the host in native_fence_wait although the device is done; a
+# straggler's extra work is inside device_wall; slow_bind is host CPU work in
+# bind; the CPU neighbour wakes when the device program starts, so the executor
+# thread waits in the run queue during device_wall; the gc pause runs on the
+# host thread inside native_fence_wait (and holds the GIL, so the CPU executor
+# stalls with it). A crash has no mechanism: the rank is gone.
+GROUND_TRUTH: dict[str, tuple[str | None, str | None]] = {
+    FENCE_DELAY: (fmt.MECH_DEVICE, fmt.PHASE_FENCE_WAIT),
+    STRAGGLER: (fmt.MECH_DEVICE, fmt.PHASE_DEVICE_WALL),
+    SLOW_BIND: (fmt.MECH_HOST_CPU, fmt.PHASE_BIND),
+    CPU_CONTENTION: (fmt.MECH_RUN_QUEUE, fmt.PHASE_DEVICE_WALL),
+    GC_PAUSE: (fmt.MECH_GC, fmt.PHASE_FENCE_WAIT),
+    CRASH: (None, None),
+}
 
 
 @dataclass(frozen=True)
@@ -37,6 +65,22 @@ class FaultSpec:
     step: int | None = None
     ms: float | None = None
     p: float | None = None
+
+
+@dataclass(frozen=True)
+class FaultEvent:
+    """One fault a rank applies at one measured decode step."""
+
+    kind: str
+    rank: int
+    step: int
+    ms: float | None
+
+    def to_json(self, details: dict | None = None) -> dict:
+        """The faults.json entry: where it was injected, how much, what an analysis should name, and ``details``."""
+        mechanism, phase = GROUND_TRUTH[self.kind]
+        return {"kind": self.kind, "rank": self.rank, "step": self.step, "delay_ms": self.ms,
+                "mechanism": mechanism, "phase": phase, **(details or {})}
 
 
 def parse_fault(text: str, ranks: int) -> FaultSpec:
@@ -70,43 +114,58 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
         raise bad("ms must be > 0")
     if "p" in values and not 0 < values["p"] <= 1:
         raise bad("p must be in (0, 1]")
-    return FaultSpec(kind=kind, **values)
+    return FaultSpec(kind=kind, **values)  # type: ignore[arg-type]
 
 
 def parse_faults(texts: list[str], ranks: int) -> list[FaultSpec]:
     return [parse_fault(text, ranks) for text in texts]
 
 
+@dataclass(frozen=True)
+class StepFaults:
+    """The events one rank applies at one step."""
+
+    events: tuple[FaultEvent, ...]
+
+    def ms(self, kind: str) -> float:
+        """Total ms of the events of ``kind`` (two specs of one kind add up)."""
+        return sum(event.ms or 0.0 for event in self.events if event.kind == kind)
+
+    @property
+    def crash(self) -> bool:
+        return any(event.kind == CRASH for event in self.events)
+
+
 class FaultPlan:
-    """What each rank injects at each decode step; identical on every rank for one seed."""
+    """What each rank injects at each measured decode step; identical on every rank for one seed."""
 
     def __init__(self, specs: list[FaultSpec], ranks: int, seed: int):
         self.specs = specs
         self.ranks = ranks
         self.seed = seed
 
-    def _fence_tail_rank(self, index: int, step: int) -> int | None:
+    def injects(self, spec_kind: str) -> bool:
+        """Whether any spec is of ``spec_kind`` (a rank prepares the mechanism once, at start-up)."""
+        return any(spec.kind == spec_kind for spec in self.specs)
+
+    def most_ms(self, spec_kind: str, rank: int) -> float:
+        """The most ``ms`` the specs of ``spec_kind`` can inject into one step of ``rank`` (0: none can hit it)."""
+        return sum(spec.ms or 0.0 for spec in self.specs if spec.kind == spec_kind and spec.rank in (None, rank))
+
+    def _target(self, index: int, step: int) -> int | None:
+        """The rank spec ``index`` hits at ``step``, or None."""
         spec = self.specs[index]
-        draw = random.Random(f"fence_tail:{self.seed}:{index}:{step}")
-        hit = draw.random() < spec.p
-        rank = draw.randrange(self.ranks)
-        return rank if hit else None
+        if spec.p is not None:
+            draw = random.Random(f"{spec.kind}:{self.seed}:{index}:{step}")
+            hit = draw.random() < spec.p
+            rank = draw.randrange(self.ranks) if spec.rank is None else spec.rank
+            return rank if hit else None
+        if spec.step is not None and spec.step != step:
+            return None
+        return spec.rank
 
-    def fence_delay_ms(self, rank: int, step: int) -> float:
-        return sum(spec.ms for i, spec in enumerate(self.specs)
-                   if spec.kind == "fence_tail" and self._fence_tail_rank(i, step) == rank)
-
-    def straggler_ms(self, rank: int) -> float:
-        return sum(spec.ms for spec in self.specs if spec.kind == "straggler" and spec.rank == rank)
-
-    def slow_bind_ms(self, rank: int, step: int) -> float:
-        return sum(spec.ms for spec in self.specs if spec.kind == "slow_bind" and spec.rank == rank
-                   and (spec.step is None or spec.step == step))
-
-    def crashes(self, rank: int, step: int) -> bool:
-        return any(spec.kind == "crash" and spec.rank == rank and spec.step == step for spec in self.specs)
-
-
-def fault_event(kind: str, rank: int, step: int | None, delay_ms: float | None) -> dict:
-    """One faults.json entry."""
-    return {"kind": kind, "rank": rank, "step": step, "delay_ms": delay_ms}
+    def at(self, rank: int, step: int) -> StepFaults:
+        """The events ``rank`` applies at measured decode step ``step``, in spec order."""
+        return StepFaults(tuple(
+            FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms)
+            for index, spec in enumerate(self.specs) if self._target(index, step) == rank))

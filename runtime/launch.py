@@ -1,18 +1,29 @@
 """Launcher: start every rank process, collect the returned tokens, write the artifacts.
 
-Artifact directory (docs/ARCHITECTURE.md): ``server.log`` (all ranks' stderr:
-each rank's fd 2 is the one file descriptor the launcher opened on it),
-``serving-trace/`` (SA_PROFILE fragments + merged ``trace.json``),
-``performance_summary.json`` and, when faults are injected, ``faults.json``.
+Artifact directory (docs/ARCHITECTURE.md, names from dsprof.profiler.artifacts):
+``server.log`` (all ranks' stderr: each rank's fd 2 is the one file
+descriptor the launcher opened on it), ``serving-trace/`` (SA_PROFILE
+fragments + merged ``trace.json``), ``performance_summary.json`` and, when
+faults are injected, ``faults.json`` — both written atomically at the end of
+the run, before anything analyses it.
+
+The ranks die with the launcher: each arms PR_SET_PDEATHSIG, and all of them
+(with any helper process a rank forks) share one process group that the
+launcher kills at the end. SIGTERM is handled like Ctrl-C: the ranks are
+stopped, the artifacts of what ran are written, and the interrupt is raised
+again to the caller.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import multiprocessing
 import os
 import queue as queue_module
+import signal
 import sys
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -23,16 +34,25 @@ import torch
 import torch.distributed as dist
 
 from dsprof.errors import DsprofError
-from dsprof.profiler import sa_profile, strace
+from dsprof.fileio import atomic_write_text
+from dsprof.profiler import artifacts, sa_profile, strace
+from dsprof.runtime import faults as fault_kinds
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.device import make_device
 from dsprof.runtime.distributed import free_port, init_distributed, shutdown_distributed
-from dsprof.runtime.faults import FAULTS_SCHEMA, FaultPlan, parse_faults
-from dsprof.runtime.serving import RankServer, plan_serving
+from dsprof.runtime.faults import FaultPlan, parse_faults
+from dsprof.runtime.injectors import CpuNeighbour, GcPause
+from dsprof.runtime.processes import (
+    cpu_for_rank,
+    die_with_parent,
+    exit_status_of,
+    pin_to_cpu,
+    raise_on_sigterm,
+    signal_of,
+)
+from dsprof.runtime.serving import Injectors, RankServer, plan_serving
 from dsprof.runtime.worker import DistributedWorker
 
-SUMMARY_SCHEMA = "dsprof.performance_summary/1"
-SERVING_TRACE = "serving-trace"
 EXIT_OK, EXIT_RANK_FAILED, EXIT_TOKENS_MISSING = 0, 1, 3
 _KILL_GRACE_S = 2.0  # after a rank fails: SIGTERM the rest, SIGKILL what is left after this
 _FAILURE_REPORT_WAIT_S = 0.3  # after the first failure, for the other ranks' reports to arrive
@@ -81,45 +101,71 @@ class ListSink(QueueSink):
 def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, master_port: int,
              out_dir: Path, sink) -> dict:
     """Body of one rank process: join the group, build the shard, prefill, decode."""
+    plan = FaultPlan(parse_faults(config.inject, config.ranks), config.ranks, config.seed)
+    neighbour = _prepare_cpu_contention(plan, rank) if plan.injects(fault_kinds.CPU_CONTENTION) else None
     torch.set_num_threads(1)
     if config.profile:
+        strace.set_host_evidence(config.host_evidence)
         strace.enable(2)
-        sa_profile.configure(out_dir / SERVING_TRACE, config.profile_level)
+        sa_profile.configure(out_dir / artifacts.SERVING_TRACE_DIR, config.profile_level)
     else:
         strace.disable()
         sa_profile.shutdown()
-    par = init_distributed(rank, world, config.tp, master_addr, master_port,
-                           metadata_group=config.metadata == "device-resident")
-    def on_device_thread_start() -> None:
-        torch.set_num_threads(1)
-        sa_profile.set_thread_name(f"device executor (rank {rank})")
-
-    device = make_device(rank, config.copy_latency_ms, on_start=on_device_thread_start)
+    device = None
     try:
+        par = init_distributed(rank, world, config.tp, master_addr, master_port,
+                               metadata_group=config.metadata == "device-resident")
+
+        def on_device_thread_start() -> None:
+            torch.set_num_threads(1)
+            sa_profile.set_thread_name(f"device executor (rank {rank})")
+
+        device = make_device(rank, config.copy_latency_ms, on_start=on_device_thread_start)
         strace.chip_process_ready(device.name)
         sa_profile.set_process_name(f"rank {rank} ({device.name})")
         sa_profile.set_thread_name("host")
         worker = DistributedWorker(rank, device)
-        plan = plan_serving(config)
-        faults = FaultPlan(parse_faults(config.inject, config.ranks), config.ranks, config.seed)
+        serving = plan_serving(config)
         with sa_profile.span("worker.init", "worker", rank=rank):
-            server = RankServer(config, par, device, worker, plan, sink, faults)
+            longest_gc_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank)
+            gc_pause = GcPause(longest_gc_ms) if longest_gc_ms else None
+            server = RankServer(config, par, device, worker, serving, sink, Injectors(plan, neighbour, gc_pause))
         sink.send("up", rank, device.name, os.getpid())
         dist.barrier()
         sink.send("start", rank, time.perf_counter_ns())
-        server.prefill()
-        server.decode()
+        server.serve()
         dist.barrier()
         stats = {"verified": server.verified, "accepted": server.accepted, "allocations": worker.allocations()}
         sink.send("done", rank, stats)
         return stats
     finally:
-        device.close()
+        if device is not None:
+            device.close()
+        if neighbour is not None:
+            neighbour.close()
         sa_profile.flush()
 
 
-def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, log_fd: int, channel) -> None:
-    """Entry of a forked rank: stderr becomes the shared server.log descriptor."""
+def _prepare_cpu_contention(plan: FaultPlan, rank: int) -> CpuNeighbour | None:
+    """Pin this rank to its CPU for the whole run; fork the neighbour that will contend for it if it can be hit.
+
+    Called before this process starts any thread: the neighbour is forked from
+    a single-threaded process, and every thread started later (executor, gloo)
+    inherits the pinning.
+    """
+    cpu = cpu_for_rank(rank)
+    pin_to_cpu(cpu)
+    return CpuNeighbour(cpu) if plan.most_ms(fault_kinds.CPU_CONTENTION, rank) else None
+
+
+def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, log_fd: int, channel,
+                  launcher_pid: int, group: int) -> None:
+    """Entry of a forked rank: dies with the launcher, joins the ranks' process group (``group`` 0: leads it),
+    turns SIGTERM into an interrupt, and makes stderr the shared server.log descriptor."""
+    die_with_parent(launcher_pid)
+    with contextlib.suppress(OSError):  # the launcher sets it too, whichever comes first
+        os.setpgid(0, group)
+    raise_on_sigterm()
     sys.stderr.flush()
     os.dup2(log_fd, 2)
     # Whatever Python itself prints (warnings) goes to fd 2 line by line, not to
@@ -140,6 +186,42 @@ def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, lo
         channel.close()
         channel.join_thread()
     os._exit(code)
+
+
+class _Ranks:
+    """The rank processes of one run, in one process group (led by rank 0) that dies with them."""
+
+    def __init__(self) -> None:
+        self.procs: list = []
+        self.group: int | None = None
+
+    def start(self, context, config: RuntimeConfig, port: int, out: Path, log_fd: int, channel) -> None:
+        launcher = os.getpid()
+        for rank in range(config.ranks):
+            proc = context.Process(target=_rank_process, name=f"dsprof-rank{rank}",
+                                   args=(config, rank, port, out, log_fd, channel, launcher, self.group or 0))
+            proc.start()
+            self.procs.append(proc)
+            if self.group is None:
+                self.group = proc.pid
+            with contextlib.suppress(OSError):  # set from both sides: no race with the child's own setpgid
+                os.setpgid(proc.pid, self.group)
+
+    def stop(self) -> None:
+        """SIGTERM the ranks still running, SIGKILL them after a grace period, then anything left in their group."""
+        for proc in self.procs:
+            if proc.exitcode is None:
+                proc.terminate()
+        deadline = time.monotonic() + _KILL_GRACE_S
+        for proc in self.procs:
+            proc.join(max(0.0, deadline - time.monotonic()))
+        for proc in self.procs:
+            if proc.exitcode is None:
+                proc.kill()
+                proc.join(1.0)
+        if self.group is not None:  # helpers a rank forked (they also die with their rank)
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.group, signal.SIGKILL)
 
 
 class _Collector:
@@ -207,55 +289,58 @@ def _culprit(collector: _Collector, procs: list) -> tuple[int, str]:
     return rank, text
 
 
-def _stop(procs: list) -> None:
-    for proc in procs:
-        if proc.exitcode is None:
-            proc.terminate()
-    deadline = time.monotonic() + _KILL_GRACE_S
-    for proc in procs:
-        proc.join(max(0.0, deadline - time.monotonic()))
-    for proc in procs:
-        if proc.exitcode is None:
-            proc.kill()
-            proc.join(1.0)
-
-
 def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike,
                  progress: Callable[[str], None] | None = None) -> RunOutcome:
-    """Run the workload in ``config.ranks`` rank processes and write the artifact directory."""
+    """Run the workload in ``config.ranks`` rank processes and write the artifact directory.
+
+    On Ctrl-C or SIGTERM (in the main thread) the ranks are stopped, the
+    artifacts of what ran are written, and the KeyboardInterrupt (or
+    :class:`~dsprof.runtime.processes.Terminated`) is raised again.
+    """
     config.validate()
     out = Path(out_dir)
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise DsprofError(f"cannot create output directory {out}: {error.strerror}") from None
-    for stale in ("performance_summary.json", "faults.json"):
+    for stale in (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS):
         (out / stale).unlink(missing_ok=True)
     if config.profile:
-        sa_profile.configure(out / SERVING_TRACE, config.profile_level, main=True)
+        sa_profile.configure(out / artifacts.SERVING_TRACE_DIR, config.profile_level, main=True)
         sa_profile.set_process_name("dsprof launcher")
     else:  # also stops a recorder an earlier run in this process left on
         sa_profile.shutdown()
     with sa_profile.span("scheduler.plan", "scheduler", requests=config.requests, dp=config.dp):
         plan = plan_serving(config)
     collector = _Collector(config, plan, progress)
-    log_fd = os.open(out / "server.log", os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
+    log_fd = os.open(out / artifacts.SERVER_LOG, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_APPEND, 0o644)
     context = multiprocessing.get_context("fork")
     channel = context.Queue()
-    port = free_port()
-    procs = [context.Process(target=_rank_process, args=(config, rank, port, out, log_fd, channel),
-                             name=f"dsprof-rank{rank}") for rank in range(config.ranks)]
+    ranks = _Ranks()
     launch_ns = time.perf_counter_ns()
+    on_main_thread = threading.current_thread() is threading.main_thread()
+    previous_handler = raise_on_sigterm() if on_main_thread else None
+    interrupted: KeyboardInterrupt | None = None
     try:
-        for proc in procs:
-            proc.start()
-        _wait_for_ranks(procs, channel, collector)
-        failed_rank, message = _failure(collector, procs)
+        ranks.start(context, config, free_port(), out, log_fd, channel)
+        _wait_for_ranks(ranks.procs, channel, collector)
+        failed_rank, message = _failure(collector, ranks.procs)
+    except KeyboardInterrupt as stop:  # Ctrl-C, or SIGTERM
+        interrupted = stop
+        if on_main_thread:  # a second SIGTERM ends the launcher at once; the ranks die with it
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        failed_rank, message = None, f"interrupted by {signal_of(stop).name}: the ranks were stopped"
     finally:
-        _stop(procs)
+        ranks.stop()
         _drain(channel, collector)
         os.close(log_fd)
-    return _finish(config, out, plan, collector, launch_ns, failed_rank, message, progress)
+    outcome = _finish(config, out, plan, collector, launch_ns, failed_rank, message, progress,
+                      exit_status_of(interrupted) if interrupted is not None else None)
+    if on_main_thread:
+        signal.signal(signal.SIGTERM, previous_handler)
+    if interrupted is not None:
+        raise interrupted
+    return outcome
 
 
 def _wait_for_ranks(procs: list, channel, collector: _Collector) -> None:
@@ -296,13 +381,16 @@ def _drain(channel, collector: _Collector) -> None:
 
 
 def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launch_ns: int,
-            failed_rank: int | None, message: str, progress) -> RunOutcome:
+            failed_rank: int | None, message: str, progress, interrupted_status: int | None = None) -> RunOutcome:
+    """Merge the SA_PROFILE fragments and write performance_summary.json and faults.json (atomically)."""
     start_ns = min(collector.starts.values()) if collector.starts else launch_ns
     end_ns = max(collector.last_token_ns.values()) if collector.last_token_ns else start_ns
     elapsed_s = (end_ns - start_ns) / 1e9
     missing = {rid: plan.tokens_expected[rid] - len(toks) for rid, toks in collector.tokens.items()
                if len(toks) != plan.tokens_expected[rid]}
-    if failed_rank is not None or message:
+    if interrupted_status is not None:
+        status = interrupted_status
+    elif failed_rank is not None or message:
         status = EXIT_RANK_FAILED
     elif missing:
         status = EXIT_TOKENS_MISSING
@@ -320,7 +408,7 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
                             requests=config.requests, tokens=collector.returned)
         if progress:
             progress("merging SA_PROFILE fragments")
-        sa_profile.merge_fragments(out / SERVING_TRACE)  # flushes this process's fragment first
+        sa_profile.merge_fragments(out / artifacts.SERVING_TRACE_DIR)  # flushes this process's fragment first
         sa_profile.shutdown()  # nothing more goes into this run's fragments
     verified = sum(collector.verified.values())
     # tokens each request actually got back (as analysis/serving.py counts them): after a
@@ -328,7 +416,7 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
     requests = len(plan.tokens_expected) or config.requests
     returned_per_request = collector.returned / requests
     summary = {
-        "schema": SUMMARY_SCHEMA,
+        "schema": artifacts.PERFORMANCE_SUMMARY_SCHEMA,
         "exit_status": status,
         "batch_elapsed_s": round(elapsed_s, 6),
         "tokens_returned": collector.returned,
@@ -345,11 +433,12 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
         "devices": {str(r): d for r, d in sorted(collector.devices.items())},
         "workload": config.workload(),
     }
-    (out / "performance_summary.json").write_text(json.dumps(summary, indent=2) + "\n")
+    atomic_write_text(out / artifacts.PERFORMANCE_SUMMARY, json.dumps(summary, indent=2) + "\n")
     if config.inject:
-        faults = sorted(collector.faults, key=lambda f: (f["step"] if f["step"] is not None else -1, f["rank"], f["kind"]))
-        (out / "faults.json").write_text(json.dumps(
-            {"schema": FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults}, indent=2) + "\n")
+        faults = sorted(collector.faults, key=lambda f: (f["step"], f["rank"], f["kind"]))
+        atomic_write_text(out / artifacts.FAULTS, json.dumps(
+            {"schema": artifacts.FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults},
+            indent=2) + "\n")
     return RunOutcome(status, out, summary, failed_rank, message, collector.tokens)
 
 
@@ -374,7 +463,7 @@ def run_torchrun_rank(config: RuntimeConfig, out_dir: str | os.PathLike, rank: i
     if rank == 0:
         plan = plan_serving(config)
         collector = _Collector(config, plan, None)
-        for messages in gathered:
+        for messages in gathered or []:
             for message in messages:
                 collector.handle(message)
         status = _finish(config, out, plan, collector, launch_ns, None, "", None).exit_status

@@ -12,7 +12,12 @@ a global metadata predecessor: the previous dispatch must have drained here
 the pipeline serializes.
 
 Runs overlap on one host thread, so their STRACE spans are written with
-``strace.record`` and explicit depths once the run is validated.
+``strace.record`` and explicit depths once the run is validated. Every phase
+boundary is a :class:`Mark`: the host monotonic time and a host sample of the
+thread (SPEC §2.1), so each span carries what the OS saw of the host thread
+between its own two boundaries. The device phases (clk=dev) come from the
+fence: ``device_wall`` with what the OS saw of the CPU executor thread, and
+the program's phases below it, collective waits included.
 """
 
 from __future__ import annotations
@@ -21,14 +26,15 @@ import hashlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 from dsprof.profiler import strace
-from dsprof.profiler.strace_format import DECODE_CALLABLE
+from dsprof.profiler import strace_format as fmt
 from dsprof.runtime.device import Fence, PhaseClock
 from dsprof.runtime.task_args import TaskArgs
 
 PREFILL_CALLABLE = "prefill.main+mtp"
-ROOT = "chip.run"
+DECODE_CALLABLE = fmt.DECODE_CALLABLE
 
 
 def callable_hid(name: str) -> str:
@@ -36,25 +42,44 @@ def callable_hid(name: str) -> str:
     return hashlib.sha256(name.encode()).hexdigest()[:16]
 
 
+class Mark(NamedTuple):
+    """A phase boundary on the host thread: when, and what the OS had seen of the thread by then."""
+
+    ns: int
+    sample: strace.Sample | None
+
+
+def mark() -> Mark:
+    return Mark(time.monotonic_ns(), strace.host_sample())  # one sample serves the span ending and the one starting here
+
+
+_UNSET = Mark(0, None)
+
+
 @dataclass
 class Run:
     epoch: int
-    step: int  # decode step (-1 for prefill)
+    step: int  # measured decode step (-1 for prefill)
     callable: str
     slot: TaskArgs
     dispatch_id: int
     profiled: bool
     inv: int = 0
     generation: int = 0
-    bind: tuple[int, int] = (0, 0)  # (ts_ns, dur_ns)
-    bind_args: tuple[int, int] = (0, 0)
-    bind_prebuilt: tuple[int, int] = (0, 0)
-    runner_ts_ns: int = 0
-    runner_end_ns: int = 0
+    # phase boundaries, in the order the host thread passes them
+    bind_start: Mark = _UNSET
+    args_end: Mark = _UNSET  # bind.args ends, bind.prebuilt starts
+    bind_end: Mark = _UNSET
+    runner_start: Mark = _UNSET
+    claim_start: Mark = _UNSET
+    claim_end: Mark = _UNSET
+    fence_start: Mark = _UNSET
+    fence_end: Mark = _UNSET  # runner_run ends
+    validate_start: Mark = _UNSET
+    validate_end: Mark = _UNSET
     fence: Fence | None = None
-    fence_wait: tuple[int, int] = (0, 0)
-    claim: tuple[int, int] = (0, 0)
-    validate: tuple[int, int] = (0, 0)
+    # host work done while waiting on the fence (the gc_pause fault), before the wait itself
+    in_fence_wait: Callable[[], object] | None = None
     drained: bool = False
     attrs: dict = field(default_factory=dict)
 
@@ -84,40 +109,40 @@ class ChipRunLane:
         run = Run(epoch=self._epoch, step=step, callable=callable_name, slot=slot, dispatch_id=dispatch_id,
                   profiled=profiled, inv=strace.new_invocation(), generation=slot.generation)
         self._epoch += 1
-        t0 = time.monotonic_ns()
+        run.bind_start = mark()
         stage_args(slot)
-        t1 = time.monotonic_ns()
+        run.args_end = mark()
         bind_prebuilt(slot)
-        t2 = time.monotonic_ns()
-        run.bind, run.bind_args, run.bind_prebuilt = (t0, t2 - t0), (t0, t1 - t0), (t1, t2 - t1)
+        run.bind_end = mark()
         return run
 
     def launch(self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0) -> None:
         """runner_run starts: queue the program on the device stream, then release the launch claim."""
-        run.runner_ts_ns = time.monotonic_ns()
+        run.runner_start = mark()
         run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s)
-        claim_ts = time.monotonic_ns()
+        run.claim_start = mark()
         self._in_flight.append(run)  # the successor may launch from here on
-        run.claim = (claim_ts, time.monotonic_ns() - claim_ts)
+        run.claim_end = mark()
 
     def drain(self, run: Run) -> None:
         """Wait on the run's completion fence; runner_run ends here."""
         if run.drained:
             return
-        t0 = time.monotonic_ns()
+        assert run.fence is not None, "drained before it was launched"
+        run.fence_start = mark()
+        if run.in_fence_wait is not None:
+            run.in_fence_wait()
         run.fence.wait()
-        t1 = time.monotonic_ns()
-        run.fence_wait = (t0, t1 - t0)
-        run.runner_end_ns = t1
+        run.fence_end = mark()
         run.drained = True
         self._in_flight.remove(run)
 
     def finish(self, run: Run, validate: Callable[[Run], None]) -> None:
         """Drain (if still in flight), validate, and write the run's spans."""
         self.drain(run)
-        t0 = time.monotonic_ns()
+        run.validate_start = mark()
         validate(run)
-        run.validate = (t0, time.monotonic_ns() - t0)
+        run.validate_end = mark()
         if run.profiled:
             self._emit(run)
 
@@ -125,25 +150,31 @@ class ChipRunLane:
         hid = callable_hid(run.callable)
         inv = run.inv
 
-        def rec(name: str, depth: int, span: tuple[int, int], **attrs) -> None:
-            strace.record(name, inv=inv, hid=hid, depth=depth, ts_ns=span[0], dur_ns=span[1], **attrs)
+        def host(name: str, depth: int, start: Mark, end: Mark, **attrs) -> None:
+            attrs_and_evidence: dict[str, Any] = {**attrs, **strace.evidence(start.sample, end.sample)}
+            strace.record(name, inv=inv, hid=hid, depth=depth, ts_ns=start.ns, dur_ns=end.ns - start.ns, **attrs_and_evidence)
 
-        rec(f"{ROOT}.bind", 1, run.bind)
-        rec(f"{ROOT}.bind.args", 2, run.bind_args)
-        rec(f"{ROOT}.bind.prebuilt", 2, run.bind_prebuilt)
-        rec(f"{ROOT}.runner_run", 1, (run.runner_ts_ns, run.runner_end_ns - run.runner_ts_ns))
+        host(fmt.BIND, 1, run.bind_start, run.bind_end)
+        host(fmt.BIND_ARGS, 2, run.bind_start, run.args_end)
+        host(fmt.BIND_PREBUILT, 2, run.args_end, run.bind_end)
+        host(fmt.RUNNER_RUN, 1, run.runner_start, run.fence_end)
         if self.device_phases:
-            rec(f"{ROOT}.runner_run.native_fence_wait", 2, run.fence_wait)
-            phases = run.fence.device_phases()
-            wall = phases[0]
-            strace.record(f"{ROOT}.runner_run.device_wall", inv=inv, hid=hid, depth=2, ts_ns=wall[1],
-                          dur_ns=wall[2], clk="dev")
-            for name, offset, dur in phases[1:]:
-                strace.record(f"{ROOT}.runner_run.device_wall.{name}", inv=inv, hid=hid, depth=3, ts_ns=offset,
-                              dur_ns=dur, clk="dev")
-        rec(f"{ROOT}.claim_release", 1, run.claim)
-        rec(f"{ROOT}.validate", 1, run.validate)
-        end = max(run.validate[0] + run.validate[1], run.runner_end_ns)
-        rec(ROOT, 0, (run.bind[0], end - run.bind[0]), run_id=run.epoch, dispatch_id=run.dispatch_id,
-            run_epoch=run.epoch, slot_id=run.slot.slot_id, generation=run.generation, rank=self.rank,
-            device=self.device.name, callable=run.callable, step=run.step, **run.attrs)
+            host(fmt.FENCE_WAIT, 2, run.fence_start, run.fence_end)
+            self._emit_device_phases(run, hid)
+        host(fmt.CLAIM_RELEASE, 1, run.claim_start, run.claim_end)
+        host(fmt.VALIDATE, 1, run.validate_start, run.validate_end)
+        # finish() validates after the drain, so validate's end is the run's end
+        host(fmt.ROOT, 0, run.bind_start, run.validate_end, run_id=run.epoch, dispatch_id=run.dispatch_id,
+             run_epoch=run.epoch, slot_id=run.slot.slot_id, generation=run.generation, rank=self.rank,
+             device=self.device.name, callable=run.callable, step=run.step, **run.attrs)
+
+    def _emit_device_phases(self, run: Run, hid: str) -> None:
+        """device_wall (with the executor thread's evidence) and every phase below it, on the device clock."""
+        fence = run.fence
+        assert fence is not None
+        wall_ts, wall_dur = fence.wall()
+        strace.record(fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur,
+                      clk=fmt.CLK_DEVICE, **fence.evidence())
+        for path, offset, dur in fence.phases():
+            strace.record(fmt.device_phase_name(path), inv=run.inv, hid=hid, depth=3 + path.count("."),
+                          ts_ns=offset, dur_ns=dur, clk=fmt.CLK_DEVICE)

@@ -12,16 +12,18 @@ the emitted tokens are the model's own argmax tokens.
 from __future__ import annotations
 
 import contextlib
-import time
 from dataclasses import dataclass
 
 import torch
 
 from dsprof.profiler import sa_profile
+from dsprof.profiler.strace_format import DEVICE_FORWARD, DEVICE_MTP, DEVICE_VERIFY
+from dsprof.runtime import faults as fault_kinds
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.device import PhaseClock
 from dsprof.runtime.distributed import ParallelContext
-from dsprof.runtime.faults import FaultPlan, fault_event
+from dsprof.runtime.faults import FaultPlan, StepFaults
+from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu
 from dsprof.runtime.kv_cache import PagedKVCache, context_slots, slots_for
 from dsprof.runtime.model import DeepSeekLite
 from dsprof.runtime.pipeline import DECODE_CALLABLE, PREFILL_CALLABLE, ChipRunLane, Run
@@ -80,13 +82,22 @@ def plan_serving(config: RuntimeConfig) -> ServingPlan:
     return ServingPlan(per_dp, steps, config.warmup if config.rounds is not None else 0, produced_after, accept)
 
 
+@dataclass
+class Injectors:
+    """A rank's fault plan and the mechanisms it prepared at start-up for it (runtime/injectors.py)."""
+
+    plan: FaultPlan
+    neighbour: CpuNeighbour | None = None  # cpu_contention
+    gc_pause: GcPause | None = None  # gc_pause
+
+
 class RankServer:
     """One rank: model shard, paged KV cache, device state, fused programs, and the lane."""
 
     def __init__(self, config: RuntimeConfig, par: ParallelContext, device, worker: DistributedWorker,
-                 plan: ServingPlan, sink, faults: FaultPlan):
+                 plan: ServingPlan, sink, injectors: Injectors):
         self.config, self.par, self.device, self.worker = config, par, device, worker
-        self.plan, self.sink, self.faults = plan, sink, faults
+        self.plan, self.sink, self.injectors = plan, sink, injectors
         self.requests = plan.requests_of_dp[par.dp_rank]
         self.returns_tokens = par.tp_rank == 0  # one rank per DP replica answers the caller
         B = len(self.requests)
@@ -111,6 +122,7 @@ class RankServer:
         # host view of each request, as of the last validated run
         self.ctx_known = [0] * B
         self.produced_known = [0] * B
+        self.prefill_validated = False
         self.unvalidated = 0
         self.staged_first: dict[int, list[int]] = {}  # decode step -> worst-case first positions staged
         self.verified = 0
@@ -139,9 +151,10 @@ class RankServer:
             args.add(name, Placement.DEVICE_RESIDENT, torch.int64, shape)
         return args
 
-    # -- prefill --------------------------------------------------------------------------
+    # -- prefill ----------------------------------------------------------------------------
 
-    def prefill(self) -> None:
+    def _start_prefill(self) -> Run:
+        """Bind and launch the prefill; it is profiled unless warm-up rounds follow it (they are not)."""
         config = self.config
         P = config.prompt_tokens
 
@@ -153,22 +166,22 @@ class RankServer:
             self._stage_meta(slot, meta)
 
         with sa_profile.span("worker.prefill", "worker", rank=self.par.rank, requests=self.batch):
-            run = self.lane.bind(step=-1, callable_name=PREFILL_CALLABLE, dispatch_id=1, profiled=True,
+            run = self.lane.bind(step=-1, callable_name=PREFILL_CALLABLE, dispatch_id=1, profiled=self.plan.warmup == 0,
                                  stage_args=stage, bind_prebuilt=self._bind_prebuilt, slot=self.prefill_slot)
             self.lane.launch(run, self._prefill_program)
-            self.lane.finish(run, self._validate)
+        return run
 
     def _prefill_program(self, slot: TaskArgs, clock: PhaseClock) -> None:
         P = self.config.prompt_tokens
         with sa_profile.span("executor.run", "executor", callable=PREFILL_CALLABLE):
-            with clock.phase("forward"), sa_profile.span("kernel.prefill_fwd", "kernel", tokens=self.batch * P):
+            with clock.phase(DEVICE_FORWARD), sa_profile.span("kernel.prefill_fwd", "kernel", tokens=self.batch * P):
                 arg = self._arg_reader(slot)
                 positions = torch.arange(P, device=self.device.torch_device).expand(self.batch, P)
                 h, logits = self.model.forward(arg("prompt"), positions, arg("slot_mapping"),
                                                context_slots(arg("block_table"), slot.scalars["max_blocks"], self.config.block_size),
                                                slot.prebuilt["kv_pools"], self.prefill_capacity)
                 first = logits[:, -1].argmax(-1)
-            with clock.phase("mtp"), sa_profile.span("kernel.mtp_draft", "kernel"):
+            with clock.phase(DEVICE_MTP), sa_profile.span("kernel.mtp_draft", "kernel"):
                 draft = self.model.mtp_draft(h[:, -1], first)
             st = slot.prebuilt["state"]
             st["ctx"].fill_(P)
@@ -201,19 +214,29 @@ class RankServer:
         slot.prebuilt["kv_pools"] = self.cache.pools
         slot.prebuilt["state"] = self.state
 
-    def _stage_decode(self, step: int):
+    def _host_view(self, i: int) -> tuple[int, int]:
+        """(context length, tokens produced) of request ``i`` as of the last validated run.
+
+        Decode step 0 is bound while the prefill is still on the device: the
+        prefill's outcome is fixed by its shape (the whole prompt in context,
+        one token out), so the host need not wait for it.
+        """
+        if not self.prefill_validated:
+            return self.config.prompt_tokens, 1
+        return self.ctx_known[i], self.produced_known[i]
+
+    def _stage_decode(self, step: int, slow_bind_ms: float):
         def stage(slot: TaskArgs) -> None:
             with sa_profile.span("scheduler.step", "scheduler", step=step, rank=self.par.rank):
-                delay_ms = self.faults.slow_bind_ms(self.par.rank, step)
-                if delay_ms:
-                    self.sink.fault(fault_event("slow_bind", self.par.rank, step, delay_ms))
-                    time.sleep(delay_ms / 1000.0)
+                if slow_bind_ms:
+                    burn_cpu(slow_bind_ms)  # host CPU work, not a sleep (fault injection)
                 # Worst case: every unvalidated run in flight accepted its draft.
                 ahead = 2 * self.unvalidated
                 first, active = [], []
                 for i in range(self.batch):
-                    live = self.produced_known[i] < self.config.output_tokens
-                    first.append(self.ctx_known[i] + ahead if live else 0)
+                    ctx, produced = self._host_view(i)
+                    live = produced < self.config.output_tokens
+                    first.append(ctx + ahead if live else 0)
                     active.append(live)
                     if live:
                         self.cache.ensure(i, first[-1] + DECODE_TOKENS)
@@ -223,15 +246,20 @@ class RankServer:
                 self._stage_meta(slot, meta)
         return stage
 
-    def _decode_program(self, step: int):
-        straggle_s = self.faults.straggler_ms(self.par.rank) / 1000.0
+    def _decode_program(self, step: int, faults: StepFaults):
+        straggle_ms = faults.ms(fault_kinds.STRAGGLER)
+        contention_ms = faults.ms(fault_kinds.CPU_CONTENTION)
+        neighbour = self.injectors.neighbour
+        assert neighbour is not None or not contention_ms, "cpu_contention planned on a rank without its neighbour"
         profiled = step >= self.plan.warmup
 
         def program(slot: TaskArgs, clock: PhaseClock) -> None:
+            if neighbour is not None and contention_ms:  # it takes the CPU as the device program starts (fault injection)
+                neighbour.burn(contention_ms)
             st, bs = slot.prebuilt["state"], self.config.block_size
             arg = self._arg_reader(slot)
             with _span(profiled, "executor.run", "executor", callable=DECODE_CALLABLE, step=step):
-                with clock.phase("forward"), _span(profiled, "kernel.decode_fwd", "kernel", step=step):
+                with clock.phase(DEVICE_FORWARD), _span(profiled, "kernel.decode_fwd", "kernel", step=step):
                     active = st["produced"] < st["limit"]
                     pos_wc = arg("seq_lens") - DECODE_TOKENS
                     block_table = arg("block_table")
@@ -242,16 +270,16 @@ class RankServer:
                     h, logits = self.model.forward(tokens, positions, slots,
                                                    context_slots(block_table, slot.scalars["max_blocks"], bs),
                                                    slot.prebuilt["kv_pools"], self.decode_capacity)
-                with clock.phase("verify"), _span(profiled, "kernel.verify", "kernel", step=step):
+                with clock.phase(DEVICE_VERIFY), _span(profiled, "kernel.verify", "kernel", step=step):
                     argmax = logits.argmax(-1)
                     remaining = st["limit"] - st["produced"]
                     acc = (arg("accept") == 1) & active & (remaining >= DECODE_TOKENS)
                     counts = torch.where(active, 1 + acc.long(), torch.zeros_like(remaining))
                     next_last = torch.where(acc, argmax[:, 1], argmax[:, 0])
                     h_sel = torch.where(acc.unsqueeze(1), h[:, 1], h[:, 0])
-                    if straggle_s:
-                        time.sleep(straggle_s)  # a slow device (fault injection)
-                with clock.phase("mtp"), _span(profiled, "kernel.mtp_draft", "kernel", step=step):
+                    if straggle_ms:
+                        burn_cpu(straggle_ms)  # a slower device: more device work (fault injection)
+                with clock.phase(DEVICE_MTP), _span(profiled, "kernel.mtp_draft", "kernel", step=step):
                     draft = self.model.mtp_draft(h_sel, next_last)
                 slot["out_tokens"][:, 0] = torch.where(acc, st["draft"], argmax[:, 0])
                 slot["out_tokens"][:, 1] = torch.where(acc, argmax[:, 1], torch.full_like(next_last, -1))
@@ -275,7 +303,7 @@ class RankServer:
             accepted = self.worker.copy_from(slot.base("out_accepted"), torch.int64, (B,)).tolist()
             decode = run.callable == DECODE_CALLABLE
             # the device's correction must equal the staged worst case minus the real position
-            staged = self.staged_first.pop(run.step) if decode else None
+            staged = self.staged_first.pop(run.step) if decode else []
             returned: dict[int, list[int]] = {}
             for i, rid in enumerate(self.requests):
                 limit = self.config.output_tokens
@@ -297,6 +325,7 @@ class RankServer:
                     self.ctx_known[i] += counts[i]
                 else:
                     self.ctx_known[i] = self.config.prompt_tokens
+                    self.prefill_validated = True
                 self.produced_known[i] += counts[i]
                 if new:
                     returned[rid] = new
@@ -308,34 +337,47 @@ class RankServer:
             if self.returns_tokens:
                 self.sink.tokens(self.par.rank, run.step, returned, self.verified, self.accepted)
 
-    def decode(self) -> None:
-        """The depth-2 decode loop: bind+launch run N+1, then drain and validate run N."""
-        steps, rank = self.plan.decode_steps, self.par.rank
+    def serve(self) -> None:
+        """Prefill, then the depth-2 decode loop: bind+launch run N+1, then drain and validate run N.
+
+        The prefill is run 0 of the same pipeline: decode step 0 is bound and
+        launched while it is on the device.
+        """
+        steps = self.plan.decode_steps
         runs: dict[int, Run] = {}
-
-        def start(step: int) -> None:
-            if self.faults.crashes(rank, step):
-                self.sink.fault(fault_event("crash", rank, step, None))
-                raise InjectedCrash(f"rank {rank} crashed at decode step {step} (injected)")
-            profiled = step >= self.plan.warmup
-            run = self.lane.bind(step=step - self.plan.warmup, callable_name=DECODE_CALLABLE, dispatch_id=step + 2,
-                                 profiled=profiled, stage_args=self._stage_decode(step),
-                                 bind_prebuilt=self._bind_prebuilt)
-            fence_ms = self.faults.fence_delay_ms(rank, step)
-            if fence_ms:
-                self.sink.fault(fault_event("fence_delay", rank, step, fence_ms))
-            straggle_ms = self.faults.straggler_ms(rank)
-            if straggle_ms:
-                self.sink.fault(fault_event("straggler", rank, step, straggle_ms))
-            self.unvalidated += 1
-            self.lane.launch(run, self._decode_program(step), fence_delay_s=fence_ms / 1000.0)
-            runs[step] = run
-
-        start(0)
+        prefill = self._start_prefill()
+        if steps:
+            runs[0] = self._start_decode(0)
+        self.lane.finish(prefill, self._validate)
         for step in range(steps):
             if step + 1 < steps:
-                start(step + 1)
+                runs[step + 1] = self._start_decode(step + 1)
             self.lane.finish(runs.pop(step), self._validate)
+
+    def _fault_details(self, kind: str) -> dict:
+        """What faults.json should also know of an event on this rank: whether the CPU neighbour ran realtime."""
+        neighbour = self.injectors.neighbour
+        return {"realtime": neighbour.realtime} if kind == fault_kinds.CPU_CONTENTION and neighbour is not None else {}
+
+    def _start_decode(self, step: int) -> Run:
+        """Bind and launch decode step ``step`` (warm-up included), with the faults planned for it."""
+        rank, measured = self.par.rank, step - self.plan.warmup
+        faults = self.injectors.plan.at(rank, measured) if measured >= 0 else StepFaults(())
+        for event in faults.events:
+            if event.kind == fault_kinds.CRASH or not faults.crash:  # after a crash nothing else happens
+                self.sink.fault(event.to_json(self._fault_details(event.kind)))
+        if faults.crash:
+            raise InjectedCrash(f"rank {rank} crashed at decode step {measured} (injected)")
+        run = self.lane.bind(step=measured, callable_name=DECODE_CALLABLE, dispatch_id=step + 2,
+                             profiled=measured >= 0, stage_args=self._stage_decode(step, faults.ms(fault_kinds.SLOW_BIND)),
+                             bind_prebuilt=self._bind_prebuilt)
+        gc_ms, pauser = faults.ms(fault_kinds.GC_PAUSE), self.injectors.gc_pause
+        if gc_ms:
+            assert pauser is not None, "gc_pause planned on a rank that did not calibrate it"
+            run.in_fence_wait = lambda: pauser.pause(gc_ms)
+        self.unvalidated += 1
+        self.lane.launch(run, self._decode_program(step, faults), fence_delay_s=faults.ms(fault_kinds.FENCE_DELAY) / 1000.0)
+        return run
 
 
 def _span(on: bool, name: str, cat: str, **args):

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 import torch
 
@@ -46,7 +47,7 @@ class TaskArgs:
         # Host scalars of the launch (e.g. how many cache blocks the longest sequence spans).
         self.scalars: dict[str, int] = {}
         # Prebuilt device objects bound by reference at bind time (KV pools, decode state).
-        self.prebuilt: dict[str, object] = {}
+        self.prebuilt: dict[str, Any] = {}  # KV pools (list of tensors), the decode state (dict of tensors)
 
     def add(self, name: str, placement: Placement, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
         if name in self._slots:
@@ -71,7 +72,7 @@ class TaskArgs:
         else:
             if self.before_device_update is not None:
                 self.before_device_update()
-            self.worker.copy_to(slot.base, value.to(slot.tensor.dtype))
+            self.worker.copy_to(self.base(name), value.to(slot.tensor.dtype))
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self._slots[name].tensor

@@ -13,10 +13,12 @@ import pytest
 
 from dsprof.profiler import strace
 from dsprof.profiler.strace_format import (
+    GC,
+    HOST_EVIDENCE_ATTRS,
     MAX_VALUE_CHARS,
     PIPE_BUF,
     decode_value,
-    format_anchor_payload,
+    format_anchor_record,
     format_chip_ready_payload,
     format_prefix,
     format_strace_payload,
@@ -45,10 +47,16 @@ def parse_line(line: str) -> dict:
 
 @pytest.fixture
 def log(tmp_path):
-    """Enable the emitter on a fresh file; yields a function returning the parsed lines."""
+    """Enable the emitter on a fresh file; yields a function returning the parsed lines.
+
+    Without host evidence and gc spans, so that records are exactly what each
+    test wrote (both are tested in test_profiler_host_evidence.py).
+    """
     path = tmp_path / "server.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    strace.enable(fd)
+    was = strace.host_evidence_enabled()
+    strace.set_host_evidence(False)
+    strace.enable(fd, gc_spans=False)
 
     def lines() -> list[str]:
         return path.read_text().splitlines()
@@ -56,6 +64,7 @@ def log(tmp_path):
     lines.path = path
     yield lines
     strace.disable()
+    strace.set_host_evidence(was)
     os.close(fd)
 
 
@@ -64,6 +73,7 @@ def strace_records(lines: list[str]) -> list[dict]:
 
 
 def test_span_line_matches_the_format_functions(log):
+    strace.set_host_evidence(True)
     inv = strace.new_invocation()
     with strace.span("chip.run", inv=inv, hid="9f3a", rank=2, device="cpu:2") as sp:
         sp.set(step=7)
@@ -72,6 +82,8 @@ def test_span_line_matches_the_format_functions(log):
     anchor, rec = parse_line(lines[0]), parse_line(lines[1])
     assert anchor["kind"] == "anchor" and rec["kind"] == "strace"
     f = rec["fields"]
+    # the span's own attributes, then the host evidence (SPEC §2.1)
+    evidence = {key: int(f[key]) for key in HOST_EVIDENCE_ATTRS}
     expected = format_prefix(rec["mono_ns"], threading.get_ident(), "INFO", strace.SPAN_FUNC) + format_strace_payload(
         pid=os.getpid(),
         tid=threading.get_native_id(),
@@ -81,13 +93,14 @@ def test_span_line_matches_the_format_functions(log):
         name="chip.run",
         ts_ns=int(f["ts"]),
         dur_ns=int(f["dur"]),
-        attrs={"rank": 2, "device": "cpu:2", "step": 7},
+        attrs={"rank": 2, "device": "cpu:2", "step": 7, **evidence},
     )
     assert lines[1] == expected
     a = anchor["fields"]
-    assert lines[0] == format_prefix(anchor["mono_ns"], threading.get_ident(), "INFO", strace.ANCHOR_FUNC) + format_anchor_payload(
-        os.getpid(), int(a["mono_ns"]), int(a["wall_ns"])
-    )
+    # the anchor is a whole record the serving stack's reader accepts: level TIMING, function clock_anchor
+    assert lines[0] == format_anchor_record(os.getpid(), int(a["mono_ns"]), int(a["wall_ns"]), threading.get_ident())
+    assert (anchor["level"], anchor["func"]) == ("TIMING", "clock_anchor")
+    assert anchor["mono_ns"] == int(a["mono_ns"])
     # the record's end (prefix mono_ns) is ts + dur on the monotonic clock
     assert rec["mono_ns"] == int(f["ts"]) + int(f["dur"])
 
@@ -253,7 +266,7 @@ def test_invocation_ids_unique_64bit_and_fresh_after_fork(tmp_path):
 def test_forked_children_share_one_pipe_without_interleaving(tmp_path):
     """Several forked ranks write big records concurrently to one pipe; every line arrives whole."""
     read_fd, write_fd = os.pipe()
-    strace.enable(write_fd)
+    strace.enable(write_fd, gc_spans=False)
     children = 4
     spans_per_child = 150
     payload = "x" * 250
@@ -316,14 +329,16 @@ def test_environment_switch_writes_to_stderr(switch):
     env = {k: v for k, v in os.environ.items() if k != "DSPROF_STRACE"}
     if switch is not None:
         env["DSPROF_STRACE"] = switch
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0 and proc.stdout == ""
     if switch is None:
         assert proc.stderr == ""
         return
-    anchor, rec = (parse_line(line) for line in proc.stderr.splitlines())
+    anchor, rec, *collections = (parse_line(line) for line in proc.stderr.splitlines())
     assert anchor["kind"] == "anchor" and anchor["fields"]["pid"] == rec["fields"]["pid"]
     assert (rec["fields"]["name"], rec["fields"]["inv"], rec["fields"]["depth"], rec["fields"]["rank"]) == ("chip.run", "7", "0", "0")
+    # the interpreter's own collections at exit, recorded as the switch enables gc spans too
+    assert all(r["fields"]["name"] == GC for r in collections)
 
 
 def test_attribute_kinds_and_cached_keys_match_the_format_functions(log):
@@ -363,7 +378,7 @@ def test_enabled_flag_follows_enable_and_guarded_idiom_writes_the_same(tmp_path)
         assert strace.ENABLED is False
         with strace.span("x", inv=1, hid="h") if strace.ENABLED else strace.NOOP_SPAN as sp:
             sp.set(a=1)
-        strace.enable(fd)
+        strace.enable(fd, gc_spans=False)
         assert strace.ENABLED is True and strace.is_enabled()
         with strace.span("x", inv=1, hid="h", step=3) if strace.ENABLED else strace.NOOP_SPAN as sp:
             sp.set(a=1)
@@ -381,7 +396,7 @@ def test_span_open_across_fork_closes_in_child_with_child_ids(tmp_path):
     """A span opened before fork and closed in the child is the child's record; depth stays balanced there."""
     path = tmp_path / "fork.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    strace.enable(fd)
+    strace.enable(fd, gc_spans=False)
     try:
         with strace.span("warm", inv=1, hid="h"):  # builds the parent's per-thread head before the fork
             pass

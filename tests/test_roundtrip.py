@@ -2,8 +2,10 @@
 
 The recorders (dsprof.profiler) and the readers (dsprof.analysis.ingest) are
 separate code; these tests run real forked writers and compare the span table
-with what each writer recorded: names, attributes, ids (64-bit ``inv`` above
-2**63 included), depths, clocks and timestamps.
+with what each writer recorded: names, attributes (the SPEC vocabulary in its
+typed columns, host evidence included), ids (64-bit ``inv`` above 2**63
+included), depths, clocks and timestamps. The Arrow tables are read through
+pandas here only to compare them row by row.
 """
 
 from __future__ import annotations
@@ -28,6 +30,11 @@ LONG_TEXT = "L" * 1000
 
 def attrs_of(row) -> dict[str, str]:
     return dict(row["attrs"])
+
+
+def table(arrow):
+    """An Arrow table of the reader as a DataFrame, for row-by-row comparisons."""
+    return arrow.to_pandas()
 
 
 def drain(read_fd: int) -> bytes:
@@ -69,7 +76,8 @@ def _rank_process(rank: int, log_fd: int, truth_path: str) -> None:
 
 def test_strace_from_forked_ranks_sharing_one_stderr(tmp_path):
     read_fd, write_fd = os.pipe()
-    strace.enable(write_fd)
+    strace.set_host_evidence(True)
+    strace.enable(write_fd, gc_spans=False)
     try:
         parent_inv = 2**64 - 7
         strace.record("ext.launcher.start", inv=parent_inv, hid="0", depth=0, ts_ns=42, dur_ns=7, who="launcher")
@@ -94,7 +102,7 @@ def test_strace_from_forked_ranks_sharing_one_stderr(tmp_path):
 
     trace = read_paths([log])
     assert trace.dropped == {}
-    spans = trace.spans
+    spans = table(trace.spans)
     assert len(spans) == 1 + RANKS * RUNS * 5
     assert set(spans.columns) == set(SPAN_COLUMNS)
 
@@ -109,8 +117,9 @@ def test_strace_from_forked_ranks_sharing_one_stderr(tmp_path):
     )
     assert attrs_of(launcher) == {"who": "launcher"}
 
-    assert sorted(trace.anchors["pid"]) == sorted([os.getpid(), *pids])
-    assert dict(zip(trace.chip_devices["pid"], trace.chip_devices["device"])) == {pid: f"cpu:{rank}" for rank, pid in enumerate(pids)}
+    anchors, chips = table(trace.anchors), table(trace.chip_devices)
+    assert sorted(anchors["pid"]) == sorted([os.getpid(), *pids])
+    assert dict(zip(chips["pid"], chips["device"], strict=True)) == {pid: f"cpu:{rank}" for rank, pid in enumerate(pids)}
 
     for rank, pid in enumerate(pids):
         truth = json.loads((tmp_path / f"truth.{rank}.json").read_text())
@@ -118,7 +127,7 @@ def test_strace_from_forked_ranks_sharing_one_stderr(tmp_path):
         mine = spans[spans["pid"] == pid]
         assert set(mine["tid"]) == {pid}  # the child's main thread
         assert len(mine) == RUNS * 5
-        anchor = trace.anchors[trace.anchors["pid"] == pid].iloc[0]
+        anchor = anchors[anchors["pid"] == pid].iloc[0]
         assert anchor["mono_ns"] <= truth["runs"][0]["after"]
         for run, expected in enumerate(truth["runs"]):
             inv = int(expected["inv"])
@@ -132,15 +141,21 @@ def test_strace_from_forked_ranks_sharing_one_stderr(tmp_path):
             assert set(rows["hid"]) == {HID}
             assert expected["before"] <= root["ts_ns"] <= bind["ts_ns"] <= args["ts_ns"]
             assert args["ts_ns"] + args["dur_ns"] <= bind["ts_ns"] + bind["dur_ns"] <= root["ts_ns"] + root["dur_ns"] <= expected["after"]
-            assert attrs_of(root) == {"rank": str(rank), "run": str(run), "note": ODD_TEXT, "step": str(run)}
+            # rank and step are SPEC vocabulary: typed columns, not attrs
+            assert (root["rank"], root["step"]) == (rank, run)
+            assert attrs_of(root) == {"run": str(run), "note": ODD_TEXT}
             assert attrs_of(args) == {"long": "L" * (MAX_VALUE_CHARS - 1) + "~"}
+            # host evidence of the spans the emitter timed itself, in its typed columns
+            for row in (root, bind, args):
+                assert 0 <= row["os_cpu_ns"] <= row["dur_ns"] + 1_000_000 and row["os_rq_ns"] >= 0
+                assert row["os_nivcsw"] >= 0 and row["os_majflt"] >= 0
             assert root["clk"] == bind["clk"] == "host"
             device = by_name["chip.run.runner_run.device_wall"]
             assert (device["clk"], device["depth"], device["ts_ns"], device["dur_ns"]) == ("dev", 2, run * 10_000, 5_000 + rank)
             assert attrs_of(device) == {"phase": ODD_TEXT}
             runner = by_name["chip.run.runner_run"]
             assert (runner["clk"], runner["depth"], runner["ts_ns"], runner["dur_ns"]) == ("host", 1, expected["before"], 1234 + run)
-            assert attrs_of(runner) == {"slot_id": str(run % 2)}
+            assert runner["slot_id"] == run % 2 and attrs_of(runner) == {}
         assert (mine["inv"] > 2**63).any()
 
 
@@ -190,10 +205,10 @@ def test_sa_profile_from_forked_processes(tmp_path, sa_off):
     from_fragments = read_paths([output / "fragments"])
     for trace in (from_merge, from_fragments):
         assert trace.dropped == {}
-        spans = trace.spans
+        spans = table(trace.spans)
         assert len(spans) == RANKS * RUNS * 4
         assert set(spans["source"]) == {"sa_profile"}
-        assert trace.extras["process_names"] == {os.getpid(): "main", **{pid: f"rank{rank}" for rank, pid in enumerate(pids)}}
+        assert trace.process_names == {os.getpid(): "main", **{pid: f"rank{rank}" for rank, pid in enumerate(pids)}}
         for rank, pid in enumerate(pids):
             mine = spans[spans["pid"] == pid]
             execute = mine[mine["name"] == "worker.execute_model"].sort_values("ts_ns")
@@ -202,10 +217,9 @@ def test_sa_profile_from_forked_processes(tmp_path, sa_off):
             phase = mine[mine["name"] == "executor.phase"]
             assert len(execute) == len(kernel) == len(token) == len(phase) == RUNS
             assert set(execute["tid"]) == {pid} and set(execute["cat"]) == {"worker"} and set(execute["ph"]) == {"X"}
+            assert list(execute["rank"]) == [rank] * RUNS and list(execute["step"]) == list(range(RUNS))
             assert [attrs_of(r) for _, r in execute.iterrows()] == [
                 {
-                    "rank": str(rank),
-                    "step": str(step),
                     "label": 'naïve "quoted"',
                     "big": str(2**70),
                     "nested": '{"a":[1,2]}',
@@ -219,12 +233,12 @@ def test_sa_profile_from_forked_processes(tmp_path, sa_off):
             assert (kernel["ts_ns"].to_numpy() >= execute["ts_ns"].to_numpy()).all()
             assert ((kernel["ts_ns"] + kernel["dur_ns"]).to_numpy() <= (execute["ts_ns"] + execute["dur_ns"]).to_numpy()).all()
             assert set(token["ph"]) == {"i"} and set(token["dur_ns"]) == {0}
-            assert sorted((r["ts_ns"], r["dur_ns"], r["tid"], attrs_of(r)["step"]) for _, r in phase.iterrows()) == sorted(
-                ((1_000_000 + step * 100 + rank) * 1000, (50 + step) * 1000, rank + 1, str(step)) for step in range(RUNS)
+            assert sorted((r["ts_ns"], r["dur_ns"], r["tid"], r["step"]) for _, r in phase.iterrows()) == sorted(
+                ((1_000_000 + step * 100 + rank) * 1000, (50 + step) * 1000, rank + 1, step) for step in range(RUNS)
             )
 
     def comparable(trace):
-        return trace.spans.drop(columns=["file", "line", "attrs"]).sort_values(["pid", "ts_ns", "name"]).reset_index(drop=True)
+        return table(trace.spans).drop(columns=["file", "line", "attrs"]).sort_values(["pid", "ts_ns", "name"]).reset_index(drop=True)
 
     assert comparable(from_merge).equals(comparable(from_fragments))
 
@@ -235,7 +249,7 @@ def test_both_recorders_share_the_host_clock(tmp_path, sa_off):
     artifact.mkdir()
     sa_profile.configure(artifact / "serving-trace", "e2e", main=True)
     fd = os.open(artifact / "server.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    strace.enable(fd)
+    strace.enable(fd, gc_spans=False)
     try:
         for step in range(5):
             with sa_profile.span("scheduler.step", "scheduler", step=step):
@@ -247,7 +261,7 @@ def test_both_recorders_share_the_host_clock(tmp_path, sa_off):
         os.close(fd)
     sa_profile.merge_fragments(artifact / "serving-trace")
     trace = read_paths([artifact])
-    spans = trace.spans
+    spans = table(trace.spans)
     serving = spans[spans["source"] == "sa_profile"].sort_values("ts_ns").reset_index(drop=True)
     host = spans[spans["source"] == "strace"].sort_values("ts_ns").reset_index(drop=True)
     assert len(serving) == len(host) == 5
@@ -255,14 +269,14 @@ def test_both_recorders_share_the_host_clock(tmp_path, sa_off):
     assert (serving["ts_ns"] <= host["ts_ns"]).all()
     # SA_PROFILE ends are floored to whole µs, so allow under 1 µs at the end
     assert ((host["ts_ns"] + host["dur_ns"]) < (serving["ts_ns"] + serving["dur_ns"] + 1000)).all()
-    assert [attrs_of(r)["step"] for _, r in host.iterrows()] == [str(s) for s in range(5)]
+    assert list(host["step"]) == list(range(5))
 
 
 def test_strace_truncated_and_escaped_records(tmp_path):
     """A record trimmed to PIPE_BUF comes back with its leading attributes intact and ``trunc=1``."""
     log = tmp_path / "server.log"
     fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    strace.enable(fd)
+    strace.enable(fd, gc_spans=False)
     values = {f"k{i}": f"value {i} ü" + "v" * 150 for i in range(40)}  # ~6.5 KB of attributes
     try:
         strace.record("odd name=[x]", inv=2**63 + 1, hid="ab cd", depth=0, ts_ns=100, dur_ns=200, clk="dev", **values)
@@ -273,7 +287,7 @@ def test_strace_truncated_and_escaped_records(tmp_path):
     assert len(raw_record) + 1 <= PIPE_BUF
     trace = read_paths([log])
     assert trace.dropped == {}
-    row = trace.spans.iloc[0]
+    row = table(trace.spans).iloc[0]
     assert (row["name"], row["hid"], row["inv"], row["clk"], row["ts_ns"], row["dur_ns"]) == ("odd name=[x]", "ab cd", 2**63 + 1, "dev", 100, 200)
     attrs = attrs_of(row)
     assert attrs.pop("trunc") == "1"

@@ -3,15 +3,30 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 
 import pytest
 import torch
 
 from dsprof.errors import DsprofError
+from dsprof.profiler import strace
+from dsprof.profiler.strace_format import MECHANISMS
 from dsprof.runtime.config import RuntimeConfig
-from dsprof.runtime.device import CpuDevice
-from dsprof.runtime.faults import FaultPlan, parse_fault, parse_faults
+from dsprof.runtime.device import CpuDevice, device_wait
+from dsprof.runtime.faults import (
+    CPU_CONTENTION,
+    FENCE_DELAY,
+    GC_PAUSE,
+    GROUND_TRUTH,
+    SLOW_BIND,
+    STRAGGLER,
+    FaultPlan,
+    FaultSpec,
+    parse_fault,
+    parse_faults,
+)
+from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu
 from dsprof.runtime.kv_cache import PagedKVCache, slots_for
 from dsprof.runtime.serving import acceptance_table, plan_serving
 from dsprof.runtime.task_args import Placement, TaskArgs
@@ -57,26 +72,57 @@ def test_fault_grammar():
     spec = parse_fault("slow_bind:rank=1,ms=10,step=4", ranks=4)
     assert (spec.kind, spec.rank, spec.ms, spec.step) == ("slow_bind", 1, 10.0, 4)
     assert parse_fault("fence_tail:p=0.05,ms=20", 4).p == 0.05
+    assert parse_fault("cpu_contention:p=0.1,ms=30", 4) == FaultSpec("cpu_contention", ms=30.0, p=0.1)
+    assert parse_fault("gc_pause:rank=2,p=1,ms=15", 4) == FaultSpec("gc_pause", rank=2, ms=15.0, p=1.0)
     for bad, why in [("nap:rank=1", "unknown fault kind"), ("crash:rank=1", "missing step"),
                      ("straggler:rank=1,ms=x", "not a number"), ("fence_tail:p=2,ms=1", "p must be"),
-                     ("slow_bind:rank=1,ms=3,colour=2", "unexpected"), ("crash:rank=5,step=1", "outside 0..3")]:
+                     ("slow_bind:rank=1,ms=3,colour=2", "unexpected"), ("crash:rank=5,step=1", "outside 0..3"),
+                     ("cpu_contention:ms=30", "missing p"), ("gc_pause:p=0.1,ms=0", "ms must be > 0"),
+                     ("gc_pause:p=0.1,ms=5,step=2", "unexpected"), ("cpu_contention:rank=4,p=1,ms=1", "outside 0..3")]:
         with pytest.raises(DsprofError, match=why) as info:
             parse_faults([bad], ranks=4)
         assert bad in str(info.value)
 
 
 def test_fault_plan_is_seeded_and_hits_the_configured_share_of_steps():
-    specs = parse_faults(["fence_tail:p=0.25,ms=20", "slow_bind:rank=2,ms=5,step=3", "straggler:rank=1,ms=8"], 4)
+    specs = parse_faults(["fence_tail:p=0.25,ms=20", "slow_bind:rank=2,ms=5,step=3", "straggler:rank=1,ms=8",
+                          "cpu_contention:p=0.1,ms=30", "gc_pause:rank=3,p=0.2,ms=15"], 4)
     plan = FaultPlan(specs, ranks=4, seed=11)
     again = FaultPlan(specs, ranks=4, seed=11)
-    hits = [(r, s) for s in range(2000) for r in range(4) if plan.fence_delay_ms(r, s)]
-    assert hits == [(r, s) for s in range(2000) for r in range(4) if again.fence_delay_ms(r, s)]
+
+    def hits(kind: str) -> list[tuple[int, int]]:
+        return [(r, s) for s in range(2000) for r in range(4) if plan.at(r, s).ms(kind)]
+
+    fences = hits(FENCE_DELAY)
+    assert fences == [(r, s) for s in range(2000) for r in range(4) if again.at(r, s).ms(FENCE_DELAY)]
     # at most one rank per step, in ~25% of steps (binomial sd ~ 1%)
-    assert len({s for _, s in hits}) == len(hits)
-    assert 0.21 < len(hits) / 2000 < 0.29
-    assert {r for r, _ in hits} == {0, 1, 2, 3}
-    assert plan.slow_bind_ms(2, 3) == 5 and plan.slow_bind_ms(2, 4) == 0 and plan.slow_bind_ms(1, 3) == 0
-    assert plan.straggler_ms(1) == 8 and plan.straggler_ms(0) == 0
+    assert len({s for _, s in fences}) == len(fences)
+    assert 0.21 < len(fences) / 2000 < 0.29
+    assert {r for r, _ in fences} == {0, 1, 2, 3}
+    contention = hits(CPU_CONTENTION)  # no rank given: a seeded random rank per event
+    assert 0.08 < len(contention) / 2000 < 0.12 and {r for r, _ in contention} == {0, 1, 2, 3}
+    assert contention != [(r, s) for s in range(2000) for r in range(4) if FaultPlan(specs, 4, 12).at(r, s).ms(CPU_CONTENTION)]
+    pauses = hits(GC_PAUSE)
+    assert {r for r, _ in pauses} == {3} and 0.17 < len(pauses) / 2000 < 0.23
+    assert plan.at(2, 3).ms(SLOW_BIND) == 5 and plan.at(2, 4).ms(SLOW_BIND) == 0 and plan.at(1, 3).ms(SLOW_BIND) == 0
+    assert plan.at(1, 0).ms(STRAGGLER) == plan.at(1, 999).ms(STRAGGLER) == 8 and plan.at(0, 5).ms(STRAGGLER) == 0
+    assert plan.injects("cpu_contention") and not plan.injects("crash")
+    assert plan.most_ms("gc_pause", 3) == 15 and plan.most_ms("gc_pause", 0) == 0 and plan.most_ms("cpu_contention", 0) == 30
+
+
+def test_fault_events_carry_the_ground_truth_the_analysis_should_find():
+    plan = FaultPlan(parse_faults(["slow_bind:rank=0,ms=5", "straggler:rank=0,ms=3", "crash:rank=0,step=2"], 2), 2, 0)
+    events = {event.kind: event.to_json() for event in plan.at(0, 2).events}
+    assert events["slow_bind"] == {"kind": "slow_bind", "rank": 0, "step": 2, "delay_ms": 5.0,
+                                   "mechanism": "host_cpu", "phase": "bind"}
+    assert (events["straggler"]["mechanism"], events["straggler"]["phase"]) == ("device", "device_wall")
+    assert (events["crash"]["mechanism"], events["crash"]["phase"], events["crash"]["delay_ms"]) == (None, None, None)
+    assert plan.at(0, 2).crash and not plan.at(0, 1).crash and not plan.at(1, 2).events
+    assert GROUND_TRUTH == {
+        "fence_delay": ("device", "native_fence_wait"), "straggler": ("device", "device_wall"),
+        "slow_bind": ("host_cpu", "bind"), "cpu_contention": ("run_queue", "device_wall"),
+        "gc_pause": ("gc", "native_fence_wait"), "crash": (None, None)}
+    assert {m for m, _ in GROUND_TRUTH.values() if m} <= set(MECHANISMS)
 
 
 def test_copy_needs_the_allocation_base(device):
@@ -156,9 +202,77 @@ def test_cpu_device_is_in_order_and_fences_can_be_late(device):
     late.wait()
     assert order == [1, 2] and first.done()
     assert time.monotonic() - t0 >= 0.05
-    wall = late.device_phases()[0]
-    assert wall[0] == "device_wall" and wall[1] >= 15e6  # queued behind the first program
+    start, dur = late.wall()
+    assert start >= 15e6  # queued behind the first program
     failing = device.submit(lambda clock: 1 / 0)
     with pytest.raises(RuntimeError, match="ZeroDivisionError"):
         failing.wait()
-    assert math.isfinite(wall[2])
+    assert math.isfinite(dur)
+
+
+def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_path):
+    """device_wait times a collective inside the running program's innermost phase; the executor is sampled."""
+    fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o644)
+    strace.enable(fd, gc_spans=False)
+    strace.set_host_evidence(True)
+    try:
+        def program(clock) -> None:
+            with clock.phase("forward"):
+                burn_cpu(5)
+                with device_wait("a2a_wait"):
+                    time.sleep(0.02)
+                with device_wait("a2a_wait"):
+                    time.sleep(0.01)
+            with clock.phase("mtp"):
+                burn_cpu(3)
+
+        fence = device.submit(program)
+        fence.wait()
+    finally:
+        strace.disable()
+        os.close(fd)
+    phases = fence.phases()
+    assert [path for path, _, _ in phases] == ["forward", "forward.a2a_wait", "forward.a2a_wait", "mtp"]
+    (_, fwd_start, fwd_dur), (_, w1_start, w1_dur), (_, w2_start, w2_dur), (_, mtp_start, _) = phases
+    assert w1_dur >= 20e6 and w2_dur >= 10e6 and fwd_dur >= w1_dur + w2_dur + 5e6
+    assert fwd_start <= w1_start < w2_start and w2_start + w2_dur <= fwd_start + fwd_dur <= mtp_start
+    wall_start, wall_dur = fence.wall()
+    assert wall_start <= fwd_start and mtp_start <= wall_start + wall_dur
+    # what the OS saw of the executor thread: its CPU work, not its sleeps
+    evidence = fence.evidence()
+    assert 8e6 <= evidence["os.cpu_ns"] < wall_dur - 25e6 and "os.rq_ns" in evidence
+    with device_wait("a2a_wait"):  # outside a device program it times nothing
+        pass
+
+
+def test_injected_gc_pause_and_cpu_work_take_about_what_they_are_asked(tmp_path):
+    pauser = GcPause(longest_ms=30)
+    for _ in range(3):
+        # CPU time: the wall time of a pause also holds whatever waits the load of this
+        # shared machine adds, which the runtime's evidence reports separately (os.rq_ns)
+        started = time.thread_time_ns()
+        collect_ms = pauser.pause(30)
+        cpu_ms = (time.thread_time_ns() - started) / 1e6  # building the garbage included
+        assert 15 < collect_ms < 60 and collect_ms <= cpu_ms < 2 * collect_ms, (collect_ms, cpu_ms)
+    started = time.thread_time_ns()
+    burn_cpu(15)
+    assert time.thread_time_ns() - started >= 15e6
+
+
+def test_cpu_neighbour_takes_the_cpu_it_is_pinned_to():
+    cpu = min(os.sched_getaffinity(0))
+    before = os.sched_getaffinity(0)
+    neighbour = CpuNeighbour(cpu)
+    try:
+        os.sched_setaffinity(0, {cpu})
+        started = time.monotonic_ns()
+        neighbour.burn(40)
+        burn_cpu(10)
+        took = time.monotonic_ns() - started
+    finally:
+        os.sched_setaffinity(0, before)
+        neighbour.close()
+    # 10 ms of our CPU work waited for the whole burn (SCHED_FIFO), or shared the CPU with it
+    assert took >= (50e6 if neighbour.realtime else 15e6)
+    with pytest.raises(ChildProcessError):
+        os.waitpid(neighbour.pid, os.WNOHANG)  # reaped: gone
