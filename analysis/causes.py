@@ -46,16 +46,15 @@ from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 
-MECHANISMS = ("device", "host_cpu", "run_queue", "gc", "carried_over", "peer_wait", "unattributed")
 # Plain words for each mechanism, for one-line verdicts.
 MECHANISM_WORDS = {
-    "device": "device work",
-    "host_cpu": "host CPU work",
-    "run_queue": "run-queue wait (CPU contention)",
-    "gc": "garbage collection",
-    "carried_over": "lateness carried over from earlier steps",
-    "peer_wait": "waiting on a peer rank",
-    "unattributed": "unattributed time",
+    fmt.MECH_DEVICE: "device work",
+    fmt.MECH_HOST_CPU: "host CPU work",
+    fmt.MECH_RUN_QUEUE: "run-queue wait (CPU contention)",
+    fmt.MECH_GC: "garbage collection",
+    fmt.MECH_CARRIED_OVER: "lateness carried over from earlier steps",
+    fmt.MECH_PEER_WAIT: "waiting on a peer rank",
+    fmt.MECH_UNATTRIBUTED: "unattributed time",
 }
 EXPLAINS_SHARE = 0.5
 STRAGGLER_SHARE_OF_FLAGGED = 0.5
@@ -163,11 +162,11 @@ def _half(value: str, of: str) -> str:
 def _host(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str, str, str, str, str]]:
     """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
     return [
-        (_half(gc, excess), phase, "gc", gc, f"'collection in {phase}'"),
-        (_half(_excess(rq), excess), phase, "run_queue", _excess(rq), f"'runnable but waiting for a CPU in {phase}'"),
-        (_half(_excess(cpu), excess), phase, "host_cpu", _excess(cpu), f"'more host CPU in {phase}'"),
-        (f"{rq} IS NULL AND {cpu} IS NULL", phase, "unattributed", excess, f"'{phase} took longer; no host evidence'"),
-        ("TRUE", phase, "unattributed", excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
+        (_half(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
+        (_half(_excess(rq), excess), phase, fmt.MECH_RUN_QUEUE, _excess(rq), f"'runnable but waiting for a CPU in {phase}'"),
+        (_half(_excess(cpu), excess), phase, fmt.MECH_HOST_CPU, _excess(cpu), f"'more host CPU in {phase}'"),
+        (f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
+        ("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
     ]
 
 
@@ -179,14 +178,14 @@ def _start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
     gap = _excess("launch_gap_ns")
     through = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN 'claim_release' ELSE 'slot reuse' END"
     return [
-        (f"NOT ({delay} > 0)", PHASE_BEFORE_BIND, "unattributed", delay, "'no later than the typical rank (an earlier rank started early)'"),
-        (_half(carried, delay), PHASE_BEFORE_BIND, "carried_over", carried, f"'held back by the late earlier run through ' || {through}"),
+        (f"NOT ({delay} > 0)", PHASE_BEFORE_BIND, fmt.MECH_UNATTRIBUTED, delay, "'no later than the typical rank (an earlier rank started early)'"),
+        (_half(carried, delay), PHASE_BEFORE_BIND, fmt.MECH_CARRIED_OVER, carried, f"'held back by the late earlier run through ' || {through}"),
         *[(f"{_half(bind, delay)} AND {cond}", phase, mech, ev, detail)
           for cond, phase, mech, ev, detail in _host(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)],
-        (f"{_half(arrival, delay)} AND {_half('gc_before', arrival)}", PHASE_BEFORE_BIND, "gc", "gc_before", "'collection before the run began'"),
-        (_half(arrival, delay), PHASE_BEFORE_BIND, "unattributed", arrival, "'the run began late; nothing recorded before its bind explains it'"),
-        (f"{_half(gap, delay)} AND {_half('gc_gap', gap)}", PHASE_LAUNCH, "gc", "gc_gap", "'collection between bind and launch'"),
-        ("TRUE", PHASE_LAUNCH, "unattributed", delay, "'between bind and launch; nothing recorded explains it'"),
+        (f"{_half(arrival, delay)} AND {_half('gc_before', arrival)}", PHASE_BEFORE_BIND, fmt.MECH_GC, "gc_before", "'collection before the run began'"),
+        (_half(arrival, delay), PHASE_BEFORE_BIND, fmt.MECH_UNATTRIBUTED, arrival, "'the run began late; nothing recorded before its bind explains it'"),
+        (f"{_half(gap, delay)} AND {_half('gc_gap', gap)}", PHASE_LAUNCH, fmt.MECH_GC, "gc_gap", "'collection between bind and launch'"),
+        ("TRUE", PHASE_LAUNCH, fmt.MECH_UNATTRIBUTED, delay, "'between bind and launch; nothing recorded explains it'"),
     ]
 
 
@@ -201,24 +200,24 @@ def _end_rules() -> list[tuple[str, str, str, str, str]]:
         *[(f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
           for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))],
         (f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
-         fmt.PHASE_RUNNER, "carried_over", drain, "'its drain waited for the late previous run'"),
-        (f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}", fmt.PHASE_DEVICE_WALL, "gc", "gc_run",
+         fmt.PHASE_RUNNER, fmt.MECH_CARRIED_OVER, drain, "'its drain waited for the late previous run'"),
+        (f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_GC, "gc_run",
          f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
         (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}", fmt.PHASE_DEVICE_WALL,
-         "peer_wait", _excess("device_wait_ns"), "'waited for a peer rank'"),
+         fmt.MECH_PEER_WAIT, _excess("device_wait_ns"), "'waited for a peer rank'"),
         (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_rq_ns'), device)}", fmt.PHASE_DEVICE_WALL,
-         "run_queue", _excess("device_rq_ns"), "'the device thread was runnable but waiting for a CPU'"),
-        (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, "device", device, "'slower device work'"),
-        (f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}", fmt.PHASE_FENCE_WAIT, "gc", "gc_fence",
+         fmt.MECH_RUN_QUEUE, _excess("device_rq_ns"), "'the device thread was runnable but waiting for a CPU'"),
+        (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
+        (f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence",
          f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
         (f"{markers} AND {_half(fence, runner_x)} AND {_half(_excess('fence_rq_ns'), fence)}", fmt.PHASE_FENCE_WAIT,
-         "run_queue", _excess("fence_rq_ns"), "'woke from the fence but waited for a CPU'"),
-        (f"{markers} AND {_half(fence, runner_x)}", fmt.PHASE_FENCE_WAIT, "device", fence, "'the completion fence was signalled late'"),
+         fmt.MECH_RUN_QUEUE, _excess("fence_rq_ns"), "'woke from the fence but waited for a CPU'"),
+        (f"{markers} AND {_half(fence, runner_x)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, fence, "'the completion fence was signalled late'"),
         *[(f"{markers} AND {cond}", phase, mech, ev, detail)
           for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)],
         # no device-phase markers: the host evidence of runner_run may still tell
         *_host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
-        ("TRUE", fmt.PHASE_RUNNER, "unattributed", runner_x, "'inside runner_run; device-phase markers off'"),
+        ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
     ]
 
 
@@ -251,7 +250,7 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
     engine.run(f"""CREATE OR REPLACE TEMP TABLE peers AS
         SELECT d.step, d.rank, arg_min(o.rank, (NOT (o.end_excess_ns > {threshold_ns} / 2), coalesce(o.device_wait_ns, 0), o.rank))
                AS last_arrival_rank
-        FROM (SELECT step, rank FROM decided WHERE end_mechanism = 'peer_wait') d
+        FROM (SELECT step, rank FROM decided WHERE end_mechanism = '{fmt.MECH_PEER_WAIT}') d
         JOIN decided o ON o.step = d.step AND o.rank <> d.rank GROUP BY d.step, d.rank""")
     engine.run("""CREATE OR REPLACE TEMP TABLE decided AS
         SELECT d.*, p.last_arrival_rank FROM decided d LEFT JOIN peers p USING (step, rank)""")
@@ -269,11 +268,11 @@ def _deepest_device_phase(engine: Engine) -> None:
     Only the few steps with a device cause are read.
     """
     which = [w for w in ("start", "end") if engine.scalar(
-        f"SELECT count(*) FROM decided WHERE {w}_mechanism = 'device' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}'")]
+        f"SELECT count(*) FROM decided WHERE {w}_mechanism = '{fmt.MECH_DEVICE}' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}'")]
     if not which:
         return
     engine.run(f"""CREATE OR REPLACE TEMP TABLE device_phases AS
-        WITH wanted AS (SELECT DISTINCT step FROM decided WHERE (end_mechanism = 'device' OR start_mechanism = 'device')),
+        WITH wanted AS (SELECT DISTINCT step FROM decided WHERE (end_mechanism = '{fmt.MECH_DEVICE}' OR start_mechanism = '{fmt.MECH_DEVICE}')),
              runs AS (SELECT d.pid, d.inv, d.step, d.rank FROM decode d JOIN wanted USING (step)),
              sub AS (SELECT r.step, r.rank, s.name, sum(s.dur_ns) AS dur_ns FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
                      WHERE s.clk = '{fmt.CLK_DEVICE}' AND starts_with(s.name, '{fmt.DEVICE_WALL}.')
@@ -286,7 +285,7 @@ def _deepest_device_phase(engine: Engine) -> None:
     engine.run(f"""CREATE OR REPLACE TEMP TABLE deepest AS
         SELECT d.step, d.rank, arg_max(substr(p.name, {prefix}), (p.depth, p.excess_ns)) AS phase
         FROM decided d JOIN device_phases p ON p.step = d.step AND p.rank = d.rank
-        WHERE d.end_mechanism = 'device' AND p.excess_ns >= {EXPLAINS_SHARE} * d.end_evidence_ns
+        WHERE d.end_mechanism = '{fmt.MECH_DEVICE}' AND p.excess_ns >= {EXPLAINS_SHARE} * d.end_evidence_ns
         GROUP BY d.step, d.rank""")
     engine.run(f"""UPDATE decided SET end_phase = deepest.phase FROM deepest
                    WHERE decided.step = deepest.step AND decided.rank = deepest.rank AND decided.end_phase = '{fmt.PHASE_DEVICE_WALL}'""")
@@ -303,9 +302,9 @@ def _chain_origins(engine: Engine) -> None:
     claim_or_slot = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN previous_step ELSE slot_step END"
     engine.run(f"""CREATE OR REPLACE TEMP TABLE links AS
         SELECT rank, step,
-               CASE WHEN start_mechanism = 'carried_over' THEN {claim_or_slot} END AS start_from,
-               CASE WHEN end_mechanism = 'carried_over' AND end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step
-                    WHEN end_mechanism = 'carried_over' THEN {claim_or_slot} END AS end_from
+               CASE WHEN start_mechanism = '{fmt.MECH_CARRIED_OVER}' THEN {claim_or_slot} END AS start_from,
+               CASE WHEN end_mechanism = '{fmt.MECH_CARRIED_OVER}' AND end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step
+                    WHEN end_mechanism = '{fmt.MECH_CARRIED_OVER}' THEN {claim_or_slot} END AS end_from
         FROM decided""")
     engine.run("CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, coalesce(end_from, start_from) AS anc FROM links")
     while engine.scalar("""SELECT count(*) FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc
@@ -359,9 +358,9 @@ def _cause(row: dict, which: str, late_rank: int, late_device: str) -> dict:
     evidence_ms = ns_to_ms(max(0.0, row[f"{which}_evidence_ns"] or 0.0))
     item = {"rank": late_rank, "device": late_device, "phase": row[f"{which}_phase"], "mechanism": mechanism,
             "evidence_ms": evidence_ms, "detail": row[f"{which}_detail"], "role": "culprit"}
-    if mechanism == "carried_over":
+    if mechanism == fmt.MECH_CARRIED_OVER:
         item["from_step"] = row[f"{which}_from_step"]
-    if mechanism == "peer_wait":
+    if mechanism == fmt.MECH_PEER_WAIT:
         peer = row["last_arrival_rank"]
         item.update(role="victim", rank=peer, device=row["peer_device"], peer=peer,
                     detail=f"waited {evidence_ms:.3f} ms for rank {peer} (it reached the collective last)")
@@ -454,7 +453,7 @@ def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ran
         evidence: dict[str, float] = {}
         for cause in per_rank[top_rank]:
             evidence[cause["mechanism"]] = evidence.get(cause["mechanism"], 0.0) + cause["evidence_ms"]
-        explained = {m: v for m, v in evidence.items() if m not in ("carried_over", "unattributed")} or evidence
+        explained = {m: v for m, v in evidence.items() if m not in (fmt.MECH_CARRIED_OVER, fmt.MECH_UNATTRIBUTED)} or evidence
         mechanism = max(explained, key=lambda m: (explained[m], m))
         device = per_rank[top_rank][0]["device"]
         per_step = round(evidence[mechanism] / total_steps, 3)
