@@ -25,13 +25,16 @@ the bind decides: ``gc`` if a collection overlapped at least half the excess,
 did, else ``unattributed``); the run began late (``gc`` before it, else
 ``unattributed``); the launch gap after bind; else ``unattributed``.
 
-Why an end was late by Y: if the start was later than the run was longer, the
-start's cause. Else runner_run took R longer: ``carried_over`` when its drain
+Why an end was late by Y: if the start was later than the run was longer —
+and the run was not longer by more than the threshold on its own — the start's
+cause. Else runner_run took R longer: ``carried_over`` when its drain
 could only begin after the previous run on the rank finished, late by R/2;
 when the device wall grew by half of R, ``gc`` / ``peer_wait`` (the growth is
 time waiting on a peer, ``*_wait`` device spans: the rank is a victim, the
 culprit is the peer that arrived last) / ``run_queue`` (the executor thread
-waited for a CPU — a CPU "device" is a host thread) / else ``device``; when the
+waited for a CPU — a CPU "device" is a host thread) / else ``device``;
+``carried_over`` when its drain could only begin after the previous run on the
+rank finished, late by R/2; when the
 completion-fence wait grew by half, ``gc`` / ``run_queue`` / else ``device``
 (the fence was signalled late); otherwise the host part of runner_run by its
 evidence; with no device-phase markers at all, ``unattributed`` says so.
@@ -189,7 +192,7 @@ def _start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
     ]
 
 
-def _end_rules() -> list[tuple[str, str, str, str, str]]:
+def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     """Rules for an end that was late; ``runner_x`` is how much longer runner_run took."""
     runner_x = _excess("runner_ns")
     device = _excess("device_wall_ns")
@@ -197,10 +200,10 @@ def _end_rules() -> list[tuple[str, str, str, str, str]]:
     drain = _excess("drain_after_ns")
     markers = "device_markers > 0"
     return [
-        *[(f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
+        # the start's cause when the late start is the larger part, unless the run itself was a tail on its own
+        # (a persistent straggler's runs all start late too: its own slowness is the cause, not the carry-over)
+        *[(f"{_excess('start_ns')} > {runner_x} AND NOT ({runner_x} > {threshold_ns}) AND {cond}", phase, mech, ev, detail)
           for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))],
-        (f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
-         fmt.PHASE_RUNNER, fmt.MECH_CARRIED_OVER, drain, "'its drain waited for the late previous run'"),
         (f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_GC, "gc_run",
          f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
         (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}", fmt.PHASE_DEVICE_WALL,
@@ -208,6 +211,8 @@ def _end_rules() -> list[tuple[str, str, str, str, str]]:
         (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_rq_ns'), device)}", fmt.PHASE_DEVICE_WALL,
          fmt.MECH_RUN_QUEUE, _excess("device_rq_ns"), "'the device thread was runnable but waiting for a CPU'"),
         (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
+        (f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
+         fmt.PHASE_RUNNER, fmt.MECH_CARRIED_OVER, drain, "'its drain waited for the late previous run'"),
         (f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence",
          f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
         (f"{markers} AND {_half(fence, runner_x)} AND {_half(_excess('fence_rq_ns'), fence)}", fmt.PHASE_FENCE_WAIT,
@@ -233,7 +238,7 @@ def _literal(text: str) -> str:
 def _decide(engine: Engine, threshold_ns: int) -> None:
     """Add to ``cells`` the start and end causes and the late flags."""
     start_rules = _start_rules(_excess("start_ns"))
-    end_rules = _end_rules()
+    end_rules = _end_rules(threshold_ns)
     columns = []
     for prefix, rules in (("start", start_rules), ("end", end_rules)):
         columns += [f"{_case(rules, 1)} AS {prefix}_phase", f"{_case(rules, 2)} AS {prefix}_mechanism",
