@@ -64,13 +64,15 @@ STRAGGLER_SHARE_OF_FLAGGED = 0.5
 STRAGGLER_SHARE_OF_STEPS = 0.10
 STRAGGLER_SIGNIFICANCE = 0.01
 PHASE_BEFORE_BIND = "before bind"
+# Mechanisms that say what happened to a run rather than what the rank did wrong
+_CONSEQUENCES = (fmt.MECH_CARRIED_OVER, fmt.MECH_UNATTRIBUTED)
 PHASE_LAUNCH = "launch"
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).
 _COMPARED = (
     "start_ns", "end_ns", "root_ts_ns", "admissible_ns", "drain_after_ns", "bind_ns", "launch_gap_ns", "runner_ns",
-    "fence_ns", "drain_lag_ns", "device_wall_ns", "device_wait_ns", "bind_rq_ns", "bind_cpu_ns", "runner_rq_ns",
-    "runner_cpu_ns", "fence_rq_ns", "device_rq_ns",
+    "fence_ns", "drain_lag_ns", "device_wall_ns", "device_wait_ns", "device_work_ns", "bind_rq_ns", "bind_cpu_ns", "runner_rq_ns",
+    "runner_cpu_ns", "fence_rq_ns", "fence_cpu_ns", "device_rq_ns", "device_cpu_ns",
 )
 
 
@@ -88,8 +90,9 @@ def _cells_sql() -> str:
            fence_ts_ns - runner_ts_ns AS drain_lag_ns,
            device_wall_ns,
            CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
+           device_wall_ns - coalesce(device_wait_ns, 0) AS device_work_ns,
            device_markers,
-           bind_rq_ns, bind_cpu_ns, runner_rq_ns, runner_cpu_ns, fence_rq_ns, device_rq_ns,
+           bind_rq_ns, bind_cpu_ns, runner_rq_ns, runner_cpu_ns, fence_rq_ns, fence_cpu_ns, device_rq_ns, device_cpu_ns,
            lag(claim_ts_ns) OVER by_rank AS previous_claim_ns,
            lag(step) OVER by_rank AS previous_step,
            lag(root_end_ns) OVER by_rank AS drain_after_ns,
@@ -162,12 +165,27 @@ def _half(value: str, of: str) -> str:
     return f"coalesce({value} >= {EXPLAINS_SHARE} * {of}, FALSE)"
 
 
+def _contention(rq: str, cpu: str) -> str:
+    """Run-queue wait beyond what the CPU time spent would have waited at the step's typical contention.
+
+    On a busy host a thread that does more work also waits more for a CPU; only
+    the wait beyond that proportion is contention (``run_queue``), the rest goes
+    with the work.
+    """
+    return f"({rq} - coalesce({cpu}, 0) * coalesce({rq}_typ / nullif({cpu}_typ, 0), 0))"
+
+
+def _work(cpu: str, rq: str) -> str:
+    """The extra CPU time, with the run-queue wait it brings at the step's typical contention."""
+    return f"(({cpu} - {cpu}_typ) * (1 + coalesce({rq}_typ / nullif({cpu}_typ, 0), 0)))"
+
+
 def _host(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str, str, str, str, str]]:
     """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
     return [
         (_half(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
-        (_half(_excess(rq), excess), phase, fmt.MECH_RUN_QUEUE, _excess(rq), f"'runnable but waiting for a CPU in {phase}'"),
-        (_half(_excess(cpu), excess), phase, fmt.MECH_HOST_CPU, _excess(cpu), f"'more host CPU in {phase}'"),
+        (_half(_contention(rq, cpu), excess), phase, fmt.MECH_RUN_QUEUE, _contention(rq, cpu), f"'runnable but waiting for a CPU in {phase}'"),
+        (_half(_work(cpu, rq), excess), phase, fmt.MECH_HOST_CPU, _excess(cpu), f"'more host CPU in {phase}'"),
         (f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
         ("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
     ]
@@ -199,24 +217,35 @@ def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     fence = _excess("fence_ns")
     drain = _excess("drain_after_ns")
     markers = "device_markers > 0"
+    work = _excess("device_work_ns")
+    # ... and more than the host waited on the completion fence beyond the device (a late fence signal)
+    slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= {fence} - {device}, FALSE)"
     return [
-        # the start's cause when the late start is the larger part, unless the run itself was a tail on its own
-        # (a persistent straggler's runs all start late too: its own slowness is the cause, not the carry-over)
-        *[(f"{_excess('start_ns')} > {runner_x} AND NOT ({runner_x} > {threshold_ns}) AND {cond}", phase, mech, ev, detail)
+        # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
+        # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late
+        # too (depth-2 back-pressure), and its peers wait for it: its own work is the cause, not the carry-over.
+        (f"{slow_device} AND {_half('gc_run', work)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_GC, "gc_run",
+         f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
+        (f"{slow_device} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), work)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE,
+         _contention("device_rq_ns", "device_cpu_ns"), "'the device thread was runnable but waiting for a CPU'"),
+        (slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        # otherwise the start's cause when the late start is the larger part
+        *[(f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
           for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))],
         (f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_GC, "gc_run",
          f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
         (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}", fmt.PHASE_DEVICE_WALL,
          fmt.MECH_PEER_WAIT, _excess("device_wait_ns"), "'waited for a peer rank'"),
-        (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_rq_ns'), device)}", fmt.PHASE_DEVICE_WALL,
-         fmt.MECH_RUN_QUEUE, _excess("device_rq_ns"), "'the device thread was runnable but waiting for a CPU'"),
+        (f"{markers} AND {_half(device, runner_x)} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), device)}",
+         fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE, _contention("device_rq_ns", "device_cpu_ns"),
+         "'the device thread was runnable but waiting for a CPU'"),
         (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
         (f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
          fmt.PHASE_RUNNER, fmt.MECH_CARRIED_OVER, drain, "'its drain waited for the late previous run'"),
         (f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence",
          f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
-        (f"{markers} AND {_half(fence, runner_x)} AND {_half(_excess('fence_rq_ns'), fence)}", fmt.PHASE_FENCE_WAIT,
-         fmt.MECH_RUN_QUEUE, _excess("fence_rq_ns"), "'woke from the fence but waited for a CPU'"),
+        (f"{markers} AND {_half(fence, runner_x)} AND {_half(_contention('fence_rq_ns', 'fence_cpu_ns'), fence)}",
+         fmt.PHASE_FENCE_WAIT, fmt.MECH_RUN_QUEUE, _contention("fence_rq_ns", "fence_cpu_ns"), "'woke from the fence but waited for a CPU'"),
         (f"{markers} AND {_half(fence, runner_x)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, fence, "'the completion fence was signalled late'"),
         *[(f"{markers} AND {cond}", phase, mech, ev, detail)
           for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)],
@@ -434,13 +463,13 @@ def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ran
     contention on a shared host reads differently from a slow device.
     """
     cells: dict[tuple[int, int], dict] = {}
-    for item in late:
-        if item["role"] == "culprit":
-            cells.setdefault((item["step"], item["rank"]), item)
-    for tail in tails:
-        for cause in tail["ranks"]:
-            if cause["role"] == "culprit":
-                cells.setdefault((tail["step"], cause["rank"]), cause)
+    causes = [(item["step"], item) for item in late] + [(tail["step"], cause) for tail in tails for cause in tail["ranks"]]
+    for step, cause in causes:  # a cell late at both start and end counts once, by its own mechanism where it has one
+        if cause["role"] != "culprit":
+            continue
+        known = cells.get((step, cause["rank"]))
+        if known is None or (known["mechanism"] in _CONSEQUENCES and cause["mechanism"] not in _CONSEQUENCES):
+            cells[(step, cause["rank"])] = cause
     flagged_steps = len({step for step, _ in cells})
     empty = {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None, "mechanism": None, "ms_per_step": None}
     if flagged_steps == 0 or total_steps == 0:
@@ -458,7 +487,7 @@ def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ran
         evidence: dict[str, float] = {}
         for cause in per_rank[top_rank]:
             evidence[cause["mechanism"]] = evidence.get(cause["mechanism"], 0.0) + cause["evidence_ms"]
-        explained = {m: v for m, v in evidence.items() if m not in (fmt.MECH_CARRIED_OVER, fmt.MECH_UNATTRIBUTED)} or evidence
+        explained = {m: v for m, v in evidence.items() if m not in _CONSEQUENCES} or evidence
         mechanism = max(explained, key=lambda m: (explained[m], m))
         device = per_rank[top_rank][0]["device"]
         per_step = round(evidence[mechanism] / total_steps, 3)
