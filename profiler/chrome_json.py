@@ -5,8 +5,9 @@ The SA_PROFILE recorder writes one Chrome trace event per line. The merge
 (:mod:`dsprof.analysis.ingest`) must agree on which lines are events, so both
 decode them here, with the same rules:
 
-* strict JSON (RFC 8259), parsed by msgspec: invalid UTF-8, lone surrogate
-  escapes, trailing text after the value are not JSON (``bad_json``);
+* strict JSON (RFC 8259), parsed by msgspec: invalid UTF-8 (anywhere, also
+  in members the parser skips), lone surrogate escapes, trailing text after
+  the value are not JSON (``bad_json``);
 * ``NaN``, ``Infinity`` and ``-Infinity`` — Python's ``json`` writes them,
   strict parsers refuse them — are read as ``null`` where they stand as values
   (not inside strings), and counted; nothing else is rewritten;
@@ -119,6 +120,7 @@ class LineBatch:
     first_line: int
     lines: list[bytes]
     overlong: list[int] = field(default_factory=list)
+    utf8: bool = True  # every line is UTF-8 (else each line must be checked: see decode_event)
 
 
 def line_batches(handle: BinaryIO, limits: JsonLimits = DEFAULT_LIMITS, size: int | None = None,
@@ -137,14 +139,23 @@ def line_batches(handle: BinaryIO, limits: JsonLimits = DEFAULT_LIMITS, size: in
         cut = data.rfind(b"\n")
         tail = data[cut + 1 :]
         if cut >= 0:
-            batch = _bounded(LineBatch(number, data[:cut].split(b"\n")), limits)
+            batch = _bounded(LineBatch(number, data[:cut].split(b"\n"), utf8=is_utf8(memoryview(data)[:cut])), limits)
             number += len(batch.lines)
             yield batch
         if len(tail) > limits.max_event_bytes:
             yield LineBatch(number, [b""], overlong=[number])
             number, tail, skipping = number + 1, b"", True
     if tail:
-        yield _bounded(LineBatch(number, [tail]), limits)
+        yield _bounded(LineBatch(number, [tail], utf8=is_utf8(tail)), limits)
+
+
+def is_utf8(data: bytes | memoryview) -> bool:
+    """Whether ``data`` is UTF-8 text. The parser checks the strings it builds, not those it skips or keeps raw."""
+    try:
+        str(data, "utf-8")
+    except UnicodeDecodeError:
+        return False
+    return True
 
 
 def _bounded(batch: LineBatch, limits: JsonLimits) -> LineBatch:
@@ -170,6 +181,8 @@ class Decoded(NamedTuple):
 
 def decode_event(text: bytes, decoder: msgspec.json.Decoder = EVENT_DECODER) -> Decoded:
     """Decode one event (or, with another decoder, one value) by the rules of the module docstring."""
+    if not is_utf8(text):
+        return Decoded(None, BAD_JSON)
     try:
         return Decoded(decoder.decode(text), None, 0, text)
     except RecursionError:

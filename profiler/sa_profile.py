@@ -469,7 +469,7 @@ def merge_fragments(
 def _write_events(batch: LineBatch, out: BinaryIO, separator: bytes, counts: dict[str, int]) -> bytes:
     """Write the event lines of a batch (after ``separator``), count the others; returns the next separator."""
     counts[OVERLONG_LINE] += len(batch.overlong)
-    if not batch.overlong:
+    if not batch.overlong and batch.utf8:
         try:  # the common case: every line is an event, written as it is
             for line in batch.lines:
                 EVENT_DECODER.decode(line)

@@ -492,6 +492,8 @@ def _unescaped(blob: bytes, starts: np.ndarray, ends: np.ndarray, strings: np.nd
     the gaps between them, of which ``take`` keeps the pieces.
     """
     n = len(starts)
+    if not n:
+        return pa.array([], pa.string())
     bounds = np.empty(2 * n + 2, np.int64)
     bounds[0], bounds[-1] = 0, len(blob)
     bounds[1:-1:2], bounds[2:-1:2] = starts, ends

@@ -58,6 +58,7 @@ from dsprof.profiler.chrome_json import (
     JsonLimits,
     TraceEvent,
     decode_event,
+    is_utf8,
     parser_error,
     scan_structure,
     string_delimiters,
@@ -162,12 +163,12 @@ class ChromeDocument:
                 raise self._error("invalid JSON: expected ':' after a member name", self._pos)
             self._pos += 1
             if key == "traceEvents":
-                if self._head_only:
-                    return
                 if self._events_started:
                     raise self._error("traceEvents appears twice", self._pos)
                 if self._next() != _OPEN_ARRAY:
                     raise self._error("traceEvents is not a list", self._pos, expected=EXPECTED)
+                if self._head_only:
+                    return
                 self._pos += 1
                 self.base_before_events = self.base_ns is not None
                 yield from self._events()
@@ -281,9 +282,12 @@ class ChromeDocument:
         for _ in range(2):
             comma = _COMMA_AFTER.match(self._buf, cut + 1) if cut >= 0 else None
             if comma is not None:
+                text = b"[" + self._buf[self._pos : cut + 1] + b"]"
                 try:
-                    events = EVENTS_DECODER.decode(b"[" + self._buf[self._pos : cut + 1] + b"]")
+                    events = EVENTS_DECODER.decode(text)
                 except (msgspec.DecodeError, RecursionError, ArithmeticError):
+                    return None
+                if not is_utf8(text):
                     return None
                 self._pos = comma.end()
                 return EventBatch(events, np.arange(index, index + len(events), dtype=np.int64), len(events))
@@ -298,7 +302,7 @@ class ChromeDocument:
         except (msgspec.DecodeError, RecursionError, ArithmeticError):
             pass
         else:
-            if len(events) == len(ends):
+            if len(events) == len(ends) and is_utf8(text):
                 return EventBatch(events, np.arange(index, index + len(events), dtype=np.int64), len(events))
         starts = np.append(0, ends[:-1] + 1).tolist()
         batch = EventBatch([], np.zeros(0, np.int64), 0)
@@ -407,10 +411,28 @@ class _Input:
         self.cut_short = False
 
     def read(self, size: int) -> bytes:
-        if self.cut_short:
-            return b""
+        """Up to ``size`` bytes (fewer only at the end of the input)."""
+        if not self.compressed:
+            try:
+                data = self._stream.read(size)
+            except OSError as exc:
+                raise InputError(self.path, f"cannot read: {exc.strerror or exc}") from None
+            self.bytes_read += len(data)
+            return data
+        pieces: list[bytes] = []
+        got = 0
+        while got < size and not self.cut_short:
+            piece = self._inflate(size - got)
+            if not piece:
+                break
+            pieces.append(piece)
+            got += len(piece)
+        return b"".join(pieces)
+
+    def _inflate(self, size: int) -> bytes:
+        """One piece of the gzip stream (read1: what came before a cut-short stream's end is never lost)."""
         try:
-            data = self._stream.read(size)
+            data = self._stream.read1(size)
         except EOFError:  # a gzip stream that stops before its end marker: read up to the cut
             self.cut_short = True
             return b""
@@ -419,7 +441,7 @@ class _Input:
         except OSError as exc:
             raise InputError(self.path, f"cannot read: {exc.strerror or exc}") from None
         self.bytes_read += len(data)
-        if self.compressed and self.bytes_read > self._allowed:
+        if self.bytes_read > self._allowed:
             raise InputError(self.path, f"gzip data expands more than {self._ratio} times its size (past {self._allowed >> 20} MiB): a gzip bomb?",
                              expected="JsonLimits.max_gzip_ratio / gzip_allowance_bytes raised for a real trace this compressible")
         return data

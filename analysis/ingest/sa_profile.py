@@ -169,7 +169,7 @@ def read_fragment(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSin
 def _decode_lines(batch: LineBatch, builder: SpanBuilder) -> tuple[list[Any], np.ndarray, int | None]:
     """The events of a batch of lines, their line numbers, and the first bad line (None if none); drops counted."""
     decode = EVENT_DECODER.decode
-    if not batch.overlong:
+    if not batch.overlong and batch.utf8:
         try:  # the common case: every line is an event
             events = [decode(line) for line in batch.lines]
             return events, np.arange(batch.first_line, batch.first_line + len(events), dtype=np.int64), None
