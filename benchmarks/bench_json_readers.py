@@ -161,7 +161,7 @@ def main() -> None:
         merged = merge_fragments(output)
         print(f"merged into {merged.path.name}: {merged.events:,} events in {time.perf_counter() - merge_start:.1f} s")
         spans = args.ranks * args.events
-        trees = [("current", None)]
+        trees: list[tuple[str, Path | None]] = [("current", None)]
         if args.baseline_rev:
             trees.insert(0, (args.baseline_rev[:10], baseline_tree(args.baseline_rev, Path(tmp))))
         results: dict[tuple[str, str], dict] = {}

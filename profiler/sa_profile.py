@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, Self
 
 import msgspec
 
@@ -154,15 +154,15 @@ class _Recorder:
             self.buffer.clear()
             return
         if self.fd is None:
-            self.fd = self._open_fragment()
+            self.fd = self._open_fragment(self.fragments)
         data = memoryview(("\n".join(self.buffer) + "\n").encode())
         self.buffer.clear()
         while data:  # one write in practice; continue after a short write (one writer per file)
             data = data[os.write(self.fd, data) :]
 
-    def _open_fragment(self) -> int:
-        self.fragments.mkdir(parents=True, exist_ok=True)
-        path = self.fragments / artifacts.fragment_name(self.pid)
+    def _open_fragment(self, fragments: Path) -> int:
+        fragments.mkdir(parents=True, exist_ok=True)
+        path = fragments / artifacts.fragment_name(self.pid)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         # A recycled pid may find a fragment whose last line was torn by a kill;
         # start on a fresh line so that torn line does not swallow our first event.
@@ -237,7 +237,7 @@ def configure(
         _rec.categories = categories
         _rec.flush_every = max(1, int(flush_every))
         _rec.flush_interval_s = float(flush_interval_s)
-    if _rec.active and main:
+    if _rec.fragments is not None and main:
         _remove_stale_fragments(_rec.fragments)
     return _rec.active
 
@@ -275,7 +275,7 @@ def _add_event(event: dict) -> None:
 class _Span:
     """An open SA_PROFILE span; ``set(**args)`` adds args before it closes."""
 
-    __slots__ = ("name", "cat", "args", "ts_us")
+    __slots__ = ("args", "cat", "name", "ts_us")
 
     def __init__(self, name: str, cat: str, args: dict):
         self.name = name
@@ -285,7 +285,7 @@ class _Span:
     def set(self, **args) -> None:
         self.args.update(args)
 
-    def __enter__(self) -> _Span:
+    def __enter__(self) -> Self:
         self.ts_us = _now_us()
         return self
 

@@ -80,7 +80,7 @@ def test_environment_switches_recording_on_in_a_new_process(tmp_path):
         "with sa.span('request', 'request'): pass\n"
     )
     env = {**os.environ, sa.ENV_OUTPUT: str(output), sa.ENV_LEVEL: "kernel"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     fragments = list((tmp_path / "run" / "trace.json.fragments").glob("trace.*.jsonl"))
     assert len(fragments) == 1
@@ -110,7 +110,7 @@ def test_event_shapes_timestamps_and_args(tmp_path):
     sa.set_thread_name("scheduler-loop")
     before_us = time.perf_counter_ns() // 1000
     with sa.span("request", "request", rid="r1", big=2**70, obj=object(), nan=float("nan"), nested={"a": [1, 2]}) as outer:
-        with sa.span("step", "scheduler") as inner:
+        with sa.span("step", "scheduler"):
             time.sleep(0.001)
             sa.instant("token", "serving", n=1)
         outer.set(tokens=256)
@@ -304,7 +304,7 @@ def test_merge_skips_and_counts_torn_and_malformed_lines(tmp_path):
     )
     (fragments / "trace.12.jsonl").write_text(json.dumps({**good, "pid": 12}) + "\n")
     (fragments / "unrelated.txt").write_text("ignored\n")
-    progress = []
+    progress: list[str] = []
     result = sa.merge_fragments(tmp_path, progress=progress.append)
     assert (result.events, result.skipped_lines, result.fragments) == (3, 3, 2)
     merged = json.loads((tmp_path / "trace.json").read_text())
@@ -342,7 +342,7 @@ def test_cli_merge_of_garbage_exits_2_with_one_line(tmp_path):
     fragments = tmp_path / "fragments"
     fragments.mkdir()
     (fragments / "trace.8.jsonl").write_text("garbage\n")
-    proc = subprocess.run([sys.executable, "-m", "dsprof.cli.main", "merge", str(tmp_path)], capture_output=True, text=True, timeout=120)
+    proc = subprocess.run([sys.executable, "-m", "dsprof.cli.main", "merge", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
     assert proc.returncode == 2, proc.stderr
     error = proc.stderr.splitlines()[-1]  # after the progress line: one line, no traceback
     assert error == f"dsprof: error: {fragments}: no fragment line is a JSON event (expected one Chrome trace event per line)"

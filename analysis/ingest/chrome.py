@@ -47,22 +47,20 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from decimal import ROUND_HALF_EVEN, Decimal
-from itertools import chain
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.ipc as ipc
+from pyarrow import ipc
 
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.strace_log import SpanSink
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
-from dsprof.errors import InputError
 from dsprof.profiler.chrome_json import (
     DEFAULT_LIMITS,
     MEMBERS_DECODER,
@@ -289,7 +287,7 @@ class _HeldTables:
             self._tables.append(table)
             return
         if self._writer is None:
-            self._file = tempfile.TemporaryFile(prefix="dsprof-spans-")
+            self._file = tempfile.TemporaryFile(prefix="dsprof-spans-")  # noqa: SIM115 (open across add() calls, closed in tables())
             self._writer = ipc.new_file(self._file, SPAN_SCHEMA)
         self._writer.write_table(table)
 

@@ -195,9 +195,7 @@ class ChromeDocument:
 
     def _base_time(self, value: Any, at: int) -> int:
         """baseTimeNanoseconds as an int64: an integer, an integral decimal or integer text."""
-        if type(value) is str and _INT64_TEXT.fullmatch(value):
-            value = int(value)
-        elif isinstance(value, Decimal) and value.is_finite() and value.adjusted() <= 18 and value == value.to_integral_value():
+        if type(value) is str and _INT64_TEXT.fullmatch(value) or isinstance(value, Decimal) and value.is_finite() and value.adjusted() <= 18 and value == value.to_integral_value():
             value = int(value)
         if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
             raise self._error(f"baseTimeNanoseconds is not an integer in int64 range: {str(value)[:40]}", at)
@@ -306,7 +304,7 @@ class ChromeDocument:
                 return EventBatch(events, np.arange(index, index + len(events), dtype=np.int64), len(events))
         starts = np.append(0, ends[:-1] + 1).tolist()
         batch = EventBatch([], np.zeros(0, np.int64), 0)
-        where = []
+        where: list[int] = []
         for k, (start, end) in enumerate(zip(starts, ends.tolist())):
             text = self._buf[self._pos + start : self._pos + end]
             if not text.strip():

@@ -36,8 +36,9 @@ dsprof, the lines its merge skipped are counted as if read here.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import msgspec
 import numpy as np
