@@ -11,13 +11,15 @@ decode them here, with the same rules:
 * ``NaN``, ``Infinity`` and ``-Infinity`` — Python's ``json`` writes them,
   strict parsers refuse them — are read as ``null`` where they stand as values
   (not inside strings), and counted; nothing else is rewritten;
-* integers are exact Python ints; numbers with a fraction or exponent become
-  :class:`decimal.Decimal` built from their text, so their exact value and
-  digits stay (``1.10`` stays ``1.10``; Decimal spells an exponent its own
-  way, ``1e3`` as ``1E+3``). A number whose exponent Decimal cannot hold, or an
-  integer of thousands of digits, is ``bad_value``;
-* nesting is limited by the parser's recursion (a little under Python's
-  recursion limit, about 900 levels by default): deeper is ``too_deep``;
+* numbers that are decoded (``ts``, ``dur``, ``pid``, ...): integers are exact
+  Python ints, numbers with a fraction or exponent :class:`decimal.Decimal`
+  built from their text — never a binary float, so no digit is lost. A
+  number whose exponent Decimal cannot hold, or an integer of thousands of
+  digits, is ``bad_value``. ``args`` is not decoded but kept as its JSON text
+  (:class:`TraceEvent`), so its numbers keep their text exactly as written
+  (``1.10`` stays ``1.10``, ``1e3`` stays ``1e3``);
+* nesting is limited by the parser's recursion (just under Python's
+  recursion limit: 999 levels by default): deeper is ``too_deep``;
 * a value that parses but is not a JSON object is ``not_object``.
 
 :class:`JsonLimits` bounds what one event (one line) and one gzip stream may

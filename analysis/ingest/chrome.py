@@ -25,9 +25,13 @@ Conversion rules:
 * ``pid``/``tid``: integers as they are; numeric strings become ints; other
   strings (and other values) become a stable 63-bit hash and the original text
   is kept in ``attrs`` as ``pid_label``/``tid_label``; null or absent is 0.
-* ``args`` become ``attrs``: strings as they are, everything else (numbers,
-  booleans, null, nested objects) as compact JSON text with numbers in their
-  exact digits; ``args`` that is not an object is kept whole as ``args``.
+* ``args`` become ``attrs``: strings decoded, everything else (numbers,
+  booleans, null, nested objects) as its JSON text exactly as written, less
+  the whitespace between tokens (``1.10`` stays ``1.10``, ``1e3`` stays
+  ``1e3``, ``{"a": [1, 2]}`` becomes ``{"a":[1,2]}``); ``args`` that is not an
+  object is kept whole as ``args``, ``null`` gives no attributes. A key
+  repeated within one object is kept as often as it occurs in compact
+  objects (the promoted column takes the first), once (the last) in others.
 * ``name``/``cat``: strings as they are, absent or null as ``""``, other
   values as JSON text.
 * Dropped and counted: events that are not objects or lack a usable
@@ -223,6 +227,8 @@ class SpanBuilder:
         spans = usable & ((phase == _X) | (phase == _I))
         begin_end = usable & ((phase == _B) | (phase == _E))
         table = self._span_table(_rows(columns, phase, counts, keys, values, spans))
+        if not begin_end.any():
+            return table, _BEGIN_END_SCHEMA.empty_table()
         be_rows = _rows(columns, phase, counts, keys, values, begin_end)
         be_table = pa.table(
             {**{k: be_rows[k] for k in ("line", "pid", "tid", "ts_ns")}, "begin": pa.array(be_rows["phase"] == _B),
@@ -518,6 +524,10 @@ def _value_texts(values: list[msgspec.Raw]) -> pa.Array:
 
 def _rows(columns: dict[str, Any], phase: np.ndarray, counts: np.ndarray, keys: pa.Array, values: pa.Array, mask: np.ndarray) -> dict[str, Any]:
     """The rows of ``mask``: plain columns filtered, their attribute pairs as a map column."""
+    if mask.all():  # the common case: nothing to filter
+        offsets = np.zeros(len(mask) + 1, np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        return {**columns, "phase": phase, "attrs": pa.MapArray.from_arrays(pa.array(offsets), keys, values)}
     chosen = pa.array(mask)
     rows = {k: (v[mask] if isinstance(v, np.ndarray) else v.filter(chosen)) for k, v in columns.items()}
     rows["phase"] = phase[mask]
