@@ -133,6 +133,26 @@ def test_nan_and_infinity_are_read_as_null(tmp_path):
     assert read_chrome_trace(document).spans.num_rows == 2
 
 
+def test_invalid_utf8_anywhere_is_not_json(tmp_path):
+    """Also in members the parser skips and in args it keeps as text (found by the generated test below)."""
+    bad = [b'{"name\x80":null,' + good_line().encode()[1:], good_line().encode()[:-2] + b',"x":"\xff"}',
+           b'{"name":"a","ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"args":{"k":"\xc3"}}',
+           b'{"name":"a","ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"args":{"k":"\\ud800"}}']
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    (fragments / "trace.1.jsonl").write_bytes(b"\n".join([*bad, good_line(name="fine").encode()]) + b"\n")
+    trace = read_sa_profile(fragments / "trace.1.jsonl")
+    assert trace.spans.column("name").to_pylist() == ["fine"] and trace.dropped == {"bad_json": 4}
+    result = sa_profile.merge_fragments(tmp_path)
+    assert (result.events, result.dropped) == (1, {"bad_json": 4})
+    (tmp_path / "trace.json").read_text(encoding="utf-8")  # the merge is UTF-8 throughout
+    document = tmp_path / "t.json"
+    document.write_bytes(b'{"traceEvents": [' + good_line().encode() + b",\n" + bad[2] + b"]}")
+    with pytest.raises(InputError, match="invalid JSON in event 1") as info:
+        read_chrome_trace(document)
+    assert info.value.line == 2
+
+
 # -- sizes: bombs, overlong lines, huge events (in a child under RLIMIT_AS) --------------------------------
 
 

@@ -113,11 +113,7 @@ def read_document(path: Path, source: str, limits: JsonLimits = DEFAULT_LIMITS, 
     builder = SpanBuilder(str(path), source, sink=sink)
     for batch in document.batches():
         builder.base_ns = document.base_ns if document.base_before_events else None
-        builder.add(batch.events, batch.index)
-        builder.trace.records_read += batch.records - len(batch.events)
-        for reason, count in batch.dropped.items():
-            builder.trace.count(reason, count)
-        builder.nulled += batch.nulled
+        builder.add(batch.events, batch.index, skipped=batch.dropped, nulled=batch.nulled)
     trace = builder.finish(document.base_ns or 0)
     trace.notes.extend(document.notes)
     return trace, document
@@ -144,9 +140,16 @@ class SpanBuilder:
         self._held = _HeldTables(spill=sink is not None)  # rows waiting for base_ns
         self._begin_end: list[pa.Table] = []
 
-    def add(self, events: list[TraceEvent], where: np.ndarray) -> None:
-        """Convert one batch; ``where`` holds each event's line number or index."""
-        self.trace.records_read += len(events)
+    def add(self, events: list[TraceEvent], where: np.ndarray, *, skipped: dict[str, int] | None = None, nulled: int = 0) -> None:
+        """Convert one batch; ``where`` holds each event's line number or index.
+
+        ``skipped`` counts the batch's records that were no events, by reason;
+        ``nulled`` the NaN/Infinity values its events held (read as null).
+        """
+        self.trace.records_read += len(events) + sum((skipped or {}).values())
+        for reason, count in (skipped or {}).items():
+            self.trace.count(reason, count)
+        self.nulled += nulled
         table, begin_end = self._convert(events, where)
         if begin_end.num_rows:
             self._begin_end.append(begin_end)

@@ -331,6 +331,7 @@ class ChromeDocument:
             raise self._error(f"event {index} is nested too deeply", at, expected="JSON the parser can take")
         else:
             message, offset = parser_error(text)
+            offset = offset or len(text) - len(text.lstrip())  # where the parser stopped, else where the event starts
             raise self._error(f"invalid JSON in event {index}: {message}", at + offset, expected=EXPECTED)
 
     def _last_events(self, index: int) -> Iterator[EventBatch]:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 import numpy as np
@@ -59,6 +59,7 @@ from dsprof.profiler.chrome_json import (
     OVERLONG_LINE,
     JsonLimits,
     LineBatch,
+    TraceEvent,
     decode_event,
     line_batches,
 )
@@ -156,10 +157,10 @@ def read_fragment(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSin
     try:
         with path.open("rb") as handle:
             for batch in line_batches(handle, limits):
-                events, where, bad_at = _decode_lines(batch, builder)
-                events_found += len(events)
-                first_bad = first_bad or bad_at
-                builder.add(events, where)
+                lines = _decode_lines(batch)
+                events_found += len(lines.events)
+                first_bad = first_bad or lines.first_bad
+                builder.add(lines.events, lines.where, skipped=lines.skipped, nulled=lines.nulled)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     if not events_found and first_bad is not None:
@@ -167,39 +168,38 @@ def read_fragment(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSin
     return builder.finish()
 
 
-def _decode_lines(batch: LineBatch, builder: SpanBuilder) -> tuple[list[Any], np.ndarray, int | None]:
-    """The events of a batch of lines, their line numbers, and the first bad line (None if none); drops counted."""
-    decode = EVENT_DECODER.decode
-    if not batch.overlong and batch.utf8:
-        try:  # the common case: every line is an event
-            events = [decode(line) for line in batch.lines]
-            return events, np.arange(batch.first_line, batch.first_line + len(events), dtype=np.int64), None
-        except (msgspec.DecodeError, RecursionError, ArithmeticError):
-            pass
-    events = []
-    where: list[int] = []
+class _Lines(NamedTuple):
+    """What a batch of fragment lines held: events (and their line numbers), lines skipped by reason, NaN values nulled."""
+
+    events: list[TraceEvent]
+    where: np.ndarray
+    skipped: dict[str, int]
+    nulled: int = 0
     first_bad: int | None = None
-    trace = builder.trace
-    if batch.overlong:
-        trace.count(OVERLONG_LINE, len(batch.overlong))
-        trace.records_read += len(batch.overlong)
-        first_bad = batch.overlong[0]
-    for number, line in enumerate(batch.lines, batch.first_line):
-        try:
-            events.append(decode(line))
-            where.append(number)
-            continue
+
+
+def _decode_lines(batch: LineBatch) -> _Lines:
+    """Decode a batch of lines: all in one go when every line is an event, else line by line by the full rules."""
+    if not batch.overlong and batch.utf8:
+        decode = EVENT_DECODER.decode
+        try:  # the common case
+            events = [decode(line) for line in batch.lines]
+            return _Lines(events, np.arange(batch.first_line, batch.first_line + len(events), dtype=np.int64), {})
         except (msgspec.DecodeError, RecursionError, ArithmeticError):
             pass
+    events, where, nulled = [], [], 0
+    skipped = {OVERLONG_LINE: len(batch.overlong)} if batch.overlong else {}
+    first_bad = batch.overlong[0] if batch.overlong else None
+    for number, line in enumerate(batch.lines, batch.first_line):
         if not line.strip():
             continue
-        event, reason, nulled, _ = decode_event(line)
-        if reason is None:
-            events.append(event)
+        decoded = decode_event(line)
+        if decoded.reason is None:
+            events.append(decoded.value)
             where.append(number)
-            builder.nulled += nulled
-            continue
-        trace.count(BAD_JSON if reason == NOT_OBJECT else reason)
-        trace.records_read += 1
-        first_bad = first_bad or number
-    return events, np.array(where, np.int64), first_bad
+            nulled += decoded.nulled
+        else:
+            reason = BAD_JSON if decoded.reason == NOT_OBJECT else decoded.reason
+            skipped[reason] = skipped.get(reason, 0) + 1
+            first_bad = first_bad or number
+    return _Lines(events, np.array(where, np.int64), skipped, nulled, first_bad)
