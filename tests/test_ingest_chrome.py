@@ -84,6 +84,18 @@ def test_fragment_with_no_readable_line_is_an_input_error(tmp_path):
     with pytest.raises(InputError) as info:
         read_sa_profile(path)
     assert info.value.path == str(path) and info.value.line == 2
+    with pytest.raises(InputError) as info:  # the only fragment of a directory
+        read_sa_profile(tmp_path)
+    assert info.value.path == str(path) and info.value.line == 2
+
+
+def test_a_garbage_fragment_among_good_ones_is_skipped_and_counted(tmp_path):
+    """A partial artifact is read as far as it goes: one unreadable fragment does not lose the others."""
+    write_fragment(tmp_path / "fragments", 1, fragment_events(1))
+    (tmp_path / "fragments" / "trace.2.jsonl").write_bytes(b"\x00\x01garbage\n{broken\n[1]\n")
+    trace = read_sa_profile(tmp_path)
+    assert trace.spans.num_rows == 3 and trace.dropped == {"bad_json": 3} and trace.records_read == 8
+    assert any("trace.2.jsonl: skipped, no line is a JSON event" in note for note in trace.notes)
 
 
 def test_attribute_text_keeps_numbers_exactly(tmp_path):

@@ -26,7 +26,9 @@ line after a crash, garbage, NaN in a place that makes it no JSON) is
 skipped and counted as ``bad_json``; one nested too deeply as ``too_deep``;
 one longer than ``JsonLimits.max_event_bytes`` as ``overlong_line``; one
 holding a number out of range as ``bad_value``. A fragment none of whose lines
-is an event is unreadable: :class:`InputError` names its first bad line.
+is an event is skipped (its lines counted, a note says so) when there are
+others; read alone, or when every fragment is like it, it is an
+:class:`InputError` naming its first bad line.
 Events are converted by :class:`~dsprof.analysis.ingest.chrome.SpanBuilder`
 with ``source="sa_profile"``; ``line`` is the fragment's 1-based line number,
 or the event's index in a merged ``trace.json``. Reading a merge made by
@@ -79,10 +81,20 @@ def read_sa_profile(path: str | os.PathLike, progress: Progress = None, *, limit
             raise InputError(path, "no such file or directory")
         raise InputError(path, "no SA_PROFILE trace here", expected="trace.json or fragments/trace.<pid>.jsonl")
     traces = [Trace(notes=[note] if note else [])]
+    garbage: list[InputError] = []
     for file in files:
         if progress is not None:
             progress(f"reading {file}")
-        traces.append(read_fragment(file, limits, sink) if file.suffix == ".jsonl" else read_merge(file, limits, sink))
+        if file.suffix != ".jsonl":
+            traces.append(read_merge(file, limits, sink))
+            continue
+        trace, first_bad = _read_fragment(file, limits, sink)
+        if first_bad is not None:  # no line is an event: its lines are counted, and it is refused if every fragment is like it
+            garbage.append(_garbage_fragment(file, first_bad))
+            trace.notes.append(f"{file}: skipped, no line is a JSON event")
+        traces.append(trace)
+    if garbage and len(garbage) == len(files):
+        raise garbage[0]
     return merge_traces(traces)
 
 
@@ -151,6 +163,18 @@ def read_merge(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink |
 
 def read_fragment(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> Trace:
     """One ``trace.<pid>.jsonl`` fragment: one event per line, bad lines counted (see the module docstring)."""
+    trace, first_bad = _read_fragment(path, limits, sink)
+    if first_bad is not None:
+        raise _garbage_fragment(path, first_bad)
+    return trace
+
+
+def _garbage_fragment(path: Path, first_bad: int) -> InputError:
+    return InputError(path, "no line is a JSON event", line=first_bad, expected="one Chrome trace event per line")
+
+
+def _read_fragment(path: Path, limits: JsonLimits, sink: SpanSink | None) -> tuple[Trace, int | None]:
+    """A fragment's Trace, and its first bad line when none of its lines is an event (else None)."""
     builder = SpanBuilder(str(path), SOURCE, sink=sink)
     first_bad: int | None = None
     events_found = 0
@@ -163,9 +187,7 @@ def read_fragment(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSin
                 builder.add(lines.events, lines.where, skipped=lines.skipped, nulled=lines.nulled)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if not events_found and first_bad is not None:
-        raise InputError(path, "no line is a JSON event", line=first_bad, expected="one Chrome trace event per line")
-    return builder.finish()
+    return builder.finish(), first_bad if not events_found else None
 
 
 class _Lines(NamedTuple):
