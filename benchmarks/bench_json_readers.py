@@ -9,7 +9,9 @@ kernel / request spans with integer and text args, instants. Then reads
 * their merge, ``trace.json`` (the streaming document reader),
 
 each in a child process of its own, so that its peak RSS is its own; prints
-events/s (wall and CPU) and peak RSS. With ``--baseline-rev REV`` the same
+events/s (wall and CPU) and peak RSS. Both are also read with a sink that
+counts the rows and keeps none (``+sink``): the reader's own memory, which
+must not grow with the input. With ``--baseline-rev REV`` the same
 reads also run against the readers of git revision REV (checked out into a
 temporary directory and imported ahead of this checkout), side by side in the
 same run, and the ratios are printed.
@@ -97,16 +99,26 @@ def baseline_tree(rev: str, into: Path) -> Path:
     return root
 
 
+class CountingSink:
+    """A span sink that keeps nothing: what is left in memory is the reader's own."""
+
+    rows = 0
+
+    def add(self, table: pa.Table) -> None:
+        self.rows += table.num_rows
+
+
 def read_in_child(path: str, kind: str) -> dict:
     """Run in the child: read ``path`` with the SA_PROFILE reader and report time and this process's peak RSS."""
     from dsprof.analysis.ingest.sa_profile import read_sa_profile
 
+    sink = CountingSink() if kind.endswith("+sink") else None
     cpu_start = time.process_time()
     start = time.perf_counter()
-    trace = read_sa_profile(path)
+    trace = read_sa_profile(path) if sink is None else read_sa_profile(path, sink=sink)
     seconds = time.perf_counter() - start
-    return {"kind": kind, "seconds": seconds, "cpu_seconds": time.process_time() - cpu_start, "spans": len(trace.spans),
-            "dropped": trace.dropped, "peak_rss_mib": peak_rss_mib()}
+    return {"kind": kind, "seconds": seconds, "cpu_seconds": time.process_time() - cpu_start,
+            "spans": len(trace.spans) if sink is None else sink.rows, "dropped": trace.dropped, "peak_rss_mib": peak_rss_mib()}
 
 
 def peak_rss_mib() -> float:
@@ -130,7 +142,7 @@ def run_child(path: Path, kind: str, pythonpath: Path | None) -> dict:
 
 
 def report(label: str, result: dict, events: int, size_mib: float) -> None:
-    print(f"  {label:<10} {result['kind']:<10} {result['seconds']:7.2f} s wall {events / result['seconds']:>11,.0f} events/s"
+    print(f"  {label:<10} {result['kind']:<15} {result['seconds']:7.2f} s wall {events / result['seconds']:>11,.0f} events/s"
           f" | {result['cpu_seconds']:7.2f} s CPU {events / result['cpu_seconds']:>11,.0f} events/CPU-s"
           f" | {size_mib / result['seconds']:6.1f} MiB/s | peak RSS {result['peak_rss_mib']:7,.0f} MiB | spans {result['spans']:,}")
 
@@ -171,6 +183,10 @@ def main() -> None:
                 assert result["spans"] == spans, result
                 results[(label, kind)] = result
                 report(label, result, spans, size_mib)
+        for kind, path in (("fragments+sink", fragments), ("trace.json+sink", merged.path)):
+            result = run_child(path, kind, None)
+            assert result["spans"] == spans, result
+            report("current", result, spans, size_mib)
         if args.baseline_rev:
             base = trees[0][0]
             for kind in ("fragments", "trace.json"):
