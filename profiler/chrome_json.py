@@ -100,6 +100,8 @@ MEMBERS_DECODER = msgspec.json.Decoder(dict[str, msgspec.Raw])
 # Numbers are written as their exact decimal text, never through a binary float.
 JSON_ENCODER = msgspec.json.Encoder(decimal_format="number")
 
+INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+_INT64_TEXT = re.compile(r"-?[0-9]{1,19}")
 _NON_FINITE = re.compile(rb"-?Infinity|NaN")
 _BYTE_OFFSET = re.compile(r"\(byte (\d+)\)")
 _QUOTE, _BACKSLASH = ord('"'), ord("\\")
@@ -290,6 +292,13 @@ def scan_structure(data: np.ndarray) -> Structure:
         candidates = candidates[np.searchsorted(delimiters, candidates) % 2 == 0]
     chars = data[candidates]
     return Structure(candidates, chars, np.cumsum(_DEPTH_STEP[chars], dtype=np.int64), delimiters)
+
+
+def int64_of(value: Any) -> int | None:
+    """``value`` as an int64 when it is one: an int, an integral decimal, or integer text, within int64 range; else None."""
+    if type(value) is str and _INT64_TEXT.fullmatch(value) or isinstance(value, Decimal) and value.is_finite() and value.adjusted() <= 18 and value == value.to_integral_value():
+        value = int(value)
+    return value if type(value) is int and INT64_MIN <= value <= INT64_MAX else None
 
 
 def json_text(value: Any) -> str:

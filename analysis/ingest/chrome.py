@@ -67,18 +67,20 @@ from dsprof.analysis.ingest.strace_log import SpanSink
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
 from dsprof.profiler.chrome_json import (
     DEFAULT_LIMITS,
+    INT64_MAX,
+    INT64_MIN,
     MEMBERS_DECODER,
     VALUE_DECODER,
     JsonLimits,
     TraceEvent,
     compact_json,
+    int64_of,
     json_text,
     string_delimiters,
 )
 
 Progress = Callable[[str], None] | None
 
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 _MAX_US = INT64_MAX // 1000  # the largest integer µs whose ns fit int64
 _PHASE_CODES = {"X": 0, "B": 1, "E": 2, "i": 3, "I": 3, "M": 4}
 _X, _B, _E, _I, _M, _OTHER = range(6)
@@ -87,7 +89,6 @@ _PHASE_OF_INDEX = np.array([_X, _B, _E, _I, _I, _M, _OTHER], np.int8)  # index_i
 # Value status of a number column: usable, unusable (absent, null, not a number), out of range
 _OK, _MISSING, _OUT_OF_RANGE = 0, 1, 2
 _NUMERIC_TEXT = re.compile(r"-?[0-9]{1,40}(?:\.[0-9]{1,40})?(?:[eE][+-]?[0-9]{1,6})?")
-_INT64_TEXT = re.compile(r"-?[0-9]{1,19}")
 _UNSET_TYPE = type(msgspec.UNSET)
 _QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN_OBJECT, _CLOSE_OBJECT = b'"\\:,{}'
 _SPACE, _TAB, _NEWLINE, _RETURN, _OPEN_ARRAY = b" \t\n\r["
@@ -394,15 +395,11 @@ def _scalar_id(value: Any, label_key: str, attrs: dict[str, str]) -> int | None:
     """An int pid/tid: numbers as they are (None if past int64), other text hashed (original kept in attrs)."""
     if value is None or value is msgspec.UNSET or type(value) is bool:
         return 0
-    if type(value) is int:
-        return value if INT64_MIN <= value <= INT64_MAX else None
-    if isinstance(value, Decimal) and value == value.to_integral_value():
-        if value.adjusted() > 18:
-            return None
-        number = int(value)
-        return number if INT64_MIN <= number <= INT64_MAX else None
-    if type(value) is str and _INT64_TEXT.fullmatch(value) and INT64_MIN <= int(value) <= INT64_MAX:
-        return int(value)
+    number = int64_of(value)
+    if number is not None:
+        return number
+    if type(value) is int or (isinstance(value, Decimal) and value == value.to_integral_value()):
+        return None  # a number past int64
     text = value if type(value) is str else str(value) if isinstance(value, Decimal) else json_text(value)
     attrs[label_key] = text
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1

@@ -39,7 +39,6 @@ import re
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
@@ -58,6 +57,7 @@ from dsprof.profiler.chrome_json import (
     JsonLimits,
     TraceEvent,
     decode_event,
+    int64_of,
     is_utf8,
     parser_error,
     scan_structure,
@@ -70,8 +70,6 @@ _WHITESPACE = re.compile(rb"[ \t\r\n]*")
 _COMMA_AFTER = re.compile(rb"[ \t\r\n]*,")
 _SCALAR = re.compile(rb'[^ \t\r\n,\]}\[{:"]*')
 _COMMA, _CLOSE_ARRAY, _OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT, _QUOTE, _COLON = b",][{}\":"
-_INT64_TEXT = re.compile(r"-?[0-9]{1,19}")
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
 
 
 @dataclass
@@ -195,11 +193,10 @@ class ChromeDocument:
 
     def _base_time(self, value: Any, at: int) -> int:
         """baseTimeNanoseconds as an int64: an integer, an integral decimal or integer text."""
-        if type(value) is str and _INT64_TEXT.fullmatch(value) or isinstance(value, Decimal) and value.is_finite() and value.adjusted() <= 18 and value == value.to_integral_value():
-            value = int(value)
-        if type(value) is not int or not INT64_MIN <= value <= INT64_MAX:
+        base = int64_of(value)
+        if base is None:
             raise self._error(f"baseTimeNanoseconds is not an integer in int64 range: {str(value)[:40]}", at)
-        return value
+        return base
 
     def _decode_value(self, text: bytes, what: str, at: int | None = None) -> Any:
         value, reason, _, _ = decode_event(text, VALUE_DECODER)
