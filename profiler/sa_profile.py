@@ -25,14 +25,33 @@ import json
 import math
 import multiprocessing.util
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import BinaryIO, Self
+
+import msgspec
 
 from dsprof.errors import DsprofError, InputError
+from dsprof.fileio import atomic_output
+from dsprof.profiler import artifacts
+from dsprof.profiler.chrome_json import (
+    BAD_JSON,
+    BAD_VALUE,
+    DEFAULT_LIMITS,
+    EVENT_DECODER,
+    MERGE_RECORD,
+    NON_FINITE_VALUES,
+    NOT_OBJECT,
+    OVERLONG_LINE,
+    TOO_DEEP,
+    JsonLimits,
+    LineBatch,
+    decode_event,
+    line_batches,
+)
 from dsprof.profiler.strace import NOOP_SPAN
 
 ENV_OUTPUT = "SA_PROFILE_OUTPUT"
@@ -46,24 +65,6 @@ LEVEL_CATEGORIES: dict[str, frozenset[str] | None] = {
 }
 FLUSH_EVERY_EVENTS = 256
 FLUSH_INTERVAL_S = 1.0
-MERGED_NAME = "trace.json"
-_FRAGMENT_RE = re.compile(r"^trace\.(\d+)\.jsonl$")
-
-
-def fragments_dir(output: str | os.PathLike) -> Path:
-    """Where the fragments of ``output`` live: ``D/fragments`` or ``<path>.fragments``."""
-    output = Path(output)
-    if output.suffix == ".json":
-        return output.with_name(output.name + ".fragments")
-    return output / "fragments"
-
-
-def merged_path(output: str | os.PathLike) -> Path:
-    """Where the merge goes (SPEC §1): a ``.json`` output is itself the merged trace, a directory gets ``trace.json``."""
-    output = Path(output)
-    return output if output.suffix == ".json" else output / MERGED_NAME
-
-
 def _parse_levels(levels: str | Iterable[str]) -> frozenset[str] | None:
     """The categories recorded at ``levels`` (None = every category)."""
     names = levels.split(",") if isinstance(levels, str) else list(levels)
@@ -153,15 +154,15 @@ class _Recorder:
             self.buffer.clear()
             return
         if self.fd is None:
-            self.fd = self._open_fragment()
+            self.fd = self._open_fragment(self.fragments)
         data = memoryview(("\n".join(self.buffer) + "\n").encode())
         self.buffer.clear()
         while data:  # one write in practice; continue after a short write (one writer per file)
             data = data[os.write(self.fd, data) :]
 
-    def _open_fragment(self) -> int:
-        self.fragments.mkdir(parents=True, exist_ok=True)
-        path = self.fragments / f"trace.{self.pid}.jsonl"
+    def _open_fragment(self, fragments: Path) -> int:
+        fragments.mkdir(parents=True, exist_ok=True)
+        path = fragments / artifacts.fragment_name(self.pid)
         fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o644)
         # A recycled pid may find a fragment whose last line was torn by a kill;
         # start on a fresh line so that torn line does not swallow our first event.
@@ -232,11 +233,11 @@ def configure(
     with _rec.lock:
         _rec.active = output is not None
         _rec.output = Path(output) if output is not None else None
-        _rec.fragments = fragments_dir(output) if output is not None else None
+        _rec.fragments = artifacts.fragments_dir(output) if output is not None else None
         _rec.categories = categories
         _rec.flush_every = max(1, int(flush_every))
         _rec.flush_interval_s = float(flush_interval_s)
-    if _rec.active and main:
+    if _rec.fragments is not None and main:
         _remove_stale_fragments(_rec.fragments)
     return _rec.active
 
@@ -246,7 +247,7 @@ def _remove_stale_fragments(directory: Path) -> None:
     if not directory.is_dir():
         return
     for entry in directory.iterdir():
-        if _FRAGMENT_RE.match(entry.name):
+        if artifacts.FRAGMENT_PATTERN.match(entry.name):
             entry.unlink(missing_ok=True)
 
 
@@ -274,7 +275,7 @@ def _add_event(event: dict) -> None:
 class _Span:
     """An open SA_PROFILE span; ``set(**args)`` adds args before it closes."""
 
-    __slots__ = ("name", "cat", "args", "ts_us")
+    __slots__ = ("args", "cat", "name", "ts_us")
 
     def __init__(self, name: str, cat: str, args: dict):
         self.name = name
@@ -284,7 +285,7 @@ class _Span:
     def set(self, **args) -> None:
         self.args.update(args)
 
-    def __enter__(self) -> _Span:
+    def __enter__(self) -> Self:
         self.ts_us = _now_us()
         return self
 
@@ -388,42 +389,21 @@ def shutdown() -> None:
 
 @dataclass(frozen=True)
 class MergeResult:
+    """What a merge did: events written, lines skipped (by reason), NaN/Infinity values nulled."""
+
     path: Path
     events: int
     skipped_lines: int
     fragments: int
+    dropped: dict[str, int] = field(default_factory=dict)
+    non_finite_values: int = 0
 
 
-def _fragment_order(path: Path) -> tuple[int, str]:
-    match = _FRAGMENT_RE.match(path.name)
-    return (int(match.group(1)) if match else -1, path.name)
-
-
-def _valid_event_lines(data: bytes) -> tuple[list[str], int]:
-    """The lines of one fragment that are JSON objects, and how many were not.
-
-    The whole fragment is parsed as one JSON array first (one C-level pass);
-    only a fragment that fails is checked line by line.
-    """
-    text = data.decode("utf-8", errors="replace")
-    lines = [line for line in text.split("\n") if line.strip()]
-    if not lines:
-        return [], 0
-    try:
-        parsed = json.loads("[" + ",".join(lines) + "]")
-        if len(parsed) == len(lines) and all(type(event) is dict for event in parsed):
-            return lines, 0
-    except ValueError:
-        pass
-    valid = []
-    for line in lines:
-        try:
-            event = json.loads(line)
-        except ValueError:
-            continue
-        if type(event) is dict:
-            valid.append(line)
-    return valid, len(lines) - len(valid)
+# The merge's counts are known only at its end; they go into a space kept for them in
+# the head of trace.json (JSON allows the padding), so that readers find them first.
+_MERGE_COUNTS = ("events", BAD_JSON, NOT_OBJECT, TOO_DEEP, OVERLONG_LINE, BAD_VALUE, NON_FINITE_VALUES)
+_SKIP_REASONS = _MERGE_COUNTS[1:-1]
+_COUNTS_WIDTH = len(json.dumps(dict.fromkeys(_MERGE_COUNTS, 2**63 - 1), separators=(",", ":")))
 
 
 def merge_fragments(
@@ -431,37 +411,85 @@ def merge_fragments(
     progress: Callable[[str], None] | None = None,
     *,
     require_fragments: bool = False,
+    limits: JsonLimits = DEFAULT_LIMITS,
 ) -> MergeResult:
-    """Merge every fragment of ``output`` into ``trace.json`` (``{"traceEvents": [...]}``).
+    """Merge every fragment of ``output`` into its ``trace.json``, a batch of lines at a time.
 
-    Malformed or torn lines are skipped and counted in ``skipped_lines``, never fatal.
-    A run that recorded nothing still gets an empty trace; ``require_fragments``
-    (the CLI) raises :class:`InputError` instead, so that a mistyped path does
-    not overwrite an existing ``.json`` file with an empty trace.
+    Exactly the files the reader takes are merged (``trace.<pid>.jsonl``,
+    :func:`dsprof.profiler.artifacts.fragment_files`), each as it was when
+    the merge began (its size then). A line is kept when the reader would
+    read an event from it (:func:`dsprof.profiler.chrome_json.decode_event`);
+    others are skipped and counted by reason (``skipped_lines``, ``dropped``),
+    never fatal; NaN/Infinity values are written as null and counted. The
+    fragments merged (name and size) and the counts are recorded in the
+    merge's ``otherData`` (see :data:`~dsprof.profiler.chrome_json.MERGE_RECORD`).
+
+    ``trace.json`` is replaced atomically, and never by an empty merge: when
+    the fragments hold no event (only garbage), or there are no fragments and
+    a ``trace.json`` exists, :class:`InputError` is raised and the old file
+    stays. A run that recorded nothing and has no merge yet gets an empty
+    trace, unless ``require_fragments`` (the CLI): then it is an error too.
     """
     if _rec.active:
         _rec.flush()
-    directory = fragments_dir(output)
-    paths = sorted((p for p in directory.glob("trace.*.jsonl") if _FRAGMENT_RE.match(p.name)), key=_fragment_order) if directory.is_dir() else []
-    if require_fragments and not paths:
-        raise InputError(directory, "no SA_PROFILE fragments to merge", expected="trace.<pid>.jsonl files")
-    events: list[str] = []
-    skipped = 0
-    for index, path in enumerate(paths, 1):
-        lines, bad = _valid_event_lines(path.read_bytes())
-        events.extend(lines)
-        skipped += bad
-        if progress is not None:
-            progress(f"merged fragment {index}/{len(paths)}: {path.name} ({len(lines)} events, {bad} skipped)")
-    target = merged_path(output)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    partial = target.with_name(target.name + f".{os.getpid()}.tmp")
-    with open(partial, "w", encoding="utf-8") as out:
-        out.write('{"traceEvents":[\n')
-        out.write(",\n".join(events))
-        out.write("\n]}\n")
-    os.replace(partial, target)
-    return MergeResult(path=target, events=len(events), skipped_lines=skipped, fragments=len(paths))
+    directory = artifacts.fragments_dir(output)
+    paths = artifacts.fragment_files(directory)
+    target = artifacts.merged_path(output)
+    kept = f"; {target} left as it was" if target.exists() else ""
+    if not paths and (require_fragments or target.exists()):
+        raise InputError(directory, f"no SA_PROFILE fragments to merge{kept}", expected="trace.<pid>.jsonl files")
+    sizes = {path.name: path.stat().st_size for path in paths}
+    counts = dict.fromkeys(_MERGE_COUNTS, 0)
+    with atomic_output(target) as out:
+        out.write(b'{"otherData":{"' + MERGE_RECORD.encode() + b'":{"fragments":' + json.dumps(sizes).encode() + b',"counts":')
+        counts_at = out.tell()
+        out.write(b" " * _COUNTS_WIDTH + b'}},\n"traceEvents":[')
+        separator = b"\n"
+        for index, path in enumerate(paths, 1):
+            before = dict(counts)
+            try:
+                with path.open("rb") as fragment:
+                    for batch in line_batches(fragment, limits, size=sizes[path.name]):
+                        separator = _write_events(batch, out, separator, counts)
+            except OSError as exc:
+                raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
+            if progress is not None:
+                skipped = sum(counts[k] - before[k] for k in _SKIP_REASONS)
+                progress(f"merged fragment {index}/{len(paths)}: {path.name} ({counts['events'] - before['events']} events, {skipped} skipped)")
+        if paths and not counts["events"]:
+            raise InputError(directory, f"no fragment line is a JSON event{kept}", expected="one Chrome trace event per line")
+        out.write(b"\n]}\n")
+        out.seek(counts_at)
+        out.write(json.dumps(counts, separators=(",", ":")).encode().ljust(_COUNTS_WIDTH))
+    dropped = {k: counts[k] for k in _SKIP_REASONS if counts[k]}
+    return MergeResult(path=target, events=counts["events"], skipped_lines=sum(dropped.values()), fragments=len(paths),
+                       dropped=dropped, non_finite_values=counts[NON_FINITE_VALUES])
+
+
+def _write_events(batch: LineBatch, out: BinaryIO, separator: bytes, counts: dict[str, int]) -> bytes:
+    """Write the event lines of a batch (after ``separator``), count the others; returns the next separator."""
+    counts[OVERLONG_LINE] += len(batch.overlong)
+    if not batch.overlong and batch.utf8:
+        try:  # the common case: every line is an event, written as it is
+            for line in batch.lines:
+                EVENT_DECODER.decode(line)
+            out.write(separator + b",\n".join(batch.lines))
+            counts["events"] += len(batch.lines)
+            return b",\n" if batch.lines else separator
+        except (msgspec.DecodeError, RecursionError, ArithmeticError):
+            pass
+    pieces: list[bytes] = []
+    for line in batch.lines:
+        decoded = decode_event(line)
+        if decoded.reason is None:
+            pieces += [separator, decoded.text]
+            separator = b",\n"
+            counts[NON_FINITE_VALUES] += decoded.nulled
+        elif line.strip():
+            counts[decoded.reason] += 1
+    counts["events"] += len(pieces) // 2
+    out.write(b"".join(pieces))
+    return separator
 
 
 if os.environ.get(ENV_OUTPUT):

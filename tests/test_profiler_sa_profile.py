@@ -13,8 +13,9 @@ import time
 
 import pytest
 
-from dsprof.errors import DsprofError
+from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import sa_profile as sa
+from dsprof.profiler.chrome_json import MERGE_RECORD, NON_FINITE_VALUES, JsonLimits
 
 
 @pytest.fixture(autouse=True)
@@ -79,7 +80,7 @@ def test_environment_switches_recording_on_in_a_new_process(tmp_path):
         "with sa.span('request', 'request'): pass\n"
     )
     env = {**os.environ, sa.ENV_OUTPUT: str(output), sa.ENV_LEVEL: "kernel"}
-    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 0, proc.stderr
     fragments = list((tmp_path / "run" / "trace.json.fragments").glob("trace.*.jsonl"))
     assert len(fragments) == 1
@@ -109,7 +110,7 @@ def test_event_shapes_timestamps_and_args(tmp_path):
     sa.set_thread_name("scheduler-loop")
     before_us = time.perf_counter_ns() // 1000
     with sa.span("request", "request", rid="r1", big=2**70, obj=object(), nan=float("nan"), nested={"a": [1, 2]}) as outer:
-        with sa.span("step", "scheduler") as inner:
+        with sa.span("step", "scheduler"):
             time.sleep(0.001)
             sa.instant("token", "serving", n=1)
         outer.set(tokens=256)
@@ -303,7 +304,7 @@ def test_merge_skips_and_counts_torn_and_malformed_lines(tmp_path):
     )
     (fragments / "trace.12.jsonl").write_text(json.dumps({**good, "pid": 12}) + "\n")
     (fragments / "unrelated.txt").write_text("ignored\n")
-    progress = []
+    progress: list[str] = []
     result = sa.merge_fragments(tmp_path, progress=progress.append)
     assert (result.events, result.skipped_lines, result.fragments) == (3, 3, 2)
     merged = json.loads((tmp_path / "trace.json").read_text())
@@ -314,7 +315,92 @@ def test_merge_skips_and_counts_torn_and_malformed_lines(tmp_path):
 def test_merge_of_empty_output_writes_empty_trace(tmp_path):
     result = sa.merge_fragments(tmp_path / "nothing")
     assert (result.events, result.skipped_lines, result.fragments) == (0, 0, 0)
-    assert json.loads(result.path.read_text()) == {"traceEvents": []}
+    merged = json.loads(result.path.read_text())
+    assert merged["traceEvents"] == [] and merged["otherData"][MERGE_RECORD]["fragments"] == {}
+
+
+def test_merge_never_replaces_a_trace_with_an_empty_one(tmp_path):
+    """Fragments holding only garbage, or no fragments at all: an error, and the old trace.json stays byte for byte."""
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    (fragments / "trace.3.jsonl").write_text('{"name":"a","ph":"X","ts":1,"dur":1,"pid":3,"tid":3,"args":{}}\n')
+    sa.merge_fragments(tmp_path)
+    good = (tmp_path / "trace.json").read_bytes()
+    (fragments / "trace.3.jsonl").write_bytes(b"\x00garbage\n[1, 2]\n{torn")
+    with pytest.raises(InputError, match="no fragment line is a JSON event; .*trace.json left as it was") as info:
+        sa.merge_fragments(tmp_path)
+    assert info.value.path == str(fragments)
+    assert (tmp_path / "trace.json").read_bytes() == good
+    (fragments / "trace.3.jsonl").unlink()
+    with pytest.raises(InputError, match="no SA_PROFILE fragments to merge; .*left as it was"):
+        sa.merge_fragments(tmp_path)
+    assert (tmp_path / "trace.json").read_bytes() == good
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fragments", "trace.json"]  # no temporary file left behind
+
+
+def test_cli_merge_of_garbage_exits_2_with_one_line(tmp_path):
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    (fragments / "trace.8.jsonl").write_text("garbage\n")
+    proc = subprocess.run([sys.executable, "-m", "dsprof.cli.main", "merge", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    assert proc.returncode == 2, proc.stderr
+    error = proc.stderr.splitlines()[-1]  # after the progress line: one line, no traceback
+    assert error == f"dsprof: error: {fragments}: no fragment line is a JSON event (expected one Chrome trace event per line)"
+    assert "Traceback" not in proc.stderr and not (tmp_path / "trace.json").exists()
+
+
+def test_merge_nulls_non_finite_values_and_writes_strict_json(tmp_path):
+    """NaN/Infinity (Python's json writes them) never reach trace.json: strict parsers must read it."""
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    lines = [
+        '{"name":"a","ph":"X","ts":1,"dur":2,"pid":4,"tid":4,"args":{"loss":NaN,"text":"NaN stays","v":[Infinity,-Infinity]}}',
+        '{"name":"b","ph":"X","ts":3,"dur":NaN,"pid":4,"tid":4,"args":{}}',
+        json.dumps({"name": "c", "ph": "i", "ts": 5, "pid": 4, "tid": 4, "args": {"x": 1.10}}).replace("1.1", "1.10"),
+    ]
+    (fragments / "trace.4.jsonl").write_text("\n".join(lines) + "\n")
+    result = sa.merge_fragments(tmp_path)
+    assert (result.events, result.skipped_lines, result.non_finite_values) == (3, 0, 4)
+    text = (tmp_path / "trace.json").read_text()
+
+    def refuse(constant):
+        raise ValueError(constant)
+
+    merged = json.loads(text, parse_constant=refuse)  # strict: NaN/Infinity would raise
+    events = merged["traceEvents"]
+    assert events[0]["args"] == {"loss": None, "text": "NaN stays", "v": [None, None]}
+    assert events[1]["dur"] is None
+    assert '"x": 1.10' in text or '"x":1.10' in text  # the other lines are copied as they are
+    assert merged["otherData"][MERGE_RECORD]["counts"][NON_FINITE_VALUES] == 4
+
+
+def test_merge_takes_exactly_the_fragments_the_reader_reads(tmp_path):
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    event = {"name": "a", "ph": "X", "ts": 1, "dur": 1, "pid": 1, "tid": 1, "args": {}}
+    for name in ("trace.1.jsonl", "trace.x.jsonl", "other.jsonl", "trace.2.jsonl.bak", "trace.2.json"):
+        (fragments / name).write_text(json.dumps(event) + "\n")
+    result = sa.merge_fragments(tmp_path)
+    assert (result.events, result.fragments) == (1, 1)
+    record = json.loads((tmp_path / "trace.json").read_text())["otherData"][MERGE_RECORD]
+    assert record["fragments"] == {"trace.1.jsonl": (fragments / "trace.1.jsonl").stat().st_size}
+
+
+def test_merge_counts_by_reason_and_records_them(tmp_path):
+    """Skipped lines are counted by reason in the result and in the merge's otherData (readers report them)."""
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    good = json.dumps({"name": "a", "ph": "X", "ts": 1, "dur": 1, "pid": 1, "tid": 1, "args": {}})
+    deep = '{"name":"d","args":' + "[" * 100_000 + "]" * 100_000 + "}"
+    huge_int = '{"name":"h","ts":' + "9" * 100_000 + "}"
+    (fragments / "trace.1.jsonl").write_text("\n".join([good, "torn {", "[1]", deep, huge_int, "x" * 5000, good]) + "\n")
+    result = sa.merge_fragments(tmp_path, limits=JsonLimits(max_event_bytes=4096))
+    # the deep and huge lines are longer than the 4 KiB limit too: cut before they are parsed
+    assert result.dropped == {"bad_json": 1, "not_object": 1, "overlong_line": 3} and result.events == 2
+    result = sa.merge_fragments(tmp_path)
+    assert result.dropped == {"bad_json": 2, "not_object": 1, "too_deep": 1, "bad_value": 1} and result.skipped_lines == 5
+    counts = json.loads((tmp_path / "trace.json").read_text())["otherData"][MERGE_RECORD]["counts"]
+    assert counts["events"] == 2 and counts["too_deep"] == 1 and counts["bad_json"] == 2
 
 
 def test_recycled_pid_fragment_with_torn_tail_keeps_new_events(tmp_path):

@@ -31,13 +31,15 @@ import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from dsprof.analysis.ingest.chrome import GZIP_MAGIC, read_chrome_trace
+from dsprof.analysis.ingest.chrome import read_chrome_trace
+from dsprof.analysis.ingest.json_stream import GZIP_MAGIC
 from dsprof.analysis.ingest.sa_profile import read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
 from dsprof.analysis.ingest.strace_log import SpanSink, read_strace_log
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
+from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
 
 __all__ = ["read_paths", "SpanSink"]
 
@@ -46,8 +48,11 @@ SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
 
 
 def read_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike, progress: Progress = None,
-               sink: SpanSink | None = None, logs: bool = True) -> Trace:
-    """Read every path (see the module docstring) and merge the results; ``logs=False`` leaves text logs out."""
+               sink: SpanSink | None = None, limits: JsonLimits = DEFAULT_LIMITS, logs: bool = True) -> Trace:
+    """Read every path (see the module docstring) and merge the results.
+
+    ``limits`` bound JSON input; ``logs=False`` leaves text logs out (the cluster engine reads them elsewhere).
+    """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     traces: list[Trace] = []
@@ -56,7 +61,7 @@ def read_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike, progress:
         if path.resolve() in seen:  # the same input named twice is read once
             continue
         seen.add(path.resolve())
-        traces.extend(_read_one(path, progress, sink, logs))
+        traces.extend(_read_one(path, progress, sink, limits, logs))
     return merge_traces(traces)
 
 
@@ -65,27 +70,27 @@ def is_text_log(path: Path) -> bool:
     return path.name not in SIDE_FILES and path.suffix not in (".json", ".jsonl", ".gz") and not _starts_with_gzip_magic(path)
 
 
-def _read_one(path: Path, progress: Progress, sink: SpanSink | None, logs: bool) -> list[Trace]:
+def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool) -> list[Trace]:
     if not path.exists():
         if artifacts.fragments_dir(path).is_dir():  # an SA_PROFILE .json output whose merge was never written
-            return [read_sa_profile(path, progress=progress)]
+            return [read_sa_profile(path, progress=progress, limits=limits, sink=sink)]
         raise InputError(path, "no such file or directory")
     if path.is_dir():
-        return _read_directory(path, progress, sink, logs)
+        return _read_directory(path, progress, sink, limits, logs)
     if path.name in SIDE_FILES:
         return [read_side_file(path)]
     if progress is not None:
         progress(f"reading {path}")
     if path.suffix == ".jsonl":
-        return [read_sa_profile(path)]
+        return [read_sa_profile(path, limits=limits, sink=sink)]
     if path.suffix in (".json", ".gz") or _starts_with_gzip_magic(path):
         if _is_sa_profile_merge(path):
-            return [read_sa_profile(path)]
-        return [read_chrome_trace(path)]
+            return [read_sa_profile(path, limits=limits, sink=sink)]
+        return [read_chrome_trace(path, limits=limits, sink=sink)]
     return [read_strace_log(path, progress=progress, sink=sink)] if logs else []
 
 
-def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, logs: bool) -> list[Trace]:
+def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool) -> list[Trace]:
     traces = []
     for log in sorted(path.glob("*.log")) if logs else []:
         if log.is_file():
@@ -94,12 +99,12 @@ def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, logs:
             traces.append(read_strace_log(log, progress=progress, sink=sink))
     serving = path / artifacts.SERVING_TRACE_DIR
     if serving.is_dir():
-        traces.append(read_sa_profile(serving, progress=progress))
+        traces.append(read_sa_profile(serving, progress=progress, limits=limits, sink=sink))
     elif (path / artifacts.MERGED_TRACE).is_file() or (path / artifacts.FRAGMENTS_DIR).is_dir() or artifacts.fragment_files(path):
-        traces.append(read_sa_profile(path, progress=progress))
+        traces.append(read_sa_profile(path, progress=progress, limits=limits, sink=sink))
     for kineto in sorted([*path.glob("*.trace.json"), *path.glob("*.trace.json.gz")]):
         if kineto.is_file() and kineto.name != artifacts.MERGED_TRACE:
-            traces.append(read_chrome_trace(kineto, progress=progress))
+            traces.append(read_chrome_trace(kineto, progress=progress, limits=limits, sink=sink))
     for name in SIDE_FILES:
         if (path / name).is_file():
             traces.append(read_side_file(path / name))

@@ -1,281 +1,604 @@
 """Reader for Chrome Trace Event Format JSON (generic Chrome / PyTorch Kineto traces).
 
 Accepts a top-level list of events or an object with ``traceEvents``, plain
-or gzip-compressed (by ``.gz`` suffix or gzip magic bytes). Also the event
-converter that the SA_PROFILE reader shares (:func:`events_to_trace`).
+or gzip-compressed (by gzip magic bytes), read as a stream
+(:mod:`dsprof.analysis.ingest.json_stream`): memory holds one batch of events
+and the rows made so far, whatever the file's size. Also the event converter
+that the SA_PROFILE reader shares (:class:`SpanBuilder`): decoded events
+(:class:`~dsprof.profiler.chrome_json.TraceEvent`, parsed by msgspec with the
+rules of :mod:`dsprof.profiler.chrome_json`) become span rows a batch at a
+time, column by column.
 
 Conversion rules:
 
-* ``ts``/``dur`` are microseconds, integer or fractional; they are converted
-  to integer nanoseconds exactly (numbers are parsed as decimals, never via
-  binary floats) with round-half-even, and a top-level
-  ``baseTimeNanoseconds`` (Kineto) is added to ``ts``.
-* ``X`` → ``ph="X"``; ``B``/``E`` are paired per (pid, tid) as a stack into
-  one ``X`` row (its attrs merge the B and E args); ``i``/``I`` → ``ph="i"``,
-  ``dur_ns=0``.
+* ``ts``/``dur`` are microseconds, integer or fractional (or numeric
+  strings); they are converted to integer nanoseconds exactly (fractions are
+  decimals from the number's text, never binary floats) with
+  round-half-even, and a top-level ``baseTimeNanoseconds`` (Kineto) is added
+  to ``ts``, wherever in the document it stands.
+* ``X`` → ``ph="X"`` (a missing ``dur`` is 0); ``B``/``E`` are paired per
+  (pid, tid) as a stack into one ``X`` row (its attrs merge the B and E args,
+  E's value winning); ``i``/``I`` → ``ph="i"``, ``dur_ns=0``.
 * ``M`` events named ``process_name``/``thread_name`` go to
-  ``Trace.extras["process_names"]`` (``{pid: name}``) and
-  ``Trace.extras["thread_names"]`` (``{(pid, tid): name}``); the span table
-  holds no metadata rows.
-* ``pid``/``tid`` that are numeric strings become ints; other strings become a
-  stable 63-bit hash and the original text is kept in ``attrs`` as
-  ``pid_label``/``tid_label``.
-* ``args`` become ``attrs``: strings as they are, everything else (numbers,
-  booleans, nested objects) as JSON text.
-* Dropped and counted: events that are not objects or lack a usable ``ts``
-  (``bad_event``), an ``E`` without a ``B`` (``unmatched_end``), a ``B``
-  never closed (``unmatched_begin``), other phases such as counters or flows
-  (``unsupported_phase``) and other metadata (``unsupported_metadata``).
+  ``Trace.process_names`` (``{pid: name}``) and ``Trace.thread_names``
+  (``{(pid, tid): name}``); the span table holds no metadata rows.
+* ``pid``/``tid``: integers as they are; numeric strings become ints; other
+  strings (and other values) become a stable 63-bit hash and the original text
+  is kept in ``attrs`` as ``pid_label``/``tid_label``; null or absent is 0.
+* ``args`` become ``attrs``: strings decoded, everything else (numbers,
+  booleans, null, nested objects) as its JSON text exactly as written, less
+  the whitespace between tokens (``1.10`` stays ``1.10``, ``1e3`` stays
+  ``1e3``, ``{"a": [1, 2]}`` becomes ``{"a":[1,2]}``); ``args`` that is not an
+  object is kept whole as ``args``, ``null`` gives no attributes. A key
+  repeated within one object is kept as often as it occurs in compact
+  objects (the promoted column takes the first), once (the last) in others.
+* ``name``/``cat``: strings as they are, absent or null as ``""``, other
+  values as JSON text.
+* Dropped and counted: events that are not objects or lack a usable
+  ``ts`` / ``dur`` (``bad_event``); a ``ts``, ``dur``, ``pid`` or ``tid`` that
+  is a number out of range — past int64 once in nanoseconds, also after
+  adding ``baseTimeNanoseconds`` — (``bad_value``); a ``dur`` below zero
+  (``negative_duration``); an ``E`` without a ``B`` (``unmatched_end``), a
+  ``B`` never closed (``unmatched_begin``), other phases such as counters or
+  flows (``unsupported_phase``) and other metadata (``unsupported_metadata``).
 * ``line`` is the event's 0-based index in ``traceEvents`` (for JSONL
   fragments, the 1-based line number).
 """
 
 from __future__ import annotations
 
-import decimal
-import gzip
 import hashlib
-import json
 import os
-from decimal import Decimal
+import re
+import tempfile
+from collections.abc import Callable, Iterator
+from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Any
 
+import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyarrow import ipc
 
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, split_attributes
-from dsprof.errors import InputError
-
-GZIP_MAGIC = b"\x1f\x8b"
-_NS_PER_US = Decimal(1000)
+from dsprof.analysis.ingest.json_stream import ChromeDocument
+from dsprof.analysis.ingest.strace_log import SpanSink
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
+from dsprof.profiler.chrome_json import (
+    DEFAULT_LIMITS,
+    INT64_MAX,
+    INT64_MIN,
+    MEMBERS_DECODER,
+    VALUE_DECODER,
+    JsonLimits,
+    TraceEvent,
+    compact_json,
+    int64_of,
+    json_text,
+    string_delimiters,
+)
 
 Progress = Callable[[str], None] | None
 
+_MAX_US = INT64_MAX // 1000  # the largest integer µs whose ns fit int64
+_PHASE_CODES = {"X": 0, "B": 1, "E": 2, "i": 3, "I": 3, "M": 4}
+_X, _B, _E, _I, _M, _OTHER = range(6)
+_PHASE_NAMES = pa.array(["X", "B", "E", "i", "I", "M"])
+_PHASE_OF_INDEX = np.array([_X, _B, _E, _I, _I, _M, _OTHER], np.int8)  # index_in result (null -> 6) to phase code
+# Value status of a number column: usable, unusable (absent, null, not a number), out of range
+_OK, _MISSING, _OUT_OF_RANGE = 0, 1, 2
+_NUMERIC_TEXT = re.compile(r"-?[0-9]{1,40}(?:\.[0-9]{1,40})?(?:[eE][+-]?[0-9]{1,6})?")
+_UNSET_TYPE = type(msgspec.UNSET)
+_QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN_OBJECT, _CLOSE_OBJECT = b'"\\:,{}'
+_SPACE, _TAB, _NEWLINE, _RETURN, _OPEN_ARRAY = b" \t\n\r["
+# B/E rows kept until the end of a file, where they are paired
+_BEGIN_END_SCHEMA = pa.schema(
+    [("line", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("ts_ns", pa.int64()), ("begin", pa.bool_()),
+     ("name", pa.string()), ("cat", pa.string()), ("attrs", pa.map_(pa.string(), pa.string()))]
+)
 
-def read_chrome_trace(path: str | os.PathLike, progress: Progress = None, source: str = "chrome") -> Trace:
-    """Read a Chrome/Kineto JSON trace (``.json`` or gzip) into a Trace."""
+
+def read_chrome_trace(path: str | os.PathLike, progress: Progress = None, source: str = "chrome", *,
+                      limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> Trace:
+    """Read a Chrome/Kineto JSON trace (``.json`` or gzip) into a Trace (spans to ``sink`` when given)."""
     path = Path(path)
     if progress is not None:
         progress(f"reading {path}")
-    document = load_json_document(path)
-    if isinstance(document, list):
-        events, base_ns = document, 0
-    elif isinstance(document, dict) and isinstance(document.get("traceEvents"), list):
-        events = document["traceEvents"]
-        base_ns = _base_time_ns(document, path)
-    else:
-        raise InputError(path, "JSON is not a Chrome trace", expected='a list of events or {"traceEvents": [...]}')
-    return events_to_trace(enumerate(events), str(path), source, base_ns=base_ns)
+    return read_document(path, source, limits, sink)[0]
 
 
-def load_json_document(path: Path) -> object:
-    """Parse a (possibly gzipped) JSON file, numbers as exact decimals; bad JSON names file and line."""
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-    if raw[:2] == GZIP_MAGIC:
+def read_document(path: Path, source: str, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> tuple[Trace, ChromeDocument]:
+    """A Chrome JSON document's Trace, and the document (for its top-level members)."""
+    document = ChromeDocument(path, limits)
+    builder = SpanBuilder(str(path), source, sink=sink)
+    for batch in document.batches():
+        builder.base_ns = document.base_ns if document.base_before_events else None
+        builder.add(batch.events, batch.index, skipped=batch.dropped, nulled=batch.nulled)
+    trace = builder.finish(document.base_ns or 0)
+    trace.notes.extend(document.notes)
+    return trace, document
+
+
+class SpanBuilder:
+    """Span rows of one file from batches of decoded events (see the module docstring for the rules).
+
+    ``base_ns`` is added to every ``ts``; ``None`` while it is not known yet
+    (Kineto writes ``baseTimeNanoseconds`` after ``traceEvents``): rows are then
+    held — in memory, or in a temporary Arrow file when a ``sink`` bounds
+    memory — and get it in :meth:`finish`. ``B``/``E`` rows are held until
+    :meth:`finish` too, where they are paired.
+    """
+
+    def __init__(self, file: str, source: str, sink: SpanSink | None = None):
+        self.file = file
+        self.source = source
+        self.sink = sink
+        self.base_ns: int | None = 0
+        self.trace = Trace(files=[file])
+        self.nulled = 0  # NaN/Infinity values read as null
+        self._ready: list[pa.Table] = []  # rows with their final ts (kept when there is no sink)
+        self._held = _HeldTables(spill=sink is not None)  # rows waiting for base_ns
+        self._begin_end: list[pa.Table] = []
+
+    def add(self, events: list[TraceEvent], where: np.ndarray, *, skipped: dict[str, int] | None = None, nulled: int = 0) -> None:
+        """Convert one batch; ``where`` holds each event's line number or index.
+
+        ``skipped`` counts the batch's records that were no events, by reason;
+        ``nulled`` the NaN/Infinity values its events held (read as null).
+        """
+        self.trace.records_read += len(events) + sum((skipped or {}).values())
+        for reason, count in (skipped or {}).items():
+            self.trace.count(reason, count)
+        self.nulled += nulled
+        table, begin_end = self._convert(events, where)
+        if begin_end.num_rows:
+            self._begin_end.append(begin_end)
+        if not table.num_rows:
+            return
+        if self.base_ns is None:
+            self._held.add(table)
+        else:
+            self._emit(self._with_base(table, self.base_ns))
+
+    def finish(self, base_ns: int = 0) -> Trace:
+        """The file's Trace: held rows get ``base_ns``; B/E pairs are made."""
+        for table in self._held.tables():
+            self._emit(self._with_base(table, base_ns))
+        paired = False
+        if self._begin_end:
+            pairs = _pair_begin_end(pa.concat_tables(self._begin_end), self.trace)
+            self._begin_end = []
+            if len(pairs["line"]):
+                self._emit(self._with_base(self._span_table(pairs), base_ns))
+                paired = True
+        if self.sink is None:
+            spans = pa.concat_tables(self._ready) if self._ready else SPAN_SCHEMA.empty_table()
+            self.trace.spans = spans.sort_by("line") if paired else spans  # pairs were made last (a stable sort)
+        if self.nulled:
+            self.trace.notes.append(f"{self.file}: {self.nulled} NaN/Infinity value(s) read as null (not JSON)")
+        self.trace.dropped = {k: v for k, v in self.trace.dropped.items() if v}
+        return self.trace
+
+    def _emit(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        if self.sink is not None:
+            self.sink.add(table)
+        else:
+            self._ready.append(table)
+
+    def _with_base(self, table: pa.Table, base_ns: int) -> pa.Table:
+        """``ts_ns + base_ns``, dropping (as ``bad_value``) rows that it would take past int64."""
+        if not base_ns:
+            return table
+        ts = table.column("ts_ns").to_numpy()
+        fits = ts <= INT64_MAX - base_ns if base_ns > 0 else ts >= INT64_MIN - base_ns
+        if not fits.all():
+            self.trace.count("bad_value", int((~fits).sum()))
+            table = table.filter(pa.array(fits))
+            ts = ts[fits]
+        return table.set_column(table.schema.get_field_index("ts_ns"), "ts_ns", pa.array(ts + base_ns, pa.int64()))
+
+    def _convert(self, events: list[TraceEvent], where: np.ndarray) -> tuple[pa.Table, pa.Table]:
+        """X/i rows (span table) and B/E rows (kept for pairing) of one batch; drops are counted."""
+        phase = _phase_codes([e.ph for e in events])
+        for i in np.flatnonzero(phase == _M).tolist():  # metadata: a few per process
+            self._metadata(events[i])
+        self.trace.count("unsupported_phase", int((phase == _OTHER).sum()))
+        keep = np.flatnonzero(phase <= _I)
+        if len(keep) < len(events):
+            events = [events[i] for i in keep.tolist()]
+            where, phase = where[keep], phase[keep]
+        ts_ns, ts_status = _ns_column([e.ts for e in events])
+        dur_ns, dur_status = _ns_column([e.dur for e in events], absent_is_zero=True)
+        is_x = phase == _X
+        dur_ns[~is_x] = 0
+        dur_status[~is_x] = _OK
+        pid, pid_labels, pid_status = _id_column([e.pid for e in events])
+        tid, tid_labels, tid_status = _id_column([e.tid for e in events])
+        status = np.maximum.reduce([ts_status, dur_status, pid_status, tid_status])
+        self.trace.count("bad_event", int((status == _MISSING).sum()))
+        self.trace.count("bad_value", int((status == _OUT_OF_RANGE).sum()))
+        negative = (status == _OK) & (dur_ns < 0)
+        self.trace.count("negative_duration", int(negative.sum()))
+        usable = (status == _OK) & ~negative
+        counts, keys, values = _attribute_pairs([e.args for e in events], pid_labels, tid_labels)
+        columns = {
+            "line": where, "pid": pid, "tid": tid, "ts_ns": ts_ns, "dur_ns": dur_ns,
+            "name": _text_column([e.name for e in events]), "cat": _text_column([e.cat for e in events]),
+        }
+        spans = usable & ((phase == _X) | (phase == _I))
+        begin_end = usable & ((phase == _B) | (phase == _E))
+        table = self._span_table(_rows(columns, phase, counts, keys, values, spans))
+        if not begin_end.any():
+            return table, _BEGIN_END_SCHEMA.empty_table()
+        be_rows = _rows(columns, phase, counts, keys, values, begin_end)
+        be_table = pa.table(
+            {**{k: be_rows[k] for k in ("line", "pid", "tid", "ts_ns")}, "begin": pa.array(be_rows["phase"] == _B),
+             "name": be_rows["name"], "cat": be_rows["cat"], "attrs": be_rows["attrs"]},
+            schema=_BEGIN_END_SCHEMA,
+        )
+        return table, be_table
+
+    def _metadata(self, event: TraceEvent) -> None:
+        attrs: dict[str, str] = {}
+        pid = _scalar_id(event.pid, "pid_label", attrs)
+        tid = _scalar_id(event.tid, "tid_label", attrs)
+        members = dict(_members_by_parser(event.args)) if isinstance(event.args, msgspec.Raw) else {}
+        if pid is None or tid is None or "name" not in members:
+            self.trace.count("unsupported_metadata" if pid is not None and tid is not None else "bad_value")
+            return
+        label = _value_texts([members["name"]])[0].as_py()
+        if event.name == "process_name":
+            self.trace.process_names[pid] = label
+        elif event.name == "thread_name":
+            self.trace.thread_names[(pid, tid)] = label
+        else:
+            self.trace.count("unsupported_metadata")
+
+    def _span_table(self, rows: dict[str, Any]) -> pa.Table:
+        """SPAN_SCHEMA rows from converted columns (attrs as a map, split into the promoted columns here)."""
+        n = len(rows["line"])
+        offsets, keys, values = attr_map_parts(rows["attrs"])
+        promoted, attrs = split_attributes(offsets, keys, values)
+        columns = {
+            "source": pa.repeat(pa.scalar(self.source), n),
+            "file": pa.repeat(pa.scalar(self.file), n),
+            "line": pa.array(rows["line"], pa.int64()),
+            "pid": pa.array(rows["pid"], pa.int64()),
+            "tid": pa.array(rows["tid"], pa.int64()),
+            "name": rows["name"],
+            "cat": rows["cat"],
+            "ph": pa.repeat(pa.scalar("X"), n) if "phase" not in rows else pa.array(np.where(rows["phase"] == _X, "X", "i"), pa.string()),
+            "ts_ns": pa.array(rows["ts_ns"], pa.int64()),
+            "dur_ns": pa.array(rows["dur_ns"], pa.int64()),
+            "inv": pa.nulls(n, pa.uint64()),
+            "hid": pa.repeat(pa.scalar(""), n),
+            "depth": pa.nulls(n, pa.int64()),
+            "clk": pa.repeat(pa.scalar("host"), n),
+            **promoted,
+            "attrs": attrs,
+        }
+        return pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA)
+
+
+class _HeldTables:
+    """Span tables waiting for ``baseTimeNanoseconds``: a list, or a temporary Arrow IPC file (``spill``)."""
+
+    def __init__(self, spill: bool):
+        self.spill = spill
+        self._tables: list[pa.Table] = []
+        self._file: Any = None
+        self._writer: ipc.RecordBatchFileWriter | None = None
+
+    def add(self, table: pa.Table) -> None:
+        if not self.spill:
+            self._tables.append(table)
+            return
+        if self._writer is None:
+            self._file = tempfile.TemporaryFile(prefix="dsprof-spans-")  # noqa: SIM115 (open across add() calls, closed in tables())
+            self._writer = ipc.new_file(self._file, SPAN_SCHEMA)
+        self._writer.write_table(table)
+
+    def tables(self) -> Iterator[pa.Table]:
+        """Each held table once, then nothing is held."""
+        yield from self._tables
+        self._tables = []
+        if self._writer is not None:
+            self._writer.close()
+            self._file.seek(0)
+            reader = ipc.open_file(self._file)
+            for i in range(reader.num_record_batches):
+                yield pa.Table.from_batches([reader.get_batch(i)])
+            self._file.close()
+            self._writer = self._file = None
+
+
+def _phase_codes(phases: list[Any]) -> np.ndarray:
+    """One code per event: X, B, E, i (i or I), M, or other (anything else, non-strings too)."""
+    if set(map(type, phases)) <= {str}:
+        index = pc.index_in(pa.array(phases, pa.string()), value_set=_PHASE_NAMES).fill_null(len(_PHASE_NAMES))
+        return _PHASE_OF_INDEX[index.to_numpy()]
+    return np.fromiter((_PHASE_CODES.get(p, _OTHER) if type(p) is str else _OTHER for p in phases), np.int8, len(phases))
+
+
+def _ns_column(values: list[Any], absent_is_zero: bool = False) -> tuple[np.ndarray, np.ndarray]:
+    """Microseconds to int64 ns, and a status per value (_OK, _MISSING, _OUT_OF_RANGE).
+
+    All-integer and all-decimal batches are converted vectorised; anything
+    else (or a failure there, e.g. a value out of range) value by value.
+    """
+    kinds = set(map(type, values))
+    if absent_is_zero and _UNSET_TYPE in kinds:
+        values = [0 if v is msgspec.UNSET else v for v in values]
+        kinds = set(map(type, values))
+    if kinds <= {int}:
         try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError) as exc:
-            raise InputError(path, f"corrupt gzip data: {exc}") from None
-    try:
-        return json.loads(raw, parse_float=Decimal)
-    except UnicodeDecodeError as exc:
-        raise InputError(path, "not UTF-8 text", line=raw[: exc.start].count(b"\n") + 1, expected="JSON") from None
-    except json.JSONDecodeError as exc:
-        raise InputError(path, f"invalid JSON: {exc.msg}", line=exc.lineno, expected="a Chrome trace") from None
+            micros = np.array(values, np.int64)
+        except OverflowError:
+            pass
+        else:
+            fits = (micros <= _MAX_US) & (micros >= -_MAX_US)
+            return np.where(fits, micros * 1000, 0), np.where(fits, _OK, _OUT_OF_RANGE).astype(np.int8)
+    elif kinds <= {int, Decimal}:
+        try:
+            decimals = pa.array(values)
+            ns = pc.cast(pc.round(pc.multiply(decimals, pa.scalar(Decimal(1000))), 0, round_mode="half_to_even"), pa.int64())
+            return ns.to_numpy().copy(), np.zeros(len(values), np.int8)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
+            pass  # out of range, or beyond decimal256: value by value
+    ns = np.zeros(len(values), np.int64)
+    status = np.zeros(len(values), np.int8)
+    for i, value in enumerate(values):
+        ns[i], status[i] = _scalar_ns(value)
+    return ns, status
 
 
-def _base_time_ns(document: dict, path: Path) -> int:
-    base = document.get("baseTimeNanoseconds", 0)
-    try:
-        return int(base)  # an int, an integral Decimal, or a numeric string
-    except (TypeError, ValueError, decimal.InvalidOperation):
-        raise InputError(path, f"baseTimeNanoseconds is not an integer: {base!r}") from None
+def _scalar_ns(value: Any) -> tuple[int, int]:
+    """(ns, status) of one µs value: an int, a decimal, or a numeric string."""
+    if type(value) is str and _NUMERIC_TEXT.fullmatch(value):
+        value = Decimal(value)
+    if type(value) is int:
+        return (value * 1000, _OK) if -_MAX_US <= value <= _MAX_US else (0, _OUT_OF_RANGE)
+    if not isinstance(value, Decimal):
+        return 0, _MISSING
+    if value.adjusted() > 18:  # |µs| >= 1e19: past int64 in ns, and never worth building as an int
+        return 0, _OUT_OF_RANGE
+    sign, digits, exponent = value.as_tuple()
+    ns = int(Decimal((sign, digits, int(exponent) + 3)).to_integral_value(rounding=ROUND_HALF_EVEN))  # exact: no context rounding
+    return (ns, _OK) if INT64_MIN <= ns <= INT64_MAX else (0, _OUT_OF_RANGE)
 
 
-def us_to_ns(value: object) -> int | None:
-    """Microseconds (int, decimal or numeric string) to integer ns, half-even; None if not a number."""
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value * 1000
-    try:
-        micros = value if isinstance(value, Decimal) else Decimal(str(value))
-        return int((micros * _NS_PER_US).to_integral_value(rounding=decimal.ROUND_HALF_EVEN))
-    except (decimal.InvalidOperation, ValueError, OverflowError):
-        return None
+def _id_column(values: list[Any]) -> tuple[np.ndarray, list[str | None] | None, np.ndarray]:
+    """pid/tid column: int64 ids, per-row label text (None when no row has one) and a status per row."""
+    status = np.zeros(len(values), np.int8)
+    if set(map(type, values)) <= {int}:
+        try:
+            return np.array(values, np.int64), None, status
+        except OverflowError:
+            pass
+    ids = np.zeros(len(values), np.int64)
+    labels: list[str | None] = [None] * len(values)
+    for i, value in enumerate(values):
+        attrs: dict[str, str] = {}
+        number = _scalar_id(value, "label", attrs)
+        if number is None:
+            status[i] = _OUT_OF_RANGE
+        else:
+            ids[i] = number
+            labels[i] = attrs.get("label")
+    return ids, (labels if any(label is not None for label in labels) else None), status
 
 
-def _stable_id(value: object, label_key: str, attrs: dict[str, str]) -> int:
-    """An int pid/tid: numeric values as they are, other text hashed (original kept in attrs)."""
-    if isinstance(value, bool) or value is None:
+def _scalar_id(value: Any, label_key: str, attrs: dict[str, str]) -> int | None:
+    """An int pid/tid: numbers as they are (None if past int64), other text hashed (original kept in attrs)."""
+    if value is None or value is msgspec.UNSET or type(value) is bool:
         return 0
-    if isinstance(value, int):
-        return value
-    text = str(value)
-    try:
-        return int(text)
-    except ValueError:
-        pass
-    try:
-        number = Decimal(text)
-        if number == number.to_integral_value():
-            return int(number)
-    except decimal.InvalidOperation:
-        pass
+    number = int64_of(value)
+    if number is not None:
+        return number
+    if type(value) is int or (isinstance(value, Decimal) and value == value.to_integral_value()):
+        return None  # a number past int64
+    text = value if type(value) is str else str(value) if isinstance(value, Decimal) else json_text(value)
     attrs[label_key] = text
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
-def _attr_text(value: object) -> str:
-    if isinstance(value, str):
-        return value
-    if isinstance(value, Decimal):
-        return str(value)
-    return json.dumps(value, default=_json_default, ensure_ascii=False, separators=(",", ":"))
+def _text_column(values: list[Any]) -> pa.Array:
+    """name/cat: strings as they are, absent or null as "", anything else as JSON text."""
+    if set(map(type, values)) <= {str}:
+        return pa.array(values, pa.string())
+    return pa.array([v if type(v) is str else "" if v is None or v is msgspec.UNSET else json_text(v) for v in values], pa.string())
 
 
-def _json_default(value: object) -> object:
-    if isinstance(value, Decimal):
-        return float(value) if value != value.to_integral_value() else int(value)
-    raise TypeError(f"not JSON serialisable: {type(value).__name__}")
+def _attribute_pairs(args: list[Any], pid_labels: list[str | None] | None, tid_labels: list[str | None] | None) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """Per-row attribute counts and the flat key/value text of every row, in order (labels first, then args)."""
+    n = len(args)
+    if set(map(type, args)) <= {msgspec.Raw}:
+        rows = np.arange(n)
+    else:
+        rows = np.flatnonzero(np.fromiter((type(a) is msgspec.Raw for a in args), bool, n))
+        args = [args[i] for i in rows.tolist()]
+    parts = []
+    for key, labels in (("pid_label", pid_labels), ("tid_label", tid_labels)):
+        if labels is not None:
+            at = [i for i, label in enumerate(labels) if label is not None]
+            parts.append((np.array(at, np.int64), pa.array([key] * len(at), pa.string()), pa.array([labels[i] for i in at], pa.string())))
+    parts.append(_args_members(args, rows))
+    row = np.concatenate([p[0] for p in parts])
+    keys, values = pa.concat_arrays([p[1] for p in parts]), pa.concat_arrays([p[2] for p in parts])
+    if len(parts) > 1 or np.any(np.diff(row) < 0):
+        order = np.argsort(row, kind="stable")  # labels were put first; members keep their order
+        row, keys, values = row[order], keys.take(pa.array(order)), values.take(pa.array(order))
+    return np.bincount(row, minlength=n).astype(np.int64), keys, values
 
 
-def events_to_trace(indexed_events: Iterable[tuple[int, object]], file: str, source: str, base_ns: int = 0, dropped: dict[str, int] | None = None, records_read: int = 0) -> Trace:
-    """Convert ``(line or index, event)`` pairs into a Trace; counts what cannot be used."""
-    dropped = dict(dropped or {})
-    rows: dict[str, list] = {k: [] for k in ("line", "pid", "tid", "name", "cat", "ph", "ts_ns", "dur_ns", "attrs")}
-    process_names: dict[int, str] = {}
-    thread_names: dict[tuple[int, int], str] = {}
-    open_begins: list[tuple] = []
-    ends: list[tuple] = []
+def _args_members(args: list[msgspec.Raw], rows: np.ndarray) -> tuple[np.ndarray, pa.Array, pa.Array]:
+    """The members of each ``args`` (JSON text; ``rows`` their row numbers) as (row, key text, value text), by position.
 
-    def count(reason: str) -> None:
-        dropped[reason] = dropped.get(reason, 0) + 1
-
-    for line, event in indexed_events:
-        records_read += 1
-        if not isinstance(event, dict):
-            count("bad_event")
-            continue
-        ph = event.get("ph")
-        attrs: dict[str, str] = {}
-        pid = _stable_id(event.get("pid"), "pid_label", attrs)
-        tid = _stable_id(event.get("tid"), "tid_label", attrs)
-        if ph == "M":
-            name = event.get("name")
-            args = event.get("args")
-            label = args.get("name") if isinstance(args, dict) else None
-            if name == "process_name" and label is not None:
-                process_names[pid] = str(label)
-            elif name == "thread_name" and label is not None:
-                thread_names[(pid, tid)] = str(label)
-            else:
-                count("unsupported_metadata")
-            continue
-        if ph not in ("X", "B", "E", "i", "I"):
-            count("unsupported_phase")
-            continue
-        ts_ns = us_to_ns(event.get("ts"))
-        if ts_ns is None:
-            count("bad_event")
-            continue
-        ts_ns += base_ns
-        args = event.get("args")
-        if isinstance(args, dict):
-            for key, value in args.items():
-                attrs[str(key)] = _attr_text(value)
-        elif args is not None:
-            attrs["args"] = _attr_text(args)
-        name = event.get("name")
-        name = "" if name is None else str(name)
-        cat = event.get("cat")
-        cat = "" if cat is None else str(cat)
-        if ph == "X":
-            dur_ns = us_to_ns(event.get("dur", 0))
-            if dur_ns is None:
-                count("bad_event")
-                continue
-            _append(rows, line, pid, tid, name, cat, "X", ts_ns, dur_ns, attrs)
-        elif ph in ("i", "I"):
-            _append(rows, line, pid, tid, name, cat, "i", ts_ns, 0, attrs)
-        elif ph == "B":
-            open_begins.append((pid, tid, ts_ns, records_read, line, name, cat, attrs))
-        else:
-            ends.append((pid, tid, ts_ns, records_read, attrs))
-
-    _pair_begin_end(open_begins, ends, rows, dropped)
-    keep = [d >= 0 for d in rows["dur_ns"]]
-    if not all(keep):  # a span that ends before it starts would inflate every figure built on it
-        dropped["negative_duration"] = dropped.get("negative_duration", 0) + keep.count(False)
-        for key in rows:
-            rows[key] = [v for v, ok in zip(rows[key], keep) if ok]
-    n = len(rows["line"])
-    pairs = [item for attrs in rows["attrs"] for item in attrs.items()]
-    offsets = np.zeros(n + 1, np.int64)
-    np.cumsum([len(a) for a in rows["attrs"]], out=offsets[1:])
-    promoted, attrs = split_attributes(offsets, pa.array([k for k, _ in pairs], pa.string()), pa.array([v for _, v in pairs], pa.string()))
-    columns = {
-        "source": pa.repeat(pa.scalar(source), n),
-        "file": pa.repeat(pa.scalar(file), n),
-        "line": pa.array(rows["line"], pa.int64()),
-        "pid": pa.array(rows["pid"], pa.int64()),
-        "tid": pa.array(rows["tid"], pa.int64()),
-        "name": pa.array(rows["name"], pa.string()),
-        "cat": pa.array(rows["cat"], pa.string()),
-        "ph": pa.array(rows["ph"], pa.string()),
-        "ts_ns": pa.array(rows["ts_ns"], pa.int64()),
-        "dur_ns": pa.array(rows["dur_ns"], pa.int64()),
-        "inv": pa.nulls(n, pa.uint64()),
-        "hid": pa.repeat(pa.scalar(""), n),
-        "depth": pa.nulls(n, pa.int64()),
-        "clk": pa.repeat(pa.scalar("host"), n),
-        **promoted,
-        "attrs": attrs,
-    }
-    table = pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA)
-    if n:
-        order = np.argsort(np.asarray(rows["line"]), kind="stable")  # B/E pairs were appended last
-        table = table.take(pa.array(order))
-    return Trace(
-        spans=table,
-        dropped={k: v for k, v in dropped.items() if v},
-        records_read=records_read,
-        files=[file],
-        process_names=process_names,
-        thread_names=thread_names,
-    )
-
-
-def _append(rows: dict[str, list], line, pid, tid, name, cat, ph, ts_ns, dur_ns, attrs) -> None:
-    for key, value in zip(("line", "pid", "tid", "name", "cat", "ph", "ts_ns", "dur_ns", "attrs"), (line, pid, tid, name, cat, ph, ts_ns, dur_ns, attrs)):
-        rows[key].append(value)
-
-
-def _pair_begin_end(begins: list[tuple], ends: list[tuple], rows: dict[str, list], dropped: dict[str, int]) -> None:
-    """Match E to the innermost open B of its (pid, tid), in time order (file order breaks ties).
-
-    Each B/E tuple carries its position in the file (index 3) as the tie-breaker.
+    Flat objects written without whitespace — what recorders write — are cut
+    vectorised: the parser has already checked each text to be JSON, so in
+    such an object every string that ends right before a ``:`` is a key, and
+    its value runs from that colon to the comma before the next key (or to the
+    closing brace). Others (pretty-printed, nested containers, args that is
+    not an object) are parsed one by one. A string value is its decoded text,
+    anything else its JSON text with the exact digits.
     """
-    if not begins and not ends:
-        return
-    timeline = sorted([(b[0], b[1], b[2], b[3], b) for b in begins] + [(e[0], e[1], e[2], e[3], e) for e in ends], key=lambda t: t[:4])
-    stacks: dict[tuple[int, int], list[tuple]] = {}
-    unmatched_end = 0
-    for pid, tid, _ts, _seq, event in timeline:
-        stack = stacks.setdefault((pid, tid), [])
-        if len(event) == 8:  # a B
-            stack.append(event)
-        elif stack:
-            b_pid, b_tid, b_ts, _, b_line, name, cat, attrs = stack.pop()
-            _append(rows, b_line, b_pid, b_tid, name, cat, "X", b_ts, event[2] - b_ts, {**attrs, **event[4]})
-        else:
-            unmatched_end += 1
-    if unmatched_end:
-        dropped["unmatched_end"] = dropped.get("unmatched_end", 0) + unmatched_end
-    unmatched_begin = sum(len(s) for s in stacks.values())
-    if unmatched_begin:
-        dropped["unmatched_begin"] = dropped.get("unmatched_begin", 0) + unmatched_begin
+    if not args:
+        return np.zeros(0, np.int64), pa.array([], pa.string()), pa.array([], pa.string())
+    lengths = np.fromiter(map(len, args), np.int64, len(args))
+    starts = np.zeros(len(args) + 1, np.int64)
+    np.cumsum(lengths, out=starts[1:])
+    blob = b"".join(args)
+    data = np.frombuffer(blob, np.uint8)
+    # by the parser: not an object, or holding whitespace or a second bracket anywhere (even inside a string)
+    by_parser = data[starts[:-1]] != _OPEN_OBJECT
+    odd = np.flatnonzero((data == _SPACE) | (data == _OPEN_OBJECT) | (data == _OPEN_ARRAY) | (data == _NEWLINE) | (data == _TAB) | (data == _RETURN))
+    odd_row = np.searchsorted(starts, odd, side="right") - 1
+    by_parser[odd_row[odd != starts[odd_row]]] = True
+    delimiters = string_delimiters(data)
+    closers = delimiters[1::2]
+    key = np.flatnonzero(data[np.minimum(closers + 1, len(data) - 1)] == _COLON)
+    key_open, key_close = delimiters[2 * key], closers[key]
+    member_row = np.searchsorted(starts, key_close, side="right") - 1
+    fast = ~by_parser[member_row]
+    key_open, key_close, member_row = key_open[fast], key_close[fast], member_row[fast]
+    last = np.ones(len(member_row), bool)
+    last[:-1] = member_row[1:] != member_row[:-1]
+    value_start = key_close + 2
+    value_end = np.where(last, starts[member_row + 1] - 1, np.roll(key_open, -1) - 1)  # the closing brace, or the comma
+    quoted = data[value_start] == _QUOTE
+    keys = _unescaped(blob, key_open + 1, key_close, np.ones(len(key_open), bool))
+    values = _unescaped(blob, value_start + quoted, value_end - quoted, quoted)
+    row = rows[member_row]
+    parsed = np.flatnonzero(by_parser)
+    if len(parsed):
+        extra = [(rows[i], key, value) for i in parsed.tolist() for key, value in _members_by_parser(args[i])]
+        row = np.concatenate([row, np.array([r for r, _, _ in extra], np.int64)])
+        keys = pa.concat_arrays([keys, pa.array([k for _, k, _ in extra], pa.string())])
+        values = pa.concat_arrays([values, _value_texts([v for _, _, v in extra])])
+    return row, keys, values
+
+
+def _members_by_parser(args: msgspec.Raw) -> list[tuple[str, msgspec.Raw]]:
+    """The members of one ``args`` parsed as JSON: an object's members, nothing for null, else ``args`` itself whole."""
+    text = bytes(args)
+    if text[:1] == b"{":
+        return list(MEMBERS_DECODER.decode(text).items())
+    return [] if text == b"null" else [("args", args)]
+
+
+def _unescaped(blob: bytes, starts: np.ndarray, ends: np.ndarray, strings: np.ndarray) -> pa.Array:
+    """The text of ``blob[starts:ends]`` each (ascending, disjoint); pieces that are JSON strings (``strings``) with escapes are decoded.
+
+    The pieces are cut by Arrow: ``blob`` seen as an array of the pieces and
+    the gaps between them, of which ``take`` keeps the pieces.
+    """
+    n = len(starts)
+    if not n:
+        return pa.array([], pa.string())
+    bounds = np.empty(2 * n + 2, np.int64)
+    bounds[0], bounds[-1] = 0, len(blob)
+    bounds[1:-1:2], bounds[2:-1:2] = starts, ends
+    pieces = pa.Array.from_buffers(pa.large_string(), 2 * n + 1, [None, pa.py_buffer(bounds), pa.py_buffer(blob)])
+    texts = pieces.take(pa.array(np.arange(1, 2 * n, 2)))
+    backslash = np.flatnonzero(np.frombuffer(blob, np.uint8) == _BACKSLASH)
+    piece = np.searchsorted(starts, backslash, side="right") - 1
+    inside = (piece >= 0) & (backslash < ends[np.maximum(piece, 0)])
+    escaped = np.zeros(n, bool)
+    escaped[piece[inside]] = True
+    redo = np.flatnonzero(escaped & strings)
+    if len(redo):
+        decoded = [VALUE_DECODER.decode(blob[start - 1 : end + 1]) for start, end in zip(starts[redo].tolist(), ends[redo].tolist())]
+        mask = np.zeros(n, bool)
+        mask[redo] = True
+        texts = pc.replace_with_mask(texts, pa.array(mask), pa.array(decoded, pa.large_string()))
+    return texts.cast(pa.string())
+
+
+def _value_texts(values: list[msgspec.Raw]) -> pa.Array:
+    """Attribute text of each JSON value: a string decoded, anything else compact JSON text (exact digits)."""
+    return pa.array([decoded if type(decoded := VALUE_DECODER.decode(v)) is str else compact_json(v) for v in values], pa.string())
+
+
+def _rows(columns: dict[str, Any], phase: np.ndarray, counts: np.ndarray, keys: pa.Array, values: pa.Array, mask: np.ndarray) -> dict[str, Any]:
+    """The rows of ``mask``: plain columns filtered, their attribute pairs as a map column."""
+    if mask.all():  # the common case: nothing to filter
+        offsets = np.zeros(len(mask) + 1, np.int32)
+        np.cumsum(counts, out=offsets[1:])
+        return {**columns, "phase": phase, "attrs": pa.MapArray.from_arrays(pa.array(offsets), keys, values)}
+    chosen = pa.array(mask)
+    rows = {k: (v[mask] if isinstance(v, np.ndarray) else v.filter(chosen)) for k, v in columns.items()}
+    rows["phase"] = phase[mask]
+    pair_rows = np.repeat(mask, counts)
+    offsets = np.zeros(int(mask.sum()) + 1, np.int32)
+    np.cumsum(counts[mask], out=offsets[1:])
+    pair_mask = pa.array(pair_rows)
+    rows["attrs"] = pa.MapArray.from_arrays(pa.array(offsets, pa.int32()), keys.filter(pair_mask), values.filter(pair_mask))
+    return rows
+
+
+def _pair_begin_end(rows: pa.Table, trace: Trace) -> dict[str, Any]:
+    """Match each E to the innermost open B of its (pid, tid), in time order (file order breaks ties); vectorised.
+
+    Per (pid, tid), in time order, the stack depth is the running sum of +1
+    (B) / -1 (E), where an E that finds the stack empty is unmatched and does
+    not move it: such an E makes a new minimum of the running sum below zero.
+    Matched Bs and Es then alternate at each depth, B first, so a B followed
+    at its depth by an E is a pair; Bs left over were never closed.
+    """
+    pid, tid = rows.column("pid").to_numpy(), rows.column("tid").to_numpy()
+    ts, line = rows.column("ts_ns").to_numpy(), rows.column("line").to_numpy()
+    begin = rows.column("begin").to_numpy(zero_copy_only=False)
+    order = np.lexsort((line, ts, tid, pid))
+    pid, tid, begin = pid[order], tid[order], begin[order]
+    n = len(order)
+    new_group = np.ones(n, bool)
+    new_group[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    group = np.cumsum(new_group) - 1
+    running = np.cumsum(np.where(begin, 1, -1))
+    start = np.flatnonzero(new_group)
+    running -= np.repeat(np.append(0, running[start[1:] - 1]), np.diff(np.append(start, n)))  # restart each group at 0
+    spread = 2 * n + 2  # shift groups apart so that one running minimum serves them all
+    low = np.minimum(np.minimum.accumulate(running - group * spread) + group * spread, 0)
+    low_before = np.zeros(n, np.int64)
+    low_before[1:] = low[:-1]
+    low_before[new_group] = 0
+    unmatched_end = ~begin & (low < low_before)
+    level = running - low + np.where(begin, 0, 1)  # depth a B opens / an E closes
+    kept = np.flatnonzero(~unmatched_end)
+    by_level = kept[np.lexsort((kept, level[kept], group[kept]))]
+    b, e = by_level[:-1], by_level[1:]
+    pair = begin[b] & ~begin[e] & (group[b] == group[e]) & (level[b] == level[e])
+    b_rows, e_rows = order[b[pair]], order[e[pair]]
+    trace.count("unmatched_end", int(unmatched_end.sum()))
+    trace.count("unmatched_begin", int(begin.sum()) - len(b_rows))
+    by_line = np.argsort(line[b_rows], kind="stable")  # rows in the order of their B
+    b_rows, e_rows = b_rows[by_line], e_rows[by_line]
+    return {
+        "line": line[b_rows], "pid": rows.column("pid").to_numpy()[b_rows], "tid": rows.column("tid").to_numpy()[b_rows],
+        "ts_ns": ts[b_rows], "dur_ns": ts[e_rows] - ts[b_rows],
+        "name": rows.column("name").take(pa.array(b_rows)), "cat": rows.column("cat").take(pa.array(b_rows)),
+        "attrs": _merged_attrs(rows.column("attrs").combine_chunks(), b_rows, e_rows),
+    }
+
+
+def _merged_attrs(attrs: pa.MapArray, b_rows: np.ndarray, e_rows: np.ndarray) -> pa.MapArray:
+    """Per pair, B's attributes then E's new ones; for a key in both, E's value at B's place."""
+    b_map, e_map = attrs.take(pa.array(b_rows)), attrs.take(pa.array(e_rows))
+    b_offsets, b_keys, b_values = attr_map_parts(b_map)
+    e_offsets, e_keys, e_values = attr_map_parts(e_map)
+    if not len(e_keys):
+        return b_map
+    pair = np.concatenate([np.repeat(np.arange(len(b_rows)), np.diff(b_offsets)), np.repeat(np.arange(len(b_rows)), np.diff(e_offsets))])
+    keys = pa.concat_arrays([b_keys, e_keys])
+    values = pa.concat_arrays([b_values, e_values])
+    table = pa.table({"pair": pair, "key": keys, "at": np.arange(len(pair))})
+    grouped = table.group_by(["pair", "key"], use_threads=False).aggregate([("at", "min"), ("at", "max")])
+    first, last = grouped.column("at_min").to_numpy(), grouped.column("at_max").to_numpy()
+    order = np.lexsort((first, grouped.column("pair").to_numpy()))
+    per_pair = np.bincount(grouped.column("pair").to_numpy(), minlength=len(b_rows))
+    offsets = np.zeros(len(b_rows) + 1, np.int32)
+    np.cumsum(per_pair, out=offsets[1:])
+    return pa.MapArray.from_arrays(pa.array(offsets), keys.take(pa.array(first[order])), values.take(pa.array(last[order])))

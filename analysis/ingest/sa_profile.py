@@ -2,95 +2,226 @@
 
 What a path may be, and what is read:
 
-* an SA_PROFILE output directory: its ``trace.json`` when present (the merge
-  already holds every fragment), else its ``fragments/trace.<pid>.jsonl``;
-* a fragments directory (holding ``*.jsonl``), or one ``.jsonl`` fragment;
-* a merged ``trace.json``, or an SA_PROFILE ``.json`` output path whose
-  merge was never written (then ``<path>.fragments/`` is read).
+* an SA_PROFILE output directory: its merged ``trace.json``, or its
+  ``fragments/trace.<pid>.jsonl`` when there is no merge or the merge is
+  stale (below) — never both, so no event is read twice;
+* a fragments directory (holding ``trace.<pid>.jsonl``), or one ``.jsonl``
+  fragment;
+* a merged ``trace.json`` (the same choice is made against the fragments
+  beside it), or an SA_PROFILE ``.json`` output path whose merge was never
+  written (then ``<path>.fragments/`` is read).
 
-Fragments hold one Chrome event per line; a line that is not a JSON object
-(a torn last line after a crash, garbage) is skipped and counted as
-``bad_json``. A fragment none of whose lines parse is unreadable:
-:class:`InputError` names its first bad line. Events are converted by
-:func:`dsprof.analysis.ingest.chrome.events_to_trace` with
-``source="sa_profile"``; ``line`` is the fragment's 1-based line number, or the
-event's index in a merged ``trace.json``.
+A merge is stale when a fragment beside it holds events the merge does not:
+a fragment the merge did not take, or one whose size changed since (dsprof's
+merge records the fragments it took, and their sizes, in the merge's
+``otherData``); for a merge written by another tool, a fragment modified
+after the merge was written. A stale or unreadable merge is passed over for
+the fragments. Which source was read, and why, is said in ``Trace.notes``.
+
+Fragments hold one Chrome event per line, read a batch of lines at a time
+(:func:`~dsprof.profiler.chrome_json.line_batches`), each line parsed by
+msgspec with the rules of :mod:`dsprof.profiler.chrome_json` — the same that
+``dsprof merge`` keeps lines by. A line that is not a JSON object (a torn last
+line after a crash, garbage, NaN in a place that makes it no JSON) is
+skipped and counted as ``bad_json``; one nested too deeply as ``too_deep``;
+one longer than ``JsonLimits.max_event_bytes`` as ``overlong_line``; one
+holding a number out of range as ``bad_value``. A fragment none of whose lines
+is an event is skipped (its lines counted, a note says so) when there are
+others; read alone, or when every fragment is like it, it is an
+:class:`InputError` naming its first bad line.
+Events are converted by :class:`~dsprof.analysis.ingest.chrome.SpanBuilder`
+with ``source="sa_profile"``; ``line`` is the fragment's 1-based line number,
+or the event's index in a merged ``trace.json``. Reading a merge made by
+dsprof, the lines its merge skipped are counted as if read here.
 """
 
 from __future__ import annotations
 
-import json
 import os
-from decimal import Decimal
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
+from typing import Any, NamedTuple
 
-from dsprof.analysis.ingest.chrome import events_to_trace, read_chrome_trace
+import msgspec
+import numpy as np
+
+from dsprof.analysis.ingest.chrome import SpanBuilder, read_document
+from dsprof.analysis.ingest.json_stream import ChromeDocument
+from dsprof.analysis.ingest.strace_log import SpanSink
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
+from dsprof.profiler.chrome_json import (
+    BAD_JSON,
+    DEFAULT_LIMITS,
+    EVENT_DECODER,
+    MERGE_RECORD,
+    NON_FINITE_VALUES,
+    NOT_OBJECT,
+    OVERLONG_LINE,
+    JsonLimits,
+    LineBatch,
+    TraceEvent,
+    decode_event,
+    line_batches,
+)
 
 SOURCE = "sa_profile"
 
 Progress = Callable[[str], None] | None
 
 
-def sa_profile_files(path: Path) -> list[Path]:
-    """The files to read for an SA_PROFILE path (see the module docstring); [] if none."""
-    if path.is_dir():
-        if (path / artifacts.MERGED_TRACE).is_file():
-            return [path / artifacts.MERGED_TRACE]
-        if (path / artifacts.FRAGMENTS_DIR).is_dir():
-            return artifacts.fragment_files(path / artifacts.FRAGMENTS_DIR)
-        return artifacts.fragment_files(path)
-    if path.is_file():
-        return [path]
-    fragments = artifacts.fragments_dir(path)
-    if path.suffix == ".json" and fragments.is_dir():
-        return artifacts.fragment_files(fragments)
-    return []
-
-
-def read_sa_profile(path: str | os.PathLike, progress: Progress = None) -> Trace:
+def read_sa_profile(path: str | os.PathLike, progress: Progress = None, *, limits: JsonLimits = DEFAULT_LIMITS,
+                    sink: SpanSink | None = None) -> Trace:
     """Read an SA_PROFILE output dir, fragments dir, fragment or merged trace into one Trace."""
     path = Path(path)
-    files = sa_profile_files(path)
+    files, note = sa_profile_source(path, limits)
     if not files:
         if not path.exists():
             raise InputError(path, "no such file or directory")
         raise InputError(path, "no SA_PROFILE trace here", expected="trace.json or fragments/trace.<pid>.jsonl")
-    traces = []
+    traces = [Trace(notes=[note] if note else [])]
+    garbage: list[InputError] = []
     for file in files:
         if progress is not None:
             progress(f"reading {file}")
-        if file.suffix == ".jsonl":
-            traces.append(read_fragment(file))
-        else:
-            traces.append(read_chrome_trace(file, source=SOURCE))
+        if file.suffix != ".jsonl":
+            traces.append(read_merge(file, limits, sink))
+            continue
+        trace, first_bad = _read_fragment(file, limits, sink)
+        if first_bad is not None:  # no line is an event: its lines are counted, and it is refused if every fragment is like it
+            garbage.append(_garbage_fragment(file, first_bad))
+            trace.notes.append(f"{file}: skipped, no line is a JSON event")
+        traces.append(trace)
+    if garbage and len(garbage) == len(files):
+        raise garbage[0]
     return merge_traces(traces)
 
 
-def read_fragment(path: Path) -> Trace:
-    """One ``trace.<pid>.jsonl`` fragment: one event per line, bad lines counted as ``bad_json``."""
+def sa_profile_source(path: Path, limits: JsonLimits = DEFAULT_LIMITS) -> tuple[list[Path], str]:
+    """The files to read for an SA_PROFILE path ([] if none) and, where there was a choice, a note on why these."""
+    if path.is_dir():
+        merged = path / artifacts.MERGED_TRACE
+        fragments_dir = path / artifacts.FRAGMENTS_DIR
+        fragments = artifacts.fragment_files(fragments_dir if fragments_dir.is_dir() else path)
+        if merged.is_file():
+            return _merge_or_fragments(merged, fragments, limits)
+        return fragments, f"read {len(fragments)} fragment(s) of {path}: no merged {artifacts.MERGED_TRACE}" if fragments else ""
+    if path.is_file():
+        if path.suffix == ".jsonl":
+            return [path], ""
+        output = path.parent if path.name == artifacts.MERGED_TRACE and artifacts.fragments_dir(path.parent).is_dir() else path
+        return _merge_or_fragments(path, artifacts.fragment_files(artifacts.fragments_dir(output)), limits)
+    fragments = artifacts.fragment_files(artifacts.fragments_dir(path)) if path.suffix == ".json" else []
+    return fragments, f"read {len(fragments)} fragment(s) of {path}: the merge was never written" if fragments else ""
+
+
+def _merge_or_fragments(merged: Path, fragments: list[Path], limits: JsonLimits) -> tuple[list[Path], str]:
+    """The merge unless fragments beside it hold newer events (see the module docstring)."""
+    if not fragments:
+        return [merged], ""
     try:
-        raw = path.read_bytes()
+        other_data = ChromeDocument(merged, limits).head()
+    except InputError as error:
+        return fragments, f"read {len(fragments)} fragment(s) instead of {merged}: the merge is unreadable ({error})"
+    stale = _staleness(merged, fragments, other_data)
+    if stale:
+        return fragments, f"read {len(fragments)} fragment(s) instead of {merged}: the merge is stale ({stale})"
+    return [merged], f"read {merged}: the merge is up to date with the {len(fragments)} fragment(s) beside it"
+
+
+def _staleness(merged: Path, fragments: list[Path], other_data: dict[str, Any] | None) -> str:
+    """Why the fragments hold events the merge does not ("" if they do not)."""
+    record = other_data.get(MERGE_RECORD) if isinstance(other_data, dict) else None
+    taken = record.get("fragments") if isinstance(record, dict) else None
+    if isinstance(taken, dict):
+        for fragment in fragments:
+            size = fragment.stat().st_size
+            if fragment.name not in taken:
+                return f"{fragment.name} is not in it"
+            if taken[fragment.name] != size:
+                return f"{fragment.name} is {size} bytes, {taken[fragment.name]} when merged"
+        return ""
+    merged_at = merged.stat().st_mtime_ns
+    newer = [f.name for f in fragments if f.stat().st_mtime_ns > merged_at]
+    return f"{newer[0]} was written after it (a merge that does not record its fragments)" if newer else ""
+
+
+def read_merge(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> Trace:
+    """A merged trace.json; the lines dsprof's merge skipped are counted as dropped here."""
+    trace, document = read_document(path, SOURCE, limits, sink)
+    record = document.other_data.get(MERGE_RECORD) if isinstance(document.other_data, dict) else None
+    counts = record.get("counts") if isinstance(record, dict) else None
+    if isinstance(counts, dict):
+        for reason, count in counts.items():
+            if reason == NON_FINITE_VALUES and type(count) is int and count:
+                trace.notes.append(f"{path}: the merge read {count} NaN/Infinity value(s) of its fragments as null")
+            elif reason != "events" and type(count) is int and count > 0:
+                trace.count(str(reason), count)
+    return trace
+
+
+def read_fragment(path: Path, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> Trace:
+    """One ``trace.<pid>.jsonl`` fragment: one event per line, bad lines counted (see the module docstring)."""
+    trace, first_bad = _read_fragment(path, limits, sink)
+    if first_bad is not None:
+        raise _garbage_fragment(path, first_bad)
+    return trace
+
+
+def _garbage_fragment(path: Path, first_bad: int) -> InputError:
+    return InputError(path, "no line is a JSON event", line=first_bad, expected="one Chrome trace event per line")
+
+
+def _read_fragment(path: Path, limits: JsonLimits, sink: SpanSink | None) -> tuple[Trace, int | None]:
+    """A fragment's Trace, and its first bad line when none of its lines is an event (else None)."""
+    builder = SpanBuilder(str(path), SOURCE, sink=sink)
+    first_bad: int | None = None
+    events_found = 0
+    try:
+        with path.open("rb") as handle:
+            for batch in line_batches(handle, limits):
+                lines = _decode_lines(batch)
+                events_found += len(lines.events)
+                first_bad = first_bad or lines.first_bad
+                builder.add(lines.events, lines.where, skipped=lines.skipped, nulled=lines.nulled)
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-    events: list[tuple[int, dict]] = []
-    bad_json = 0
+    return builder.finish(), first_bad if not events_found else None
+
+
+class _Lines(NamedTuple):
+    """What a batch of fragment lines held: events (and their line numbers), lines skipped by reason, NaN values nulled."""
+
+    events: list[TraceEvent]
+    where: np.ndarray
+    skipped: dict[str, int]
+    nulled: int = 0
     first_bad: int | None = None
-    for number, line in enumerate(raw.split(b"\n"), start=1):
+
+
+def _decode_lines(batch: LineBatch) -> _Lines:
+    """Decode a batch of lines: all in one go when every line is an event, else line by line by the full rules."""
+    if not batch.overlong and batch.utf8:
+        decode = EVENT_DECODER.decode
+        try:  # the common case
+            events = [decode(line) for line in batch.lines]
+            return _Lines(events, np.arange(batch.first_line, batch.first_line + len(events), dtype=np.int64), {})
+        except (msgspec.DecodeError, RecursionError, ArithmeticError):
+            pass
+    events, where, nulled = [], [], 0
+    skipped = {OVERLONG_LINE: len(batch.overlong)} if batch.overlong else {}
+    first_bad = batch.overlong[0] if batch.overlong else None
+    for number, line in enumerate(batch.lines, batch.first_line):
         if not line.strip():
             continue
-        try:
-            event = json.loads(line, parse_float=Decimal)
-        except (json.JSONDecodeError, UnicodeDecodeError):
-            event = None
-        if not isinstance(event, dict):
-            bad_json += 1
+        decoded = decode_event(line)
+        if decoded.reason is None:
+            events.append(decoded.value)
+            where.append(number)
+            nulled += decoded.nulled
+        else:
+            reason = BAD_JSON if decoded.reason == NOT_OBJECT else decoded.reason
+            skipped[reason] = skipped.get(reason, 0) + 1
             first_bad = first_bad or number
-            continue
-        events.append((number, event))
-    if not events and first_bad is not None:
-        raise InputError(path, "no line is a JSON event", line=first_bad, expected="one Chrome trace event per line")
-    return events_to_trace(events, str(path), SOURCE, dropped={"bad_json": bad_json}, records_read=bad_json)
+    return _Lines(events, np.array(where, np.int64), skipped, nulled, first_bad)
