@@ -328,30 +328,36 @@ def _deepest_device_phase(engine: Engine) -> None:
 def _chain_origins(engine: Engine) -> None:
     """``start_from_step`` / ``end_from_step``: for carried_over causes, the step where the chain began.
 
-    A carried-over cause points at the earlier run on the rank that held it back
-    (``hop``); while that run was itself carried over, follow it. Pointer
-    jumping (every round, each cell jumps to its ancestor's ancestor) follows a
-    chain of length L in log L rounds.
+    A carried-over start or end points at what held it back on its rank: the
+    previous run's start (its claim_release admits this launch), or the end of
+    the slot's previous run (slot reuse) or of the previous run (the drain). A
+    chain continues only through a start or end that was itself carried over;
+    it ends at one with a cause of its own. Pointer jumping (every round, each
+    node jumps to its ancestor's ancestor) follows a chain of length L in log L
+    rounds.
     """
-    claim_or_slot = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN previous_step ELSE slot_step END"
+    claim = "previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns)"
+    carried = f"= '{fmt.MECH_CARRIED_OVER}'"
     engine.run(f"""CREATE OR REPLACE TEMP TABLE links AS
-        SELECT rank, step,
-               CASE WHEN start_mechanism = '{fmt.MECH_CARRIED_OVER}' THEN {claim_or_slot} END AS start_from,
-               CASE WHEN end_mechanism = '{fmt.MECH_CARRIED_OVER}' AND end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step
-                    WHEN end_mechanism = '{fmt.MECH_CARRIED_OVER}' THEN {claim_or_slot} END AS end_from
-        FROM decided""")
-    engine.run("CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, coalesce(end_from, start_from) AS anc FROM links")
-    while engine.scalar("""SELECT count(*) FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc
-                           WHERE p.anc IS NOT NULL"""):
-        engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS
-            SELECT a.rank, a.step, coalesce(p.anc, a.anc) AS anc
-            FROM ancestor a LEFT JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc""")
+        SELECT rank, step, 'start' AS kind, CASE WHEN {claim} THEN previous_step ELSE slot_step END AS next_step,
+               CASE WHEN {claim} THEN 'start' ELSE 'end' END AS next_kind
+        FROM decided WHERE start_mechanism {carried}
+        UNION ALL
+        SELECT rank, step, 'end',
+               CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step WHEN {claim} THEN previous_step ELSE slot_step END,
+               CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN 'end' WHEN {claim} THEN 'start' ELSE 'end' END
+        FROM decided WHERE end_mechanism {carried}""")
+    engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, kind, next_step AS anc_step, next_kind AS anc_kind FROM links""")
+    jump = """FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind"""
+    while engine.scalar(f"SELECT count(*) {jump}"):
+        engine.run(f"""CREATE OR REPLACE TEMP TABLE ancestor AS
+            SELECT a.rank, a.step, a.kind, coalesce(p.anc_step, a.anc_step) AS anc_step, coalesce(p.anc_kind, a.anc_kind) AS anc_kind
+            FROM ancestor a LEFT JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind""")
     engine.run("""CREATE OR REPLACE TEMP TABLE diagnosed AS
-        SELECT d.*, CASE WHEN l.start_from IS NOT NULL THEN coalesce(s.anc, l.start_from) END AS start_from_step,
-                    CASE WHEN l.end_from IS NOT NULL THEN coalesce(e.anc, l.end_from) END AS end_from_step
-        FROM decided d JOIN links l USING (rank, step)
-        LEFT JOIN ancestor s ON s.rank = d.rank AND s.step = l.start_from
-        LEFT JOIN ancestor e ON e.rank = d.rank AND e.step = l.end_from""")
+        SELECT d.*, s.anc_step AS start_from_step, e.anc_step AS end_from_step
+        FROM decided d
+        LEFT JOIN ancestor s ON s.rank = d.rank AND s.step = d.step AND s.kind = 'start'
+        LEFT JOIN ancestor e ON e.rank = d.rank AND e.step = d.step AND e.kind = 'end'""")
 
 
 @dataclass
