@@ -119,6 +119,7 @@ def _progress() -> ProgressPrinter:
     return printer
 
 
+_PRESET = "the preset's"
 _THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True,
                           help="Late-start / tail-step threshold.")
 
@@ -128,28 +129,28 @@ _THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), defaul
 
 @cli.command()
 @click.option("--preset", type=click.Choice(["demo", "production", "microbench"]), default="demo",
-              show_default=True, help="Workload shape (SPEC §4); the options below override it.")
-@click.option("--ranks", type=click.IntRange(min=1), help="Rank processes (EP = ranks, DP = ranks / TP).")
-@click.option("--tp", type=click.IntRange(min=1), help="Tensor-parallel size.")
-@click.option("--requests", type=click.IntRange(min=1), help="Concurrent requests in the batch.")
-@click.option("--prompt-tokens", type=click.IntRange(min=1), help="Prompt tokens per request.")
-@click.option("--output-tokens", type=click.IntRange(min=1), help="Output tokens per request.")
-@click.option("--layers", type=click.IntRange(min=1), help="Model layers.")
-@click.option("--rounds", type=click.IntRange(min=1), help="Measured rounds (microbench preset).")
-@click.option("--warmup", type=click.IntRange(min=0), help="Warm-up rounds (microbench preset).")
-@click.option("--acceptance-rate", type=click.FloatRange(0, 1), help="MTP draft acceptance rate.")
-@click.option("--metadata", type=click.Choice(["host-shared", "device-resident"]),
+              show_default=True, help="Workload shape (docs/RUNTIME.md); the options below override it.")
+@click.option("--ranks", type=click.IntRange(min=1), show_default=_PRESET, help="Rank processes (EP = ranks, DP = ranks / TP).")
+@click.option("--tp", show_default=_PRESET, type=click.IntRange(min=1), help="Tensor-parallel size.")
+@click.option("--requests", show_default=_PRESET, type=click.IntRange(min=1), help="Concurrent requests in the batch.")
+@click.option("--prompt-tokens", show_default=_PRESET, type=click.IntRange(min=1), help="Prompt tokens per request.")
+@click.option("--output-tokens", show_default=_PRESET, type=click.IntRange(min=1), help="Output tokens per request.")
+@click.option("--layers", show_default=_PRESET, type=click.IntRange(min=1), help="Model layers.")
+@click.option("--rounds", show_default=_PRESET, type=click.IntRange(min=1), help="Measured rounds (microbench preset).")
+@click.option("--warmup", show_default=_PRESET, type=click.IntRange(min=0), help="Warm-up rounds (microbench preset).")
+@click.option("--acceptance-rate", show_default=_PRESET, type=click.FloatRange(0, 1), help="MTP draft acceptance rate.")
+@click.option("--metadata", type=click.Choice(["host-shared", "device-resident"]), show_default=_PRESET,
               help="Metadata update path; device-resident serializes the pipeline (the regression to catch).")
-@click.option("--profile-level", help="SA_PROFILE levels, comma-separated: e2e, kernel, verbose.")
-@click.option("--device-phases/--no-device-phases", default=None,
+@click.option("--profile-level", show_default=_PRESET, help="SA_PROFILE levels, comma-separated: e2e, kernel, verbose.")
+@click.option("--device-phases/--no-device-phases", default=None, show_default=_PRESET,
               help="Emit device-phase markers inside runner_run.")
-@click.option("--host-evidence/--no-host-evidence", default=None,
+@click.option("--host-evidence/--no-host-evidence", default=None, show_default=_PRESET,
               help="Attach what the OS saw of each span's thread (os.cpu_ns, os.rq_ns, ...) [default: on].")
 @click.option("--inject", "inject", multiple=True, metavar="SPEC",
               help="Inject a fault (repeatable): fence_tail:p=P,ms=X | straggler:rank=R,ms=X | "
                    "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X | "
                    "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.")
-@click.option("--seed", type=int, help="Random seed of the workload and injected faults.")
+@click.option("--seed", type=int, show_default=_PRESET, help="Random seed of the workload and injected faults.")
 @_THRESHOLD
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               help="Artifact directory [default: runs/<preset>-<timestamp>].")
@@ -196,14 +197,15 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
               help="Where to write the outputs [default: the artifact dir when one directory is given, "
                    "else ./dsprof-analysis].")
 @_THRESHOLD
-@click.option("--expect-ranks", type=click.IntRange(min=1), help="Fail validation unless this many ranks appear.")
-@click.option("--memory-limit", default=None, metavar="SIZE",
-              help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25% [default: 12.5% of RAM].")
-@click.option("--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path),
+@click.option("--expect-ranks", type=click.IntRange(min=1), show_default="any number",
+              help="Fail validation unless this many ranks appear.")
+@click.option("--memory-limit", default=None, metavar="SIZE", show_default="12.5% of RAM",
+              help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25%.")
+@click.option("--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept",
               help="Keep the span dataset (Parquet, queryable with DuckDB) in this directory.")
 @click.option("--engine", type=click.Choice(list(ENGINES)), default="embedded", show_default=True,
               help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').")
-@click.option("--address", help="Ray cluster address for --engine ray [default: start a local cluster].")
+@click.option("--address", show_default="start a local cluster", help="Ray cluster address for --engine ray.")
 def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address) -> None:
     """Analyse traces and write the figures.
 
