@@ -12,6 +12,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hostile_summaries import any_summary
+
 from dsprof.analysis.diff import HIGHER, LOWER, diff_summaries, figure_direction, flatten_figures, format_diff
 from dsprof.cli.main import cli
 
@@ -297,13 +299,7 @@ def test_diff_does_not_mutate_inputs():
 
 SUMMARY_KEYS = ["figures", "pipeline", "serialized", "validation", "valid", "tail_steps", "straggler", "verdict",
                 "mechanism", "serving", "throughput_tok_s", "exit_status", "workload", "p50", "count", "0", "rank"]
-LEAVES = st.none() | st.booleans() | st.integers() | st.just(10**400) | st.floats() | st.text(max_size=6)
-ANY_SUMMARY = st.dictionaries(
-    st.sampled_from(SUMMARY_KEYS),
-    st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(SUMMARY_KEYS), inner,
-                                                                                       max_size=4), max_leaves=12),
-    max_size=6,
-).map(lambda body: {**body, "schema": "dsprof.summary/1"})
+ANY_SUMMARY = any_summary(SUMMARY_KEYS)
 
 
 @settings(max_examples=150, deadline=None)

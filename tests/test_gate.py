@@ -13,6 +13,8 @@ from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from hostile_summaries import any_summary
+
 from dsprof.analysis.gate import (
     _github_data,
     _github_property,
@@ -730,14 +732,7 @@ def test_ci_depth_rule_threshold_sits_between_the_measured_runs():
 SUMMARY_KEYS = ["figures", "pipeline", "serialized", "validation", "valid", "serving", "tokens_returned",
                 "tokens_expected", "exit_status", "runner_run_ms", "bind_ms", "p50", "cadence_p50_ms",
                 "pairs_checked", "pairs_overlapped", "violations", "achieved_depth", "0", "items"]
-LEAVES = (st.none() | st.booleans() | st.integers() | st.just(10**400) | st.floats()
-          | st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=6))
-ANY_SUMMARY = st.dictionaries(
-    st.sampled_from(SUMMARY_KEYS),
-    st.recursive(LEAVES, lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.sampled_from(SUMMARY_KEYS), inner,
-                                                                                       max_size=4), max_leaves=12),
-    max_size=6,
-).map(lambda body: {**body, "schema": "dsprof.summary/1"})
+ANY_SUMMARY = any_summary(SUMMARY_KEYS)
 
 
 @settings(max_examples=150, deadline=None)
