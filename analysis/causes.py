@@ -350,7 +350,7 @@ def _chain_origins(engine: Engine) -> None:
     engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, kind, next_step AS anc_step, next_kind AS anc_kind FROM links""")
     jump = """FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind"""
     while engine.scalar(f"SELECT count(*) {jump}"):
-        engine.run(f"""CREATE OR REPLACE TEMP TABLE ancestor AS
+        engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS
             SELECT a.rank, a.step, a.kind, coalesce(p.anc_step, a.anc_step) AS anc_step, coalesce(p.anc_kind, a.anc_kind) AS anc_kind
             FROM ancestor a LEFT JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind""")
     engine.run("""CREATE OR REPLACE TEMP TABLE diagnosed AS

@@ -50,12 +50,9 @@ def parse_memory_limit(text: str) -> int:
             if not 0 < share <= 1:
                 raise ValueError
             return max(MIN_MEMORY_LIMIT, int(default_memory_limit() / DEFAULT_MEMORY_SHARE * share))
-        for unit, factor in units.items():
-            if value.endswith(unit):
-                number = float(value[: -len(unit)])
-                break
-        else:
-            number, factor = float(value), 1
+        unit = next((u for u in units if value.endswith(u)), "")
+        factor = units.get(unit, 1)
+        number = float(value[: len(value) - len(unit)])
         if not number > 0 or number != number or number == float("inf"):
             raise ValueError
         return max(MIN_MEMORY_LIMIT, int(number * factor))

@@ -26,7 +26,6 @@ from __future__ import annotations
 from dsprof.profiler import strace_format as fmt
 
 
-
 def runtime_row(alias: str = "") -> str:
     """SQL: a STRACE row of the runtime — not another producer's (``ext.*``), not a GC span."""
     a = f"{alias}." if alias else ""

@@ -30,7 +30,7 @@ def ns_to_ms(value: float) -> float:
 def _block(values: list | None, count: int) -> dict:
     if not count or values is None:
         return {name: None for name, _ in PERCENTILES} | {"count": 0}
-    return {name: ns_to_ms(v) for (name, _), v in zip(PERCENTILES, values)} | {"count": int(count)}
+    return {name: ns_to_ms(v) for (name, _), v in zip(PERCENTILES, values, strict=True)} | {"count": int(count)}
 
 
 def _quantiles(expression: str) -> str:

@@ -121,7 +121,7 @@ def encode_value(value: object, cap: int = MAX_VALUE_CHARS) -> str:
     """Percent-encode a name or attribute value and cap its length with ``~``."""
     text = value if isinstance(value, str) else str(value)
     if _NEEDS_ESCAPE.search(text):
-        text = _NEEDS_ESCAPE.sub(lambda m: "%{:02X}".format(ord(m.group())), text)
+        text = _NEEDS_ESCAPE.sub(lambda m: f"%{ord(m.group()):02X}", text)
     if len(text) > cap:
         text = text[: cap - 1]
         # never cut an escape sequence in half

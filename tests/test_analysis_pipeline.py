@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import numpy as np
+import itertools
 
+import numpy as np
 import pytest
 
 from dsprof.analysis.ingest import read_paths
@@ -116,7 +117,7 @@ def stack_rule_verdict(log_dir) -> tuple[bool, int]:
     checked, ok = 0, True
     for lane in lanes.values():
         lane.sort(key=lambda item: item[0])
-        for (_, seq_a, a), (_, seq_b, b) in zip(lane, lane[1:]):
+        for (_, seq_a, a), (_, seq_b, b) in itertools.pairwise(lane):
             checked += 1
             runner, bind = a["chip.run.runner_run"], b["chip.run.bind"]
             overlap = bind["ts_ns"] < runner["ts_ns"] + runner["dur_ns"] and bind["ts_ns"] + bind["dur_ns"] > runner["ts_ns"]

@@ -31,7 +31,7 @@ SHAPE = ["--ranks", "4", "--requests", "8", "--output-tokens", "64", "--seed", "
 
 
 def _run(out: Path, *args: str) -> dict:
-    proc = subprocess.run([str(DSPROF), "run", *SHAPE, *args, "-o", str(out)], capture_output=True, text=True, timeout=900)
+    proc = subprocess.run([str(DSPROF), "run", *SHAPE, *args, "-o", str(out)], capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
 
@@ -95,7 +95,7 @@ def test_a_straggler_is_named_with_its_mechanism_and_its_victims_are_not(tmp_pat
 
 def test_a_clean_run_on_this_host_names_no_device_straggler(tmp_path):
     proc = subprocess.run([str(DSPROF), "run", "--preset", "production", "--output-tokens", "64", "-o", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert not (tmp_path / "run" / "faults.json").exists()

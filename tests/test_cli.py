@@ -29,12 +29,12 @@ def _one_line_error(result, *fragments: str) -> None:
 
 
 def test_console_script_help_and_version():
-    help_run = subprocess.run([str(DSPROF), "--help"], capture_output=True, text=True, timeout=60)
+    help_run = subprocess.run([str(DSPROF), "--help"], capture_output=True, text=True, timeout=60, check=False)
     assert help_run.returncode == 0, help_run.stderr
     listed = {line.split()[0] for line in help_run.stdout.split("Commands:")[1].splitlines() if line.strip()}
     assert listed == set(COMMANDS)
     assert "--debug" in help_run.stdout and "--version" in help_run.stdout
-    version_run = subprocess.run([str(DSPROF), "--version"], capture_output=True, text=True, timeout=60)
+    version_run = subprocess.run([str(DSPROF), "--version"], capture_output=True, text=True, timeout=60, check=False)
     assert version_run.returncode == 0
     assert version_run.stdout.strip() == f"dsprof, version {__version__}"
 
@@ -45,12 +45,12 @@ def test_console_script_error_is_one_line_without_traceback(tmp_path):
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
     proc = subprocess.run([str(DSPROF), "gate", str(summary), "--rules", str(rules)],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"dsprof: error: {rules}: [[rule]] #1")
     debug = subprocess.run([str(DSPROF), "--debug", "gate", str(summary), "--rules", str(rules)],
-                           capture_output=True, text=True, timeout=60)
+                           capture_output=True, text=True, timeout=60, check=False)
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "InputError" in debug.stderr
 

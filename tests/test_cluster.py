@@ -53,7 +53,7 @@ def cluster(tmp_path_factory):
                        check=True, capture_output=True, env=env, timeout=180)
         yield address
     finally:
-        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, env=env, timeout=120)
+        subprocess.run([str(RAY), "stop", "--force"], capture_output=True, env=env, timeout=120, check=False)
         shutil.rmtree(temp, ignore_errors=True)
         for key, value in saved.items():
             if value is None:
@@ -72,7 +72,7 @@ def test_ray_engine_on_two_nodes_gives_the_embedded_summary(cluster, tmp_path):
     embedded = analyze_paths([tmp_path / "run"], tmp_path / "embedded").summary
     # the CLI as a user runs it against a cluster, in a process of its own
     proc = subprocess.run([str(DSPROF), "analyze", str(tmp_path / "run"), "-o", str(tmp_path / "ray"), "--engine", "ray",
-                           "--address", cluster], capture_output=True, text=True, timeout=600, env=dict(os.environ))
+                           "--address", cluster], capture_output=True, text=True, timeout=600, env=dict(os.environ), check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     distributed = json.loads((tmp_path / "ray" / "summary.json").read_text())
     assert distributed == json.loads(json.dumps(embedded))

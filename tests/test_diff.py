@@ -9,10 +9,9 @@ import statistics
 
 import pytest
 from click.testing import CliRunner
+from hostile_summaries import any_summary
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from hostile_summaries import any_summary
 
 from dsprof.analysis.diff import HIGHER, LOWER, diff_summaries, figure_direction, flatten_figures, format_diff
 from dsprof.cli.main import cli

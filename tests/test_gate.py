@@ -10,10 +10,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from hostile_summaries import any_summary
+from hypothesis import given, settings
 
 from dsprof.analysis.gate import (
     _github_data,

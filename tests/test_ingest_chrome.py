@@ -250,7 +250,7 @@ def test_begin_end_pairing_matches_a_stack(tmp_path, events):
     path.write_text(json.dumps([{"name": f"s{i}", "ph": ph, "ts": ts, "pid": 1, "tid": tid} for i, (tid, ph, ts) in enumerate(events)]))
     pairs, unmatched_end, unmatched_begin = reference_pairs(events)
     trace = read_chrome_trace(path)
-    assert sorted(zip(col(trace.spans, "line"), col(trace.spans, "ts_ns"), col(trace.spans, "dur_ns"))) == pairs
+    assert sorted(zip(col(trace.spans, "line"), col(trace.spans, "ts_ns"), col(trace.spans, "dur_ns"), strict=True)) == pairs
     assert col(trace.spans, "line") == sorted(col(trace.spans, "line"))
     assert trace.dropped.get("unmatched_end", 0) == unmatched_end and trace.dropped.get("unmatched_begin", 0) == unmatched_begin
 

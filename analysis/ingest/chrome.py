@@ -297,7 +297,7 @@ class _HeldTables:
             self._tables.append(table)
             return
         if self._writer is None:
-            self._file = tempfile.TemporaryFile(prefix="dsprof-spans-")  # noqa: SIM115 (open across add() calls, closed in tables())
+            self._file = tempfile.TemporaryFile(prefix="dsprof-spans-")
             self._writer = ipc.new_file(self._file, SPAN_SCHEMA)
         self._writer.write_table(table)
 
@@ -510,7 +510,7 @@ def _unescaped(blob: bytes, starts: np.ndarray, ends: np.ndarray, strings: np.nd
     escaped[piece[inside]] = True
     redo = np.flatnonzero(escaped & strings)
     if len(redo):
-        decoded = [VALUE_DECODER.decode(blob[start - 1 : end + 1]) for start, end in zip(starts[redo].tolist(), ends[redo].tolist())]
+        decoded = [VALUE_DECODER.decode(blob[start - 1 : end + 1]) for start, end in zip(starts[redo].tolist(), ends[redo].tolist(), strict=True)]
         mask = np.zeros(n, bool)
         mask[redo] = True
         texts = pc.replace_with_mask(texts, pa.array(mask), pa.array(decoded, pa.large_string()))

@@ -302,7 +302,7 @@ class ChromeDocument:
         starts = np.append(0, ends[:-1] + 1).tolist()
         batch = EventBatch([], np.zeros(0, np.int64), 0)
         where: list[int] = []
-        for k, (start, end) in enumerate(zip(starts, ends.tolist())):
+        for k, (start, end) in enumerate(zip(starts, ends.tolist(), strict=True)):
             text = self._buf[self._pos + start : self._pos + end]
             if not text.strip():
                 if closed and k == len(starts) - 1:

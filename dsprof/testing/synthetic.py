@@ -247,7 +247,9 @@ class SyntheticRun:
             s = step_grid[keep]
             epoch = s + first_epoch + (1 if self.prefill else 0)
             step = s + step0 if measured else np.full(len(s), -1)
-            sel = lambda a: a[keep]  # noqa: E731 - a tiny local accessor keeps the calls short
+            def sel(values: np.ndarray, keep: np.ndarray = keep) -> np.ndarray:
+                return values[keep]
+
             root_start, root_end = sel(t.root_start_ns), sel(t.root_end_ns)
             add(r, epoch, 0, fmt.ROOT, root_start, root_end - root_start, hid, callable_, step)
             bs, be = sel(t.bind_start_ns), sel(t.bind_end_ns)
