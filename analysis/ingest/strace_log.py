@@ -52,20 +52,33 @@ is kept in ``attrs`` with keys and values percent-decoded.
 
 from __future__ import annotations
 
+import functools
 import io
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace, split_attributes
-from dsprof.errors import InputError
+from dsprof.analysis.spans import (
+    ANCHOR_SCHEMA,
+    ATTRS_TYPE,
+    CHIP_SCHEMA,
+    PROMOTED_INT_ATTRS,
+    PROMOTED_TEXT_ATTRS,
+    SPAN_COLUMNS,
+    SPAN_SCHEMA,
+    Trace,
+    split_attributes,
+)
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler.strace_format import REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, decode_value
+
+from dsprof.errors import InputError
 
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
@@ -128,6 +141,7 @@ CHIP_PATTERN = r"\[chip_process pid=(?P<pid>\d{1,19}) dev=(?P<device>" + _TOKEN 
 
 
 Progress = Callable[[str], None] | None
+_T = TypeVar("_T")
 
 
 def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: SpanSink | None = None) -> Trace:
@@ -229,12 +243,11 @@ def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Prog
     chips: list[pa.Table] = []
     records_found = n_lines = bytes_done = 0
     binary_at: int | None = None
-    for data in chunks:
-        if isinstance(data, int):  # an overlong line, skipped
-            trace.count("overlong_line", data)
-            n_lines += data
+    for part in _parsed_pieces(chunks, file, trace.dropped):
+        if isinstance(part, int):  # an overlong line, skipped
+            trace.count("overlong_line", part)
+            n_lines += part
             continue
-        part = _parse_chunk(data, file, n_lines, trace.dropped)
         if sink is not None:
             if part.table.num_rows:
                 sink.add(part.table)
@@ -246,8 +259,7 @@ def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Prog
         if binary_at is None and part.binary_at is not None:
             binary_at = n_lines + part.binary_at
         n_lines += part.n_lines
-        bytes_done += len(data)
-        del data  # so that the next piece may reuse its buffer
+        bytes_done += part.n_bytes
         if progress is not None and size > CHUNK_BYTES:
             progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {n_lines:,} lines")
     trace.spans = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
@@ -256,7 +268,7 @@ def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Prog
     found_anything = records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
     if not found_anything and binary_at is not None:
         raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
-    trace.dropped = {k: v for k, v in trace.dropped.items() if v}
+    trace.dropped = {k: v for k, v in sorted(trace.dropped.items()) if v}
     side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
     trace.records_read = records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
     trace.lines_read = n_lines
@@ -272,10 +284,37 @@ class _Chunk(NamedTuple):
     records_found: int  # STRACE records kept or dropped
     n_lines: int
     binary_at: int | None
+    n_bytes: int
+
+
+def _parsed_pieces(chunks: Iterable[_Piece], file: str, dropped: dict[str, int]) -> Iterator[_Chunk | int]:
+    """Each piece parsed (or the count of overlong lines skipped), by the compiled scanner where it is available."""
+    scanner = compiled_scanner()
+    if scanner is None:
+        yield from _python_pieces(chunks, file, dropped)
+        return
+    assemble = _Assembler(file, dropped)
+    for scanned in _read_ahead(_scanned(scanner, chunks)):
+        yield scanned if isinstance(scanned, int) else assemble(*scanned)
+
+
+def _python_pieces(chunks: Iterable[_Piece], file: str, dropped: dict[str, int]) -> Iterator[_Chunk | int]:
+    """The pure-Python reader: each piece parsed by :func:`_parse_chunk`."""
+    line_base = 0
+    for data in chunks:
+        if isinstance(data, int):
+            line_base += data
+            yield data
+            continue
+        part = _parse_chunk(data, file, line_base, dropped)
+        del data  # so that the next piece may reuse its buffer
+        line_base += part.n_lines
+        yield part
 
 
 def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> _Chunk:
     """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
+    n_bytes = len(data)
     data, binary_at = _as_utf8(data)
     log = _Log(data)
     record_drops = sum(dropped.values())
@@ -298,10 +337,10 @@ def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str,
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
-    return _Chunk(table, anchors, chips, records_found, len(log.lines), binary_at)
+    return _Chunk(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes)
 
 
-def _side_lines(log: "_Log") -> pa.Array:
+def _side_lines(log: _Log) -> pa.Array:
     """The lines that may hold clock anchors or chip_process lines (also before a record on its line).
 
     A log holds few of them: one search of the whole piece skips the
@@ -332,7 +371,7 @@ class _Records:
         return len(self.line)
 
     @classmethod
-    def concat(cls, parts: list["_Records"]) -> "_Records":
+    def concat(cls, parts: list[_Records]) -> _Records:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
@@ -355,13 +394,13 @@ class _Records:
         )
 
     @classmethod
-    def empty(cls) -> "_Records":
+    def empty(cls) -> _Records:
         nothing = pa.array([], pa.large_string())
         none = np.empty(0, np.int64)
         return cls(none, none, {f: np.empty(0, _NUMBER_FIELDS[f]) for f in _NUMBER_FIELDS}, np.empty(0, bool), {f: nothing for f in _TEXT_FIELDS}, nothing, nothing, none)
 
     @classmethod
-    def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> "_Records":
+    def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> _Records:
         """Records whose fields are all still text, attributes one ``k=v k=v`` text per record."""
         token_lists = pc.split_pattern(pc.utf8_rtrim(tails, "\r\n"), " ")
         tokens = token_lists.flatten()
@@ -376,7 +415,7 @@ class _Records:
         texts = {name: fields[name] for name in _TEXT_FIELDS}
         return cls(line, order, numbers, overflow, texts, pc.list_element(pairs, 0), pc.list_element(pairs, 1), row)
 
-    def filter(self, keep: np.ndarray) -> "_Records":
+    def filter(self, keep: np.ndarray) -> _Records:
         if keep.all():
             return self
         new_row = np.cumsum(keep) - 1
@@ -413,7 +452,7 @@ def _integers(digits: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     return data[values.offset : values.offset + len(values)], overflow
 
 
-def _batches(log: "_Log", file: str, line_base: int) -> list[tuple[int, int]]:
+def _batches(log: _Log, file: str, line_base: int) -> list[tuple[int, int]]:
     """Line ranges of at most LINES_PER_BATCH lines and MAX_BATCH_BYTES bytes (32-bit offsets)."""
     ranges = []
     start, n_lines = 0, len(log.lines)
@@ -914,3 +953,186 @@ def _chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     fields = fields.filter(pa.array(ok))
     devices = pa.array([decode_value(d) for d in fields.field("device").to_pylist()], pa.string())  # one per rank process
     return pa.table({"pid": fields.field("pid").cast(pa.int64()), "device": devices}, schema=CHIP_SCHEMA)
+
+
+# -- the compiled scanner ------------------------------------------------------------------
+#
+# analysis/ingest/_strace_scan.c reads the lines whose records all follow the
+# plain grammar and hands back the rest ("islands": torn, continued or garbled
+# records, other versions, anchors, chip_process lines), which _parse_chunk
+# reads exactly as above; the two are put back together in line order, so the
+# result is the Python reader's, row for row.
+
+# Set to 1 to read with the Python code only (tests compare the two; benchmarks time both).
+PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
+# Kinds of the required fields for the scanner, as _HEAD's groups take them:
+# i64 = -?digits (19 at most), n64 = digits that fit int64, u64 = up to 20 digits
+# that fit uint64, token = one or more token bytes, token0 = possibly none.
+_FIELD_KINDS = {"v": "version", "pid": "i64", "tid": "i64", "inv": "u64", "hid": "token", "depth": "n64", "name": "token0", "ts": "i64", "dur": "i64"}
+_FIELD_COLUMNS = {"pid": "pid", "tid": "tid", "inv": "inv", "hid": "hid", "depth": "depth", "name": "name", "ts": "ts_ns", "dur": "dur_ns"}
+# Threads of one scan: the piece is shared out at lines that open with '['.
+SCAN_THREADS = max(1, min(len(os.sched_getaffinity(0)), 16))
+
+
+def compiled_scanner() -> Any | None:
+    """The compiled scanner, or None: not built, not importable, or :data:`PURE_PYTHON_ENV` asks for the Python reader."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from dsprof.analysis.ingest import _strace_scan  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _scanner_of(_strace_scan)
+
+
+@functools.cache
+def _scanner_of(module: Any) -> Any:
+    """A Scanner told the format's vocabulary (from strace_format and spans, never spelled out in C)."""
+    return module.Scanner(
+        marker=STRACE_MARKER.encode(),
+        side_markers=(fmt.ANCHOR_MARKER.encode(), fmt.CHIP_READY_MARKER.encode()),
+        version=str(STRACE_VERSION).encode(),
+        fields=tuple(f.encode() for f in REQUIRED_FIELDS),
+        kinds=tuple(_FIELD_KINDS[f].encode() for f in REQUIRED_FIELDS),
+        ts_field=REQUIRED_FIELDS.index("ts"),
+        dur_field=REQUIRED_FIELDS.index("dur"),
+        clk=(fmt.CLK_ATTR.encode(), fmt.CLK_DEVICE.encode(), fmt.CLK_HOST.encode()),
+        int_keys=tuple(k.encode() for k in PROMOTED_INT_ATTRS),
+        text_keys=tuple(k.encode() for k in PROMOTED_TEXT_ATTRS),
+    )
+
+
+_Scanned = tuple[dict, int]  # the scanner's result for a piece, and the piece's size
+
+
+def _scanned(scanner: Any, chunks: Iterable[_Piece]) -> Iterator[_Scanned | int]:
+    """Each piece scanned (the scan copies what it keeps, so the piece's buffer is free again at once)."""
+    line_base = 0
+    for data in chunks:
+        if isinstance(data, int):
+            line_base += data
+            yield data
+            continue
+        scan = scanner.scan(data, line_base, SCAN_THREADS)
+        n_bytes = len(data)
+        del data
+        line_base += scan["n_lines"]
+        yield scan, n_bytes
+
+
+_END = object()
+
+
+def _read_ahead(items: Iterator[_T]) -> Iterator[_T]:
+    """The items of ``items``, the next one made on a worker thread while the caller uses this one.
+
+    The scanner releases the GIL, so reading and scanning piece k+1 overlaps
+    with building and writing the rows of piece k; one piece is in flight.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="strace-scan") as pool:
+        pending = pool.submit(next, items, _END)
+        while True:
+            item = pending.result()
+            if item is _END:
+                return
+            pending = pool.submit(next, items, _END)
+            yield item
+
+
+class _Assembler:
+    """Turns the scanner's buffers for one piece into a :class:`_Chunk`; its islands go to :func:`_parse_chunk`."""
+
+    def __init__(self, file: str, dropped: dict[str, int]):
+        self.file, self.dropped = file, dropped
+        self.constants: dict[str, pa.Array] = {}
+        self.constant_rows = 0
+
+    def __call__(self, scan: dict, n_bytes: int) -> _Chunk:
+        tables = [self._part_table(part) for part in scan["parts"] if part["rows"]]
+        islands = self._islands(scan)
+        table = _in_line_order(tables, islands.table)
+        records_found = sum(t.num_rows for t in tables) + islands.records_found
+        return _Chunk(table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes)
+
+    def _islands(self, scan: dict) -> _Chunk:
+        """What the Python reader makes of the lines the scanner left, numbered as in the log."""
+        text = memoryview(scan["islands"])
+        if not len(text):
+            return _Chunk(SPAN_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
+        part = _parse_chunk(text, self.file, 0, self.dropped)
+        if part.table.num_rows:
+            numbers = np.frombuffer(scan["island_lines"], np.int64)
+            line = numbers[part.table.column("line").to_numpy() - 1]
+            part = part._replace(table=part.table.set_column(SPAN_COLUMNS.index("line"), "line", pa.array(line)))
+        return part
+
+    def _part_table(self, part: dict) -> pa.Table:
+        """One thread's rows, wrapping the scanner's buffers (no copy)."""
+        n = part["rows"]
+        columns = {"line": _fixed(pa.int64(), n, part["line"])}
+        for field, buffers in zip(REQUIRED_FIELDS[1:], part["fields"]):
+            column = _FIELD_COLUMNS[field]
+            kind = SPAN_SCHEMA.field(column).type
+            columns[column] = _text(n, *buffers) if kind == pa.string() else _fixed(kind, n, buffers)
+        columns["clk"] = _text(n, *part["clk"])
+        for column, (data, valid) in zip(PROMOTED_INT_ATTRS.values(), part["int_attrs"]):
+            columns[column] = _fixed(pa.int64(), n, data, valid)
+        for column, (offsets, data, valid) in zip(PROMOTED_TEXT_ATTRS.values(), part["text_attrs"]):
+            columns[column] = _text(n, offsets, data, valid)
+        map_offsets, key_offsets, keys, value_offsets, values = part["attrs"]
+        pairs = part["pairs"]
+        offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)])
+        columns["attrs"] = pa.MapArray.from_arrays(offsets, _text(pairs, key_offsets, keys), _text(pairs, value_offsets, values), type=ATTRS_TYPE)
+        columns.update(self._constants(n))
+        return pa.table([columns[name] for name in SPAN_COLUMNS], schema=SPAN_SCHEMA)
+
+    def _constants(self, n: int) -> dict[str, pa.Array]:
+        """The columns that hold one value for every row of the log, made once and sliced."""
+        if n > self.constant_rows:
+            self.constant_rows = max(n, 2 * self.constant_rows)
+            values = {"source": "strace", "file": self.file, "cat": "", "ph": "X"}
+            self.constants = {name: pa.repeat(pa.scalar(value, pa.string()), self.constant_rows) for name, value in values.items()}
+        return {name: column.slice(0, n) for name, column in self.constants.items()}
+
+
+def _fixed(kind: pa.DataType, n: int, data: Any, valid: Any = None) -> pa.Array:
+    return pa.Array.from_buffers(kind, n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)])
+
+
+def _text(n: int, offsets: Any, data: Any, valid: Any = None) -> pa.Array:
+    if n == 0:
+        return pa.array([], pa.string())
+    return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _binary_line(scan: dict) -> int | None:
+    """The line _as_utf8 names for the piece: the first U+FFFD after invalid bytes are replaced, or the first NUL."""
+    found = []
+    if scan["invalid_line"]:
+        found.append(min(line for line in (scan["invalid_line"], scan["fffd_line"]) if line))
+    if scan["nul_line"]:
+        found.append(scan["nul_line"])
+    return min(found) if found else None
+
+
+# Above this many places to insert rows at, one gather is cheaper than slicing.
+_MAX_SPLICES = 64
+
+
+def _in_line_order(tables: list[pa.Table], inserted: pa.Table) -> pa.Table:
+    """``tables`` (rows in line order) with the rows of ``inserted`` (other lines, in order) put in their places."""
+    base = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    if not inserted.num_rows:
+        return base
+    lines = np.concatenate([chunk.to_numpy() for chunk in base.column("line").chunks] + [np.empty(0, np.int64)])
+    at = np.searchsorted(lines, inserted.column("line").to_numpy())
+    places, first = np.unique(at, return_index=True)
+    if len(places) > _MAX_SPLICES:
+        both = pa.concat_tables([base, inserted])
+        order = np.argsort(np.concatenate([lines, inserted.column("line").to_numpy()]), kind="stable")
+        return both.take(pa.array(order))
+    pieces, done = [], 0
+    for place, start, stop in zip(places, first, [*first[1:], len(at)]):
+        pieces += [base.slice(done, place - done), inserted.slice(start, stop - start)]
+        done = place
+    return pa.concat_tables([*pieces, base.slice(done)])
