@@ -1371,8 +1371,9 @@ static int64_t first_line(Part *parts, int n, const int64_t *base, size_t offset
 }
 
 PyDoc_STRVAR(scan_doc,
-             "scan(piece, line_base, threads) -> dict\n\n"
-             "Read one piece of a log (whole lines; line_base lines come before it). Returns n_lines; nul_line, "
+             "scan(piece, line_base, threads, min_part_bytes=1 MiB) -> dict\n\n"
+             "Read one piece of a log (whole lines; line_base lines come before it), shared out to up to `threads` "
+             "threads of at least min_part_bytes each. Returns n_lines; nul_line, "
              "invalid_line, fffd_line (1-based line in the piece of the first NUL byte, invalid UTF-8, U+FFFD; 0: none); "
              "parts (one dict of column buffers per thread's share, in order); islands (the text the Python reader "
              "must read) and island_lines (int64 log line of each of its lines, 0 for separators).");
@@ -1382,7 +1383,8 @@ static PyObject *scanner_scan(ScannerObject *self, PyObject *args)
     Py_buffer view;
     long long line_base;
     int threads;
-    if (!PyArg_ParseTuple(args, "y*Li", &view, &line_base, &threads))
+    Py_ssize_t min_part = (Py_ssize_t)1 << 20;
+    if (!PyArg_ParseTuple(args, "y*Li|n", &view, &line_base, &threads, &min_part))
         return NULL;
     const uint8_t *b = view.buf;
     size_t len = (size_t)view.len;
@@ -1390,8 +1392,10 @@ static PyObject *scanner_scan(ScannerObject *self, PyObject *args)
         threads = 1;
     if (threads > MAX_THREADS)
         threads = MAX_THREADS;
-    if (len < ((size_t)1 << 20)) /* a thread is not worth starting for less */
-        threads = 1;
+    if (min_part < 1)
+        min_part = 1;
+    if (len / (size_t)threads < (size_t)min_part) /* a thread is not worth starting for less */
+        threads = (int)(len / (size_t)min_part) > 1 ? (int)(len / (size_t)min_part) : 1;
     size_t cuts[MAX_THREADS + 1];
     Part parts[MAX_THREADS];
     pthread_t tids[MAX_THREADS];

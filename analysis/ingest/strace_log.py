@@ -970,8 +970,9 @@ PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
 # that fit uint64, token = one or more token bytes, token0 = possibly none.
 _FIELD_KINDS = {"v": "version", "pid": "i64", "tid": "i64", "inv": "u64", "hid": "token", "depth": "n64", "name": "token0", "ts": "i64", "dur": "i64"}
 _FIELD_COLUMNS = {"pid": "pid", "tid": "tid", "inv": "inv", "hid": "hid", "depth": "depth", "name": "name", "ts": "ts_ns", "dur": "dur_ns"}
-# Threads of one scan: the piece is shared out at lines that open with '['.
+# Threads of one scan: the piece is shared out at lines that open with '[', in parts of at least SCAN_MIN_PART_BYTES.
 SCAN_THREADS = max(1, min(len(os.sched_getaffinity(0)), 16))
+SCAN_MIN_PART_BYTES = 1 << 20
 
 
 def compiled_scanner() -> Any | None:
@@ -1013,7 +1014,7 @@ def _scanned(scanner: Any, chunks: Iterable[_Piece]) -> Iterator[_Scanned | int]
             line_base += data
             yield data
             continue
-        scan = scanner.scan(data, line_base, SCAN_THREADS)
+        scan = scanner.scan(data, line_base, SCAN_THREADS, SCAN_MIN_PART_BYTES)
         n_bytes = len(data)
         del data
         line_base += scan["n_lines"]
