@@ -37,6 +37,9 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -60,16 +63,21 @@ DEFAULT_WINDOW_NS = 1 << 34
 OPEN_WINDOWS_BEHIND = 1
 
 # How span Parquet files are written (the dataset's parts and ``dsprof ingest -o
-# FILE.parquet``); chosen with benchmarks/bench_ingest.py. The columns of few
-# distinct values are dictionary-encoded (the rest would only pay for a
-# dictionary that overflows and is dropped); statistics are kept for the integer
-# columns, which queries filter on, not for text. No Arrow schema is stored, so
-# columns handed over dictionary-encoded read back as the plain strings of
-# SPAN_SCHEMA.
+# FILE.parquet``), chosen with benchmarks/bench_ingest.py and measured per column
+# on its logs: text of few distinct values is dictionary-encoded; integers are
+# delta-encoded (line numbers, ids, times and counters change little from row to
+# row: a third of the bytes for a fifth more encoding time, and writing and
+# syncing the bytes costs more than encoding them), except ``inv``, whose
+# random per-process bases make deltas no smaller. No compression: on top of
+# that it costs more time than it saves. Statistics are kept for the integer
+# columns, which queries filter on. No Arrow schema is stored, so columns handed
+# over dictionary-encoded read back as the plain strings of SPAN_SCHEMA.
+_INTEGER_COLUMNS = [f.name for f in SPAN_SCHEMA if pa.types.is_integer(f.type)]
 PARQUET_OPTIONS: dict = {
     "compression": "none",
     "use_dictionary": list(DICTIONARY_COLUMNS),
-    "write_statistics": [f.name for f in SPAN_SCHEMA if pa.types.is_integer(f.type)],
+    "column_encoding": {name: "DELTA_BINARY_PACKED" for name in _INTEGER_COLUMNS if name != "inv"},
+    "write_statistics": _INTEGER_COLUMNS,
     "store_schema": False,
 }
 # The columns written as dictionaries whatever the reader gave (one value per file: no hashing when built so).
@@ -123,25 +131,85 @@ class SpanParquetFile:
             self._stack.__exit__(RuntimeError, RuntimeError("discarded"), None)
 
 
+# Parquet jobs (a table to encode, a file to close) queued at most: bounds the pieces held in memory.
+MAX_PENDING_WRITES = 4
+
+
+class BackgroundWrites:
+    """Runs Parquet jobs on one worker thread, in the order given, a few queued at most.
+
+    Encoding releases the GIL, so it goes on while the caller reads and
+    scans the next piece of a log. An error of a job is raised by the next
+    :meth:`run` or by :meth:`wait`.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="span-parquet")
+        self._pending: deque[Future] = deque()
+
+    def run(self, job: Callable[..., None], *args: object) -> None:
+        while len(self._pending) >= MAX_PENDING_WRITES:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(job, *args))
+
+    def wait(self) -> None:
+        """Wait for every job; raises the first error."""
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            self._pool.shutdown()
+
+    def stop(self) -> None:
+        """After an error elsewhere: let the queued jobs end, whatever they raise."""
+        wait(self._pending)
+        self._pending.clear()
+        self._pool.shutdown()
+
+
 def window_of_rows(table: pa.Table, window_ns: int) -> np.ndarray:
     """The window of each row: by its invocation's earliest host start in this table (see module docstring)."""
     n = table.num_rows
     if n == 0:
         return np.zeros(0, np.int64)
-    ts = table.column("ts_ns").to_numpy()
+    ts = _int64s(table.column("ts_ns"))
     host = pc.not_equal(table.column("clk"), "dev").to_numpy(zero_copy_only=False)
+    when = _invocation_starts(table, ts, host)
+    never = when == np.iinfo(np.int64).max
+    if never.any():  # an invocation with only device rows in this table goes with the table's own time
+        when[never] = int(np.median(ts[host])) if host.any() else 0
+    return np.floor_divide(when, window_ns)
+
+
+def _int64s(column: pa.ChunkedArray) -> np.ndarray:
+    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks] + [np.empty(0, np.int64)]).astype(np.int64, copy=False)
+
+
+def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """Each row's invocation's earliest host start (int64 max where it has no host row; own ts without inv).
+
+    Done by the compiled helper where it is built, else with an Arrow group-by:
+    the same numbers either way.
+    """
+    from dsprof.analysis.ingest.strace_log import compiled_module  # the ingest package imports this module
+
+    n = table.num_rows
     has_inv = table.column("inv").is_valid()
-    when = ts.astype(np.int64, copy=True)
+    module = compiled_module()
+    if module is not None:
+        starts = np.empty(n, np.int64)
+        pid = _int64s(table.column("pid").fill_null(0))
+        inv = _int64s(table.column("inv").fill_null(0).cast(pa.int64(), safe=False))
+        module.invocation_starts(pid, inv, has_inv.to_numpy(zero_copy_only=False).view(np.uint8), ts, host.view(np.uint8), starts)
+        return starts
+    starts = ts.copy()
     if pc.any(has_inv).as_py():
         never = np.iinfo(np.int64).max
         keys = pa.table({"pid": table.column("pid"), "inv": table.column("inv"), "ts": np.where(host, ts, never), "row": np.arange(n)})
         groups = keys.filter(has_inv).group_by(["pid", "inv"], use_threads=False).aggregate([("ts", "min"), ("row", "list")])
-        first_host = groups.column("ts_min").to_numpy()
-        # an invocation with only device rows in this table goes with the table's own time
-        fallback = int(np.median(ts[host])) if host.any() else 0
         rows = groups.column("row_list")
-        when[pc.list_flatten(rows).to_numpy()] = np.repeat(np.where(first_host == never, fallback, first_host), pc.list_value_length(rows).to_numpy())
-    return np.floor_divide(when, window_ns)
+        starts[pc.list_flatten(rows).to_numpy()] = np.repeat(groups.column("ts_min").to_numpy(), pc.list_value_length(rows).to_numpy())
+    return starts
 
 
 # Runs of at least this many consecutive rows are kept as zero-copy slices when a table is split by window.
@@ -174,8 +242,10 @@ class SpanDatasetWriter:
     Each window touched gets a part file, kept open (so a window's rows fill
     few files) until the rows being written have moved more than
     OPEN_WINDOWS_BEHIND windows past it; rows of a window already closed go to
-    a new part. Files appear atomically when closed; until :meth:`finish`
-    writes ``dataset.json`` the dataset is incomplete.
+    a new part. The caller's thread splits tables by window; the encoding and
+    the closing run on a worker (:class:`BackgroundWrites`). Files appear
+    atomically when closed; until :meth:`finish` writes ``dataset.json`` the
+    dataset is incomplete.
     """
 
     def __init__(self, directory: str | os.PathLike, window_ns: int = DEFAULT_WINDOW_NS):
@@ -184,6 +254,8 @@ class SpanDatasetWriter:
         self.files: list[dict] = []
         self._parts = 0
         self._open: dict[int, tuple[str, SpanParquetFile]] = {}
+        self._closed: list[tuple[int, str, SpanParquetFile]] = []
+        self._jobs = BackgroundWrites()
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
         for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format('*')}"):
@@ -193,12 +265,14 @@ class SpanDatasetWriter:
         if table.num_rows == 0:
             return
         windows = window_of_rows(table, self.window_ns)
-        order = np.argsort(windows, kind="stable")
-        sorted_windows = windows[order]
-        cuts = np.flatnonzero(np.diff(sorted_windows)) + 1
-        for rows in np.split(order, cuts):  # one piece per window this table touches
-            self._file(int(windows[rows[0]])).write(rows_of(table, np.sort(rows)))
-        self._close_behind(int(sorted_windows[0]) - OPEN_WINDOWS_BEHIND)
+        first, last = int(windows.min()), int(windows.max())
+        if first == last:  # the common case: a piece of a log within one window
+            self._jobs.run(self._file(first).write, table)
+        else:
+            order = np.argsort(windows, kind="stable")
+            for rows in np.split(order, np.flatnonzero(np.diff(windows[order])) + 1):  # one piece per window touched
+                self._jobs.run(self._file(int(windows[rows[0]])).write, rows_of(table, np.sort(rows)))
+        self._close_behind(first - OPEN_WINDOWS_BEHIND)
 
     def _file(self, window: int) -> SpanParquetFile:
         if window not in self._open:
@@ -210,14 +284,18 @@ class SpanDatasetWriter:
     def _close_behind(self, window: int) -> None:
         for old in [w for w in self._open if w < window]:
             relative, part = self._open.pop(old)
-            part.close()
-            if part.rows:
-                self.files.append({"path": relative, "window": old, "rows": part.rows, "min_ts_ns": part.min_ts_ns, "max_ts_ns": part.max_ts_ns})
+            self._jobs.run(part.close)
+            self._closed.append((old, relative, part))
 
     def finish(self, trace: Trace) -> Path:
         """Close every part and write the manifest with ``trace``'s side information; the dataset is complete from here on."""
         self._close_behind(np.iinfo(np.int64).max)
-        self.files.sort(key=lambda f: (f["window"], f["path"]))
+        self._jobs.wait()
+        self.files = sorted(
+            ({"path": relative, "window": window, "rows": part.rows, "min_ts_ns": part.min_ts_ns, "max_ts_ns": part.max_ts_ns}
+             for window, relative, part in self._closed if part.rows),
+            key=lambda f: (f["window"], f["path"]),
+        )
         manifest = {
             "schema": DATASET_SCHEMA,
             "window_ns": self.window_ns,
@@ -247,6 +325,7 @@ class SpanDatasetWriter:
 
     def abort(self) -> None:
         """Stop after an error: files still open are discarded, no manifest is written."""
+        self._jobs.stop()
         for _, part in self._open.values():
             part.discard()
         self._open.clear()

@@ -50,9 +50,10 @@ from dsprof.profiler import strace_format as fmt
 
 PEER_ENV = "DSPROF_PEER_READER"
 PEER_SCRIPT = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import strace_timing
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("strace_timing", sys.argv[1])
+strace_timing = sys.modules["strace_timing"] = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(strace_timing)
 lines = open(sys.argv[2], errors="replace").readlines()
 print(sum(1 for _ in strace_timing.parse_spans(lines)))
 """
@@ -184,7 +185,7 @@ def tools(log: Path, work: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     found = {}
     peer = os.environ.get(PEER_ENV)
     if peer:
-        found["peer"] = ([sys.executable, "-c", PEER_SCRIPT, str(Path(peer).resolve().parent), str(log)], base)
+        found["peer"] = ([sys.executable, "-c", PEER_SCRIPT, str(Path(peer).resolve()), str(log)], base)
     found["fast"] = (ingest + [str(work / "fast") + "/"], base)
     found["python"] = (ingest + [str(work / "python") + "/"], base | {"DSPROF_PURE_PYTHON": "1"})
     return found

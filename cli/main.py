@@ -9,6 +9,8 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 
 from __future__ import annotations
 
+import gc
+import os
 import shutil
 import sys
 import time
@@ -213,6 +215,11 @@ def ingest(paths, output) -> None:
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
+    # This process does no linear algebra and makes no reference cycles worth
+    # collecting: numpy's BLAS threads and the cyclic collector would only take
+    # CPU from the readers (set before numpy is first imported).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    gc.disable()
     from dsprof.commands import ingest as command
 
     command.keep_pandas_out()

@@ -50,7 +50,9 @@ def windowed_log(tmp_path):
     return path
 
 
-def test_rows_go_to_the_window_of_their_invocation(windowed_log):
+@pytest.mark.parametrize("reader", READERS)
+def test_rows_go_to_the_window_of_their_invocation(reader, monkeypatch, windowed_log):
+    select_reader(reader, monkeypatch)  # the compiled helper or the Arrow group-by
     table = read_paths([windowed_log]).spans
     assert window_of_rows(table, 1000).tolist() == [0, 0, 0, 1, 2, 2, 1]
 

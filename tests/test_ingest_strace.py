@@ -84,11 +84,12 @@ def test_clean_records_exact_fields(tmp_path):
 
 
 def test_promoted_attributes_first_integer_wins_rest_stays_in_attrs(tmp_path):
-    record = payload(attrs={"rank": "x7", "step": 3}) + " rank=5 rank=6 device=npu%3A1 device=b os.cpu_ns=" + str(10**18) + " os.rq_ns=12"
-    path = write(tmp_path, [PREFIX + record])
+    record = payload(attrs={"rank": "x7", "step": -3}) + " rank=5 rank=6 device=npu%3A1 device=b os.cpu_ns=" + str(10**18) + " os.rq_ns=0012"
+    path = write(tmp_path, [PREFIX + record + " os.nivcsw=-" + "9" * 18 + " os.majflt=%31"])
     trace = read_strace_log(path)
     first = row(trace)
-    assert (first["rank"], first["step"], first["device"], first["os_rq_ns"], first["os_cpu_ns"]) == (5, 3, "npu:1", 12, None)
+    assert (first["rank"], first["step"], first["device"], first["os_rq_ns"], first["os_cpu_ns"]) == (5, -3, "npu:1", 12, None)
+    assert (first["os_nivcsw"], first["os_majflt"]) == (-(10**18 - 1), 1)  # 18 digits and a sign; decoded text
     assert first["attrs"] == [("rank", "x7"), ("rank", "6"), ("device", "b"), ("os.cpu_ns", str(10**18))]
 
 

@@ -34,6 +34,9 @@
 #ifdef __SSE2__
 #include <emmintrin.h>
 #endif
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 #define MAX_FIELDS 16
 #define MAX_INT_KEYS 32
@@ -41,11 +44,84 @@
 #define MAX_THREADS 16
 #define KEY_TABLE 128
 
+/* ------------------------------------------------------------------ memory */
+
+/*
+ * Blocks kept for the next scans: a piece's columns take about as much as the
+ * last piece's, and reusing their pages spares faulting in and zeroing fresh
+ * ones. A block goes back when Arrow lets go of the column (Buf). Thread-safe;
+ * bounded; only where the C library tells a block's size (glibc).
+ */
+#define POOL_BLOCKS 512
+#define POOL_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    pthread_mutex_t lock;
+    int n;
+    size_t bytes;
+    void *block[POOL_BLOCKS];
+    size_t size[POOL_BLOCKS];
+} Pool;
+
+static void *pool_alloc(Pool *pool, size_t want)
+{
+    if (pool) {
+        pthread_mutex_lock(&pool->lock);
+        int best = -1;
+        for (int i = 0; i < pool->n; i++)
+            if (pool->size[i] >= want && (best < 0 || pool->size[i] < pool->size[best]))
+                best = i;
+        if (best >= 0) {
+            void *block = pool->block[best];
+            pool->bytes -= pool->size[best];
+            pool->n--;
+            pool->block[best] = pool->block[pool->n];
+            pool->size[best] = pool->size[pool->n];
+            pthread_mutex_unlock(&pool->lock);
+            return block;
+        }
+        pthread_mutex_unlock(&pool->lock);
+    }
+    return malloc(want ? want : 1);
+}
+
+static void pool_free(Pool *pool, void *data)
+{
+#ifdef __GLIBC__
+    if (pool && data) {
+        size_t size = malloc_usable_size(data);
+        pthread_mutex_lock(&pool->lock);
+        if (pool->n < POOL_BLOCKS && pool->bytes + size <= POOL_BYTES) {
+            pool->block[pool->n] = data;
+            pool->size[pool->n++] = size;
+            pool->bytes += size;
+            pthread_mutex_unlock(&pool->lock);
+            return;
+        }
+        pthread_mutex_unlock(&pool->lock);
+    }
+#else
+    (void)pool;
+#endif
+    free(data);
+}
+
+static void *pool_realloc(Pool *pool, void *data, size_t want) { return data ? realloc(data, want) : pool_alloc(pool, want); }
+
+static void pool_clear(Pool *pool)
+{
+    for (int i = 0; i < pool->n; i++)
+        free(pool->block[i]);
+    pool->n = 0;
+    pool->bytes = 0;
+}
+
 /* ------------------------------------------------------------------ growable buffers */
 
 typedef struct {
     char *data;
     size_t len, cap;
+    Pool *pool; /* where its first block comes from (NULL: malloc) */
 } Vec;
 
 static int vec_grow(Vec *v, size_t extra)
@@ -53,7 +129,7 @@ static int vec_grow(Vec *v, size_t extra)
     size_t cap = v->cap ? v->cap : 4096;
     while (cap < v->len + extra)
         cap *= 2;
-    char *data = realloc(v->data, cap);
+    char *data = pool_realloc(v->pool, v->data, cap);
     if (!data)
         return -1;
     v->data = data;
@@ -68,6 +144,22 @@ static inline int vec_append(Vec *v, const void *src, size_t n)
     if (vec_reserve(v, n))
         return -1;
     if (n)
+        memcpy(v->data + v->len, src, n);
+    v->len += n;
+    return 0;
+}
+
+/*
+ * vec_append for text, which is mostly short: up to 16 bytes are copied as one
+ * fixed-size block when both ends have room for it (src_end: how far src may be read).
+ */
+static inline int vec_append_text(Vec *v, const uint8_t *src, size_t n, const uint8_t *src_end)
+{
+    if (vec_reserve(v, n + 16))
+        return -1;
+    if (n <= 16 && src_end - src >= 16)
+        memcpy(v->data + v->len, src, 16);
+    else if (n)
         memcpy(v->data + v->len, src, n);
     v->len += n;
     return 0;
@@ -101,6 +193,7 @@ typedef struct {
     int n_textkeys;
     /* literals of up to 8 bytes are compared as one masked word */
     uint64_t field_word[MAX_FIELDS], field_mask[MAX_FIELDS], version_word, version_mask;
+    uint64_t marker_word, marker_mask, side_word[4], side_mask[4]; /* their first 8 bytes */
     /* key -> slot: the integer keys, then the text keys, then clk; open addressing on (length, first 8 bytes) */
     Str slot_key[MAX_INT_KEYS + MAX_TEXT_KEYS + 1];
     uint64_t slot_head[MAX_INT_KEYS + MAX_TEXT_KEYS + 1];
@@ -110,24 +203,6 @@ typedef struct {
 
 /* ------------------------------------------------------------------ one part of a piece */
 
-/* A stretch of the piece, and whether it holds a '%' (then it is percent-decoded). */
-typedef struct {
-    size_t at;
-    uint32_t n;
-    uint32_t percent;
-} Text;
-
-typedef struct {
-    int64_t num[MAX_FIELDS];
-    Text text[MAX_FIELDS];
-    size_t attr_first, attr_count;
-} Rec;
-
-typedef struct {
-    Text key, value;
-    int slot; /* the key's promoted column or clk (see Config.slot_key), -1 for the attrs map */
-} Tok;
-
 typedef struct {
     int64_t first_line, end_line; /* part-local line indices, end exclusive */
     size_t b0, b1;
@@ -135,6 +210,7 @@ typedef struct {
 
 typedef struct {
     const Config *cfg;
+    Pool *pool; /* of the row columns */
     const uint8_t *buf;
     size_t start, end, piece_len;
     /* rows */
@@ -161,8 +237,7 @@ typedef struct {
     int failed;
     /* scratch of one line */
     Vec markers; /* size_t[] positions of the markers */
-    Vec recs;    /* Rec[] */
-    Vec toks;    /* Tok[] */
+    Vec maps;    /* uint64_t[]: see Maps */
     Vec scratch; /* decoded text */
 } Part;
 
@@ -261,27 +336,20 @@ typedef struct {
 } ByteFlags;
 
 /*
- * 16-byte blocks as bit masks (bit i: byte i): newlines, '[', control bytes,
- * bytes >= 0x80; and for tokens, the bytes that end one and the '%' in it.
+ * 16-byte blocks as bit masks (bit i: byte i). `special`: the bytes a line scan
+ * must look at ('[', control bytes, bytes >= 0x80); `stops`: the bytes that
+ * end a token (space, control bytes, '[', ']', '=') and, in *percent, the '%'.
  * SSE2 where the compiler has it, a portable loop elsewhere.
  */
-typedef struct {
-    uint32_t newline, bracket, ctrl, high;
-} BlockMasks;
-
 #ifdef __SSE2__
-static inline BlockMasks block_masks(const uint8_t *p)
+static inline uint32_t special_bytes(const uint8_t *p)
 {
     __m128i v = _mm_loadu_si128((const __m128i *)p);
-    BlockMasks m;
-    m.newline = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('\n')));
-    m.bracket = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(v, _mm_set1_epi8('[')));
-    m.high = (uint32_t)_mm_movemask_epi8(v);
-    m.ctrl = (uint32_t)_mm_movemask_epi8(_mm_cmpeq_epi8(_mm_max_epu8(v, _mm_set1_epi8(0x1F)), _mm_set1_epi8(0x1F)));
-    return m;
+    __m128i ctrl = _mm_cmpeq_epi8(_mm_max_epu8(v, _mm_set1_epi8(0x1F)), _mm_set1_epi8(0x1F));
+    return (uint32_t)_mm_movemask_epi8(_mm_or_si128(_mm_or_si128(ctrl, v), _mm_cmpeq_epi8(v, _mm_set1_epi8('['))));
 }
 
-static inline uint32_t token_stops(const uint8_t *p, uint32_t *percent)
+static inline uint32_t stops(const uint8_t *p, uint32_t *percent)
 {
     __m128i v = _mm_loadu_si128((const __m128i *)p);
     __m128i stop = _mm_cmpeq_epi8(_mm_max_epu8(v, _mm_set1_epi8(0x20)), _mm_set1_epi8(0x20));
@@ -292,19 +360,15 @@ static inline uint32_t token_stops(const uint8_t *p, uint32_t *percent)
     return (uint32_t)_mm_movemask_epi8(stop);
 }
 #else
-static inline BlockMasks block_masks(const uint8_t *p)
+static inline uint32_t special_bytes(const uint8_t *p)
 {
-    BlockMasks m = {0, 0, 0, 0};
-    for (int i = 0; i < 16; i++) {
-        m.newline |= (uint32_t)(p[i] == '\n') << i;
-        m.bracket |= (uint32_t)(p[i] == '[') << i;
-        m.ctrl |= (uint32_t)(p[i] < 0x20) << i;
-        m.high |= (uint32_t)(p[i] >= 0x80) << i;
-    }
+    uint32_t m = 0;
+    for (int i = 0; i < 16; i++)
+        m |= (uint32_t)(p[i] < 0x20 || p[i] >= 0x80 || p[i] == '[') << i;
     return m;
 }
 
-static inline uint32_t token_stops(const uint8_t *p, uint32_t *percent)
+static inline uint32_t stops(const uint8_t *p, uint32_t *percent)
 {
     uint32_t stop = 0, pct = 0;
     for (int i = 0; i < 16; i++) {
@@ -316,12 +380,14 @@ static inline uint32_t token_stops(const uint8_t *p, uint32_t *percent)
 }
 #endif
 
-/* The masks of fewer than 16 bytes (the end of the piece); the missing bytes read as 0 (masked off by the caller). */
-static inline BlockMasks block_masks_tail(const uint8_t *p, size_t n)
+/* A block of the piece at q: 16 bytes, or fewer at its end (copied, the rest zero: the caller masks them off). */
+static inline const uint8_t *block_at(const uint8_t *b, size_t q, size_t piece_len, uint8_t tail[16])
 {
-    uint8_t block[16] = {0};
-    memcpy(block, p, n);
-    return block_masks(block);
+    if (piece_len - q >= 16)
+        return b + q;
+    memset(tail, 0, 16);
+    memcpy(tail, b + q, piece_len - q);
+    return tail;
 }
 
 typedef struct {
@@ -331,74 +397,133 @@ typedef struct {
     ByteFlags f;
 } Line;
 
-/* A '[' at `at`: a STRACE marker (its position goes to P->markers), a side marker, or neither. Returns the next position to look at. */
-static inline int at_bracket(Part *P, size_t at, const uint8_t *limit, Line *L)
+/* A '[' at `at`: a STRACE marker (its position goes to P->markers), a side marker, or neither. */
+static inline int at_bracket(Part *P, size_t at, const uint8_t *end, Line *L)
 {
     const Config *C = P->cfg;
     const uint8_t *q = P->buf + at;
-    if (starts_with(q, limit, C->marker))
+    uint64_t head = end - q >= 8 ? load64(q) : head_of(q, (size_t)(end - q));
+    if ((head & C->marker_mask) == C->marker_word && starts_with(q, end, C->marker))
         return vec_append(&P->markers, &at, sizeof at);
     for (int i = 0; i < C->n_side; i++)
-        L->side |= starts_with(q, limit, C->side[i]);
+        L->side |= (head & C->side_mask[i]) == C->side_word[i] && starts_with(q, end, C->side[i]);
     return 0;
 }
 
-/* Check the UTF-8 sequences starting at the flagged bytes of a block (from `from` on); returns where checking resumes. */
-static inline size_t check_high(const uint8_t *b, size_t q, uint32_t bits, size_t from, const uint8_t *limit, ByteFlags *f)
-{
-    for (; bits; bits &= bits - 1) {
-        size_t at = q + (size_t)__builtin_ctz(bits);
-        if (at < from)
-            continue;
-        size_t n = utf8_len(b + at, limit); /* a valid sequence never holds '\n', so it stays in the line */
-        if (!n) {
-            f->invalid = 1;
-            from = at + 1;
-        } else {
-            f->fffd |= n == 3 && b[at] == 0xEF && b[at + 1] == 0xBF && b[at + 2] == 0xBD;
-            from = at + n;
-        }
-    }
-    return from;
-}
-
 /*
- * Read the line starting at pos in one pass over 16-byte blocks: where it
- * ends, the STRACE markers in it (into P->markers), whether it names a side
- * marker, and what its bytes hold (control bytes but a '\r' ending it, NUL,
- * invalid UTF-8, U+FFFD). Returns -1 when memory runs out.
+ * Read the line starting at pos: where it ends, the STRACE markers in it (into
+ * P->markers), whether it names a side marker, and what its bytes hold
+ * (control bytes but a '\r' ending it, NUL, invalid UTF-8, U+FFFD). Blocks
+ * without such bytes are passed over at once. Returns -1 when memory runs out.
  */
 static int read_line(Part *P, size_t pos, Line *L)
 {
-    const uint8_t *b = P->buf, *limit = P->buf + P->piece_len;
+    const uint8_t *b = P->buf;
     P->markers.len = 0;
     memset(L, 0, sizeof *L);
+    const uint8_t *nl = memchr(b + pos, '\n', P->piece_len - pos);
+    L->newline = nl != NULL;
+    L->ce = nl ? (size_t)(nl - b) : P->piece_len;
+    L->le = L->ce + L->newline;
+    const uint8_t *ce = b + L->ce;
     size_t ctrl_count = 0, last_ctrl = 0, utf8_from = pos;
-    for (size_t q = pos;; q += 16) {
-        size_t room = P->piece_len - q;
-        BlockMasks m = room >= 16 ? block_masks(b + q) : block_masks_tail(b + q, room);
-        uint32_t keep = room >= 16 ? 0xFFFFu : (1u << room) - 1;
-        uint32_t newline = m.newline & keep;
-        if (newline)
-            keep &= (1u << __builtin_ctz(newline)) - 1;
-        for (uint32_t bits = m.bracket & keep; bits; bits &= bits - 1)
-            if (at_bracket(P, q + (size_t)__builtin_ctz(bits), limit, L))
-                return -1;
-        for (uint32_t bits = m.ctrl & keep; bits; bits &= bits - 1) {
-            last_ctrl = q + (size_t)__builtin_ctz(bits);
-            L->f.nul |= b[last_ctrl] == 0;
-            ctrl_count++;
-        }
-        if (m.high & keep)
-            utf8_from = check_high(b, q, m.high & keep, utf8_from, limit, &L->f);
-        if (newline || room <= 16) {
-            L->newline = newline != 0;
-            L->ce = newline ? q + (size_t)__builtin_ctz(newline) : P->piece_len;
-            L->le = L->ce + L->newline;
-            break;
+    uint8_t tail[16];
+    for (size_t q = pos; q < L->ce; q += 16) {
+        uint32_t bits = special_bytes(block_at(b, q, P->piece_len, tail));
+        if (L->ce - q < 16)
+            bits &= (1u << (L->ce - q)) - 1;
+        for (; bits; bits &= bits - 1) {
+            size_t at = q + (size_t)__builtin_ctz(bits);
+            uint8_t c = b[at];
+            if (c == '[') {
+                if (at_bracket(P, at, ce, L))
+                    return -1;
+            } else if (c < 0x20) {
+                last_ctrl = at;
+                L->f.nul |= c == 0;
+                ctrl_count++;
+            } else if (at >= utf8_from) {
+                size_t n = utf8_len(b + at, ce);
+                L->f.invalid |= n == 0;
+                L->f.fffd |= n == 3 && c == 0xEF && b[at + 1] == 0xBF && b[at + 2] == 0xBD;
+                utf8_from = at + (n ? n : 1);
+            }
         }
     }
     L->f.ctrl = ctrl_count > 1 || (ctrl_count == 1 && !(last_ctrl + 1 == L->ce && b[last_ctrl] == '\r'));
+    return 0;
+}
+
+/*
+ * Where the tokens of a line's records end: bit i of stop[i / 64] is set when
+ * byte base + i ends a token (and every bit from the end of the stretch on),
+ * likewise pct for '%'. Built once per record line; fields are then found by
+ * scanning bits rather than bytes.
+ */
+typedef struct {
+    size_t base;
+    const uint64_t *stop, *pct;
+    int any_pct; /* most lines hold no '%' at all */
+} Maps;
+
+static int build_maps(Part *P, size_t base, size_t end, Maps *M)
+{
+    size_t words = (end - base) / 64 + 2;
+    if (vec_reserve(&P->maps, 2 * words * sizeof(uint64_t)))
+        return -1;
+    uint64_t *stop = (uint64_t *)P->maps.data, *pct = stop + words, any_pct = 0;
+    uint8_t tail[16];
+    for (size_t w = 0; w < words; w++) {
+        uint64_t s = 0, c = 0;
+        for (int k = 0; k < 4; k++) {
+            size_t q = base + w * 64 + (size_t)k * 16;
+            if (q >= end) {
+                s |= ~0ULL << (16 * k);
+                break;
+            }
+            uint32_t here, bits = stops(block_at(P->buf, q, P->piece_len, tail), &here);
+            if (end - q < 16) {
+                bits |= ~((1u << (end - q)) - 1);
+                here &= (1u << (end - q)) - 1;
+            }
+            s |= (uint64_t)(bits & 0xFFFF) << (16 * k);
+            c |= (uint64_t)(here & 0xFFFF) << (16 * k);
+        }
+        stop[w] = s;
+        pct[w] = c;
+        any_pct |= c;
+    }
+    M->base = base;
+    M->stop = stop;
+    M->pct = pct;
+    M->any_pct = any_pct != 0;
+    return 0;
+}
+
+/* The first token end at or after pos (there is always one: the stretch's end). */
+static inline size_t next_stop(const Maps *M, size_t pos)
+{
+    size_t off = pos - M->base, i = off >> 6;
+    uint64_t w = M->stop[i] & (~0ULL << (off & 63));
+    while (!w)
+        w = M->stop[++i];
+    return M->base + (i << 6) + (size_t)__builtin_ctzll(w);
+}
+
+/* Whether [a, b) holds a '%'. */
+static inline int has_percent(const Maps *M, size_t a, size_t b)
+{
+    if (!M->any_pct || a == b)
+        return 0;
+    size_t i = (a - M->base) >> 6, j = (b - 1 - M->base) >> 6;
+    uint64_t first = ~0ULL << ((a - M->base) & 63), last = ~0ULL >> (63 - ((b - 1 - M->base) & 63));
+    if (i == j)
+        return (M->pct[i] & first & last) != 0;
+    if (M->pct[i] & first || M->pct[j] & last)
+        return 1;
+    for (size_t k = i + 1; k < j; k++)
+        if (M->pct[k])
+            return 1;
     return 0;
 }
 
@@ -459,83 +584,84 @@ static int decode_append(Vec *out, const uint8_t *s, const uint8_t *e)
     return 0;
 }
 
-/* Append a text of the piece to out, decoded when it holds a '%'. */
-static inline int put_text(Vec *out, const uint8_t *b, Text t)
-{
-    if (t.percent)
-        return decode_append(out, b + t.at, b + t.at + t.n);
-    return vec_append(out, b + t.at, t.n) ? -2 : 0;
-}
-
 /* ------------------------------------------------------------------ numbers */
 
-/* The leading ASCII digits of a word (at most `room`) and their value; 8 digits at a time. */
-static inline int word_digits(uint64_t w, int room, uint64_t *value)
+/* Whether the first n (1..8) bytes of a word are ASCII digits. */
+static inline int word_is_digits(uint64_t w, size_t n)
 {
     uint64_t t = (w & 0xF0F0F0F0F0F0F0F0ULL) | (((w + 0x0606060606060606ULL) & 0xF0F0F0F0F0F0F0F0ULL) >> 4);
-    uint64_t x = t ^ 0x3333333333333333ULL; /* zero bytes: digits */
-    int k = x ? __builtin_ctzll(x) >> 3 : 8;
-    if (k > room)
-        k = room;
-    if (k == 0) {
-        *value = 0;
-        return 0;
-    }
-    uint64_t v = (w - 0x3030303030303030ULL) << (8 * (8 - k)); /* the digits, behind leading zeros */
+    return ((t ^ 0x3333333333333333ULL) & head_mask(n)) == 0; /* digits read 0x33 */
+}
+
+/* The value of the n (1..8) digits at the start of a word. */
+static inline uint64_t word_value(uint64_t w, size_t n)
+{
+    uint64_t v = (w - 0x3030303030303030ULL) << (8 * (8 - n)); /* the digits, behind leading zeros */
     v = ((v & 0x0F0F0F0F0F0F0F0FULL) * 2561) >> 8;
     v = ((v & 0x00FF00FF00FF00FFULL) * 6553601) >> 16;
-    v = ((v & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32;
-    *value = v;
-    return k;
+    return ((v & 0x0000FFFF0000FFFFULL) * 42949672960001ULL) >> 32;
 }
 
 static const uint64_t POW10[9] = {1, 10, 100, 1000, 10000, 100000, 1000000, 10000000, 100000000};
 
-/*
- * A decimal field at p (bounded by e; words may be read up to limit): returns
- * the position after it, or NULL if it does not parse or is out of range. At
- * most 19 digits (20 for u64), as the reader's pattern takes them.
- */
-static const uint8_t *parse_number(const uint8_t *p, const uint8_t *e, const uint8_t *limit, Kind kind, int64_t *out)
+/* Up to 8 bytes at p (bounded by the piece's end) as a word. */
+static inline uint64_t load_upto8(const uint8_t *p, const uint8_t *limit)
 {
-    int negative = 0;
-    if (kind == K_I64 && p < e && *p == '-') {
-        negative = 1;
-        p++;
-    }
-    int max_digits = kind == K_U64 ? 20 : 19, n = 0;
-    uint64_t v = 0;
-    for (;;) {
-        int k;
-        uint64_t part;
-        if (limit - p >= 8) {
-            k = word_digits(load64(p), e - p < 8 ? (int)(e - p) : 8, &part);
-        } else {
-            for (k = 0, part = 0; p + k < e && p[k] >= '0' && p[k] <= '9' && k < 8; k++)
-                part = part * 10 + (p[k] - '0');
-        }
-        n += k;
-        if (n > max_digits || __builtin_mul_overflow(v, POW10[k], &v) || __builtin_add_overflow(v, part, &v))
-            return NULL;
-        p += k;
-        if (k < 8)
-            break;
-    }
-    if (n == 0)
-        return NULL;
-    if (kind == K_U64) {
-        memcpy(out, &v, 8);
-        return p;
-    }
-    if (v > (uint64_t)INT64_MAX + (uint64_t)negative)
-        return NULL;
-    *out = negative ? (int64_t)(0 - v) : (int64_t)v;
-    return p;
+    if (limit - p >= 8)
+        return load64(p);
+    uint64_t w = 0;
+    memcpy(&w, p, (size_t)(limit - p));
+    return w;
 }
 
-/* Promoted integer attribute text: -?[0-9]{1,18}, the whole value. */
-static int int_text(const uint8_t *s, size_t n, int64_t *out)
+/*
+ * The decimal number that is exactly [p, q) (one token), as `kind` takes it:
+ * at most 19 digits (20 for u64), in range. Returns 0 if it is not one.
+ */
+static inline int token_number(const uint8_t *p, const uint8_t *q, const uint8_t *limit, Kind kind, int64_t *out)
 {
+    int negative = kind == K_I64 && p < q && *p == '-';
+    p += negative;
+    size_t n = (size_t)(q - p);
+    if (n - 1 < 8 && limit - p >= 8) { /* 1 to 8 digits, the common case: one word */
+        uint64_t w = load64(p);
+        if (!word_is_digits(w, n))
+            return 0;
+        int64_t v = (int64_t)word_value(w, n);
+        *out = negative ? -v : v;
+        return 1;
+    }
+    if (n == 0 || n > (kind == K_U64 ? 20u : 19u))
+        return 0;
+    uint64_t v = 0;
+    while (n) {
+        size_t k = n < 8 ? n : 8;
+        uint64_t w = load_upto8(p, limit);
+        if (!word_is_digits(w, k) || __builtin_mul_overflow(v, POW10[k], &v) || __builtin_add_overflow(v, word_value(w, k), &v))
+            return 0;
+        p += k;
+        n -= k;
+    }
+    if (kind == K_U64) {
+        memcpy(out, &v, 8);
+        return 1;
+    }
+    if (v > (uint64_t)INT64_MAX + (uint64_t)negative)
+        return 0;
+    *out = negative ? (int64_t)(0 - v) : (int64_t)v;
+    return 1;
+}
+
+/* Promoted integer attribute text: -?[0-9]{1,18}, the whole value (words may be read up to end). */
+static inline int int_text(const uint8_t *s, size_t n, const uint8_t *end, int64_t *out)
+{
+    if (n - 1 < 8 && end - s >= 8 && s[0] != '-') { /* 1 to 8 digits, the common case */
+        uint64_t w = load64(s);
+        if (!word_is_digits(w, n))
+            return 0;
+        *out = (int64_t)word_value(w, n);
+        return 1;
+    }
     size_t i = 0;
     int negative = 0;
     if (n && s[0] == '-') {
@@ -564,38 +690,10 @@ static inline int starts_with_word(const uint8_t *p, const uint8_t *e, Str lit, 
     return starts_with(p, e, lit);
 }
 
-/*
- * The end of the token at p (bounded by e); *percent tells whether it holds a
- * '%' (it needs decoding). Blocks may be read up to `limit` (the piece's end):
- * bytes past e count as ending the token.
- */
-static inline const uint8_t *skip_token(const uint8_t *p, const uint8_t *e, const uint8_t *limit, uint32_t *percent)
-{
-    uint32_t pct = 0;
-    while (limit - p >= 16) {
-        uint32_t here, stop = token_stops(p, &here);
-        if (e - p < 16)
-            stop |= ~((1u << (e - p)) - 1);
-        if (!(stop & 0xFFFF)) {
-            pct |= here;
-            p += 16;
-            continue;
-        }
-        int k = __builtin_ctz(stop);
-        *percent = pct || (here & ((1u << k) - 1));
-        return p + k;
-    }
-    uint8_t seen = 0;
-    while (p < e && (byte_class[*p] & TOKEN))
-        seen |= byte_class[*p++];
-    *percent = pct || (seen & PERCENT);
-    return p;
-}
-
 /* The promoted column (or clk) a decoded key names, -1 for none. */
-static inline int key_slot(const Config *C, const uint8_t *k, size_t n)
+static inline int key_slot(const Config *C, const uint8_t *k, size_t n, const uint8_t *end)
 {
-    uint64_t head = head_of(k, n);
+    uint64_t head = end - k >= 8 ? load64(k) & head_mask(n) : head_of(k, n);
     unsigned i = (unsigned)(((head ^ n) * 0x9E3779B97F4A7C15ULL) >> 57) & (KEY_TABLE - 1);
     for (int j; (j = C->key_table[i]) >= 0; i = (i + 1) & (KEY_TABLE - 1)) {
         Str key = C->slot_key[j];
@@ -605,116 +703,18 @@ static inline int key_slot(const Config *C, const uint8_t *k, size_t n)
     return -1;
 }
 
-/* A token as a Text; 0 when it holds an escape that the Python reader must decode (see decode_append). */
-static int token_text(Part *P, const uint8_t *s, const uint8_t *e, uint32_t percent, Text *out)
-{
-    out->at = s - P->buf;
-    out->n = (uint32_t)(e - s);
-    out->percent = percent;
-    if (!percent)
-        return 1;
-    P->scratch.len = 0;
-    int rc = decode_append(&P->scratch, s, e);
-    if (rc == -2)
-        P->failed = 1;
-    return rc == 0;
-}
+/* ------------------------------------------------------------------ one record, read into the row columns */
 
-/*
- * Parse the record whose text runs from s (just after its marker) to e (the
- * next marker or the end of the line's content; ce is that end). Appends it to
- * the line's scratch and returns 1, or 0 when the Python reader must decide.
- */
-static int parse_record(Part *P, const uint8_t *s, const uint8_t *e, const uint8_t *ce)
+static int grow_rows_to(Part *P, size_t cap)
 {
     const Config *C = P->cfg;
-    const uint8_t *limit = P->buf + P->piece_len;
-    if (vec_reserve(&P->recs, sizeof(Rec))) {
-        P->failed = 1;
-        return 0;
-    }
-    Rec *r = (Rec *)(P->recs.data + P->recs.len);
-    const uint8_t *p = s;
-    uint32_t percent;
-    for (int f = 0; f < C->n_fields; f++) {
-        if (!starts_with_word(p, e, C->field_lit[f], C->field_word[f], C->field_mask[f]))
-            return 0;
-        p += C->field_lit[f].n;
-        switch (C->kind[f]) {
-        case K_VERSION:
-            if (!starts_with_word(p, e, C->version, C->version_word, C->version_mask))
-                return 0;
-            p += C->version.n;
-            break;
-        case K_I64:
-        case K_N64:
-        case K_U64:
-            p = parse_number(p, e, limit, C->kind[f], &r->num[f]);
-            if (!p)
-                return 0;
-            break;
-        case K_TOKEN:
-        case K_TOKEN0: {
-            const uint8_t *t = skip_token(p, e, limit, &percent);
-            if ((C->kind[f] == K_TOKEN && t == p) || !token_text(P, p, t, percent, &r->text[f]))
-                return 0;
-            p = t;
-            break;
-        }
-        }
-    }
-    /* values the Python reader drops: it counts them */
-    int64_t ts = r->num[C->ts_field], dur = r->num[C->dur_field];
-    if (ts < 0 || dur < 0 || (dur > 0 && ts > INT64_MAX - dur))
-        return 0;
-    /* attributes: " key=value" while they parse, greedily, as the reader's pattern takes them */
-    r->attr_first = P->toks.len / sizeof(Tok);
-    r->attr_count = 0;
-    while (p < e && *p == ' ') {
-        uint32_t key_percent, value_percent;
-        const uint8_t *k = p + 1, *ke = skip_token(k, e, limit, &key_percent);
-        if (ke == k || ke >= e || *ke != '=')
-            break;
-        const uint8_t *v = ke + 1, *ve = skip_token(v, e, limit, &value_percent);
-        Tok t;
-        if (!token_text(P, k, ke, key_percent, &t.key))
-            return 0;
-        /* the slot of the decoded key (left in scratch); clk counts only as written, undecoded */
-        t.slot = key_percent ? key_slot(C, (const uint8_t *)P->scratch.data, P->scratch.len) : key_slot(C, k, ke - k);
-        if (key_percent && t.slot == C->clk_slot)
-            t.slot = -1;
-        if (!token_text(P, v, ve, value_percent, &t.value))
-            return 0;
-        if (vec_append(&P->toks, &t, sizeof t)) {
-            P->failed = 1;
-            return 0;
-        }
-        r->attr_count++;
-        p = ve;
-    }
-    /* what may follow a record: its end, a space (not two: more spaces may lead to an attribute), '[' or a final '\r' */
-    if (p < e) {
-        int ok = *p == '[' || (*p == '\r' && p + 1 == ce) || (*p == ' ' && !(p + 1 < e && p[1] == ' '));
-        if (!ok)
-            return 0;
-    }
-    P->recs.len += sizeof(Rec);
-    return 1;
-}
-
-/* ------------------------------------------------------------------ emitting rows */
-
-static int grow_rows(Part *P)
-{
-    const Config *C = P->cfg;
-    size_t cap = P->rows_cap ? P->rows_cap * 2 : 8192;
     size_t bits_old = (P->rows_cap + 7) / 8, bits = (cap + 7) / 8;
-#define GROW(ptr, type, n)                                \
-    do {                                                  \
-        type *grown = realloc((ptr), (n) * sizeof(type)); \
-        if (!grown)                                       \
-            return -1;                                    \
-        (ptr) = grown;                                    \
+#define GROW(ptr, type, n)                                               \
+    do {                                                                 \
+        type *grown = pool_realloc(P->pool, (ptr), (n) * sizeof(type)); \
+        if (!grown)                                                      \
+            return -1;                                                   \
+        (ptr) = grown;                                                   \
     } while (0)
 #define GROW_BITS(ptr)                                    \
     do {                                                  \
@@ -730,7 +730,7 @@ static int grow_rows(Part *P)
     }
     GROW(P->clk_off, int32_t, cap + 1);
     for (int i = 0; i < C->n_int; i++) {
-        GROW(P->iattr[i], int64_t, cap);
+        GROW(P->iattr[i], int64_t, cap); /* values under nulls are zeroed when the part is done: see zero_nulls */
         GROW_BITS(P->iattr_valid[i]);
     }
     for (int i = 0; i < C->n_textkeys; i++) {
@@ -752,15 +752,34 @@ static int grow_rows(Part *P)
     return 0;
 }
 
-static int add_pair(Part *P, const uint8_t *k, size_t kn, const uint8_t *v, size_t vn)
+static int grow_rows(Part *P) { return grow_rows_to(P, P->rows_cap ? P->rows_cap * 2 : 8192); }
+
+/*
+ * Room for the rows and text a part of this size usually holds, reserved at
+ * once: growing by copies costs more. Pages never written take no memory.
+ */
+static int presize(Part *P)
+{
+    size_t bytes = P->end - P->start;
+    int failed = grow_rows_to(P, bytes / 128 + 1024);
+    for (int i = 0; i < P->cfg->n_text; i++)
+        failed |= vec_reserve(&P->text_data[i], bytes / 8 + 4096);
+    failed |= vec_reserve(&P->clk_data, bytes / 32 + 4096);
+    for (int i = 0; i < P->cfg->n_textkeys; i++)
+        failed |= vec_reserve(&P->tattr_data[i], bytes / 16 + 4096);
+    failed |= vec_reserve(&P->key_data, bytes / 8 + 4096) | vec_reserve(&P->val_data, bytes / 8 + 4096);
+    return failed;
+}
+
+static int add_pair(Part *P, const uint8_t *k, size_t kn, const uint8_t *k_end, const uint8_t *v, size_t vn, const uint8_t *v_end)
 {
     if (P->pairs + 1 >= P->pairs_cap) {
         size_t cap = P->pairs_cap ? P->pairs_cap * 2 : 8192;
-        int32_t *ko = realloc(P->key_off, (cap + 1) * sizeof(int32_t));
+        int32_t *ko = pool_realloc(P->pool, P->key_off, (cap + 1) * sizeof(int32_t));
         if (!ko)
             return -1;
         P->key_off = ko;
-        int32_t *vo = realloc(P->val_off, (cap + 1) * sizeof(int32_t));
+        int32_t *vo = pool_realloc(P->pool, P->val_off, (cap + 1) * sizeof(int32_t));
         if (!vo)
             return -1;
         P->val_off = vo;
@@ -768,7 +787,7 @@ static int add_pair(Part *P, const uint8_t *k, size_t kn, const uint8_t *v, size
             P->key_off[0] = P->val_off[0] = 0;
         P->pairs_cap = cap;
     }
-    if (vec_append(&P->key_data, k, kn) || vec_append(&P->val_data, v, vn))
+    if (vec_append_text(&P->key_data, k, kn, k_end) || vec_append_text(&P->val_data, v, vn, v_end))
         return -1;
     P->pairs++;
     P->key_off[P->pairs] = (int32_t)P->key_data.len;
@@ -778,99 +797,180 @@ static int add_pair(Part *P, const uint8_t *k, size_t kn, const uint8_t *v, size
 
 static inline int str_eq(const uint8_t *s, size_t n, Str lit) { return n == lit.n && same_bytes(s, lit.s, n); }
 
-/* The text of t, decoded into scratch when it holds a '%'. */
-static int text_of(Part *P, Text t, const uint8_t **out, size_t *n)
-{
-    if (!t.percent) {
-        *out = P->buf + t.at;
-        *n = t.n;
-        return 0;
-    }
-    size_t at = P->scratch.len;
-    if (decode_append(&P->scratch, P->buf + t.at, P->buf + t.at + t.n))
-        return -1;
-    *out = (const uint8_t *)P->scratch.data + at;
-    *n = P->scratch.len - at;
-    return 0;
-}
-
 static inline void set_bit(uint8_t *bits, size_t row) { bits[row >> 3] |= (uint8_t)(1u << (row & 7)); }
 
-/* One attribute of row `row`: the clk flag, a promoted column (first valid occurrence), or the attrs map. */
-static int put_attribute(Part *P, const Tok *t, size_t row, uint64_t *taken, int *dev)
+static inline void clear_bit(uint8_t *bits, size_t row) { bits[row >> 3] &= (uint8_t)~(1u << (row & 7)); }
+
+/* How far a line's rows got in every column: a line handed to the Python reader is undone to it. */
+typedef struct {
+    size_t rows, pairs, text[MAX_FIELDS], clk, tattr[MAX_TEXT_KEYS], keys, values;
+} Mark;
+
+static void mark(const Part *P, Mark *m)
+{
+    m->rows = P->rows;
+    m->pairs = P->pairs;
+    for (int i = 0; i < P->cfg->n_text; i++)
+        m->text[i] = P->text_data[i].len;
+    m->clk = P->clk_data.len;
+    for (int i = 0; i < P->cfg->n_textkeys; i++)
+        m->tattr[i] = P->tattr_data[i].len;
+    m->keys = P->key_data.len;
+    m->values = P->val_data.len;
+}
+
+static void undo(Part *P, const Mark *m)
 {
     const Config *C = P->cfg;
-    int slot = t->slot;
-    if (slot == C->clk_slot) {
-        *dev |= str_eq(P->buf + t->value.at, t->value.n, C->clk_dev); /* compared raw, as the reader does */
-        return 0;
+    for (size_t row = m->rows; row <= P->rows && row < P->rows_cap; row++) { /* the rows written and the one begun */
+        for (int j = 0; j < C->n_int; j++)
+            clear_bit(P->iattr_valid[j], row);
+        for (int j = 0; j < C->n_textkeys; j++)
+            clear_bit(P->tattr_valid[j], row);
     }
-    const uint8_t *k, *v;
-    size_t kn, vn;
-    P->scratch.len = 0;
-    if (vec_reserve(&P->scratch, (size_t)t->key.n + t->value.n) || text_of(P, t->key, &k, &kn) || text_of(P, t->value, &v, &vn))
-        return -1;
+    P->rows = m->rows;
+    P->pairs = m->pairs;
+    for (int i = 0; i < C->n_text; i++)
+        P->text_data[i].len = m->text[i];
+    P->clk_data.len = m->clk;
+    for (int i = 0; i < C->n_textkeys; i++)
+        P->tattr_data[i].len = m->tattr[i];
+    P->key_data.len = m->keys;
+    P->val_data.len = m->values;
+}
+
+/* Results of reading a record: OK, or the Python reader must read the line (PYTHON), or memory ran out (FAILED). */
+enum { OK = 1, PYTHON = 0, FAILED = -1 };
+
+/* Append the text [s, e) to out, percent-decoded where it holds a '%'. */
+static inline int put_token(Part *P, const Maps *M, Vec *out, size_t s, size_t e)
+{
+    const uint8_t *b = P->buf;
+    if (!has_percent(M, s, e))
+        return vec_append_text(out, b + s, e - s, b + P->piece_len) ? FAILED : OK;
+    int rc = decode_append(out, b + s, b + e);
+    return rc == 0 ? OK : rc == -1 ? PYTHON : FAILED;
+}
+
+/* One attribute of row `row`: the clk flag, a promoted column (its first valid occurrence), or the attrs map. */
+static int put_attribute(Part *P, const Maps *M, size_t k, size_t ke, size_t v, size_t ve, size_t row, uint64_t *taken, int *dev)
+{
+    const Config *C = P->cfg;
+    /* each text, and how far it may be read (the piece, or the scratch it was decoded into) */
+    const uint8_t *b = P->buf, *key = b + k, *value = b + v, *key_end = b + P->piece_len, *value_end = key_end;
+    size_t kn = ke - k, vn = ve - v;
+    int key_percent = has_percent(M, k, ke), value_percent = has_percent(M, v, ve);
+    if (key_percent || value_percent) { /* decoded into scratch, key then value; reserved at once, so it does not move */
+        P->scratch.len = 0;
+        if (vec_reserve(&P->scratch, kn + vn + 16))
+            return FAILED;
+        for (int i = 0; i < 2; i++) {
+            if (!(i ? value_percent : key_percent))
+                continue;
+            size_t at = P->scratch.len;
+            int rc = decode_append(&P->scratch, i ? value : key, i ? value + vn : key + kn);
+            if (rc)
+                return rc == -1 ? PYTHON : FAILED;
+            *(i ? &value : &key) = (const uint8_t *)P->scratch.data + at;
+            *(i ? &vn : &kn) = P->scratch.len - at;
+            *(i ? &value_end : &key_end) = (const uint8_t *)P->scratch.data + P->scratch.cap;
+        }
+    }
+    int slot = key_slot(C, key, kn, key_end);
+    if (slot == C->clk_slot) {
+        if (!key_percent) { /* clk counts only as written, undecoded, and its value is compared raw */
+            *dev |= str_eq(b + v, ve - v, C->clk_dev);
+            return OK;
+        }
+        slot = -1;
+    }
     if (slot >= 0 && !(*taken >> slot & 1)) {
-        int64_t value;
-        if (slot < C->n_int && int_text(v, vn, &value)) {
-            P->iattr[slot][row] = value;
+        int64_t number;
+        if (slot < C->n_int && int_text(value, vn, value_end, &number)) {
+            P->iattr[slot][row] = number;
             set_bit(P->iattr_valid[slot], row);
             *taken |= 1ULL << slot;
-            return 0;
+            return OK;
         }
         if (slot >= C->n_int) {
             int j = slot - C->n_int;
-            if (vec_append(&P->tattr_data[j], v, vn))
-                return -1;
+            if (vec_append_text(&P->tattr_data[j], value, vn, value_end))
+                return FAILED;
             set_bit(P->tattr_valid[j], row);
             *taken |= 1ULL << slot;
-            return 0;
+            return OK;
         }
     }
-    return add_pair(P, k, kn, v, vn);
+    return add_pair(P, key, kn, key_end, value, vn, value_end) ? FAILED : OK;
 }
 
-static int emit_record(Part *P, const Rec *r, int64_t line)
+/*
+ * Read the record whose text runs from s (just after its marker) to e (the
+ * next marker or the end of the line's content ce), its token ends given by M,
+ * into a new row. OK, or PYTHON / FAILED with the row perhaps half written
+ * (the caller undoes the line).
+ */
+static int read_record(Part *P, const Maps *M, size_t s, size_t e, size_t ce, int64_t line)
 {
     const Config *C = P->cfg;
+    const uint8_t *b = P->buf, *limit = P->buf + P->piece_len;
     if (P->rows == P->rows_cap && grow_rows(P))
-        return -1;
-    size_t row = P->rows;
-    P->line[row] = line;
+        return FAILED;
+    size_t row = P->rows, p = s;
     for (int f = 0; f < C->n_fields; f++) {
-        int col = C->column[f];
-        switch (C->kind[f]) {
-        case K_VERSION:
-            break;
-        case K_I64:
-        case K_N64:
-        case K_U64:
-            P->num[col][row] = r->num[f];
-            break;
-        default:
-            if (put_text(&P->text_data[col], P->buf, r->text[f]))
-                return -1;
-            P->text_off[col][row + 1] = (int32_t)P->text_data[col].len;
+        if (!starts_with_word(b + p, b + e, C->field_lit[f], C->field_word[f], C->field_mask[f]))
+            return PYTHON;
+        p += C->field_lit[f].n;
+        if (C->kind[f] == K_VERSION) {
+            if (!starts_with_word(b + p, b + e, C->version, C->version_word, C->version_mask))
+                return PYTHON;
+            p += C->version.n;
+            continue;
         }
+        size_t q = next_stop(M, p); /* never past e: e is a '[' or the end of the line's content */
+        int col = C->column[f];
+        if (C->kind[f] == K_TOKEN || C->kind[f] == K_TOKEN0) {
+            if (C->kind[f] == K_TOKEN && q == p)
+                return PYTHON;
+            int rc = put_token(P, M, &P->text_data[col], p, q);
+            if (rc != OK)
+                return rc;
+            P->text_off[col][row + 1] = (int32_t)P->text_data[col].len;
+        } else if (!token_number(b + p, b + q, limit, C->kind[f], &P->num[col][row])) {
+            return PYTHON;
+        }
+        p = q;
     }
+    /* values the Python reader drops: it counts them */
+    int64_t ts = P->num[C->column[C->ts_field]][row], dur = P->num[C->column[C->dur_field]][row];
+    if (ts < 0 || dur < 0 || (dur > 0 && ts > INT64_MAX - dur))
+        return PYTHON;
+    /* attributes: " key=value" while they parse, greedily, as the reader's pattern takes them */
     uint64_t taken = 0;
     int dev = 0;
-    const Tok *toks = (const Tok *)P->toks.data + r->attr_first;
-    for (size_t i = 0; i < r->attr_count; i++)
-        if (put_attribute(P, &toks[i], row, &taken, &dev))
-            return -1;
-    for (int j = 0; j < C->n_int; j++)
-        if (!(taken >> j & 1))
-            P->iattr[j][row] = 0;
+    while (p < e && b[p] == ' ') {
+        size_t k = p + 1, ke = next_stop(M, k);
+        if (ke == k || ke >= e || b[ke] != '=')
+            break;
+        size_t v = ke + 1, ve = next_stop(M, v);
+        int rc = put_attribute(P, M, k, ke, v, ve, row, &taken, &dev);
+        if (rc != OK)
+            return rc;
+        p = ve;
+    }
+    /* what may follow a record: its end, a space (not two: more spaces may lead to an attribute), '[' or a final '\r' */
+    if (p < e && !(b[p] == '[' || (b[p] == '\r' && p + 1 == ce) || (b[p] == ' ' && !(p + 1 < e && b[p + 1] == ' '))))
+        return PYTHON;
     for (int j = 0; j < C->n_textkeys; j++)
         P->tattr_off[j][row + 1] = (int32_t)P->tattr_data[j].len;
     Str clk = dev ? C->clk_dev : C->clk_host;
     if (vec_append(&P->clk_data, clk.s, clk.n))
-        return -1;
+        return FAILED;
     P->clk_off[row + 1] = (int32_t)P->clk_data.len;
     P->map_off[row + 1] = (int32_t)P->pairs;
+    P->line[row] = line;
     P->rows++;
-    return 0;
+    return OK;
 }
 
 /* ------------------------------------------------------------------ lines */
@@ -890,21 +990,21 @@ static int ends_in_marker_prefix(const Config *C, const uint8_t *s, const uint8_
  */
 static int read_record_line(Part *P, size_t ce, int64_t line)
 {
-    const uint8_t *b = P->buf;
     size_t n = P->markers.len / sizeof(size_t);
     const size_t *m = (const size_t *)P->markers.data;
-    P->recs.len = 0;
-    P->toks.len = 0;
+    Maps M;
+    Mark before;
+    if (build_maps(P, m[0] + P->cfg->marker.n, ce, &M))
+        return FAILED;
+    mark(P, &before);
     for (size_t i = 0; i < n; i++) {
-        size_t s = m[i] + P->cfg->marker.n, e = i + 1 < n ? m[i + 1] : ce;
-        if (!parse_record(P, b + s, b + e, b + ce))
-            return P->failed ? -1 : 0;
+        int rc = read_record(P, &M, m[i] + P->cfg->marker.n, i + 1 < n ? m[i + 1] : ce, ce, line);
+        if (rc != OK) {
+            undo(P, &before);
+            return rc;
+        }
     }
-    const Rec *recs = (const Rec *)P->recs.data;
-    for (size_t i = 0; i < n; i++)
-        if (emit_record(P, &recs[i], line))
-            return -1;
-    return 1;
+    return OK;
 }
 
 static int close_island(Part *P, Island *open, int64_t end_line, size_t b1)
@@ -912,6 +1012,15 @@ static int close_island(Part *P, Island *open, int64_t end_line, size_t b1)
     open->end_line = end_line;
     open->b1 = b1;
     return vec_append(&P->islands, open, sizeof *open);
+}
+
+/* The promoted integer columns hold 0 under their nulls (rather than what the memory held before). */
+static void zero_nulls(Part *P)
+{
+    for (int j = 0; j < P->cfg->n_int; j++)
+        for (size_t row = 0; row < P->rows; row++)
+            if (!(P->iattr_valid[j][row >> 3] >> (row & 7) & 1))
+                P->iattr[j][row] = 0;
 }
 
 static void scan_part(Part *P)
@@ -923,6 +1032,7 @@ static void scan_part(Part *P)
     int in_island = 0;
     Island island = {0, 0, 0, 0};
     Line L;
+    P->failed = presize(P) != 0;
     while (pos < P->end && !P->failed) {
         if (read_line(P, pos, &L)) {
             P->failed = 1;
@@ -966,6 +1076,7 @@ static void scan_part(Part *P)
     if (in_island && !P->failed && close_island(P, &island, li, pos))
         P->failed = 1;
     P->n_lines = li;
+    zero_nulls(P);
 }
 
 static void *scan_thread(void *arg)
@@ -974,34 +1085,35 @@ static void *scan_thread(void *arg)
     return NULL;
 }
 
+/* Give back what is left of a part (columns not handed over, scratch); its row columns go to the pool. */
 static void free_part(Part *P)
 {
-    free(P->line);
+    Pool *pool = P->pool;
+    pool_free(pool, P->line);
     for (int i = 0; i < MAX_FIELDS; i++) {
-        free(P->num[i]);
-        free(P->text_off[i]);
-        free(P->text_data[i].data);
+        pool_free(pool, P->num[i]);
+        pool_free(pool, P->text_off[i]);
+        pool_free(pool, P->text_data[i].data);
     }
-    free(P->clk_off);
-    free(P->clk_data.data);
+    pool_free(pool, P->clk_off);
+    pool_free(pool, P->clk_data.data);
     for (int i = 0; i < MAX_INT_KEYS; i++) {
-        free(P->iattr[i]);
-        free(P->iattr_valid[i]);
+        pool_free(pool, P->iattr[i]);
+        pool_free(pool, P->iattr_valid[i]);
     }
     for (int i = 0; i < MAX_TEXT_KEYS; i++) {
-        free(P->tattr_off[i]);
-        free(P->tattr_data[i].data);
-        free(P->tattr_valid[i]);
+        pool_free(pool, P->tattr_off[i]);
+        pool_free(pool, P->tattr_data[i].data);
+        pool_free(pool, P->tattr_valid[i]);
     }
-    free(P->map_off);
-    free(P->key_off);
-    free(P->val_off);
-    free(P->key_data.data);
-    free(P->val_data.data);
+    pool_free(pool, P->map_off);
+    pool_free(pool, P->key_off);
+    pool_free(pool, P->val_off);
+    pool_free(pool, P->key_data.data);
+    pool_free(pool, P->val_data.data);
     free(P->islands.data);
     free(P->markers.data);
-    free(P->recs.data);
-    free(P->toks.data);
+    free(P->maps.data);
     free(P->scratch.data);
     memset(P, 0, sizeof *P);
 }
@@ -1011,11 +1123,14 @@ static void free_part(Part *P)
 typedef struct {
     PyObject_HEAD void *data;
     Py_ssize_t len;
+    Pool *pool;      /* where data goes back (NULL: freed) */
+    PyObject *owner; /* keeps the pool alive */
 } BufObject;
 
 static void buf_dealloc(BufObject *self)
 {
-    free(self->data);
+    pool_free(self->pool, self->data);
+    Py_XDECREF(self->owner);
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1035,35 +1150,41 @@ static PyTypeObject BufType = {
     .tp_doc = "Memory filled by the scanner, exposed through the buffer protocol (read-only).",
 };
 
-/* A Buf owning data (len bytes), which is shrunk to fit; takes ownership even on failure. */
-static PyObject *take_buf(void *data, size_t len)
+/* A Buf owning data (len bytes used), given back to `pool` of `owner` when Arrow is done with it; takes ownership even on failure. */
+static PyObject *pooled_buf(void *data, size_t len, Pool *pool, PyObject *owner)
 {
     if (!data)
-        data = malloc(1);
-    else if (len) {
-        void *shrunk = realloc(data, len);
-        if (shrunk)
-            data = shrunk;
-    }
-    BufObject *self = PyObject_New(BufObject, &BufType);
+        data = pool_alloc(pool, 1);
+    BufObject *self = data ? PyObject_New(BufObject, &BufType) : NULL;
     if (!self) {
-        free(data);
+        pool_free(pool, data);
         return NULL;
     }
     self->data = data;
     self->len = (Py_ssize_t)len;
+    self->pool = pool;
+    self->owner = owner;
+    Py_XINCREF(owner);
     return (PyObject *)self;
 }
+
+static PyObject *take_buf(void *data, size_t len) { return pooled_buf(data, len, NULL, NULL); }
 
 /* ------------------------------------------------------------------ Scanner */
 
 typedef struct {
     PyObject_HEAD Config cfg;
+    Pool pool;
+    int pool_ready;
 } ScannerObject;
 
 static void scanner_dealloc(ScannerObject *self)
 {
     free(self->cfg.storage);
+    if (self->pool_ready) {
+        pool_clear(&self->pool);
+        pthread_mutex_destroy(&self->pool.lock);
+    }
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
@@ -1114,6 +1235,12 @@ static void config_finish(Config *C)
     }
     C->version_word = head_of((const uint8_t *)C->version.s, C->version.n);
     C->version_mask = head_mask(C->version.n);
+    C->marker_word = head_of((const uint8_t *)C->marker.s, C->marker.n);
+    C->marker_mask = head_mask(C->marker.n);
+    for (int i = 0; i < C->n_side; i++) {
+        C->side_word[i] = head_of((const uint8_t *)C->side[i].s, C->side[i].n);
+        C->side_mask[i] = head_mask(C->side[i].n);
+    }
     int n_slots = 0;
     for (int i = 0; i < C->n_int; i++)
         C->slot_key[n_slots++] = C->int_keys[i];
@@ -1125,7 +1252,7 @@ static void config_finish(Config *C)
     for (int j = 0; j < n_slots; j++) {
         Str key = C->slot_key[j];
         C->slot_head[j] = head_of((const uint8_t *)key.s, key.n);
-        if (key_slot(C, (const uint8_t *)key.s, key.n) >= 0)
+        if (key_slot(C, (const uint8_t *)key.s, key.n, (const uint8_t *)key.s) >= 0)
             continue; /* a repeated name keeps its first slot */
         unsigned i = (unsigned)(((C->slot_head[j] ^ key.n) * 0x9E3779B97F4A7C15ULL) >> 57) & (KEY_TABLE - 1);
         while (C->key_table[i] >= 0)
@@ -1147,6 +1274,11 @@ static int scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds)
     Config *C = &self->cfg;
     free(C->storage);
     memset(C, 0, sizeof *C);
+    if (!self->pool_ready) {
+        memset(&self->pool, 0, sizeof self->pool);
+        pthread_mutex_init(&self->pool.lock, NULL);
+        self->pool_ready = 1;
+    }
     C->storage = malloc(STORAGE_BYTES);
     if (!C->storage) {
         PyErr_NoMemory();
@@ -1252,7 +1384,11 @@ static int split_piece(const uint8_t *b, size_t len, int threads, size_t *cuts)
     } while (0)
 
 /* Pack a part's columns into a dict of Bufs; the part gives up its memory to them. */
-static PyObject *part_dict(Part *P)
+/* A column's memory as a Buf that gives it back to the part's pool. */
+static PyObject *column_buf(Part *P, PyObject *owner, void *data, size_t len) { return pooled_buf(data, len, P->pool, owner); }
+
+/* Pack a part's columns into a dict of Bufs; the part gives up its memory to them. */
+static PyObject *part_dict(Part *P, PyObject *owner)
 {
     const Config *C = &((const Config *)P->cfg)[0];
     size_t rows = P->rows;
@@ -1262,7 +1398,7 @@ static PyObject *part_dict(Part *P)
         return NULL;
     SET_ITEM(d, "rows", PyLong_FromSize_t(rows));
     SET_ITEM(d, "pairs", PyLong_FromSize_t(P->pairs));
-    SET_ITEM(d, "line", take_buf(P->line, rows * 8));
+    SET_ITEM(d, "line", column_buf(P, owner, P->line, rows * 8));
     P->line = NULL;
     if (!(list = PyList_New(0)))
         goto fail;
@@ -1272,11 +1408,11 @@ static PyObject *part_dict(Part *P)
         if (C->kind[f] == K_VERSION)
             continue;
         if (C->kind[f] == K_TOKEN || C->kind[f] == K_TOKEN0) {
-            item = Py_BuildValue("(NN)", take_buf(P->text_off[col], rows ? (rows + 1) * 4 : 0), take_buf(P->text_data[col].data, P->text_data[col].len));
+            item = Py_BuildValue("(NN)", column_buf(P, owner, P->text_off[col], rows ? (rows + 1) * 4 : 0), column_buf(P, owner, P->text_data[col].data, P->text_data[col].len));
             P->text_off[col] = NULL;
             P->text_data[col].data = NULL;
         } else {
-            item = take_buf(P->num[col], rows * 8);
+            item = column_buf(P, owner, P->num[col], rows * 8);
             P->num[col] = NULL;
         }
         if (!item || PyList_Append(list, item)) {
@@ -1287,13 +1423,13 @@ static PyObject *part_dict(Part *P)
     }
     SET_ITEM(d, "fields", list);
     list = NULL;
-    SET_ITEM(d, "clk", Py_BuildValue("(NN)", take_buf(P->clk_off, rows ? (rows + 1) * 4 : 0), take_buf(P->clk_data.data, P->clk_data.len)));
+    SET_ITEM(d, "clk", Py_BuildValue("(NN)", column_buf(P, owner, P->clk_off, rows ? (rows + 1) * 4 : 0), column_buf(P, owner, P->clk_data.data, P->clk_data.len)));
     P->clk_off = NULL;
     P->clk_data.data = NULL;
     if (!(list = PyList_New(0)))
         goto fail;
     for (int i = 0; i < C->n_int; i++) {
-        PyObject *item = Py_BuildValue("(NN)", take_buf(P->iattr[i], rows * 8), take_buf(P->iattr_valid[i], bits));
+        PyObject *item = Py_BuildValue("(NN)", column_buf(P, owner, P->iattr[i], rows * 8), column_buf(P, owner, P->iattr_valid[i], bits));
         P->iattr[i] = NULL;
         P->iattr_valid[i] = NULL;
         if (!item || PyList_Append(list, item)) {
@@ -1306,8 +1442,8 @@ static PyObject *part_dict(Part *P)
     if (!(list = PyList_New(0)))
         goto fail;
     for (int i = 0; i < C->n_textkeys; i++) {
-        PyObject *item = Py_BuildValue("(NNN)", take_buf(P->tattr_off[i], rows ? (rows + 1) * 4 : 0), take_buf(P->tattr_data[i].data, P->tattr_data[i].len),
-                                       take_buf(P->tattr_valid[i], bits));
+        PyObject *item = Py_BuildValue("(NNN)", column_buf(P, owner, P->tattr_off[i], rows ? (rows + 1) * 4 : 0), column_buf(P, owner, P->tattr_data[i].data, P->tattr_data[i].len),
+                                       column_buf(P, owner, P->tattr_valid[i], bits));
         P->tattr_off[i] = NULL;
         P->tattr_data[i].data = NULL;
         P->tattr_valid[i] = NULL;
@@ -1320,9 +1456,9 @@ static PyObject *part_dict(Part *P)
     SET_ITEM(d, "text_attrs", list);
     list = NULL;
     SET_ITEM(d, "attrs",
-             Py_BuildValue("(NNNNN)", take_buf(P->map_off, rows ? (rows + 1) * 4 : 0), take_buf(P->key_off, P->pairs ? (P->pairs + 1) * 4 : 0),
-                           take_buf(P->key_data.data, P->key_data.len), take_buf(P->val_off, P->pairs ? (P->pairs + 1) * 4 : 0),
-                           take_buf(P->val_data.data, P->val_data.len)));
+             Py_BuildValue("(NNNNN)", column_buf(P, owner, P->map_off, rows ? (rows + 1) * 4 : 0), column_buf(P, owner, P->key_off, P->pairs ? (P->pairs + 1) * 4 : 0),
+                           column_buf(P, owner, P->key_data.data, P->key_data.len), column_buf(P, owner, P->val_off, P->pairs ? (P->pairs + 1) * 4 : 0),
+                           column_buf(P, owner, P->val_data.data, P->val_data.len)));
     P->map_off = P->key_off = P->val_off = NULL;
     P->key_data.data = P->val_data.data = NULL;
     return d;
@@ -1405,6 +1541,12 @@ static PyObject *scanner_scan(ScannerObject *self, PyObject *args)
     for (int i = 0; i < n; i++) {
         Part *P = &parts[i];
         P->cfg = &self->cfg;
+        P->pool = &self->pool;
+        for (int j = 0; j < MAX_FIELDS; j++)
+            P->text_data[j].pool = P->pool;
+        for (int j = 0; j < MAX_TEXT_KEYS; j++)
+            P->tattr_data[j].pool = P->pool;
+        P->clk_data.pool = P->key_data.pool = P->val_data.pool = P->pool;
         P->buf = b;
         P->start = cuts[i];
         P->end = cuts[i + 1];
@@ -1465,7 +1607,7 @@ static PyObject *scanner_scan(ScannerObject *self, PyObject *args)
     if (!(list = PyList_New(0)))
         goto fail_result;
     for (int i = 0; i < n; i++) {
-        PyObject *d = part_dict(&parts[i]);
+        PyObject *d = part_dict(&parts[i], (PyObject *)self);
         if (!d || PyList_Append(list, d)) {
             Py_XDECREF(d);
             goto fail_result;
@@ -1521,13 +1663,103 @@ static PyTypeObject ScannerType = {
     .tp_new = PyType_GenericNew,
 };
 
+/* ------------------------------------------------------------------ invocation starts */
+
+/*
+ * The earliest host start of each row's invocation (pid, inv) among the rows
+ * given, for the span dataset's time windows (analysis/dataset.py, which has
+ * the same in Arrow when this module is not built). Rows without an inv keep
+ * their own start; an invocation without host rows gets INT64_MAX.
+ */
+static PyObject *invocation_starts(PyObject *self, PyObject *args)
+{
+    (void)self;
+    Py_buffer pid, inv, has_inv, ts, host, out;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*w*", &pid, &inv, &has_inv, &ts, &host, &out))
+        return NULL;
+    size_t n = (size_t)ts.len / 8;
+    PyObject *result = NULL;
+    if ((size_t)pid.len != n * 8 || (size_t)inv.len != n * 8 || (size_t)has_inv.len != n || (size_t)host.len != n || (size_t)out.len != n * 8) {
+        PyErr_SetString(PyExc_ValueError, "invocation_starts: pid, inv, ts, out of n int64 and has_inv, host of n bytes");
+        goto done;
+    }
+    size_t cap = 16;
+    while (cap < 2 * n)
+        cap *= 2;
+    /* a table of entry numbers (4 bytes a slot) over the entries, one per invocation: little memory to touch */
+    uint32_t *table = malloc(cap * sizeof(uint32_t));
+    int64_t *entry_pid = malloc((n ? n : 1) * sizeof(int64_t)), *first = malloc((n ? n : 1) * sizeof(int64_t));
+    uint64_t *entry_inv = malloc((n ? n : 1) * sizeof(uint64_t));
+    uint32_t *entry_of = malloc((n ? n : 1) * sizeof(uint32_t));
+    if (!table || !entry_pid || !first || !entry_inv || !entry_of || n >= UINT32_MAX) {
+        free(table);
+        free(entry_pid);
+        free(first);
+        free(entry_inv);
+        free(entry_of);
+        PyErr_NoMemory();
+        goto done;
+    }
+    const int64_t *p = pid.buf, *t = ts.buf;
+    const uint64_t *v = inv.buf;
+    const uint8_t *with = has_inv.buf, *on_host = host.buf;
+    int64_t *o = out.buf;
+    Py_BEGIN_ALLOW_THREADS;
+    memset(table, 0xFF, cap * sizeof(uint32_t));
+    uint32_t entries = 0;
+    for (size_t r = 0; r < n; r++) {
+        if (!with[r])
+            continue;
+        uint64_t h = ((uint64_t)p[r] * 0x9E3779B97F4A7C15ULL) ^ (v[r] * 0xC2B2AE3D27D4EB4FULL);
+        size_t i = (size_t)(h ^ (h >> 29)) & (cap - 1);
+        uint32_t e;
+        while ((e = table[i]) != UINT32_MAX && !(entry_pid[e] == p[r] && entry_inv[e] == v[r]))
+            i = (i + 1) & (cap - 1);
+        if (e == UINT32_MAX) {
+            e = table[i] = entries++;
+            entry_pid[e] = p[r];
+            entry_inv[e] = v[r];
+            first[e] = INT64_MAX;
+        }
+        if (on_host[r] && t[r] < first[e])
+            first[e] = t[r];
+        entry_of[r] = e;
+    }
+    for (size_t r = 0; r < n; r++)
+        o[r] = with[r] ? first[entry_of[r]] : t[r];
+    Py_END_ALLOW_THREADS;
+    free(table);
+    free(entry_pid);
+    free(first);
+    free(entry_inv);
+    free(entry_of);
+    result = Py_None;
+    Py_INCREF(result);
+done:
+    PyBuffer_Release(&pid);
+    PyBuffer_Release(&inv);
+    PyBuffer_Release(&has_inv);
+    PyBuffer_Release(&ts);
+    PyBuffer_Release(&host);
+    PyBuffer_Release(&out);
+    return result;
+}
+
+static PyMethodDef module_methods[] = {
+    {"invocation_starts", invocation_starts, METH_VARARGS,
+     "invocation_starts(pid, inv, has_inv, ts, host, out): out[r] = the earliest host ts of row r's (pid, inv), INT64_MAX if it has "
+     "none; ts[r] for rows without inv (int64 buffers, has_inv and host one byte per row)."},
+    {NULL, NULL, 0, NULL},
+};
+
 /* ------------------------------------------------------------------ module */
 
 static struct PyModuleDef module = {
     PyModuleDef_HEAD_INIT,
     .m_name = "_strace_scan",
-    .m_doc = "Compiled fast path of the STRACE log reader (see strace_log.py).",
+    .m_doc = "Compiled fast path of the STRACE log reader (see strace_log.py) and of the span dataset's windows (dataset.py).",
     .m_size = -1,
+    .m_methods = module_methods,
 };
 
 PyMODINIT_FUNC PyInit__strace_scan(void)

@@ -52,8 +52,9 @@ is kept in ``attrs`` with keys and values percent-decoded.
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import io
+import mmap
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator
@@ -64,6 +65,7 @@ from typing import Any, BinaryIO, NamedTuple, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from dsprof.analysis.dataset import DICTIONARY_TYPE, PARQUET_SCHEMA
 from dsprof.analysis.spans import (
     ANCHOR_SCHEMA,
     ATTRS_TYPE,
@@ -155,18 +157,40 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
     try:
         with path.open("rb") as log_file:
             size = os.fstat(log_file.fileno()).st_size
-            return _parse_chunks(_chunks(log_file), str(path), size, progress, sink)
+            mapped = _mapped(log_file)
+            if mapped is None:  # a pipe, or empty
+                return _parse_chunks(_chunks(log_file), str(path), size, progress, sink)
+            try:
+                return _parse_chunks(_mapped_chunks(mapped), str(path), size, progress, sink)
+            finally:
+                with contextlib.suppress(BufferError):  # a view still held: the map goes with it
+                    mapped.close()
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
 def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Trace:
     """Parse a whole log held in memory; ``file`` names it in rows and errors."""
-    return _parse_chunks(_chunks(io.BytesIO(data)), file, len(data), progress, None)
+    return _parse_chunks(_mapped_chunks(data), file, len(data), progress, None)
+
+
+def _mapped(log_file: BinaryIO) -> mmap.mmap | None:
+    """The file mapped into memory (read-only, read ahead), or None where it cannot be."""
+    try:
+        mapped = mmap.mmap(log_file.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    return mapped
 
 
 class SpanSink(Protocol):
-    """Where a reader puts each chunk's span table instead of keeping it (e.g. a Parquet dataset)."""
+    """Where a reader puts each chunk's span table instead of keeping it (e.g. a Parquet dataset).
+
+    The tables have the columns of SPAN_SCHEMA, with the columns that hold one
+    value per log dictionary-encoded (dataset.PARQUET_SCHEMA); a trace read
+    into memory gets them decoded.
+    """
 
     def add(self, table: pa.Table) -> None: ...
 
@@ -235,6 +259,55 @@ def _chunks(log_file: BinaryIO) -> Iterator[_Piece]:
         kept = filled - cut
 
 
+def _mapped_chunks(data: mmap.mmap | bytes) -> Iterator[_Piece]:
+    """The pieces :func:`_chunks` cuts the same log into, as views of the log mapped in memory: no copy.
+
+    The same steps as _chunks, on offsets: the buffer is the stretch of the
+    log from ``start``, ``kept`` bytes of it already "read", at most
+    ``capacity`` bytes (grown as _chunks grows its buffer). Pages of a mapped
+    file behind the reader are dropped, so its memory stays bounded.
+    """
+    view, size = memoryview(data), len(data)
+    limit = CHUNK_BYTES + MAX_LINE_BYTES
+    capacity, start, kept, skipping, dropped = CHUNK_BYTES, 0, 0, False, 0
+    while True:
+        if kept == capacity:
+            capacity += min(CHUNK_BYTES, limit - capacity)
+        got = min(capacity - kept, size - start - kept)
+        if got <= 0:
+            if kept and not skipping:
+                yield view[start : start + kept]
+            return
+        filled = kept + got
+        if skipping:
+            newline = data.find(b"\n", start, start + filled)
+            skipping = newline < 0
+            start, kept = (start + filled, 0) if skipping else (newline + 1, start + filled - newline - 1)
+            continue
+        cut = data.rfind(b"\n[", start, start + filled) + 1
+        if cut == 0 and filled >= limit:
+            cut = data.rfind(b"\n", start, start + filled) + 1
+            if cut == 0:
+                yield 1
+                skipping, start, kept = True, start + filled, 0
+                continue
+        if cut == 0:
+            kept = filled
+            continue
+        yield view[start:cut]
+        if isinstance(data, mmap.mmap):
+            dropped = _drop_pages(data, dropped, cut)
+        start, kept = cut, start + filled - cut
+
+
+def _drop_pages(mapped: mmap.mmap, done: int, upto: int) -> int:
+    """Let the pages of [done, upto) go from this process's memory (they are read again from the file if needed)."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done:
+        mapped.madvise(mmap.MADV_DONTNEED, done, upto - done)
+    return max(done, upto)
+
+
 def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:
     """Parse each piece of a log and stack the results (lines numbered across pieces)."""
     trace = Trace(files=[file])
@@ -262,7 +335,7 @@ def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Prog
         bytes_done += part.n_bytes
         if progress is not None and size > CHUNK_BYTES:
             progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {n_lines:,} lines")
-    trace.spans = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    trace.spans = pa.concat_tables(tables).cast(SPAN_SCHEMA) if tables else SPAN_SCHEMA.empty_table()
     trace.anchors = pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table()
     trace.chip_devices = pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table()
     found_anything = records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
@@ -333,7 +406,7 @@ def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str,
     side = _side_lines(log)
     anchors = _anchors(side, dropped)
     chips = _chip_devices(side, dropped)
-    table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    table = pa.concat_tables(tables) if tables else PARQUET_SCHEMA.empty_table()
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
@@ -899,14 +972,11 @@ def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Recor
     number, text = records.numbers, records.texts
     clk, promoted, attrs = _attribute_columns(records)
     columns = {
-        "source": pa.repeat(pa.scalar("strace"), n),
-        "file": pa.repeat(pa.scalar(file), n),
+        **constant_columns(file, n),
         "line": pa.array(records.line + line_base, pa.int64()),
         "pid": pa.array(number["pid"]),
         "tid": pa.array(number["tid"]),
         "name": _decode_where_escaped(text["name"].cast(pa.string())),
-        "cat": pa.repeat(pa.scalar(""), n),
-        "ph": pa.repeat(pa.scalar("X"), n),
         "ts_ns": pa.array(number["ts"]),
         "dur_ns": pa.array(number["dur"]),
         "inv": pa.array(number["inv"]),
@@ -916,7 +986,7 @@ def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Recor
         **promoted,
         "attrs": attrs,
     }
-    tables.append(pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA))
+    tables.append(pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=PARQUET_SCHEMA))
     orders.append(records.order)
 
 
@@ -963,6 +1033,7 @@ def _chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
 # reads exactly as above; the two are put back together in line order, so the
 # result is the Python reader's, row for row.
 
+_SOURCE, _PHASE = "strace", "X"  # the source and Chrome phase of every STRACE row
 # Set to 1 to read with the Python code only (tests compare the two; benchmarks time both).
 PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
 # Kinds of the required fields for the scanner, as _HEAD's groups take them:
@@ -975,15 +1046,21 @@ SCAN_THREADS = max(1, min(len(os.sched_getaffinity(0)), 16))
 SCAN_MIN_PART_BYTES = 1 << 20
 
 
-def compiled_scanner() -> Any | None:
-    """The compiled scanner, or None: not built, not importable, or :data:`PURE_PYTHON_ENV` asks for the Python reader."""
+def compiled_module() -> Any | None:
+    """The compiled helpers (_strace_scan), or None: not built, not importable, or :data:`PURE_PYTHON_ENV` asks for Python."""
     if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
         return None
     try:
         from dsprof.analysis.ingest import _strace_scan  # type: ignore[attr-defined]
     except ImportError:
         return None
-    return _scanner_of(_strace_scan)
+    return _strace_scan
+
+
+def compiled_scanner() -> Any | None:
+    """The compiled scanner, or None (see :func:`compiled_module`)."""
+    module = compiled_module()
+    return None if module is None else _scanner_of(module)
 
 
 @functools.cache
@@ -1045,8 +1122,6 @@ class _Assembler:
 
     def __init__(self, file: str, dropped: dict[str, int]):
         self.file, self.dropped = file, dropped
-        self.constants: dict[str, pa.Array] = {}
-        self.constant_rows = 0
 
     def __call__(self, scan: dict, n_bytes: int) -> _Chunk:
         tables = [self._part_table(part) for part in scan["parts"] if part["rows"]]
@@ -1059,7 +1134,7 @@ class _Assembler:
         """What the Python reader makes of the lines the scanner left, numbered as in the log."""
         text = memoryview(scan["islands"])
         if not len(text):
-            return _Chunk(SPAN_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
+            return _Chunk(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
         part = _parse_chunk(text, self.file, 0, self.dropped)
         if part.table.num_rows:
             numbers = np.frombuffer(scan["island_lines"], np.int64)
@@ -1084,16 +1159,8 @@ class _Assembler:
         pairs = part["pairs"]
         offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)])
         columns["attrs"] = pa.MapArray.from_arrays(offsets, _text(pairs, key_offsets, keys), _text(pairs, value_offsets, values), type=ATTRS_TYPE)
-        columns.update(self._constants(n))
-        return pa.table([columns[name] for name in SPAN_COLUMNS], schema=SPAN_SCHEMA)
-
-    def _constants(self, n: int) -> dict[str, pa.Array]:
-        """The columns that hold one value for every row of the log, made once and sliced."""
-        if n > self.constant_rows:
-            self.constant_rows = max(n, 2 * self.constant_rows)
-            values = {"source": "strace", "file": self.file, "cat": "", "ph": "X"}
-            self.constants = {name: pa.repeat(pa.scalar(value, pa.string()), self.constant_rows) for name, value in values.items()}
-        return {name: column.slice(0, n) for name, column in self.constants.items()}
+        columns.update(constant_columns(self.file, n))
+        return pa.table([columns[name] for name in SPAN_COLUMNS], schema=PARQUET_SCHEMA)
 
 
 def _fixed(kind: pa.DataType, n: int, data: Any, valid: Any = None) -> pa.Array:
@@ -1104,6 +1171,17 @@ def _text(n: int, offsets: Any, data: Any, valid: Any = None) -> pa.Array:
     if n == 0:
         return pa.array([], pa.string())
     return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def constant_columns(file: str, n: int) -> dict[str, pa.Array]:
+    """The columns that hold one value on every row of a log, each a dictionary of one entry (nothing per row to hash or write)."""
+    zeros = pa.py_buffer(np.zeros(n, np.int32))
+    columns = {}
+    for name, value in (("source", _SOURCE), ("file", file), ("cat", ""), ("ph", _PHASE)):
+        data = value.encode()
+        entry = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int32)), pa.py_buffer(data)])
+        columns[name] = pa.DictionaryArray.from_buffers(DICTIONARY_TYPE, n, [None, zeros], dictionary=entry)
+    return columns
 
 
 def _binary_line(scan: dict) -> int | None:
@@ -1122,7 +1200,7 @@ _MAX_SPLICES = 64
 
 def _in_line_order(tables: list[pa.Table], inserted: pa.Table) -> pa.Table:
     """``tables`` (rows in line order) with the rows of ``inserted`` (other lines, in order) put in their places."""
-    base = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    base = pa.concat_tables(tables) if tables else PARQUET_SCHEMA.empty_table()
     if not inserted.num_rows:
         return base
     lines = np.concatenate([chunk.to_numpy() for chunk in base.column("line").chunks] + [np.empty(0, np.int64)])

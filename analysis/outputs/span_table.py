@@ -28,7 +28,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
-from dsprof.analysis.dataset import SpanParquetFile
+from dsprof.analysis.dataset import BackgroundWrites, SpanParquetFile
 from dsprof.analysis.outputs.text import json_string, text_buffer
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace
 
@@ -57,6 +57,7 @@ class SpanTableWriter:
         self.rows = 0
         self._stack = ExitStack()
         self._parquet: SpanParquetFile | None = None
+        self._jobs = BackgroundWrites()
         self._handle: BinaryIO | None = None
         self._csv: pa_csv.CSVWriter | None = None
         if self.format == ".parquet":
@@ -71,7 +72,7 @@ class SpanTableWriter:
             return
         self.rows += table.num_rows
         if self._parquet is not None:
-            self._parquet.write(table)
+            self._jobs.run(self._parquet.write, table)
             return
         table = _plain(table)
         if self._csv is not None:
@@ -83,7 +84,8 @@ class SpanTableWriter:
     def finish(self, trace: Trace | None = None) -> Path:
         """Put the file in place (``trace`` is not needed: one file holds only spans)."""
         if self._parquet is not None:
-            self._parquet.close()
+            self._jobs.run(self._parquet.close)
+        self._jobs.wait()
         if self._csv is not None:
             self._csv.close()
         self._stack.close()
@@ -95,6 +97,7 @@ class SpanTableWriter:
 
     def abort(self) -> None:
         """Stop after an error: the file is not written (an older one stays)."""
+        self._jobs.stop()
         if self._parquet is not None:
             self._parquet.discard()
         self._stack.__exit__(RuntimeError, RuntimeError("aborted"), None)
