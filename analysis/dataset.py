@@ -132,7 +132,7 @@ class SpanParquetFile:
 
 
 # Parquet jobs (a table to encode, a file to close) queued at most: bounds the pieces held in memory.
-MAX_PENDING_WRITES = 4
+MAX_PENDING_WRITES = 2
 
 
 class BackgroundWrites:

@@ -10,6 +10,7 @@ AddressSanitizer and UndefinedBehaviorSanitizer runs a corpus of such logs.
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
 import random
@@ -132,6 +133,29 @@ def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypat
     monkeypatch.setattr(strace_log, "SCAN_MIN_PART_BYTES", part_bytes)
     fast, slow = both_readers(data, monkeypatch)
     assert fast == slow
+
+
+@SETTINGS
+@given(data=st.lists(st.sampled_from([b"[", b"\n", b"a", b"\n[", b"xxxxx"]), max_size=300).map(b"".join),
+       chunk_bytes=st.integers(1, 40), max_line=st.integers(1, 30))
+def test_the_mapped_log_is_cut_into_the_pieces_the_stream_is_cut_into(monkeypatch, data, chunk_bytes, max_line):
+    """Files are read memory-mapped (no copy); the pieces, overlong lines skipped included, are those of the streaming reader."""
+    monkeypatch.setattr(strace_log, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(strace_log, "MAX_LINE_BYTES", max_line)
+    streamed = [p if isinstance(p, int) else bytes(p) for p in strace_log._chunks(io.BytesIO(data))]
+    assert [p if isinstance(p, int) else bytes(p) for p in strace_log._mapped_chunks(data)] == streamed
+
+
+def test_reading_again_reuses_memory_and_reads_the_same(compiled, tmp_path):
+    """Column memory goes back to a pool when Arrow lets go of it; the next reads take it, whatever it held."""
+    logs = []
+    for seed in (1, 2):
+        logs.append(tmp_path / f"{seed}.log")
+        logs[-1].write_bytes(_drawn(seed) * 40)
+    first = [strace_log.read_strace_log(path).spans for path in logs]
+    assert first[0].num_rows and first[1].num_rows
+    again = [strace_log.read_strace_log(path).spans for path in reversed(logs)]
+    assert again[1].equals(first[0]) and again[0].equals(first[1])
 
 
 def test_a_large_log_shared_out_to_threads_reads_as_in_python(compiled, monkeypatch):

@@ -53,7 +53,7 @@
  * bounded; only where the C library tells a block's size (glibc).
  */
 #define POOL_BLOCKS 512
-#define POOL_BYTES ((size_t)1 << 30)
+#define POOL_BYTES ((size_t)128 << 20)
 
 typedef struct {
     pthread_mutex_t lock;

@@ -3,9 +3,18 @@
 The log is read in pieces of about :data:`CHUNK_BYTES`, each cut where a line
 opens with '[' (no record can span such a cut, see :func:`_chunks`), so the
 time taken grows linearly with the log and the reader's own memory stays
-bounded by one piece whatever the log's size. Each piece is cut into lines
-without copying (an Arrow string array whose offsets are the newline
-positions). Lines are handled in batches, in three tiers:
+bounded by a few pieces whatever the log's size. A file is memory-mapped and
+its pieces are views of it (:func:`_mapped_chunks`, the same cuts; pages
+behind the reader are let go).
+
+Where it is built, the compiled scanner (``_strace_scan.c``, see "the compiled
+scanner" below) reads each piece on every core and hands the lines it does
+not read itself to the Python code below, which defines the result: both give
+the same rows, drops and counts on any input (tests/test_ingest_fast.py).
+
+The Python reader cuts each piece into lines without copying (an Arrow string
+array whose offsets are the newline positions). Lines are handled in batches,
+in three tiers:
 
 1. plain records — one version-1 record with single spaces running to the end
    of its line, the common case — are recognised by one capture-free regular
