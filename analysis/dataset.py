@@ -69,7 +69,8 @@ OPEN_WINDOWS_BEHIND = 1
 # row: a third of the bytes for a fifth more encoding time, and writing and
 # syncing the bytes costs more than encoding them), except ``inv``, whose
 # random per-process bases make deltas no smaller. No compression: on top of
-# that it costs more time than it saves. Statistics are kept for the integer
+# that (LZ4 halves the bytes again) it costs about as much encoding time as it
+# saves in writing, and readers would pay to decompress. Statistics are kept for the integer
 # columns, which queries filter on. No Arrow schema is stored, so columns handed
 # over dictionary-encoded read back as the plain strings of SPAN_SCHEMA.
 _INTEGER_COLUMNS = [f.name for f in SPAN_SCHEMA if pa.types.is_integer(f.type)]

@@ -89,8 +89,8 @@ def _join(*parts) -> pa.Array:
 
 def _step_block(ranks: int, first_step: int, steps: int, rng: np.random.Generator) -> pa.Array:
     """The records of steps [first_step, first_step + steps) of every rank, in close order, one string each."""
-    kinds, step, rank = np.meshgrid(np.arange(len(STEP_SPANS)), np.arange(first_step, first_step + steps), np.arange(ranks), indexing="ij")
-    kinds, step, rank = kinds.transpose(1, 0, 2).ravel(), step.transpose(1, 0, 2).ravel(), rank.transpose(1, 0, 2).ravel()
+    grid = np.meshgrid(np.arange(len(STEP_SPANS)), np.arange(first_step, first_step + steps), np.arange(ranks), indexing="ij")
+    kinds, step, rank = (axis.transpose(1, 0, 2).ravel() for axis in grid)  # step-major, then span kind, then rank
     n = len(kinds)
     name = np.array([s[0] for s in STEP_SPANS])[kinds]
     depth = np.array([s[1] for s in STEP_SPANS])[kinds]

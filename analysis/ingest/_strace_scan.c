@@ -20,9 +20,22 @@
  * each separated from the next by a line "[]" that can neither continue nor
  * complete anything, with the log line number of each of its lines.
  *
- * Parsing untrusted input: every read is bounded by the line being read; the
- * piece is split for the threads only before a line starting with '['. The
- * scan runs without the GIL; each thread fills its own buffers.
+ * How: a line is found with memchr and looked over in 16-byte blocks (SSE2,
+ * or a portable loop) for '[', control and non-ASCII bytes; a record line gets
+ * a bitmap of where its tokens end, and each record is read field by field
+ * into the row columns at once (a line that turns out unusual is undone). The
+ * piece is shared out to threads at lines starting with '['; the scan runs
+ * without the GIL, each thread into its own columns, whose memory goes back to
+ * a pool when Arrow is done with it.
+ *
+ * Parsing untrusted input: every read stays within the piece (blocks and
+ * words near its end are copied out first) and every record field within its
+ * line; lines are at most strace_log.MAX_LINE_BYTES long. The build with
+ * AddressSanitizer and UndefinedBehaviorSanitizer in tests/test_ingest_fast.py
+ * runs a corpus of damaged logs through it.
+ *
+ * Also here: invocation_starts(), the compiled helper of the span dataset's
+ * time windows (analysis/dataset.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -43,6 +56,7 @@
 #define MAX_TEXT_KEYS 16
 #define MAX_THREADS 16
 #define KEY_TABLE 128
+#define MAX_PIECE_BYTES ((size_t)1 << 30)
 
 /* ------------------------------------------------------------------ memory */
 
@@ -1524,6 +1538,11 @@ static PyObject *scanner_scan(ScannerObject *self, PyObject *args)
         return NULL;
     const uint8_t *b = view.buf;
     size_t len = (size_t)view.len;
+    if (len > MAX_PIECE_BYTES) { /* the columns' offsets are 32-bit */
+        PyBuffer_Release(&view);
+        PyErr_SetString(PyExc_ValueError, "scan: a piece of at most 1 GiB");
+        return NULL;
+    }
     if (threads < 1)
         threads = 1;
     if (threads > MAX_THREADS)

@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import io
 import mmap
 import os
 import re
@@ -208,7 +209,7 @@ class SpanSink(Protocol):
 _Piece = memoryview | int
 
 
-def _chunks(log_file: BinaryIO) -> Iterator[_Piece]:
+def _chunks(log_file: io.BufferedIOBase) -> Iterator[_Piece]:
     """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
 
     No record spans such a cut: a record only ever continues onto a line that
@@ -397,8 +398,8 @@ def _python_pieces(chunks: Iterable[_Piece], file: str, dropped: dict[str, int])
 def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> _Chunk:
     """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
     n_bytes = len(data)
-    data, binary_at = _as_utf8(data)
-    log = _Log(data)
+    text, binary_at = _as_utf8(data)
+    log = _Log(text)
     record_drops = sum(dropped.values())
     # each batch becomes typed Arrow columns at once, so the text of its fields never piles up
     tables: list[pa.Table] = []
@@ -530,7 +531,7 @@ def _integers(digits: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     except pa.ArrowInvalid:
         overflow = _out_of_range(digits, signed=dtype == np.int64)
         values = pc.if_else(pa.array(overflow), pa.scalar(None, digits.type), digits).cast(arrow_type)
-    data = np.frombuffer(values.buffers()[1], dtype)
+    data: np.ndarray = np.frombuffer(values.buffers()[1], dtype)
     return data[values.offset : values.offset + len(values)], overflow
 
 
@@ -555,17 +556,18 @@ def _as_utf8(data: memoryview) -> tuple[memoryview | bytes, int | None]:
     """
     whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int64)), pa.py_buffer(data)])
     first_bad = []
+    valid: memoryview | bytes = data
     try:
         whole.cast(pa.large_string())
     except pa.ArrowInvalid:
         text = str(data, "utf-8", errors="replace")
         first_bad.append(text[: text.find("\ufffd")].count("\n") + 1)
-        data = text.encode("utf-8")
-    buf = np.frombuffer(data, np.uint8)
+        valid = text.encode("utf-8")
+    buf = np.frombuffer(valid, np.uint8)
     if len(buf) and buf.min() == 0:  # a NUL byte: no text log holds one
         nul = int(np.argmin(buf))
         first_bad.append(int(np.count_nonzero(buf[:nul] == ord("\n"))) + 1)
-    return data, (min(first_bad) if first_bad else None)
+    return valid, (min(first_bad) if first_bad else None)
 
 
 class _Log:
@@ -981,7 +983,7 @@ def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Recor
     number, text = records.numbers, records.texts
     clk, promoted, attrs = _attribute_columns(records)
     columns = {
-        **constant_columns(file, n),
+        **_constant_columns(file, n),
         "line": pa.array(records.line + line_base, pa.int64()),
         "pid": pa.array(number["pid"]),
         "tid": pa.array(number["tid"]),
@@ -1107,22 +1109,16 @@ def _scanned(scanner: Any, chunks: Iterable[_Piece]) -> Iterator[_Scanned | int]
         yield scan, n_bytes
 
 
-_END = object()
-
-
 def _read_ahead(items: Iterator[_T]) -> Iterator[_T]:
-    """The items of ``items``, the next one made on a worker thread while the caller uses this one.
+    """The items of ``items`` (never None), the next one made on a worker thread while the caller uses this one.
 
     The scanner releases the GIL, so reading and scanning piece k+1 overlaps
     with building and writing the rows of piece k; one piece is in flight.
     """
     with ThreadPoolExecutor(1, thread_name_prefix="strace-scan") as pool:
-        pending = pool.submit(next, items, _END)
-        while True:
-            item = pending.result()
-            if item is _END:
-                return
-            pending = pool.submit(next, items, _END)
+        pending = pool.submit(next, items, None)
+        while (item := pending.result()) is not None:
+            pending = pool.submit(next, items, None)
             yield item
 
 
@@ -1168,7 +1164,7 @@ class _Assembler:
         pairs = part["pairs"]
         offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)])
         columns["attrs"] = pa.MapArray.from_arrays(offsets, _text(pairs, key_offsets, keys), _text(pairs, value_offsets, values), type=ATTRS_TYPE)
-        columns.update(constant_columns(self.file, n))
+        columns.update(_constant_columns(self.file, n))
         return pa.table([columns[name] for name in SPAN_COLUMNS], schema=PARQUET_SCHEMA)
 
 
@@ -1182,7 +1178,7 @@ def _text(n: int, offsets: Any, data: Any, valid: Any = None) -> pa.Array:
     return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
 
 
-def constant_columns(file: str, n: int) -> dict[str, pa.Array]:
+def _constant_columns(file: str, n: int) -> dict[str, pa.Array]:
     """The columns that hold one value on every row of a log, each a dictionary of one entry (nothing per row to hash or write)."""
     zeros = pa.py_buffer(np.zeros(n, np.int32))
     columns = {}
