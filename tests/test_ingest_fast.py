@@ -272,14 +272,16 @@ def _drawn(seed: int) -> bytes:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the sanitizer build is set up for Linux/gcc")
-def test_scanner_under_address_and_undefined_behaviour_sanitizers(compiled, monkeypatch, tmp_path):
+@pytest.mark.parametrize("blocks", [[], ["-U__SSE2__"]], ids=["sse2", "portable"])
+def test_scanner_under_address_and_undefined_behaviour_sanitizers(compiled, monkeypatch, tmp_path, blocks):
+    """Both ways of reading 16-byte blocks: SSE2, and the portable loop other machines build."""
     runtime = _sanitizer_runtime()
     if runtime is None:
         pytest.skip("gcc with the AddressSanitizer runtime (libasan) is not available here")
     library = tmp_path / ("_strace_scan" + sysconfig.get_config_var("EXT_SUFFIX"))
     build = subprocess.run(
         ["gcc", "-shared", "-fPIC", "-g", "-O1", "-pthread", "-std=gnu11", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-         "-fno-sanitize-recover=all", f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(library)],
+         "-fno-sanitize-recover=all", *blocks, f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(library)],
         capture_output=True, text=True, check=False,
     )
     if build.returncode != 0:

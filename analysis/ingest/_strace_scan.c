@@ -257,17 +257,6 @@ typedef struct {
 
 /* ------------------------------------------------------------------ bytes */
 
-/* Byte classes: a token byte of the k=v grammar (no space, control byte, '[', ']' or '='), and '%'. */
-enum { TOKEN = 1, PERCENT = 2 };
-static uint8_t byte_class[256];
-
-static void init_byte_class(void)
-{
-    for (int c = 0x21; c < 256; c++)
-        byte_class[c] = (c == '[' || c == ']' || c == '=') ? 0 : TOKEN;
-    byte_class['%'] |= PERCENT;
-}
-
 /* Short literal comparison, inlined (the literals are a few bytes long). */
 static inline int same_bytes(const uint8_t *a, const char *b, size_t n)
 {
@@ -289,14 +278,6 @@ static inline uint64_t load64(const uint8_t *p)
     return w;
 }
 
-/*
- * Bytes of a word flagged in their high bit (little-endian): the lowest flag is
- * always exact (borrows only carry upwards), which is all the callers use.
- */
-#define ONES 0x0101010101010101ULL
-#define HIGHS 0x8080808080808080ULL
-static inline uint64_t bytes_below(uint64_t w, uint8_t n) { return (w - ONES * n) & ~w & HIGHS; }
-static inline uint64_t bytes_equal(uint64_t w, uint8_t c) { return bytes_below(w ^ (ONES * c), 1); }
 
 /* Up to 8 bytes as a zero-padded word (reading no further than n bytes). */
 static inline uint64_t head_of(const uint8_t *s, size_t n)
@@ -386,7 +367,7 @@ static inline uint32_t stops(const uint8_t *p, uint32_t *percent)
 {
     uint32_t stop = 0, pct = 0;
     for (int i = 0; i < 16; i++) {
-        stop |= (uint32_t)!(byte_class[p[i]] & TOKEN) << i;
+        stop |= (uint32_t)(p[i] <= 0x20 || p[i] == '[' || p[i] == ']' || p[i] == '=') << i;
         pct |= (uint32_t)(p[i] == '%') << i;
     }
     *percent = pct;
@@ -1783,7 +1764,6 @@ static struct PyModuleDef module = {
 
 PyMODINIT_FUNC PyInit__strace_scan(void)
 {
-    init_byte_class();
     if (PyType_Ready(&BufType) < 0 || PyType_Ready(&ScannerType) < 0)
         return NULL;
     PyObject *m = PyModule_Create(&module);
