@@ -10,11 +10,13 @@ memory. Layout::
 
 Window ``k`` holds the rows of the invocations that started in
 ``[k * window_ns, (k + 1) * window_ns)``: a row's time is the earliest host
-``ts_ns`` of its ``(pid, inv)`` among the rows of the same chunk (its own
-``ts_ns`` for rows without ``inv``), so the device-clock rows of an invocation
-land beside its host rows. An invocation whose rows were cut between two chunks
-may straddle two adjacent windows; a query for window k therefore reads windows
-k-1..k+1 and keeps the invocations whose root starts in k.
+``ts_ns`` of its ``(pid, inv)`` among the rows of the same chunk (a piece of a
+log as the reader hands it over; its own ``ts_ns`` for rows without ``inv``),
+so the device-clock rows of an invocation land beside its host rows. An
+invocation whose rows were cut between two chunks may straddle two adjacent
+windows; a query for window k therefore reads windows k-1..k+1 and keeps the
+invocations whose root starts in k. A window's rows may lie in several part
+files (see :class:`SpanDatasetWriter`).
 
 ``dataset.json`` (schema ``dsprof.span_dataset/1``)::
 
@@ -35,48 +37,217 @@ from __future__ import annotations
 
 import json
 import os
+from collections import deque
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from contextlib import ExitStack
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-
 from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, SPAN_SCHEMA, Trace
+
 from dsprof.errors import InputError
-from dsprof.fileio import atomic_write_text
+from dsprof.fileio import atomic_output, atomic_write_text
 
 DATASET_SCHEMA = "dsprof.span_dataset/1"
 MANIFEST = "dataset.json"
+WINDOW_DIR = "time_window="
+PART_FILE = "{prefix}-{n}.parquet"
 # 2**34 ns ≈ 17 s: far longer than any root, short enough that a window of a
 # 64-rank run holds a few hundred thousand rows.
 DEFAULT_WINDOW_NS = 1 << 34
+# A window's file stays open while the rows being written are at most this many windows later.
+OPEN_WINDOWS_BEHIND = 1
+
+# How span Parquet files are written (the dataset's parts and ``dsprof ingest -o
+# FILE.parquet``), chosen with benchmarks/bench_ingest.py and measured per column
+# on its logs: text of few distinct values is dictionary-encoded; integers are
+# delta-encoded (line numbers, ids, times and counters change little from row to
+# row: a third of the bytes for a fifth more encoding time, and writing and
+# syncing the bytes costs more than encoding them), except ``inv``, whose
+# random per-process bases make deltas no smaller. No compression: on top of
+# that (LZ4 halves the bytes again) it costs about as much encoding time as it
+# saves in writing, and readers would pay to decompress. Statistics are kept for the integer
+# columns, which queries filter on. No Arrow schema is stored, so columns handed
+# over dictionary-encoded read back as the plain strings of SPAN_SCHEMA.
+_INTEGER_COLUMNS = [f.name for f in SPAN_SCHEMA if pa.types.is_integer(f.type)]
+PARQUET_OPTIONS: dict = {
+    "compression": "none",
+    "use_dictionary": list(DICTIONARY_COLUMNS),
+    "column_encoding": {name: "DELTA_BINARY_PACKED" for name in _INTEGER_COLUMNS if name != "inv"},
+    "write_statistics": _INTEGER_COLUMNS,
+    "store_schema": False,
+}
+# The columns written as dictionaries whatever the reader gave (one value per file: no hashing when built so).
+DICTIONARY_TYPE = pa.dictionary(pa.int32(), pa.string())
+PARQUET_SCHEMA = pa.schema([f.with_type(DICTIONARY_TYPE) if f.name in ("source", "file", "cat", "ph") else f for f in SPAN_SCHEMA])
+
+
+def parquet_table(table: pa.Table) -> pa.Table:
+    """``table`` (SPAN_SCHEMA, string columns plain or dictionary-encoded) in the form the span Parquet writers take."""
+    columns = []
+    for field in PARQUET_SCHEMA:
+        column = table.column(field.name)
+        if column.type != field.type:
+            column = pc.dictionary_encode(column) if field.type == DICTIONARY_TYPE else column.cast(field.type)
+            column = column.cast(field.type) if column.type != field.type else column
+        columns.append(column)
+    return pa.Table.from_arrays(columns, schema=PARQUET_SCHEMA)
+
+
+class SpanParquetFile:
+    """One span Parquet file, written through :func:`dsprof.fileio.atomic_output`: it appears whole on close, or not at all."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.rows = 0
+        self.min_ts_ns: int | None = None
+        self.max_ts_ns: int | None = None
+        self._stack = ExitStack()
+        handle = self._stack.enter_context(atomic_output(self.path))
+        self._writer = pq.ParquetWriter(handle, PARQUET_SCHEMA, **PARQUET_OPTIONS)
+
+    def write(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        self._writer.write_table(parquet_table(table))
+        low, high = pc.min_max(table.column("ts_ns")).values()
+        self.min_ts_ns = low.as_py() if self.min_ts_ns is None else min(self.min_ts_ns, low.as_py())
+        self.max_ts_ns = high.as_py() if self.max_ts_ns is None else max(self.max_ts_ns, high.as_py())
+        self.rows += table.num_rows
+
+    def close(self) -> None:
+        """Finish the file and put it in place."""
+        self._writer.close()
+        self._stack.close()
+
+    def discard(self) -> None:
+        """Give up the file: the temporary is removed, an older file of that name stays."""
+        try:
+            self._writer.close()
+        finally:
+            self._stack.__exit__(RuntimeError, RuntimeError("discarded"), None)
+
+
+# Parquet jobs (a table to encode, a file to close) queued at most: bounds the pieces held in memory.
+MAX_PENDING_WRITES = 2
+
+
+class BackgroundWrites:
+    """Runs Parquet jobs on one worker thread, in the order given, a few queued at most.
+
+    Encoding releases the GIL, so it goes on while the caller reads and
+    scans the next piece of a log. An error of a job is raised by the next
+    :meth:`run` or by :meth:`wait`.
+    """
+
+    def __init__(self) -> None:
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="span-parquet")
+        self._pending: deque[Future] = deque()
+
+    def run(self, job: Callable[..., None], *args: object) -> None:
+        while len(self._pending) >= MAX_PENDING_WRITES:
+            self._pending.popleft().result()
+        self._pending.append(self._pool.submit(job, *args))
+
+    def wait(self) -> None:
+        """Wait for every job; raises the first error."""
+        try:
+            while self._pending:
+                self._pending.popleft().result()
+        finally:
+            self._pool.shutdown()
+
+    def stop(self) -> None:
+        """After an error elsewhere: let the queued jobs end, whatever they raise."""
+        wait(self._pending)
+        self._pending.clear()
+        self._pool.shutdown()
 
 
 def window_of_rows(table: pa.Table, window_ns: int) -> np.ndarray:
     """The window of each row: by its invocation's earliest host start in this table (see module docstring)."""
-    ts = table.column("ts_ns").to_numpy(zero_copy_only=False)
-    inv = table.column("inv")
     n = table.num_rows
     if n == 0:
         return np.zeros(0, np.int64)
+    ts = _int64s(table.column("ts_ns"))
     host = pc.not_equal(table.column("clk"), "dev").to_numpy(zero_copy_only=False)
-    has_inv = inv.is_valid().to_numpy(zero_copy_only=False)
-    when = ts.astype(np.int64).copy()
-    if has_inv.any():
-        keys = pa.table({"pid": table.column("pid"), "inv": inv, "ts": pa.array(np.where(host, ts, np.iinfo(np.int64).max))})
-        grouped = keys.filter(pa.array(has_inv)).group_by(["pid", "inv"]).aggregate([("ts", "min")])
-        joined = keys.append_column("row", pa.array(np.arange(n))).filter(pa.array(has_inv)).join(grouped, ["pid", "inv"])
-        rows = joined.column("row").to_numpy()
-        first_host = joined.column("ts_min").to_numpy()
-        # an invocation with only device rows in this table goes with the table's own time
-        fallback = int(np.median(ts[host])) if host.any() else 0
-        when[rows] = np.where(first_host == np.iinfo(np.int64).max, fallback, first_host)
+    when = _invocation_starts(table, ts, host)
+    never = when == np.iinfo(np.int64).max
+    if never.any():  # an invocation with only device rows in this table goes with the table's own time
+        when[never] = int(np.median(ts[host])) if host.any() else 0
     return np.floor_divide(when, window_ns)
 
 
+def _int64s(column: pa.ChunkedArray) -> np.ndarray:
+    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks] + [np.empty(0, np.int64)]).astype(np.int64, copy=False)
+
+
+def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.ndarray:
+    """Each row's invocation's earliest host start (int64 max where it has no host row; own ts without inv).
+
+    Done by the compiled helper where it is built, else with an Arrow group-by:
+    the same numbers either way.
+    """
+    from dsprof.analysis.ingest.strace_log import compiled_module  # the ingest package imports this module
+
+    n = table.num_rows
+    has_inv = table.column("inv").is_valid()
+    module = compiled_module()
+    if module is not None:
+        starts = np.empty(n, np.int64)
+        pid = _int64s(table.column("pid").fill_null(0))
+        inv = _int64s(table.column("inv").fill_null(0).cast(pa.int64(), safe=False))
+        module.invocation_starts(pid, inv, has_inv.to_numpy(zero_copy_only=False).view(np.uint8), ts, host.view(np.uint8), starts)
+        return starts
+    starts = ts.copy()
+    if pc.any(has_inv).as_py():
+        never = np.iinfo(np.int64).max
+        keys = pa.table({"pid": table.column("pid"), "inv": table.column("inv"), "ts": np.where(host, ts, never), "row": np.arange(n)})
+        groups = keys.filter(has_inv).group_by(["pid", "inv"], use_threads=False).aggregate([("ts", "min"), ("row", "list")])
+        rows = groups.column("row_list")
+        starts[pc.list_flatten(rows).to_numpy()] = np.repeat(groups.column("ts_min").to_numpy(), pc.list_value_length(rows).to_numpy())
+    return starts
+
+
+# Runs of at least this many consecutive rows are kept as zero-copy slices when a table is split by window.
+_MIN_SLICE_ROWS = 4096
+
+
+def rows_of(table: pa.Table, rows: np.ndarray) -> pa.Table:
+    """``table.take(rows)`` (rows ascending), with long runs of consecutive rows sliced instead of copied."""
+    if len(rows) and rows[-1] - rows[0] + 1 == len(rows):
+        return table.slice(int(rows[0]), len(rows))
+    breaks = np.flatnonzero(np.diff(rows) != 1) + 1
+    starts, stops = np.concatenate([[0], breaks]), np.concatenate([breaks, [len(rows)]])
+    long_runs = np.flatnonzero(stops - starts >= _MIN_SLICE_ROWS)
+    if not len(long_runs):
+        return table.take(rows)
+    pieces, done = [], 0
+    for run in long_runs:  # a loop over long runs, a few per window
+        if starts[run] > done:
+            pieces.append(table.take(rows[done : starts[run]]))
+        pieces.append(table.slice(int(rows[starts[run]]), int(stops[run] - starts[run])))
+        done = stops[run]
+    if done < len(rows):
+        pieces.append(table.take(rows[done:]))
+    return pa.concat_tables(pieces)
+
+
 class SpanDatasetWriter:
-    """A SpanSink that writes each table it is given as Parquet files, one per time window touched."""
+    """A SpanSink that writes the span dataset: rows to the files of their time windows, the manifest last.
+
+    Each window touched gets a part file, kept open (so a window's rows fill
+    few files) until the rows being written have moved more than
+    OPEN_WINDOWS_BEHIND windows past it; rows of a window already closed go to
+    a new part. The caller's thread splits tables by window; the encoding and
+    the closing run on a worker (:class:`BackgroundWrites`). Files appear
+    atomically when closed; until :meth:`finish` writes ``dataset.json`` the
+    dataset is incomplete.
+    """
 
     def __init__(self, directory: str | os.PathLike, window_ns: int = DEFAULT_WINDOW_NS, part_prefix: str = "part"):
         self.directory = Path(directory)
@@ -84,30 +255,49 @@ class SpanDatasetWriter:
         self.part_prefix = part_prefix  # writers sharing a directory (cluster ingest) use distinct prefixes
         self.files: list[dict] = []
         self._parts = 0
+        self._open: dict[int, tuple[str, SpanParquetFile]] = {}
+        self._closed: list[tuple[int, str, SpanParquetFile]] = []
+        self._jobs = BackgroundWrites()
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
+        for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=part_prefix, n='*')}"):
+            stale.unlink()
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
         windows = window_of_rows(table, self.window_ns)
-        order = np.argsort(windows, kind="stable")
-        sorted_windows = windows[order]
-        cuts = np.flatnonzero(np.diff(sorted_windows)) + 1
-        for rows in np.split(order, cuts):  # one piece per window this table touches
-            self._write(int(windows[rows[0]]), table.take(pa.array(rows)))
+        first, last = int(windows.min()), int(windows.max())
+        if first == last:  # the common case: a piece of a log within one window
+            self._jobs.run(self._file(first).write, table)
+        else:
+            order = np.argsort(windows, kind="stable")
+            for rows in np.split(order, np.flatnonzero(np.diff(windows[order])) + 1):  # one piece per window touched
+                self._jobs.run(self._file(int(windows[rows[0]])).write, rows_of(table, np.sort(rows)))
+        self._close_behind(first - OPEN_WINDOWS_BEHIND)
 
-    def _write(self, window: int, table: pa.Table) -> None:
-        relative = Path(f"time_window={window}") / f"{self.part_prefix}-{self._parts}.parquet"
-        self._parts += 1
-        (self.directory / relative.parent).mkdir(exist_ok=True)
-        pq.write_table(table, self.directory / relative, compression="none", use_dictionary=list(DICTIONARY_COLUMNS))
-        ts = table.column("ts_ns")
-        self.files.append({"path": relative.as_posix(), "window": window, "rows": table.num_rows,
-                           "min_ts_ns": pc.min(ts).as_py(), "max_ts_ns": pc.max(ts).as_py()})
+    def _file(self, window: int) -> SpanParquetFile:
+        if window not in self._open:
+            relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
+            self._parts += 1
+            self._open[window] = (relative, SpanParquetFile(self.directory / relative))
+        return self._open[window][1]
+
+    def _close_behind(self, window: int) -> None:
+        for old in [w for w in self._open if w < window]:
+            relative, part = self._open.pop(old)
+            self._jobs.run(part.close)
+            self._closed.append((old, relative, part))
 
     def finish(self, trace: Trace) -> Path:
-        """Write the manifest with ``trace``'s side information; the dataset is complete from here on."""
+        """Close every part and write the manifest with ``trace``'s side information; the dataset is complete from here on."""
+        self._close_behind(np.iinfo(np.int64).max)
+        self._jobs.wait()
+        self.files = sorted(
+            ({"path": relative, "window": window, "rows": part.rows, "min_ts_ns": part.min_ts_ns, "max_ts_ns": part.max_ts_ns}
+             for window, relative, part in self._closed if part.rows),
+            key=lambda f: (f["window"], f["path"]),
+        )
         manifest = {
             "schema": DATASET_SCHEMA,
             "window_ns": self.window_ns,
@@ -130,6 +320,17 @@ class SpanDatasetWriter:
         path = self.directory / MANIFEST
         atomic_write_text(path, json.dumps(manifest) + "\n")
         return path
+
+    @property
+    def span_files(self) -> list[Path]:
+        return [self.directory / f["path"] for f in self.files]
+
+    def abort(self) -> None:
+        """Stop after an error: files still open are discarded, no manifest is written."""
+        self._jobs.stop()
+        for _, part in self._open.values():
+            part.discard()
+        self._open.clear()
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:

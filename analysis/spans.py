@@ -172,6 +172,8 @@ class Trace:
 
     ``spans`` is the span table in memory; a reader told to spill (large logs)
     leaves it empty and lists its Parquet files in ``span_files`` instead.
+    ``spans_written`` counts, by source, the rows handed to a sink rather than
+    kept (``dsprof ingest``).
     ``anchors``: one row per accepted CLOCK_ANCHOR (pid, mono_ns, wall_ns; wall
     nanoseconds exceed 2**53, so they are never floats). ``chip_devices``: one
     row per ``[chip_process pid= dev=] ready`` line (pid, device). ``dropped``
@@ -181,6 +183,7 @@ class Trace:
 
     spans: pa.Table = field(default_factory=empty_spans)
     span_files: list[Path] = field(default_factory=list)
+    spans_written: dict[str, int] = field(default_factory=dict)
     anchors: pa.Table = field(default_factory=lambda: ANCHOR_SCHEMA.empty_table())
     chip_devices: pa.Table = field(default_factory=lambda: CHIP_SCHEMA.empty_table())
     dropped: dict[str, int] = field(default_factory=dict)
@@ -228,6 +231,8 @@ def merge_traces(traces: list[Trace]) -> Trace:
         for reason, count in trace.dropped.items():
             merged.count(reason, count)
         merged.span_files.extend(trace.span_files)
+        for source, count in trace.spans_written.items():
+            merged.spans_written[source] = merged.spans_written.get(source, 0) + count
         merged.records_read += trace.records_read
         merged.lines_read += trace.lines_read
         merged.files.extend(trace.files)

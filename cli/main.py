@@ -9,6 +9,7 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 
 from __future__ import annotations
 
+import gc
 import os
 import shutil
 import sys
@@ -228,20 +229,27 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("spans.parquet"),
-              show_default=True, help="Span table file; .parquet, .csv or .jsonl (format from the extension).")
+@click.option("-o", "--output", default="spans/", show_default=True,
+              help="A directory (DIR/): the span dataset, Parquet by time window with dataset.json; "
+                   "or one span table file, .parquet, .csv or .jsonl (format from the extension).")
 def ingest(paths, output) -> None:
-    """Read traces into one span table (Parquet, CSV or JSONL).
+    """Read traces and write their spans: the span dataset or one span table file.
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
-    from dsprof.analysis.ingest import format_ingest_report, ingest_to_file
+    # This process does no linear algebra and makes no reference cycles worth
+    # collecting: numpy's BLAS threads and the cyclic collector would only take
+    # CPU from the readers (set before numpy is first imported).
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    gc.disable()
+    from dsprof.commands import ingest as command
 
+    command.keep_pandas_out()
     progress = _progress()
-    trace = ingest_to_file(list(paths), output, progress=progress)
+    trace = command.ingest_paths(list(paths), output, progress=progress)
     progress.done()
-    click.echo(format_ingest_report(trace))
-    click.echo(f"span table: {output}")
+    click.echo(command.format_ingest_report(trace))
+    click.echo(command.output_description(output, trace))
 
 
 @cli.command()

@@ -4,23 +4,40 @@ Valid records are formatted with the real format functions; corruptions are
 truncation (a torn record), two records joined on one line, a newline injected
 anywhere in a record, unrelated lines in between and a bumped version. Every
 valid record must come back with exactly its fields, nothing else may appear,
-and every torn or bumped record must be counted as dropped.
+and every torn or bumped record must be counted as dropped. Each property
+holds for both readers (the compiled scanner and the pure-Python reader);
+tests/test_ingest_fast.py checks that they agree on everything.
 """
 
 from __future__ import annotations
 
+import pytest
+from dsprof.analysis.ingest import strace_log
+from dsprof.analysis.ingest.strace_log import parse_strace_bytes
+from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
+from dsprof.profiler.strace_format import CLK_ATTR, format_prefix, format_strace_payload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsprof.analysis.ingest import strace_log
-from dsprof.analysis.ingest.strace_log import parse_strace_bytes
 from dsprof.errors import InputError
-from dsprof.profiler.strace_format import format_prefix, format_strace_payload
+from dsprof.testing.strace_readers import READERS, outcome, select_reader
 
-INT64 = st.integers(-(2**63), 2**63 - 1)
+# starts and durations whose spans are kept (a negative start, a negative
+# duration or an end past int64 is dropped: see test_ingest_strace.py)
+START = st.integers(0, 2**62)
 # any characters, including the ones STRACE escapes: space, '[', ']', '%', '=', controls
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
-KEY = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8)
+# attribute names other than those that become columns (clk, rank, device, ...)
+KEY = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8).filter(
+    lambda k: k not in PROMOTED_INT_ATTRS and k not in PROMOTED_TEXT_ATTRS and k != CLK_ATTR
+)
+SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+
+@pytest.fixture(params=READERS)
+def reader(request, monkeypatch):
+    select_reader(request.param, monkeypatch)
+    return request.param
 
 records = st.fixed_dictionaries(
     {
@@ -30,9 +47,9 @@ records = st.fixed_dictionaries(
         "hid": st.text(alphabet="0123456789abcdef", min_size=1, max_size=16),
         "depth": st.integers(0, 2**63 - 1),
         "name": TEXT,
-        "ts_ns": INT64,
-        "dur_ns": INT64,
-        "attrs": st.dictionaries(KEY, st.one_of(TEXT, st.sampled_from(["dev", "host"])), max_size=4),
+        "ts_ns": START,
+        "dur_ns": START,
+        "attrs": st.dictionaries(st.one_of(KEY, st.just(CLK_ATTR)), st.one_of(TEXT, st.sampled_from(["dev", "host"])), max_size=4),
     }
 )
 prefixes = st.one_of(
@@ -56,18 +73,16 @@ def expected_row(record: dict) -> tuple:
 
 
 def got_rows(trace) -> list[tuple]:
-    spans = trace.spans
-    columns = [spans[c].tolist() for c in ("pid", "tid", "inv", "hid", "depth", "name", "ts_ns", "dur_ns", "clk")]
-    attrs = [dict(a) for a in spans["attrs"]]
-    return [tuple(int(v) if i in (0, 1, 2, 4, 6, 7) else v for i, v in enumerate(row)) + (a,) for row, a in zip(zip(*columns), attrs)]
+    names = ("pid", "tid", "inv", "hid", "depth", "name", "ts_ns", "dur_ns", "clk")
+    return [tuple(row[c] for c in names) + (dict(row["attrs"]),) for row in trace.spans.to_pylist()]
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SETTINGS
 @given(
     plan=st.lists(st.tuples(records, prefixes, actions, st.floats(0, 1)), min_size=1, max_size=12),
     junk=st.lists(st.tuples(st.integers(0, 12), junk_lines), max_size=5),
 )
-def test_valid_records_recovered_exactly_and_corruption_counted(plan, junk):
+def test_valid_records_recovered_exactly_and_corruption_counted(reader, plan, junk):
     lines: list[str] = []
     expected: list[tuple] = []
     expected_dropped = 0
@@ -111,12 +126,12 @@ def test_valid_records_recovered_exactly_and_corruption_counted(plan, junk):
     assert set(trace.dropped) <= {"torn_record", "unknown_version", "missing_field"}
 
 
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SETTINGS
 @given(
     plan=st.lists(st.tuples(records, prefixes), min_size=1, max_size=6),
     edits=st.lists(st.tuples(st.floats(0, 1), st.binary(max_size=6)), max_size=6),
 )
-def test_random_byte_damage_never_raises_unexpectedly(plan, edits):
+def test_random_byte_damage_never_raises_unexpectedly(reader, plan, edits):
     data = bytearray(("\n".join(prefix + format_strace_payload(**record) for record, prefix in plan) + "\n").encode())
     for where, insert in edits:
         at = int(where * len(data))
@@ -126,35 +141,19 @@ def test_random_byte_damage_never_raises_unexpectedly(plan, edits):
     except InputError as error:  # only a file with no record left may be refused
         assert error.path == "damaged.log" and error.line is not None
         return
-    assert len(trace.spans) <= len(plan) + data.count(b"[STRACE]")
-    assert trace.spans["ts_ns"].dtype == "int64" and str(trace.spans["inv"].dtype) == "UInt64"
+    assert trace.spans.num_rows <= len(plan) + data.count(b"[STRACE]")
+    assert trace.spans.schema.equals(SPAN_SCHEMA)
     assert trace.records_read >= len(trace.spans) + trace.dropped_total - trace.dropped.get("bad_anchor", 0) - trace.dropped.get("bad_chip_process", 0)
 
 
-def _outcome(data: bytes) -> tuple:
-    """Everything a read yields, in comparable form (or the error it raises)."""
-    try:
-        trace = parse_strace_bytes(data, "chunked.log")
-    except InputError as error:
-        return ("error", str(error))
-    return (
-        trace.spans.to_dict("list") | {"attrs": [dict(a) for a in trace.spans["attrs"]]},
-        trace.anchors.to_dict("list"),
-        trace.chip_devices.to_dict("list"),
-        trace.dropped,
-        trace.records_read,
-        trace.extras,
-    )
-
-
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@SETTINGS
 @given(
     plan=st.lists(st.tuples(records, prefixes, st.floats(0, 1), st.booleans()), min_size=1, max_size=8),
     edits=st.lists(st.tuples(st.floats(0, 1), st.binary(max_size=4)), max_size=3),
     chunk_bytes=st.integers(1, 300),
 )
-def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(plan, edits, chunk_bytes):
-    lines = ["[mono_ns=1][T0x1][INFO] clock: [CLOCK_ANCHOR] v=1 pid=7 mono_ns=5 wall_ns=9", "[chip_process pid=7 dev=npu%3A0] ready"]
+def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(reader, plan, edits, chunk_bytes):
+    lines = ["[mono_ns=1][T0x1][TIMING] clock_anchor: [CLOCK_ANCHOR] v=1 pid=7 mono_ns=5 wall_ns=9", "[chip_process pid=7 dev=npu%3A0] ready"]
     for record, prefix, where, split in plan:
         text = prefix + format_strace_payload(**record)
         cut = int(where * len(text))
@@ -163,11 +162,11 @@ def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(plan, edits, ch
     for where, insert in edits:
         at = int(where * len(data))
         data[at : at + len(insert) // 2] = insert
-    whole = _outcome(bytes(data))
+    whole = outcome(bytes(data), "chunked.log")
     saved = strace_log.CHUNK_BYTES
     strace_log.CHUNK_BYTES = chunk_bytes  # many pieces, cut wherever a line opens with '['
     try:
-        chunked = _outcome(bytes(data))
+        chunked = outcome(bytes(data), "chunked.log")
     finally:
         strace_log.CHUNK_BYTES = saved
     assert chunked == whole

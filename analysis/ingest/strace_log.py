@@ -3,9 +3,18 @@
 The log is read in pieces of about :data:`CHUNK_BYTES`, each cut where a line
 opens with '[' (no record can span such a cut, see :func:`_chunks`), so the
 time taken grows linearly with the log and the reader's own memory stays
-bounded by one piece whatever the log's size. Each piece is cut into lines
-without copying (an Arrow string array whose offsets are the newline
-positions). Lines are handled in batches, in three tiers:
+bounded by a few pieces whatever the log's size. A file is memory-mapped and
+its pieces are views of it (:func:`_mapped_chunks`, the same cuts; pages
+behind the reader are let go).
+
+Where it is built, the compiled scanner (``_strace_scan.c``, see "the compiled
+scanner" below) reads each piece on every core and hands the lines it does
+not read itself to the Python code below, which defines the result: both give
+the same rows, drops and counts on any input (tests/test_ingest_fast.py).
+
+The Python reader cuts each piece into lines without copying (an Arrow string
+array whose offsets are the newline positions). Lines are handled in batches,
+in three tiers:
 
 1. plain records — one version-1 record with single spaces running to the end
    of its line, the common case — are recognised by one capture-free regular
@@ -52,20 +61,36 @@ is kept in ``attrs`` with keys and values percent-decoded.
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import io
+import mmap
 import os
 import re
+from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator, NamedTuple, Protocol
+from typing import Any, BinaryIO, NamedTuple, Protocol, TypeVar
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace, split_attributes
-from dsprof.errors import InputError
+from dsprof.analysis.dataset import DICTIONARY_TYPE, PARQUET_SCHEMA
+from dsprof.analysis.spans import (
+    ANCHOR_SCHEMA,
+    ATTRS_TYPE,
+    CHIP_SCHEMA,
+    PROMOTED_INT_ATTRS,
+    PROMOTED_TEXT_ATTRS,
+    SPAN_COLUMNS,
+    SPAN_SCHEMA,
+    Trace,
+    split_attributes,
+)
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler.strace_format import REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, decode_value
+
+from dsprof.errors import InputError
 
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
@@ -128,6 +153,7 @@ CHIP_PATTERN = r"\[chip_process pid=(?P<pid>\d{1,19}) dev=(?P<device>" + _TOKEN 
 
 
 Progress = Callable[[str], None] | None
+_T = TypeVar("_T")
 
 
 def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: SpanSink | None = None) -> Trace:
@@ -141,18 +167,40 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
     try:
         with path.open("rb") as log_file:
             size = os.fstat(log_file.fileno()).st_size
-            return _parse_chunks(_chunks(log_file), str(path), size, progress, sink)
+            mapped = _mapped(log_file)
+            if mapped is None:  # a pipe, or empty
+                return _parse_chunks(_chunks(log_file), str(path), size, progress, sink)
+            try:
+                return _parse_chunks(_mapped_chunks(mapped), str(path), size, progress, sink)
+            finally:
+                with contextlib.suppress(BufferError):  # a view still held: the map goes with it
+                    mapped.close()
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
 def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Trace:
     """Parse a whole log held in memory; ``file`` names it in rows and errors."""
-    return _parse_chunks(_chunks(io.BytesIO(data)), file, len(data), progress, None)
+    return _parse_chunks(_mapped_chunks(data), file, len(data), progress, None)
+
+
+def _mapped(log_file: BinaryIO) -> mmap.mmap | None:
+    """The file mapped into memory (read-only, read ahead), or None where it cannot be."""
+    try:
+        mapped = mmap.mmap(log_file.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    return mapped
 
 
 class SpanSink(Protocol):
-    """Where a reader puts each chunk's span table instead of keeping it (e.g. a Parquet dataset)."""
+    """Where a reader puts each chunk's span table instead of keeping it (e.g. a Parquet dataset).
+
+    The tables have the columns of SPAN_SCHEMA, with the columns that hold one
+    value per log dictionary-encoded (dataset.PARQUET_SCHEMA); a trace read
+    into memory gets them decoded.
+    """
 
     def add(self, table: pa.Table) -> None: ...
 
@@ -161,7 +209,7 @@ class SpanSink(Protocol):
 _Piece = memoryview | int
 
 
-def _chunks(log_file: BinaryIO) -> Iterator[_Piece]:
+def _chunks(log_file: io.BufferedIOBase) -> Iterator[_Piece]:
     """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
 
     No record spans such a cut: a record only ever continues onto a line that
@@ -221,6 +269,55 @@ def _chunks(log_file: BinaryIO) -> Iterator[_Piece]:
         kept = filled - cut
 
 
+def _mapped_chunks(data: mmap.mmap | bytes) -> Iterator[_Piece]:
+    """The pieces :func:`_chunks` cuts the same log into, as views of the log mapped in memory: no copy.
+
+    The same steps as _chunks, on offsets: the buffer is the stretch of the
+    log from ``start``, ``kept`` bytes of it already "read", at most
+    ``capacity`` bytes (grown as _chunks grows its buffer). Pages of a mapped
+    file behind the reader are dropped, so its memory stays bounded.
+    """
+    view, size = memoryview(data), len(data)
+    limit = CHUNK_BYTES + MAX_LINE_BYTES
+    capacity, start, kept, skipping, dropped = CHUNK_BYTES, 0, 0, False, 0
+    while True:
+        if kept == capacity:
+            capacity += min(CHUNK_BYTES, limit - capacity)
+        got = min(capacity - kept, size - start - kept)
+        if got <= 0:
+            if kept and not skipping:
+                yield view[start : start + kept]
+            return
+        filled = kept + got
+        if skipping:
+            newline = data.find(b"\n", start, start + filled)
+            skipping = newline < 0
+            start, kept = (start + filled, 0) if skipping else (newline + 1, start + filled - newline - 1)
+            continue
+        cut = data.rfind(b"\n[", start, start + filled) + 1
+        if cut == 0 and filled >= limit:
+            cut = data.rfind(b"\n", start, start + filled) + 1
+            if cut == 0:
+                yield 1
+                skipping, start, kept = True, start + filled, 0
+                continue
+        if cut == 0:
+            kept = filled
+            continue
+        yield view[start:cut]
+        if isinstance(data, mmap.mmap):
+            dropped = _drop_pages(data, dropped, cut)
+        start, kept = cut, start + filled - cut
+
+
+def _drop_pages(mapped: mmap.mmap, done: int, upto: int) -> int:
+    """Let the pages of [done, upto) go from this process's memory (they are read again from the file if needed)."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done:
+        mapped.madvise(mmap.MADV_DONTNEED, done, upto - done)
+    return max(done, upto)
+
+
 def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:
     """Parse each piece of a log and stack the results (lines numbered across pieces)."""
     trace = Trace(files=[file])
@@ -229,12 +326,11 @@ def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Prog
     chips: list[pa.Table] = []
     records_found = n_lines = bytes_done = 0
     binary_at: int | None = None
-    for data in chunks:
-        if isinstance(data, int):  # an overlong line, skipped
-            trace.count("overlong_line", data)
-            n_lines += data
+    for part in _parsed_pieces(chunks, file, trace.dropped):
+        if isinstance(part, int):  # an overlong line, skipped
+            trace.count("overlong_line", part)
+            n_lines += part
             continue
-        part = _parse_chunk(data, file, n_lines, trace.dropped)
         if sink is not None:
             if part.table.num_rows:
                 sink.add(part.table)
@@ -246,17 +342,16 @@ def _parse_chunks(chunks: Iterable[_Piece], file: str, size: int, progress: Prog
         if binary_at is None and part.binary_at is not None:
             binary_at = n_lines + part.binary_at
         n_lines += part.n_lines
-        bytes_done += len(data)
-        del data  # so that the next piece may reuse its buffer
+        bytes_done += part.n_bytes
         if progress is not None and size > CHUNK_BYTES:
             progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {n_lines:,} lines")
-    trace.spans = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    trace.spans = pa.concat_tables(tables).cast(SPAN_SCHEMA) if tables else SPAN_SCHEMA.empty_table()
     trace.anchors = pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table()
     trace.chip_devices = pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table()
     found_anything = records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
     if not found_anything and binary_at is not None:
         raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
-    trace.dropped = {k: v for k, v in trace.dropped.items() if v}
+    trace.dropped = {k: v for k, v in sorted(trace.dropped.items()) if v}
     side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
     trace.records_read = records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
     trace.lines_read = n_lines
@@ -272,12 +367,39 @@ class _Chunk(NamedTuple):
     records_found: int  # STRACE records kept or dropped
     n_lines: int
     binary_at: int | None
+    n_bytes: int
+
+
+def _parsed_pieces(chunks: Iterable[_Piece], file: str, dropped: dict[str, int]) -> Iterator[_Chunk | int]:
+    """Each piece parsed (or the count of overlong lines skipped), by the compiled scanner where it is available."""
+    scanner = compiled_scanner()
+    if scanner is None:
+        yield from _python_pieces(chunks, file, dropped)
+        return
+    assemble = _Assembler(file, dropped)
+    for scanned in _read_ahead(_scanned(scanner, chunks)):
+        yield scanned if isinstance(scanned, int) else assemble(*scanned)
+
+
+def _python_pieces(chunks: Iterable[_Piece], file: str, dropped: dict[str, int]) -> Iterator[_Chunk | int]:
+    """The pure-Python reader: each piece parsed by :func:`_parse_chunk`."""
+    line_base = 0
+    for data in chunks:
+        if isinstance(data, int):
+            line_base += data
+            yield data
+            continue
+        part = _parse_chunk(data, file, line_base, dropped)
+        del data  # so that the next piece may reuse its buffer
+        line_base += part.n_lines
+        yield part
 
 
 def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> _Chunk:
     """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
-    data, binary_at = _as_utf8(data)
-    log = _Log(data)
+    n_bytes = len(data)
+    text, binary_at = _as_utf8(data)
+    log = _Log(text)
     record_drops = sum(dropped.values())
     # each batch becomes typed Arrow columns at once, so the text of its fields never piles up
     tables: list[pa.Table] = []
@@ -294,14 +416,14 @@ def _parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str,
     side = _side_lines(log)
     anchors = _anchors(side, dropped)
     chips = _chip_devices(side, dropped)
-    table = pa.concat_tables(tables) if tables else SPAN_SCHEMA.empty_table()
+    table = pa.concat_tables(tables) if tables else PARQUET_SCHEMA.empty_table()
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
-    return _Chunk(table, anchors, chips, records_found, len(log.lines), binary_at)
+    return _Chunk(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes)
 
 
-def _side_lines(log: "_Log") -> pa.Array:
+def _side_lines(log: _Log) -> pa.Array:
     """The lines that may hold clock anchors or chip_process lines (also before a record on its line).
 
     A log holds few of them: one search of the whole piece skips the
@@ -332,7 +454,7 @@ class _Records:
         return len(self.line)
 
     @classmethod
-    def concat(cls, parts: list["_Records"]) -> "_Records":
+    def concat(cls, parts: list[_Records]) -> _Records:
         parts = [p for p in parts if len(p)]
         if not parts:
             return cls.empty()
@@ -355,13 +477,13 @@ class _Records:
         )
 
     @classmethod
-    def empty(cls) -> "_Records":
+    def empty(cls) -> _Records:
         nothing = pa.array([], pa.large_string())
         none = np.empty(0, np.int64)
         return cls(none, none, {f: np.empty(0, _NUMBER_FIELDS[f]) for f in _NUMBER_FIELDS}, np.empty(0, bool), {f: nothing for f in _TEXT_FIELDS}, nothing, nothing, none)
 
     @classmethod
-    def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> "_Records":
+    def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> _Records:
         """Records whose fields are all still text, attributes one ``k=v k=v`` text per record."""
         token_lists = pc.split_pattern(pc.utf8_rtrim(tails, "\r\n"), " ")
         tokens = token_lists.flatten()
@@ -376,7 +498,7 @@ class _Records:
         texts = {name: fields[name] for name in _TEXT_FIELDS}
         return cls(line, order, numbers, overflow, texts, pc.list_element(pairs, 0), pc.list_element(pairs, 1), row)
 
-    def filter(self, keep: np.ndarray) -> "_Records":
+    def filter(self, keep: np.ndarray) -> _Records:
         if keep.all():
             return self
         new_row = np.cumsum(keep) - 1
@@ -409,11 +531,11 @@ def _integers(digits: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     except pa.ArrowInvalid:
         overflow = _out_of_range(digits, signed=dtype == np.int64)
         values = pc.if_else(pa.array(overflow), pa.scalar(None, digits.type), digits).cast(arrow_type)
-    data = np.frombuffer(values.buffers()[1], dtype)
+    data: np.ndarray = np.frombuffer(values.buffers()[1], dtype)
     return data[values.offset : values.offset + len(values)], overflow
 
 
-def _batches(log: "_Log", file: str, line_base: int) -> list[tuple[int, int]]:
+def _batches(log: _Log, file: str, line_base: int) -> list[tuple[int, int]]:
     """Line ranges of at most LINES_PER_BATCH lines and MAX_BATCH_BYTES bytes (32-bit offsets)."""
     ranges = []
     start, n_lines = 0, len(log.lines)
@@ -434,17 +556,18 @@ def _as_utf8(data: memoryview) -> tuple[memoryview | bytes, int | None]:
     """
     whole = pa.Array.from_buffers(pa.large_binary(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int64)), pa.py_buffer(data)])
     first_bad = []
+    valid: memoryview | bytes = data
     try:
         whole.cast(pa.large_string())
     except pa.ArrowInvalid:
         text = str(data, "utf-8", errors="replace")
         first_bad.append(text[: text.find("\ufffd")].count("\n") + 1)
-        data = text.encode("utf-8")
-    buf = np.frombuffer(data, np.uint8)
+        valid = text.encode("utf-8")
+    buf = np.frombuffer(valid, np.uint8)
     if len(buf) and buf.min() == 0:  # a NUL byte: no text log holds one
         nul = int(np.argmin(buf))
         first_bad.append(int(np.count_nonzero(buf[:nul] == ord("\n"))) + 1)
-    return data, (min(first_bad) if first_bad else None)
+    return valid, (min(first_bad) if first_bad else None)
 
 
 class _Log:
@@ -860,14 +983,11 @@ def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Recor
     number, text = records.numbers, records.texts
     clk, promoted, attrs = _attribute_columns(records)
     columns = {
-        "source": pa.repeat(pa.scalar("strace"), n),
-        "file": pa.repeat(pa.scalar(file), n),
+        **_constant_columns(file, n),
         "line": pa.array(records.line + line_base, pa.int64()),
         "pid": pa.array(number["pid"]),
         "tid": pa.array(number["tid"]),
         "name": _decode_where_escaped(text["name"].cast(pa.string())),
-        "cat": pa.repeat(pa.scalar(""), n),
-        "ph": pa.repeat(pa.scalar("X"), n),
         "ts_ns": pa.array(number["ts"]),
         "dur_ns": pa.array(number["dur"]),
         "inv": pa.array(number["inv"]),
@@ -877,7 +997,7 @@ def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Recor
         **promoted,
         "attrs": attrs,
     }
-    tables.append(pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA))
+    tables.append(pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=PARQUET_SCHEMA))
     orders.append(records.order)
 
 
@@ -914,3 +1034,189 @@ def _chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     fields = fields.filter(pa.array(ok))
     devices = pa.array([decode_value(d) for d in fields.field("device").to_pylist()], pa.string())  # one per rank process
     return pa.table({"pid": fields.field("pid").cast(pa.int64()), "device": devices}, schema=CHIP_SCHEMA)
+
+
+# -- the compiled scanner ------------------------------------------------------------------
+#
+# analysis/ingest/_strace_scan.c reads the lines whose records all follow the
+# plain grammar and hands back the rest ("islands": torn, continued or garbled
+# records, other versions, anchors, chip_process lines), which _parse_chunk
+# reads exactly as above; the two are put back together in line order, so the
+# result is the Python reader's, row for row.
+
+_SOURCE, _PHASE = "strace", "X"  # the source and Chrome phase of every STRACE row
+# Set to 1 to read with the Python code only (tests compare the two; benchmarks time both).
+PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
+# Kinds of the required fields for the scanner, as _HEAD's groups take them:
+# i64 = -?digits (19 at most), n64 = digits that fit int64, u64 = up to 20 digits
+# that fit uint64, token = one or more token bytes, token0 = possibly none.
+_FIELD_KINDS = {"v": "version", "pid": "i64", "tid": "i64", "inv": "u64", "hid": "token", "depth": "n64", "name": "token0", "ts": "i64", "dur": "i64"}
+_FIELD_COLUMNS = {"pid": "pid", "tid": "tid", "inv": "inv", "hid": "hid", "depth": "depth", "name": "name", "ts": "ts_ns", "dur": "dur_ns"}
+# Threads of one scan: the piece is shared out at lines that open with '[', in parts of at least SCAN_MIN_PART_BYTES.
+SCAN_THREADS = max(1, min(len(os.sched_getaffinity(0)), 16))
+SCAN_MIN_PART_BYTES = 1 << 20
+
+
+def compiled_module() -> Any | None:
+    """The compiled helpers (_strace_scan), or None: not built, not importable, or :data:`PURE_PYTHON_ENV` asks for Python."""
+    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
+        return None
+    try:
+        from dsprof.analysis.ingest import _strace_scan  # type: ignore[attr-defined]
+    except ImportError:
+        return None
+    return _strace_scan
+
+
+def compiled_scanner() -> Any | None:
+    """The compiled scanner, or None (see :func:`compiled_module`)."""
+    module = compiled_module()
+    return None if module is None else _scanner_of(module)
+
+
+@functools.cache
+def _scanner_of(module: Any) -> Any:
+    """A Scanner told the format's vocabulary (from strace_format and spans, never spelled out in C)."""
+    return module.Scanner(
+        marker=STRACE_MARKER.encode(),
+        side_markers=(fmt.ANCHOR_MARKER.encode(), fmt.CHIP_READY_MARKER.encode()),
+        version=str(STRACE_VERSION).encode(),
+        fields=tuple(f.encode() for f in REQUIRED_FIELDS),
+        kinds=tuple(_FIELD_KINDS[f].encode() for f in REQUIRED_FIELDS),
+        ts_field=REQUIRED_FIELDS.index("ts"),
+        dur_field=REQUIRED_FIELDS.index("dur"),
+        clk=(fmt.CLK_ATTR.encode(), fmt.CLK_DEVICE.encode(), fmt.CLK_HOST.encode()),
+        int_keys=tuple(k.encode() for k in PROMOTED_INT_ATTRS),
+        text_keys=tuple(k.encode() for k in PROMOTED_TEXT_ATTRS),
+    )
+
+
+_Scanned = tuple[dict, int]  # the scanner's result for a piece, and the piece's size
+
+
+def _scanned(scanner: Any, chunks: Iterable[_Piece]) -> Iterator[_Scanned | int]:
+    """Each piece scanned (the scan copies what it keeps, so the piece's buffer is free again at once)."""
+    line_base = 0
+    for data in chunks:
+        if isinstance(data, int):
+            line_base += data
+            yield data
+            continue
+        scan = scanner.scan(data, line_base, SCAN_THREADS, SCAN_MIN_PART_BYTES)
+        n_bytes = len(data)
+        del data
+        line_base += scan["n_lines"]
+        yield scan, n_bytes
+
+
+def _read_ahead(items: Iterator[_T]) -> Iterator[_T]:
+    """The items of ``items`` (never None), the next one made on a worker thread while the caller uses this one.
+
+    The scanner releases the GIL, so reading and scanning piece k+1 overlaps
+    with building and writing the rows of piece k; one piece is in flight.
+    """
+    with ThreadPoolExecutor(1, thread_name_prefix="strace-scan") as pool:
+        pending = pool.submit(next, items, None)
+        while (item := pending.result()) is not None:
+            pending = pool.submit(next, items, None)
+            yield item
+
+
+class _Assembler:
+    """Turns the scanner's buffers for one piece into a :class:`_Chunk`; its islands go to :func:`_parse_chunk`."""
+
+    def __init__(self, file: str, dropped: dict[str, int]):
+        self.file, self.dropped = file, dropped
+
+    def __call__(self, scan: dict, n_bytes: int) -> _Chunk:
+        tables = [self._part_table(part) for part in scan["parts"] if part["rows"]]
+        islands = self._islands(scan)
+        table = _in_line_order(tables, islands.table)
+        records_found = sum(t.num_rows for t in tables) + islands.records_found
+        return _Chunk(table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes)
+
+    def _islands(self, scan: dict) -> _Chunk:
+        """What the Python reader makes of the lines the scanner left, numbered as in the log."""
+        text = memoryview(scan["islands"])
+        if not len(text):
+            return _Chunk(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
+        part = _parse_chunk(text, self.file, 0, self.dropped)
+        if part.table.num_rows:
+            numbers = np.frombuffer(scan["island_lines"], np.int64)
+            line = numbers[part.table.column("line").to_numpy() - 1]
+            part = part._replace(table=part.table.set_column(SPAN_COLUMNS.index("line"), "line", pa.array(line)))
+        return part
+
+    def _part_table(self, part: dict) -> pa.Table:
+        """One thread's rows, wrapping the scanner's buffers (no copy)."""
+        n = part["rows"]
+        columns = {"line": _fixed(pa.int64(), n, part["line"])}
+        for field, buffers in zip(REQUIRED_FIELDS[1:], part["fields"]):
+            column = _FIELD_COLUMNS[field]
+            kind = SPAN_SCHEMA.field(column).type
+            columns[column] = _text(n, *buffers) if kind == pa.string() else _fixed(kind, n, buffers)
+        columns["clk"] = _text(n, *part["clk"])
+        for column, (data, valid) in zip(PROMOTED_INT_ATTRS.values(), part["int_attrs"]):
+            columns[column] = _fixed(pa.int64(), n, data, valid)
+        for column, (offsets, data, valid) in zip(PROMOTED_TEXT_ATTRS.values(), part["text_attrs"]):
+            columns[column] = _text(n, offsets, data, valid)
+        map_offsets, key_offsets, keys, value_offsets, values = part["attrs"]
+        pairs = part["pairs"]
+        offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)])
+        columns["attrs"] = pa.MapArray.from_arrays(offsets, _text(pairs, key_offsets, keys), _text(pairs, value_offsets, values), type=ATTRS_TYPE)
+        columns.update(_constant_columns(self.file, n))
+        return pa.table([columns[name] for name in SPAN_COLUMNS], schema=PARQUET_SCHEMA)
+
+
+def _fixed(kind: pa.DataType, n: int, data: Any, valid: Any = None) -> pa.Array:
+    return pa.Array.from_buffers(kind, n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(data)])
+
+
+def _text(n: int, offsets: Any, data: Any, valid: Any = None) -> pa.Array:
+    if n == 0:
+        return pa.array([], pa.string())
+    return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
+
+
+def _constant_columns(file: str, n: int) -> dict[str, pa.Array]:
+    """The columns that hold one value on every row of a log, each a dictionary of one entry (nothing per row to hash or write)."""
+    zeros = pa.py_buffer(np.zeros(n, np.int32))
+    columns = {}
+    for name, value in (("source", _SOURCE), ("file", file), ("cat", ""), ("ph", _PHASE)):
+        data = value.encode()
+        entry = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int32)), pa.py_buffer(data)])
+        columns[name] = pa.DictionaryArray.from_buffers(DICTIONARY_TYPE, n, [None, zeros], dictionary=entry)
+    return columns
+
+
+def _binary_line(scan: dict) -> int | None:
+    """The line _as_utf8 names for the piece: the first U+FFFD after invalid bytes are replaced, or the first NUL."""
+    found = []
+    if scan["invalid_line"]:
+        found.append(min(line for line in (scan["invalid_line"], scan["fffd_line"]) if line))
+    if scan["nul_line"]:
+        found.append(scan["nul_line"])
+    return min(found) if found else None
+
+
+# Above this many places to insert rows at, one gather is cheaper than slicing.
+_MAX_SPLICES = 64
+
+
+def _in_line_order(tables: list[pa.Table], inserted: pa.Table) -> pa.Table:
+    """``tables`` (rows in line order) with the rows of ``inserted`` (other lines, in order) put in their places."""
+    base = pa.concat_tables(tables) if tables else PARQUET_SCHEMA.empty_table()
+    if not inserted.num_rows:
+        return base
+    lines = np.concatenate([chunk.to_numpy() for chunk in base.column("line").chunks] + [np.empty(0, np.int64)])
+    at = np.searchsorted(lines, inserted.column("line").to_numpy())
+    places, first = np.unique(at, return_index=True)
+    if len(places) > _MAX_SPLICES:
+        both = pa.concat_tables([base, inserted])
+        order = np.argsort(np.concatenate([lines, inserted.column("line").to_numpy()]), kind="stable")
+        return both.take(pa.array(order))
+    pieces, done = [], 0
+    for place, start, stop in zip(places, first, [*first[1:], len(at)]):
+        pieces += [base.slice(done, place - done), inserted.slice(start, stop - start)]
+        done = place
+    return pa.concat_tables([*pieces, base.slice(done)])

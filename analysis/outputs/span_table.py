@@ -1,36 +1,43 @@
-"""Write the span table to a file; the format follows the extension.
+"""Write the span table to one file, chunk by chunk; the format follows the extension.
 
-* ``.parquet``: Arrow :data:`~dsprof.analysis.spans.SPAN_SCHEMA` as is
-  (``attrs`` a ``map<string,string>``, ``inv`` ``uint64``).
+* ``.parquet``: :data:`~dsprof.analysis.spans.SPAN_SCHEMA` as is (``attrs`` a
+  ``map<string,string>``, ``inv`` ``uint64``, promoted attributes as their own
+  columns), written like the span dataset's parts
+  (:class:`~dsprof.analysis.dataset.SpanParquetFile`).
 * ``.csv``: one row per span, header first; ``attrs`` as JSON object text;
-  ``inv`` and ``depth`` empty where null; ``inv`` printed as an exact
-  unsigned integer.
+  null cells (``inv``, ``depth``, promoted attributes where absent) empty;
+  ``inv`` printed as an exact unsigned integer.
 * ``.jsonl``: one JSON object per span with the schema's keys in order;
-  ``attrs`` a JSON object; ``inv`` an integer (exact up to 2**64-1) or null.
+  ``attrs`` a JSON object; integers exact (``inv`` up to 2**64-1) or null.
 
-The JSON text is built with Arrow string kernels over whole columns
-(``outputs/json_text.py``), escaping each distinct string once.
+Every file is written through :mod:`dsprof.fileio`: it appears whole when the
+writer finishes, and an error leaves the previous file as it was. The JSON text
+is built with Arrow string kernels over whole columns (``outputs/text.py``),
+escaping each distinct string once.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from contextlib import ExitStack
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
-import pyarrow.parquet as pq
+from dsprof.analysis.dataset import BackgroundWrites, SpanParquetFile
+from dsprof.analysis.outputs.text import json_string, text_buffer
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace
 
-from dsprof.analysis.outputs.json_text import json_string
-from dsprof.analysis.spans import spans_to_arrow
 from dsprof.errors import InputError
-from dsprof.profiler.synthetic import text_buffer
+from dsprof.fileio import atomic_output
 
 SPAN_TABLE_FORMATS = (".parquet", ".csv", ".jsonl")
+# CSV columns: the span table's, with attrs as JSON text.
+_CSV_SCHEMA = pa.schema([f.with_type(pa.string()) if f.name == "attrs" else f for f in SPAN_SCHEMA])
 
 
 def check_span_table_path(path: str | os.PathLike) -> str:
@@ -41,17 +48,75 @@ def check_span_table_path(path: str | os.PathLike) -> str:
     return suffix
 
 
-def write_span_table(spans: pd.DataFrame, path: str | os.PathLike) -> None:
+class SpanTableWriter:
+    """A SpanSink that writes one span table file: every table it is given, in order, then :meth:`finish`."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.format = check_span_table_path(path)
+        self.rows = 0
+        self._stack = ExitStack()
+        self._parquet: SpanParquetFile | None = None
+        self._jobs = BackgroundWrites()
+        self._handle: BinaryIO | None = None
+        self._csv: pa_csv.CSVWriter | None = None
+        if self.format == ".parquet":
+            self._parquet = SpanParquetFile(self.path)
+            return
+        self._handle = self._stack.enter_context(atomic_output(self.path))
+        if self.format == ".csv":
+            self._csv = pa_csv.CSVWriter(self._handle, _CSV_SCHEMA)
+
+    def add(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        self.rows += table.num_rows
+        if self._parquet is not None:
+            self._jobs.run(self._parquet.write, table)
+            return
+        table = _plain(table)
+        if self._csv is not None:
+            index = table.schema.get_field_index("attrs")
+            self._csv.write_table(table.set_column(index, "attrs", attrs_json(_column(table, "attrs"))))
+        elif self._handle is not None:
+            self._handle.write(_jsonl_bytes(table))
+
+    def finish(self, trace: Trace | None = None) -> Path:
+        """Put the file in place (``trace`` is not needed: one file holds only spans)."""
+        if self._parquet is not None:
+            self._jobs.run(self._parquet.close)
+        self._jobs.wait()
+        if self._csv is not None:
+            self._csv.close()
+        self._stack.close()
+        return self.path
+
+    @property
+    def span_files(self) -> list[Path]:
+        return [self.path] if self.format == ".parquet" else []
+
+    def abort(self) -> None:
+        """Stop after an error: the file is not written (an older one stays)."""
+        self._jobs.stop()
+        if self._parquet is not None:
+            self._parquet.discard()
+        self._stack.__exit__(RuntimeError, RuntimeError("aborted"), None)
+
+
+def write_span_table(spans: pa.Table, path: str | os.PathLike) -> Path:
     """Write ``spans`` as Parquet, CSV or JSONL according to the extension of ``path``."""
-    suffix = check_span_table_path(path)
-    table = spans_to_arrow(spans).combine_chunks()
-    if suffix == ".parquet":
-        pq.write_table(table, str(path))
-    elif suffix == ".csv":
-        index = table.schema.get_field_index("attrs")
-        pa_csv.write_csv(table.set_column(index, "attrs", attrs_json(_column(table, "attrs"))), str(path))
-    else:
-        Path(path).write_bytes(_jsonl_bytes(table))
+    writer = SpanTableWriter(path)
+    try:
+        writer.add(spans)
+    except BaseException:
+        writer.abort()
+        raise
+    return writer.finish()
+
+
+def _plain(table: pa.Table) -> pa.Table:
+    """The table with dictionary-encoded text decoded (the text writers take plain strings)."""
+    return table.cast(SPAN_SCHEMA) if table.schema != SPAN_SCHEMA else table
 
 
 def _column(table: pa.Table, name: str) -> pa.Array:
@@ -73,7 +138,7 @@ def attrs_json(attrs: pa.Array) -> pa.Array:
     items = attrs.items.slice(offsets[0], offsets[-1] - offsets[0])
     pairs = pc.binary_join_element_wise(_json_strings(keys), _json_strings(items), _lit(":"))
     per_row = pa.LargeListArray.from_arrays(pa.array(offsets - offsets[0], pa.int64()), pairs)
-    return pc.binary_join_element_wise(_lit("{"), pc.binary_join(per_row, _lit(",")), _lit("}"), _lit(""))
+    return pc.binary_join_element_wise(_lit("{"), pc.binary_join(per_row, _lit(",")), _lit("}"), _lit("")).cast(pa.string())
 
 
 def _json_strings(values: pa.Array) -> pa.Array:
@@ -85,19 +150,17 @@ def _json_numbers(values: pa.Array) -> pa.Array:
     return values.cast(pa.large_string()).fill_null(_lit("null"))
 
 
-def _jsonl_bytes(table: pa.Table) -> bytes:
-    """The whole JSONL file: one object per row, keys in schema order, built column-wise."""
-    if table.num_rows == 0:
-        return b""
+def _jsonl_bytes(table: pa.Table) -> memoryview:
+    """The JSONL text of a table: one object per row, keys in schema order, built column-wise."""
     parts: list = []
     for i, field in enumerate(table.schema):
         column = _column(table, field.name)
         if field.name == "attrs":
-            text = attrs_json(column)
+            text = attrs_json(column).cast(pa.large_string())
         elif pa.types.is_string(field.type) or pa.types.is_large_string(field.type):
             text = _json_strings(column).fill_null(_lit("null"))
         else:
             text = _json_numbers(column)
         parts += [_lit(("{" if i == 0 else ",") + json.dumps(field.name) + ":"), text]
     lines = pc.binary_join_element_wise(*parts, _lit("}\n"), _lit(""))
-    return bytes(text_buffer(lines))  # without nulls, the value buffer is the file
+    return text_buffer(lines)  # without nulls, the value buffer is the text

@@ -7,11 +7,14 @@ column by column, so their cost per row stays flat however large the input.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
+if TYPE_CHECKING:  # annotations only: the span table writers use this module without pandas
+    import pandas as pd
 
 def json_string(values, *, null: str | None = "", large: bool = False) -> pa.Array:
     """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped).

@@ -1,0 +1,141 @@
+"""``dsprof ingest``: read traces and write their spans to disk, in bounded memory.
+
+The output is either the span dataset (a directory: Parquet parts by time
+window and ``dataset.json``, see :mod:`dsprof.analysis.dataset`), which the
+analysis reads out of core, or one span table file (``.parquet``, ``.csv``,
+``.jsonl``, see :mod:`dsprof.analysis.outputs.span_table`). Text logs stream
+through the writer a piece at a time; the spans of the JSON readers (SA_PROFILE,
+Chrome), which read whole files, are written after them.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsprof.analysis.dataset import MANIFEST, SpanDatasetWriter
+from dsprof.analysis.ingest import Progress, read_paths
+from dsprof.analysis.outputs.span_table import SpanTableWriter
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace
+
+
+class _Writer(Protocol):
+    span_files: list[Path]
+
+    def add(self, table: pa.Table) -> None: ...
+
+    def finish(self, trace: Trace) -> Path: ...
+
+    def abort(self) -> None: ...
+
+
+def is_dataset_output(output: str | os.PathLike) -> bool:
+    """Whether ``output`` names the span dataset (a directory) rather than a span table file.
+
+    A directory is named with a trailing separator (``out/``), or exists, or
+    has no extension at all.
+    """
+    text = os.fspath(output)
+    return text.endswith(("/", os.sep)) or Path(text).is_dir() or not Path(text).suffix
+
+
+def ingest_paths(paths: Sequence[str | os.PathLike], output: str | os.PathLike, progress: Progress = None) -> Trace:
+    """Read ``paths`` (see :func:`~dsprof.analysis.ingest.read_paths`) and write their spans to ``output``.
+
+    Returns the Trace with its spans on disk: ``spans`` is empty,
+    ``spans_written`` counts what was written by source, and ``span_files``
+    lists the Parquet files (those of the dataset, or the one ``.parquet``).
+    A bad output extension fails before anything is read; after an error no
+    dataset manifest and no partial file is left.
+    """
+    writer: _Writer = SpanDatasetWriter(output) if is_dataset_output(output) else SpanTableWriter(output)
+    counting = _CountingSink(writer)
+    try:
+        trace = read_paths(paths, progress=progress, sink=counting)
+        counting.add(trace.spans)  # the readers that do not stream
+        trace.spans = SPAN_SCHEMA.empty_table()
+        trace.spans_written = dict(sorted(counting.by_source.items()))
+        if progress is not None:
+            progress(f"finishing {output}")
+        writer.finish(trace)
+    except BaseException:
+        writer.abort()
+        raise
+    trace.span_files = writer.span_files
+    return trace
+
+
+class _CountingSink:
+    """Hands tables on to a writer, counting their rows by source."""
+
+    def __init__(self, writer: _Writer):
+        self.writer = writer
+        self.by_source: dict[str, int] = {}
+
+    def add(self, table: pa.Table) -> None:
+        if not table.num_rows:
+            return
+        for entry in pc.value_counts(table.column("source")).to_pylist():  # a few sources
+            self.by_source[str(entry["values"])] = self.by_source.get(str(entry["values"]), 0) + entry["counts"]
+        self.writer.add(table)
+
+
+def format_ingest_report(trace: Trace) -> str:
+    """What was read, kept and dropped (by reason), for the ``dsprof ingest`` printout."""
+    by_source = dict(trace.spans_written)
+    if trace.spans.num_rows:
+        for entry in pc.value_counts(trace.spans.column("source")).to_pylist():
+            by_source[entry["values"]] = by_source.get(entry["values"], 0) + entry["counts"]
+    lines = [f"files read: {len(trace.files)}"]
+    if trace.lines_read:
+        lines.append(f"log lines read: {trace.lines_read:,}")
+    lines.append(f"records read: {trace.records_read:,}")
+    detail = ", ".join(f"{source} {count:,}" for source, count in sorted(by_source.items()))
+    lines.append(f"spans kept: {sum(by_source.values()):,}" + (f" ({detail})" if detail else ""))
+    lines.append(f"clock anchors: {trace.anchors.num_rows:,}; chip processes: {trace.chip_devices.num_rows:,}")
+    lines.append(f"dropped: {trace.dropped_total:,}")
+    for reason, count in sorted(trace.dropped.items()):
+        lines.append(f"  {reason}: {count:,}")
+    return "\n".join(lines)
+
+
+def output_description(output: str | os.PathLike, trace: Trace) -> str:
+    """The last line of the printout: where the spans went."""
+    if is_dataset_output(output):
+        return f"span dataset: {output} ({len(trace.span_files)} Parquet file(s), manifest {Path(output) / MANIFEST})"
+    return f"span table: {output}"
+
+
+class _NoPandas(importlib.abc.MetaPathFinder):
+    """Refuses the import of pandas (used once, see :func:`keep_pandas_out`)."""
+
+    def find_spec(self, name: str, path: object = None, target: object = None) -> None:
+        if name == "pandas" or name.startswith("pandas."):
+            raise ImportError("pandas is not used by dsprof ingest")
+
+
+def keep_pandas_out() -> None:
+    """Stop pyarrow from importing pandas in this process (``dsprof ingest`` needs none of it).
+
+    pyarrow imports pandas on its first array conversion, only to check
+    whether the input is a pandas object; that import costs more start-up
+    time than reading a small log. The check is made here once, with the
+    import refused, and pyarrow remembers the answer; should anything later
+    ask pyarrow for a real pandas conversion, pyarrow imports pandas then.
+    """
+    if "pandas" in sys.modules:
+        return
+    finder = _NoPandas()
+    sys.meta_path.insert(0, finder)
+    try:
+        pa.array([0])
+    finally:
+        sys.meta_path.remove(finder)
+
