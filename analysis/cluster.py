@@ -51,6 +51,7 @@ def _ingest_log(path: str, dataset: str, prefix: str, window_ns: int) -> tuple[T
     """Ray task: one text log into the shared dataset; its Trace (spans on disk) and its files by window."""
     writer = SpanDatasetWriter(dataset, window_ns, part_prefix=prefix)
     trace = read_paths([path], sink=writer)
+    writer.close()
     by_window: dict[int, list[str]] = {}
     for written in writer.files:
         by_window.setdefault(written["window"], []).append(str(Path(dataset) / written["path"]))

@@ -47,8 +47,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, SPAN_SCHEMA, Trace
 
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output, atomic_write_text
 
@@ -289,8 +289,8 @@ class SpanDatasetWriter:
             self._jobs.run(part.close)
             self._closed.append((old, relative, part))
 
-    def finish(self, trace: Trace) -> Path:
-        """Close every part and write the manifest with ``trace``'s side information; the dataset is complete from here on."""
+    def close(self) -> None:
+        """Write out and close every part file; ``files`` lists them. The manifest is :meth:`finish`'s."""
         self._close_behind(np.iinfo(np.int64).max)
         self._jobs.wait()
         self.files = sorted(
@@ -298,6 +298,10 @@ class SpanDatasetWriter:
              for window, relative, part in self._closed if part.rows),
             key=lambda f: (f["window"], f["path"]),
         )
+
+    def finish(self, trace: Trace) -> Path:
+        """Close every part and write the manifest with ``trace``'s side information; the dataset is complete from here on."""
+        self.close()
         manifest = {
             "schema": DATASET_SCHEMA,
             "window_ns": self.window_ns,

@@ -10,7 +10,6 @@ in flight on one thread) never share one; :func:`runtime_spans_sql` and
 from __future__ import annotations
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 
 from dsprof.analysis.engine import Engine
@@ -31,6 +30,8 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     their lane's predecessor to a fresh lane until no lane holds two overlapping
     runs. Each round is vectorised and settles at least one run; real traces need none.
     """
+    import pandas as pd  # here, not at the top: dsprof ingest never loads pandas (test_dsprof_ingest_does_not_import_pandas)
+
     if len(thread) == 0:
         return np.zeros(0, dtype=np.int64)
     frame = pd.DataFrame({"thread": thread, "start": start, "end": end,

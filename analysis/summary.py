@@ -173,7 +173,27 @@ def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
         found = content.get("schema") if isinstance(content, dict) else None
         raise InputError(path, "not a dsprof summary" + (f" (schema {found!r})" if found else ""),
                          expected=f'a JSON object with "schema": "{SUMMARY_SCHEMA}"')
+    _check_shape(content, path)
     return Summary(**content)
+
+
+# Sections that are JSON objects, and the lists of objects inside them, as build_summary writes them.
+_OBJECT_SECTIONS = ("inputs", "run", "validation", "figures", "late_starts", "tail_steps", "tail_cost", "pipeline", "serving")
+_OBJECT_LISTS = (("per_step",), ("late_starts", "items"), ("tail_steps", "items"))
+
+
+def _check_shape(content: dict, path: Path) -> None:
+    """Refuse a summary whose sections are not the objects and lists of objects every reader walks."""
+    for section in _OBJECT_SECTIONS:
+        if not isinstance(content.get(section, {}), dict):
+            raise InputError(path, f"{section} is {type(content[section]).__name__}", expected="a JSON object")
+    for keys in _OBJECT_LISTS:
+        value = content.get(keys[0], []) if len(keys) == 1 else content.get(keys[0], {}).get(keys[1], [])
+        name = ".".join(keys)
+        if not isinstance(value, list) or not all(isinstance(item, dict) for item in value):
+            raise InputError(path, f"{name} is not a list of objects", expected="a dsprof summary")
+        if name == "tail_steps.items" and not all(isinstance(item.get("ranks", []), list) for item in value):
+            raise InputError(path, "tail_steps.items[].ranks is not a list", expected="a dsprof summary")
 
 
 # A summary of 10^6 steps is ~150 MiB; beyond this it is not a summary.

@@ -46,6 +46,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from dsprof.profiler import strace_format as fmt
 
 PEER_ENV = "DSPROF_PEER_READER"

@@ -237,10 +237,7 @@ def ingest(paths, output) -> None:
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
-    # This process does no linear algebra and makes no reference cycles worth
-    # collecting: numpy's BLAS threads and the cyclic collector would only take
-    # CPU from the readers (set before numpy is first imported).
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # The readers make no reference cycles worth collecting; the cyclic collector would only take CPU from them.
     gc.disable()
     from dsprof.commands import ingest as command
 

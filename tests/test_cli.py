@@ -181,17 +181,18 @@ def test_ingest_writes_span_table_and_reports_drops(tmp_path):
     from dsprof.testing.synthetic import SyntheticRun
 
     # 2 ranks x 3 decode steps x 9 spans (root, bind, bind.args, bind.prebuilt, runner_run,
-    # native_fence_wait, device_wall, claim_release, validate) + 2 prefill spans per rank = 58,
+    # native_fence_wait, device_wall, claim_release, validate) + 5 prefill spans per rank (root,
+    # bind, runner_run, claim_release, validate) = 64,
     # and the torn last record is dropped by reason.
     SyntheticRun(ranks=2, steps=3, torn_tail=True, sa_profile=False, performance_summary=False).write(tmp_path)
     output = tmp_path / "spans.parquet"
     result = CliRunner().invoke(cli, ["ingest", str(tmp_path / "server.log"), "-o", str(output)])
     assert result.exit_code == 0, result.output
-    assert "spans kept: 58 (strace 58)" in result.output
+    assert "spans kept: 64 (strace 64)" in result.output
     assert "torn_record: 1" in result.output
     import pyarrow.parquet as pq
 
-    assert pq.read_table(output).num_rows == 58
+    assert pq.read_table(output).num_rows == 64
 
 
 def _synthetic(tmp_path: Path, name: str, **kwargs) -> Path:

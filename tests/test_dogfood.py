@@ -73,7 +73,7 @@ def test_serialized_metadata_path_fails_ci_rules_on_serialization_and_cadence(he
     failed = {(r["kind"], r["path"]) for r in verdict["results"] if r["status"] == "fail"}
     assert ("check", "pipeline.serialized") in failed
     assert ("check", "pipeline.cadence_p50_ms") in failed  # cadence no longer beats one runner_run
-    assert ("check", "pipeline.pairs_overlapped") in failed  # depth 2 lost: bind(N+1) no longer overlaps runner_run(N)
+    assert ("check", "pipeline.overlap_share") in failed  # depth 2 lost: bind(N+1) no longer overlaps runner_run(N)
     passed = {r["path"] for r in verdict["results"] if r["status"] == "pass"}
     assert {"validation.valid", "serving.tokens_returned", "exit_status"} <= passed
 

@@ -21,14 +21,14 @@ import sysconfig
 import textwrap
 from pathlib import Path
 
-import dsprof.analysis.ingest as ingest_package
 import pytest
-from dsprof.analysis.ingest import strace_log
-from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS
-from dsprof.profiler import strace_format as fmt
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import dsprof.analysis.ingest as ingest_package
+from dsprof.analysis.ingest import strace_log
+from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS
+from dsprof.profiler import strace_format as fmt
 from dsprof.testing.strace_readers import outcome, select_reader
 
 SOURCE = Path(strace_log.__file__).with_name("_strace_scan.c")

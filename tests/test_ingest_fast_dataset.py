@@ -12,14 +12,14 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+
 from dsprof.analysis.dataset import DATASET_SCHEMA, MANIFEST, SpanDatasetWriter, open_dataset, rows_of, window_of_rows
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace
 from dsprof.cli.main import cli
-from dsprof.profiler import strace_format as fmt
-
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
+from dsprof.profiler import strace_format as fmt
 from dsprof.testing.strace_readers import READERS, select_reader
 
 WALL = 1_764_470_000_123_456_789

@@ -12,14 +12,14 @@ tests/test_ingest_fast.py checks that they agree on everything.
 from __future__ import annotations
 
 import pytest
-from dsprof.analysis.ingest import strace_log
-from dsprof.analysis.ingest.strace_log import parse_strace_bytes
-from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
-from dsprof.profiler.strace_format import CLK_ATTR, format_prefix, format_strace_payload
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from dsprof.analysis.ingest import strace_log
+from dsprof.analysis.ingest.strace_log import parse_strace_bytes
+from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
+from dsprof.profiler.strace_format import CLK_ATTR, format_prefix, format_strace_payload
 from dsprof.testing.strace_readers import READERS, outcome, select_reader
 
 # starts and durations whose spans are kept (a negative start, a negative

@@ -9,8 +9,11 @@ import json
 from pathlib import Path
 
 import pytest
+
 from dsprof.analysis.ingest import read_paths, read_strace_log
 from dsprof.analysis.spans import SPAN_COLUMNS, SPAN_SCHEMA
+from dsprof.commands.ingest import format_ingest_report
+from dsprof.errors import InputError
 from dsprof.profiler.strace_format import (
     encode_value,
     format_anchor_payload,
@@ -19,9 +22,6 @@ from dsprof.profiler.strace_format import (
     format_prefix,
     format_strace_payload,
 )
-
-from dsprof.commands.ingest import format_ingest_report
-from dsprof.errors import InputError
 from dsprof.testing.strace_readers import READERS, select_reader
 
 PREFIX = format_prefix(5_000_000_123, 0x7F3A2B1C, "INFO", "chip_run")
@@ -360,6 +360,7 @@ def test_log_pieces_still_referred_to_are_never_overwritten(monkeypatch):
     import io
 
     import numpy as np
+
     from dsprof.analysis.ingest import strace_log
 
     monkeypatch.setattr(strace_log, "CHUNK_BYTES", 64)

@@ -7,13 +7,13 @@ import json
 
 import pyarrow.parquet as pq
 import pytest
+
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.span_table import write_span_table
 from dsprof.analysis.spans import SPAN_SCHEMA
-from dsprof.profiler.strace_format import format_prefix, format_strace_payload
-
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
+from dsprof.profiler.strace_format import format_prefix, format_strace_payload
 from dsprof.testing.strace_readers import READERS, select_reader
 
 BIG_INV = 2**64 - 1  # not representable as a float64

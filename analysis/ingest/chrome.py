@@ -84,7 +84,7 @@ Progress = Callable[[str], None] | None
 _MAX_US = INT64_MAX // 1000  # the largest integer µs whose ns fit int64
 _PHASE_CODES = {"X": 0, "B": 1, "E": 2, "i": 3, "I": 3, "M": 4}
 _X, _B, _E, _I, _M, _OTHER = range(6)
-_PHASE_NAMES = pa.array(["X", "B", "E", "i", "I", "M"])
+_PHASE_NAMES = ["X", "B", "E", "i", "I", "M"]  # a list: pa.array at import would import pandas into dsprof ingest
 _PHASE_OF_INDEX = np.array([_X, _B, _E, _I, _I, _M, _OTHER], np.int8)  # index_in result (null -> 6) to phase code
 # Value status of a number column: usable, unusable (absent, null, not a number), out of range
 _OK, _MISSING, _OUT_OF_RANGE = 0, 1, 2
@@ -318,7 +318,7 @@ class _HeldTables:
 def _phase_codes(phases: list[Any]) -> np.ndarray:
     """One code per event: X, B, E, i (i or I), M, or other (anything else, non-strings too)."""
     if set(map(type, phases)) <= {str}:
-        index = pc.index_in(pa.array(phases, pa.string()), value_set=_PHASE_NAMES).fill_null(len(_PHASE_NAMES))
+        index = pc.index_in(pa.array(phases, pa.string()), value_set=pa.array(_PHASE_NAMES, pa.string())).fill_null(len(_PHASE_NAMES))
         return _PHASE_OF_INDEX[index.to_numpy()]
     return np.fromiter((_PHASE_CODES.get(p, _OTHER) if type(p) is str else _OTHER for p in phases), np.int8, len(phases))
 

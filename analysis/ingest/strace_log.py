@@ -75,6 +75,7 @@ from typing import Any, BinaryIO, NamedTuple, Protocol, TypeVar
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+
 from dsprof.analysis.dataset import DICTIONARY_TYPE, PARQUET_SCHEMA
 from dsprof.analysis.spans import (
     ANCHOR_SCHEMA,
@@ -87,10 +88,9 @@ from dsprof.analysis.spans import (
     Trace,
     split_attributes,
 )
+from dsprof.errors import InputError
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler.strace_format import REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, decode_value
-
-from dsprof.errors import InputError
 
 MAX_CONTINUATION_LINES = 3
 # Lines handled per vectorised pass; bounds the temporary copies of a big log.
@@ -473,7 +473,7 @@ class _Records:
             {f: stack([p.texts[f] for p in parts]) for f in _TEXT_FIELDS},
             stack([p.keys for p in parts]),
             stack([p.values for p in parts]),
-            np.concatenate([p.token_row + base for p, base in zip(parts, row_base)]),
+            np.concatenate([p.token_row + base for p, base in zip(parts, row_base, strict=True)]),
         )
 
     @classmethod
@@ -1151,14 +1151,14 @@ class _Assembler:
         """One thread's rows, wrapping the scanner's buffers (no copy)."""
         n = part["rows"]
         columns = {"line": _fixed(pa.int64(), n, part["line"])}
-        for field, buffers in zip(REQUIRED_FIELDS[1:], part["fields"]):
+        for field, buffers in zip(REQUIRED_FIELDS[1:], part["fields"], strict=True):
             column = _FIELD_COLUMNS[field]
             kind = SPAN_SCHEMA.field(column).type
             columns[column] = _text(n, *buffers) if kind == pa.string() else _fixed(kind, n, buffers)
         columns["clk"] = _text(n, *part["clk"])
-        for column, (data, valid) in zip(PROMOTED_INT_ATTRS.values(), part["int_attrs"]):
+        for column, (data, valid) in zip(PROMOTED_INT_ATTRS.values(), part["int_attrs"], strict=True):
             columns[column] = _fixed(pa.int64(), n, data, valid)
-        for column, (offsets, data, valid) in zip(PROMOTED_TEXT_ATTRS.values(), part["text_attrs"]):
+        for column, (offsets, data, valid) in zip(PROMOTED_TEXT_ATTRS.values(), part["text_attrs"], strict=True):
             columns[column] = _text(n, offsets, data, valid)
         map_offsets, key_offsets, keys, value_offsets, values = part["attrs"]
         pairs = part["pairs"]
@@ -1216,7 +1216,7 @@ def _in_line_order(tables: list[pa.Table], inserted: pa.Table) -> pa.Table:
         order = np.argsort(np.concatenate([lines, inserted.column("line").to_numpy()]), kind="stable")
         return both.take(pa.array(order))
     pieces, done = [], 0
-    for place, start, stop in zip(places, first, [*first[1:], len(at)]):
+    for place, start, stop in zip(places, first, [*first[1:], len(at)], strict=True):
         pieces += [base.slice(done, place - done), inserted.slice(start, stop - start)]
         done = place
     return pa.concat_tables([*pieces, base.slice(done)])

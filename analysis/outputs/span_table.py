@@ -28,10 +28,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
+
 from dsprof.analysis.dataset import BackgroundWrites, SpanParquetFile
 from dsprof.analysis.outputs.text import json_string, text_buffer
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace
-
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output
 

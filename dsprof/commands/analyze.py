@@ -17,13 +17,14 @@ from pathlib import Path
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
 from dsprof.analysis.cluster import read_and_aggregate
-from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
+from dsprof.analysis.dataset import open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
+from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
@@ -99,11 +100,7 @@ def read_inputs(paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathL
     target = spans_dir if spans_dir is not None else temporary
     if target is None:
         return read_paths(paths, progress=progress), None
-    writer = SpanDatasetWriter(target)
-    trace = read_paths(paths, progress=progress, sink=writer)
-    writer.finish(trace)
-    dataset = open_dataset(target)
-    trace.spans, trace.span_files = trace.spans, dataset.span_files
+    trace = ingest_paths(paths, target, progress=progress)
     return trace, temporary
 
 
