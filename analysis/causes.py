@@ -70,9 +70,27 @@ PHASE_LAUNCH = "launch"
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).
 _COMPARED = (
-    "start_ns", "end_ns", "root_ts_ns", "admissible_ns", "drain_after_ns", "bind_ns", "launch_gap_ns", "runner_ns",
-    "fence_ns", "drain_lag_ns", "device_wall_ns", "device_wait_ns", "device_work_ns", "bind_rq_ns", "bind_cpu_ns", "runner_rq_ns",
-    "runner_cpu_ns", "fence_rq_ns", "fence_cpu_ns", "device_rq_ns", "device_cpu_ns",
+    "start_ns",
+    "end_ns",
+    "root_ts_ns",
+    "admissible_ns",
+    "drain_after_ns",
+    "bind_ns",
+    "launch_gap_ns",
+    "runner_ns",
+    "fence_ns",
+    "drain_lag_ns",
+    "device_wall_ns",
+    "device_wait_ns",
+    "device_work_ns",
+    "bind_rq_ns",
+    "bind_cpu_ns",
+    "runner_rq_ns",
+    "runner_cpu_ns",
+    "fence_rq_ns",
+    "fence_cpu_ns",
+    "device_rq_ns",
+    "device_cpu_ns",
 )
 
 
@@ -121,7 +139,8 @@ def _typical_sql(columns: tuple[str, ...]) -> str:
     typical = ", ".join(
         f"CASE WHEN c.{c} IS NULL OR {c}_n < 2 THEN NULL ELSE "
         f"({remaining(c, f'(({c}_n - 2) // 2)')} + {remaining(c, f'(({c}_n - 1) // 2)')}) / 2.0 END AS {c}_typ"
-        for c in columns)
+        for c in columns
+    )
     return f"SELECT c.*, {typical} FROM cells c JOIN (SELECT step, {lists} FROM cells GROUP BY step) USING (step)"
 
 
@@ -148,8 +167,13 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
                   UPDATE cells SET admissible_ns = CASE WHEN previous_claim_ns IS NULL THEN slot_free_ns
                                                         WHEN slot_free_ns IS NULL THEN previous_claim_ns
                                                         ELSE greatest(previous_claim_ns, slot_free_ns) END""")
-    gc_windows = {"gc_bind": ("bind_ts_ns", "bind_end_ns"), "gc_fence": ("fence_ts_ns", "fence_end_ns"),
-                  "gc_run": ("start_ns", "end_ns"), "gc_gap": ("bind_end_ns", "start_ns"), "gc_before": ("root_typ_ns", "root_ts_ns")}
+    gc_windows = {
+        "gc_bind": ("bind_ts_ns", "bind_end_ns"),
+        "gc_fence": ("fence_ts_ns", "fence_end_ns"),
+        "gc_run": ("start_ns", "end_ns"),
+        "gc_gap": ("bind_end_ns", "start_ns"),
+        "gc_before": ("root_typ_ns", "root_ts_ns"),
+    }
     gc_columns = ", ".join(f"{_gc_overlap(*window)} AS {name}" for name, window in gc_windows.items())
     engine.run(f"""CREATE OR REPLACE TEMP TABLE typed AS
                    SELECT *, CAST(root_ts_ns_typ AS BIGINT) AS root_typ_ns FROM ({_typical_sql(_COMPARED)})""")
@@ -184,7 +208,13 @@ def _host(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str
     """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
     return [
         (_half(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
-        (_half(_contention(rq, cpu), excess), phase, fmt.MECH_RUN_QUEUE, _contention(rq, cpu), f"'runnable but waiting for a CPU in {phase}'"),
+        (
+            _half(_contention(rq, cpu), excess),
+            phase,
+            fmt.MECH_RUN_QUEUE,
+            _contention(rq, cpu),
+            f"'runnable but waiting for a CPU in {phase}'",
+        ),
         (_half(_work(cpu, rq), excess), phase, fmt.MECH_HOST_CPU, _excess(cpu), f"'more host CPU in {phase}'"),
         (f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
         ("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
@@ -199,12 +229,38 @@ def _start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
     gap = _excess("launch_gap_ns")
     through = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN 'claim_release' ELSE 'slot reuse' END"
     return [
-        (f"NOT ({delay} > 0)", PHASE_BEFORE_BIND, fmt.MECH_UNATTRIBUTED, delay, "'no later than the typical rank (an earlier rank started early)'"),
-        (_half(carried, delay), PHASE_BEFORE_BIND, fmt.MECH_CARRIED_OVER, carried, f"'held back by the late earlier run through ' || {through}"),
-        *[(f"{_half(bind, delay)} AND {cond}", phase, mech, ev, detail)
-          for cond, phase, mech, ev, detail in _host(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)],
-        (f"{_half(arrival, delay)} AND {_half('gc_before', arrival)}", PHASE_BEFORE_BIND, fmt.MECH_GC, "gc_before", "'collection before the run began'"),
-        (_half(arrival, delay), PHASE_BEFORE_BIND, fmt.MECH_UNATTRIBUTED, arrival, "'the run began late; nothing recorded before its bind explains it'"),
+        (
+            f"NOT ({delay} > 0)",
+            PHASE_BEFORE_BIND,
+            fmt.MECH_UNATTRIBUTED,
+            delay,
+            "'no later than the typical rank (an earlier rank started early)'",
+        ),
+        (
+            _half(carried, delay),
+            PHASE_BEFORE_BIND,
+            fmt.MECH_CARRIED_OVER,
+            carried,
+            f"'held back by the late earlier run through ' || {through}",
+        ),
+        *[
+            (f"{_half(bind, delay)} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in _host(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)
+        ],
+        (
+            f"{_half(arrival, delay)} AND {_half('gc_before', arrival)}",
+            PHASE_BEFORE_BIND,
+            fmt.MECH_GC,
+            "gc_before",
+            "'collection before the run began'",
+        ),
+        (
+            _half(arrival, delay),
+            PHASE_BEFORE_BIND,
+            fmt.MECH_UNATTRIBUTED,
+            arrival,
+            "'the run began late; nothing recorded before its bind explains it'",
+        ),
         (f"{_half(gap, delay)} AND {_half('gc_gap', gap)}", PHASE_LAUNCH, fmt.MECH_GC, "gc_gap", "'collection between bind and launch'"),
         ("TRUE", PHASE_LAUNCH, fmt.MECH_UNATTRIBUTED, delay, "'between bind and launch; nothing recorded explains it'"),
     ]
@@ -224,31 +280,80 @@ def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
         # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
         # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late
         # too (depth-2 back-pressure), and its peers wait for it: its own work is the cause, not the carry-over.
-        (f"{slow_device} AND {_half('gc_run', work)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_GC, "gc_run",
-         f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
-        (f"{slow_device} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), work)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE,
-         _contention("device_rq_ns", "device_cpu_ns"), "'the device thread was runnable but waiting for a CPU'"),
+        (
+            f"{slow_device} AND {_half('gc_run', work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
+        ),
+        (
+            f"{slow_device} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            _contention("device_rq_ns", "device_cpu_ns"),
+            "'the device thread was runnable but waiting for a CPU'",
+        ),
         (slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
         # otherwise the start's cause when the late start is the larger part
-        *[(f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
-          for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))],
-        (f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_GC, "gc_run",
-         f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'"),
-        (f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}", fmt.PHASE_DEVICE_WALL,
-         fmt.MECH_PEER_WAIT, _excess("device_wait_ns"), "'waited for a peer rank'"),
-        (f"{markers} AND {_half(device, runner_x)} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), device)}",
-         fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE, _contention("device_rq_ns", "device_cpu_ns"),
-         "'the device thread was runnable but waiting for a CPU'"),
+        *[
+            (f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))
+        ],
+        (
+            f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
+        ),
+        (
+            f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_PEER_WAIT,
+            _excess("device_wait_ns"),
+            "'waited for a peer rank'",
+        ),
+        (
+            f"{markers} AND {_half(device, runner_x)} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), device)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            _contention("device_rq_ns", "device_cpu_ns"),
+            "'the device thread was runnable but waiting for a CPU'",
+        ),
         (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
-        (f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
-         fmt.PHASE_RUNNER, fmt.MECH_CARRIED_OVER, drain, "'its drain waited for the late previous run'"),
-        (f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence",
-         f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
-        (f"{markers} AND {_half(fence, runner_x)} AND {_half(_contention('fence_rq_ns', 'fence_cpu_ns'), fence)}",
-         fmt.PHASE_FENCE_WAIT, fmt.MECH_RUN_QUEUE, _contention("fence_rq_ns", "fence_cpu_ns"), "'woke from the fence but waited for a CPU'"),
-        (f"{markers} AND {_half(fence, runner_x)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, fence, "'the completion fence was signalled late'"),
-        *[(f"{markers} AND {cond}", phase, mech, ev, detail)
-          for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)],
+        (
+            f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
+            fmt.PHASE_RUNNER,
+            fmt.MECH_CARRIED_OVER,
+            drain,
+            "'its drain waited for the late previous run'",
+        ),
+        (
+            f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_GC,
+            "gc_fence",
+            f"'collection in {fmt.PHASE_FENCE_WAIT}'",
+        ),
+        (
+            f"{markers} AND {_half(fence, runner_x)} AND {_half(_contention('fence_rq_ns', 'fence_cpu_ns'), fence)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_RUN_QUEUE,
+            _contention("fence_rq_ns", "fence_cpu_ns"),
+            "'woke from the fence but waited for a CPU'",
+        ),
+        (
+            f"{markers} AND {_half(fence, runner_x)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_DEVICE,
+            fence,
+            "'the completion fence was signalled late'",
+        ),
+        *[
+            (f"{markers} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
+        ],
         # no device-phase markers: the host evidence of runner_run may still tell
         *_host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
         ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
@@ -270,10 +375,14 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
     end_rules = _end_rules(threshold_ns)
     columns = []
     for prefix, rules in (("start", start_rules), ("end", end_rules)):
-        columns += [f"{_case(rules, 1)} AS {prefix}_phase", f"{_case(rules, 2)} AS {prefix}_mechanism",
-                    f"CAST({_case(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns", f"{_case(rules, 4)} AS {prefix}_detail"]
+        columns += [
+            f"{_case(rules, 1)} AS {prefix}_phase",
+            f"{_case(rules, 2)} AS {prefix}_mechanism",
+            f"CAST({_case(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns",
+            f"{_case(rules, 4)} AS {prefix}_detail",
+        ]
     engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
-        SELECT c.*, {', '.join(columns)},
+        SELECT c.*, {", ".join(columns)},
                c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
                c.end_ns - c.end_ns_typ AS end_excess_ns,
                max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
@@ -301,8 +410,13 @@ def _deepest_device_phase(engine: Engine) -> None:
     deepest one whose excess is at least half the device excess is named.
     Only the few steps with a device cause are read.
     """
-    which = [w for w in ("start", "end") if engine.scalar(
-        f"SELECT count(*) FROM decided WHERE {w}_mechanism = '{fmt.MECH_DEVICE}' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}'")]
+    which = [
+        w
+        for w in ("start", "end")
+        if engine.scalar(
+            f"SELECT count(*) FROM decided WHERE {w}_mechanism = '{fmt.MECH_DEVICE}' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}'"
+        )
+    ]
     if not which:
         return
     engine.run(f"""CREATE OR REPLACE TEMP TABLE device_phases AS
@@ -347,7 +461,9 @@ def _chain_origins(engine: Engine) -> None:
                CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step WHEN {claim} THEN previous_step ELSE slot_step END,
                CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN 'end' WHEN {claim} THEN 'start' ELSE 'end' END
         FROM decided WHERE end_mechanism {carried}""")
-    engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, kind, next_step AS anc_step, next_kind AS anc_kind FROM links""")
+    engine.run(
+        """CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, kind, next_step AS anc_step, next_kind AS anc_kind FROM links"""
+    )
     jump = """FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind"""
     while engine.scalar(f"SELECT count(*) {jump}"):
         engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS
@@ -386,8 +502,14 @@ def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
         devices[item["device"]] = devices.get(item["device"], 0) + 1
     return Diagnosis(
         late_starts={"threshold_ms": threshold_ms, "count": len(late), "items": late},
-        tail_steps={"threshold_ms": threshold_ms, "count": len(tails), "items": tails,
-                    "same_device": None if not tails else len(devices) == 1, "devices": devices, "straggler": straggler},
+        tail_steps={
+            "threshold_ms": threshold_ms,
+            "count": len(tails),
+            "items": tails,
+            "same_device": None if not tails else len(devices) == 1,
+            "devices": devices,
+            "straggler": straggler,
+        },
         tail_cost=_tail_cost(engine),
     )
 
@@ -396,14 +518,26 @@ def _cause(row: dict, which: str, late_rank: int, late_device: str) -> dict:
     """One cause, as summary.json items carry it; a victim names its culprit as ``rank``."""
     mechanism = row[f"{which}_mechanism"]
     evidence_ms = ns_to_ms(max(0.0, row[f"{which}_evidence_ns"] or 0.0))
-    item = {"rank": late_rank, "device": late_device, "phase": row[f"{which}_phase"], "mechanism": mechanism,
-            "evidence_ms": evidence_ms, "detail": row[f"{which}_detail"], "role": "culprit"}
+    item = {
+        "rank": late_rank,
+        "device": late_device,
+        "phase": row[f"{which}_phase"],
+        "mechanism": mechanism,
+        "evidence_ms": evidence_ms,
+        "detail": row[f"{which}_detail"],
+        "role": "culprit",
+    }
     if mechanism == fmt.MECH_CARRIED_OVER:
         item["from_step"] = row[f"{which}_from_step"]
     if mechanism == fmt.MECH_PEER_WAIT:
         peer = row["last_arrival_rank"]
-        item.update(role="victim", rank=peer, device=row["peer_device"], peer=peer,
-                    detail=f"waited {evidence_ms:.3f} ms for rank {peer} (it reached the collective last)")
+        item.update(
+            role="victim",
+            rank=peer,
+            device=row["peer_device"],
+            peer=peer,
+            detail=f"waited {evidence_ms:.3f} ms for rank {peer} (it reached the collective last)",
+        )
     else:
         item["detail"] = f"{evidence_ms:.3f} ms {item['detail']}"
     item["late_rank"] = late_rank
@@ -432,8 +566,14 @@ def _tail_items(engine: Engine) -> list[dict]:
         if items and items[-1]["step"] == row["step"]:
             items[-1]["ranks"].append(late)
             continue
-        items.append({"step": row["step"], "runner_end_skew_ms": ns_to_ms(row["end_skew_ns"]),
-                      "excess_ms": ns_to_ms(row["end_skew_ns"]), "ranks": [late]})
+        items.append(
+            {
+                "step": row["step"],
+                "runner_end_skew_ms": ns_to_ms(row["end_skew_ns"]),
+                "excess_ms": ns_to_ms(row["end_skew_ns"]),
+                "ranks": [late],
+            }
+        )
     for item in items:  # the step's culprit: the latest-ending rank that is not a victim, else the latest
         primary = next((r for r in item["ranks"] if r["role"] == "culprit"), item["ranks"][0])
         item.update({k: v for k, v in primary.items() if k not in ("excess_ms",)})
@@ -497,8 +637,13 @@ def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ran
         mechanism = max(explained, key=lambda m: (explained[m], m))
         device = per_rank[top_rank][0]["device"]
         per_step = round(evidence[mechanism] / total_steps, 3)
-        verdict.update(rank=top_rank, device=device, mechanism=mechanism, ms_per_step=per_step,
-                       verdict=f"rank {top_rank} ({device}) loses {per_step:.3f} ms a step to {MECHANISM_WORDS[mechanism]}")
+        verdict.update(
+            rank=top_rank,
+            device=device,
+            mechanism=mechanism,
+            ms_per_step=per_step,
+            verdict=f"rank {top_rank} ({device}) loses {per_step:.3f} ms a step to {MECHANISM_WORDS[mechanism]}",
+        )
     return verdict
 
 
@@ -510,5 +655,8 @@ def _tail_cost(engine: Engine) -> dict:
     total_ns, wall_ns = row
     if total_ns is None:
         return {"total_ms": None, "share_of_decode_wall": None, "decode_wall_ms": None}
-    return {"total_ms": ns_to_ms(total_ns), "share_of_decode_wall": round(total_ns / wall_ns, 4) if wall_ns else None,
-            "decode_wall_ms": ns_to_ms(wall_ns)}
+    return {
+        "total_ms": ns_to_ms(total_ns),
+        "share_of_decode_wall": round(total_ns / wall_ns, 4) if wall_ns else None,
+        "decode_wall_ms": ns_to_ms(wall_ns),
+    }

@@ -97,8 +97,10 @@ def read_and_aggregate(
         if progress:
             progress(f"cluster: aggregating invocations in {len(by_window)} time window(s)")
         aggregate = ray.remote(_window_invocations)
-        tasks = [aggregate.remote(sorted(f for w in (k - 1, k, k + 1) for f in by_window.get(w, [])), k, window_ns, memory_limit)
-                 for k in sorted(by_window)]
+        tasks = [
+            aggregate.remote(sorted(f for w in (k - 1, k, k + 1) for f in by_window.get(w, [])), k, window_ns, memory_limit)
+            for k in sorted(by_window)
+        ]
         tables = [t for t in ray.get(tasks) if t.num_rows]
         return trace, (pa.concat_tables(tables) if tables else None)
     finally:

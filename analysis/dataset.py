@@ -183,7 +183,9 @@ def window_of_rows(table: pa.Table, window_ns: int) -> np.ndarray:
 
 
 def _int64s(column: pa.ChunkedArray) -> np.ndarray:
-    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks] + [np.empty(0, np.int64)]).astype(np.int64, copy=False)
+    return np.concatenate([chunk.to_numpy(zero_copy_only=False) for chunk in column.chunks] + [np.empty(0, np.int64)]).astype(
+        np.int64, copy=False
+    )
 
 
 def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.ndarray:
@@ -294,8 +296,11 @@ class SpanDatasetWriter:
         self._close_behind(np.iinfo(np.int64).max)
         self._jobs.wait()
         self.files = sorted(
-            ({"path": relative, "window": window, "rows": part.rows, "min_ts_ns": part.min_ts_ns, "max_ts_ns": part.max_ts_ns}
-             for window, relative, part in self._closed if part.rows),
+            (
+                {"path": relative, "window": window, "rows": part.rows, "min_ts_ns": part.min_ts_ns, "max_ts_ns": part.max_ts_ns}
+                for window, relative, part in self._closed
+                if part.rows
+            ),
             key=lambda f: (f["window"], f["path"]),
         )
 
@@ -355,8 +360,9 @@ def open_dataset(directory: str | os.PathLike) -> Trace:
     return Trace(
         span_files=[directory / f["path"] for f in manifest.get("files") or []],
         anchors=pa.table({k: pa.array([a[i] for a in anchors], pa.int64()) for i, k in enumerate(ANCHOR_SCHEMA.names)}),
-        chip_devices=pa.table({"pid": pa.array([c[0] for c in chips], pa.int64()), "device": pa.array([c[1] for c in chips], pa.string())},
-                              schema=CHIP_SCHEMA),
+        chip_devices=pa.table(
+            {"pid": pa.array([c[0] for c in chips], pa.int64()), "device": pa.array([c[1] for c in chips], pa.string())}, schema=CHIP_SCHEMA
+        ),
         dropped={str(k): int(v) for k, v in (side.get("dropped") or {}).items()},
         records_read=int(side.get("records_read") or 0),
         lines_read=int(side.get("lines_read") or 0),

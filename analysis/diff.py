@@ -170,8 +170,7 @@ class DiffResult:
     @property
     def regressions(self) -> list[LabelChange | FigureChange]:
         """Verdicts that changed for the worse and figures beyond noise in their worse direction."""
-        return [*(label for label in self.labels if label.assessment == "worse"),
-                *(f for f in self.flagged if f.assessment == "worse")]
+        return [*(label for label in self.labels if label.assessment == "worse"), *(f for f in self.flagged if f.assessment == "worse")]
 
 
 def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int | float]:
@@ -197,8 +196,9 @@ def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int |
         prefix, node = stack.pop()
         if isinstance(node, dict):
             percentile_block = "p50" in node
-            children = [([*prefix, str(k)], v) for k, v in node.items()
-                        if k not in _IDENTIFIERS and not (percentile_block and k == "count")]
+            children = [
+                ([*prefix, str(k)], v) for k, v in node.items() if k not in _IDENTIFIERS and not (percentile_block and k == "count")
+            ]
             stack.extend(reversed(children))
         elif is_number(node):
             flat[".".join(prefix)] = node
@@ -208,7 +208,7 @@ def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int |
 def _label(summary: dict, path: str) -> Any:
     """A verdict's value; None when the summary (an older or partial one) does not have it."""
     try:
-        (_, value), = resolve(summary, path)
+        ((_, value),) = resolve(summary, path)
     except UnknownFigure:
         return None
     return None if isinstance(value, Unavailable) else value
@@ -299,8 +299,9 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
     b_flat = [flatten_figures(s, per_rank=per_rank) for s, _ in b_loaded]
     names = list(dict.fromkeys(k for flat in (*a_flat, *b_flat) for k in flat))
     repeats = len(a_flat) > 1 or len(b_flat) > 1
-    figures = [_figure_change(name, [f[name] for f in a_flat if name in f], [f[name] for f in b_flat if name in f], repeats)
-               for name in names]
+    figures = [
+        _figure_change(name, [f[name] for f in a_flat if name in f], [f[name] for f in b_flat if name in f], repeats) for name in names
+    ]
     labels = []
     for path in _VERDICTS:
         a_values = [_label(s, path) for s, _ in a_loaded]
@@ -361,8 +362,15 @@ def _figure_row(f: FigureChange, show_all: bool) -> tuple[str, ...]:
     relative = "-" if f.relative is None else f"{f.relative:+.1%}"
     state = f.state if show_all or f.state.startswith("only") else ""
     marker = ", ".join(part for part in (state, "" if f.folded else f.assessment) if part)
-    return (f.figure, _side(f.a_mean, f.a_stdev, f.counted), _side(f.b_mean, f.b_stdev, f.counted), change, relative,
-            f"{f.a_runs}/{f.b_runs}", marker)
+    return (
+        f.figure,
+        _side(f.a_mean, f.a_stdev, f.counted),
+        _side(f.b_mean, f.b_stdev, f.counted),
+        change,
+        relative,
+        f"{f.a_runs}/{f.b_runs}",
+        marker,
+    )
 
 
 def _table(rows: list[tuple[str, ...]]) -> list[str]:
@@ -370,8 +378,10 @@ def _table(rows: list[tuple[str, ...]]) -> list[str]:
     header = ("figure", "A", "B", "change", "rel", "n", "")
     cells = [tuple(terminal_safe(cell) for cell in row) for row in [header, *rows]]
     widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    return ["  " + "  ".join(cell.ljust(widths[i]) if i in (0, 6) else cell.rjust(widths[i])
-                             for i, cell in enumerate(row)).rstrip() for row in cells]
+    return [
+        "  " + "  ".join(cell.ljust(widths[i]) if i in (0, 6) else cell.rjust(widths[i]) for i, cell in enumerate(row)).rstrip()
+        for row in cells
+    ]
 
 
 _ORDER = {"worse": 0, "better": 1, "": 2}
@@ -379,8 +389,7 @@ _ORDER = {"worse": 0, "better": 1, "": 2}
 
 def format_diff(result: DiffResult, *, show_all: bool = False) -> str:
     """Verdict changes, then the figures that moved (worse first), then what was folded."""
-    lines = [f"A: {', '.join(result.a_paths)} (n={len(result.a_paths)})",
-             f"B: {', '.join(result.b_paths)} (n={len(result.b_paths)})"]
+    lines = [f"A: {', '.join(result.a_paths)} (n={len(result.a_paths)})", f"B: {', '.join(result.b_paths)} (n={len(result.b_paths)})"]
     for key, (a_value, b_value) in result.workload_differences.items():
         lines.append(f"note: workload {key} differs: A={a_value!r} B={b_value!r}")
     lines.append("")
@@ -411,8 +420,7 @@ def _footer(result: DiffResult, show_all: bool) -> str:
     if result.has_noise_estimate:
         within = sum(f.state == "within noise" for f in result.figures)
         worse = sum(f.assessment == "worse" for f in result.flagged)
-        text = (f"{len(result.flagged)} figure(s) beyond run-to-run noise, {worse} of them worse "
-                f"(band: mean ± 2·stdev, widened to min..max)")
+        text = f"{len(result.flagged)} figure(s) beyond run-to-run noise, {worse} of them worse (band: mean ± 2·stdev, widened to min..max)"
         folded = f"{within} within noise, {unchanged} unchanged"
     else:
         text = "one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one)"

@@ -42,8 +42,18 @@ def default_memory_limit() -> int:
 def parse_memory_limit(text: str) -> int:
     """``4GB``, ``512MiB``, ``25%`` (of RAM) or plain bytes -> bytes; DsprofError on anything else."""
     value = text.strip().upper().replace(" ", "")
-    units = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "KB": 10**3, "MB": 10**6, "GB": 10**9, "K": 1 << 10,
-             "M": 1 << 20, "G": 1 << 30, "B": 1}
+    units = {
+        "KIB": 1 << 10,
+        "MIB": 1 << 20,
+        "GIB": 1 << 30,
+        "KB": 10**3,
+        "MB": 10**6,
+        "GB": 10**9,
+        "K": 1 << 10,
+        "M": 1 << 20,
+        "G": 1 << 30,
+        "B": 1,
+    }
     try:
         if value.endswith("%"):
             share = float(value[:-1]) / 100
@@ -91,15 +101,22 @@ class Engine:
 
 def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str | os.PathLike | None = None) -> Engine:
     """An engine over ``trace``: its in-memory spans, or its span files, as one ``spans`` relation."""
-    con = duckdb.connect(config={"memory_limit": f"{memory_limit or default_memory_limit()}B",
-                                 "temp_directory": str(spill_dir or Path(tempfile.gettempdir()) / "dsprof-duckdb"),
-                                 "preserve_insertion_order": True})
+    con = duckdb.connect(
+        config={
+            "memory_limit": f"{memory_limit or default_memory_limit()}B",
+            "temp_directory": str(spill_dir or Path(tempfile.gettempdir()) / "dsprof-duckdb"),
+            "preserve_insertion_order": True,
+        }
+    )
     con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
     con.register("spans_in_memory", trace.spans)
     if trace.span_files:
         files = ", ".join(_sql_text(str(p)) for p in trace.span_files)
-        on_disk = (f"SELECT * EXCLUDE (time_window) FROM read_parquet([{files}], hive_partitioning = true)"
-                   if any("time_window=" in str(p) for p in trace.span_files) else f"SELECT * FROM read_parquet([{files}])")
+        on_disk = (
+            f"SELECT * EXCLUDE (time_window) FROM read_parquet([{files}], hive_partitioning = true)"
+            if any("time_window=" in str(p) for p in trace.span_files)
+            else f"SELECT * FROM read_parquet([{files}])"
+        )
         con.execute(f"CREATE VIEW spans AS {on_disk} UNION ALL BY NAME SELECT * FROM spans_in_memory")
     else:
         con.execute("CREATE VIEW spans AS SELECT * FROM spans_in_memory")

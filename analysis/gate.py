@@ -65,7 +65,9 @@ _TOKEN = re.compile(
       | (?P<times>\*)
       | (?P<number>(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)
       | (?P<string>"[^"]*"|'[^']*')
-      | (?P<path>""" + _PATH_PATTERN + r""")
+      | (?P<path>"""
+    + _PATH_PATTERN
+    + r""")
     )""",
     re.VERBOSE,
 )
@@ -77,16 +79,18 @@ _NOT_FINITE_WORDS = {"nan", "inf", "infinity"}
 # produce. Every other block has the same keys in every summary (null when not
 # measured), so a path missing there is a mistake in the rules. Lists (items,
 # per_step) are run-dependent as well: an index past the end was not produced.
-RUN_KEYED_BLOCKS = frozenset({
-    "workload",
-    "inputs.dropped",
-    "validation.dropped",
-    "validation.steps_per_rank",
-    "figures.per_rank",
-    "tail_steps.devices",
-    "pipeline.cadence_ms",
-    "pipeline.achieved_depth",
-})
+RUN_KEYED_BLOCKS = frozenset(
+    {
+        "workload",
+        "inputs.dropped",
+        "validation.dropped",
+        "validation.steps_per_rank",
+        "figures.per_rank",
+        "tail_steps.devices",
+        "pipeline.cadence_ms",
+        "pipeline.achieved_depth",
+    }
+)
 
 # Units by figure-name suffix, longest first (``_tok_s`` before ``_s``).
 _UNITS = (("_tok_s", "tok/s"), ("_ms", "ms"), ("_us", "us"), ("_ns", "ns"), ("_s", "s"))
@@ -219,8 +223,11 @@ def _tokenize(text: str, rules_path: Path, label: str) -> list[tuple[str, str]]:
     while pos < stripped_end:
         match = _TOKEN.match(text, pos)
         if match is None or match.end() == pos:
-            raise InputError(rules_path, f"{label}: cannot read {text[pos:].strip()!r} in {text!r}",
-                             expected="<figure> <op> <value>, op one of <= < >= > == !=")
+            raise InputError(
+                rules_path,
+                f"{label}: cannot read {text[pos:].strip()!r} in {text!r}",
+                expected="<figure> <op> <value>, op one of <= < >= > == !=",
+            )
         kind = match.lastgroup or ""
         tokens.append((kind, match.group(kind)))
         pos = match.end()
@@ -231,8 +238,7 @@ def _finite_literal(token: str, rules_path: Path, label: str, text: str) -> int 
     """A number written in a rule; one that is not a finite float (``1e999``, 400 digits) is an error."""
     value = float(token)  # float() reads any length of digits; int() would refuse beyond 4300
     if not math.isfinite(value):
-        raise InputError(rules_path, f"{label}: {token[:40]!r} in {text!r} is not a finite number",
-                         expected="a limit within ±1.8e308")
+        raise InputError(rules_path, f"{label}: {token[:40]!r} in {text!r} is not a finite number", expected="a limit within ±1.8e308")
     return value if any(c in token for c in ".eE") else int(token)
 
 
@@ -240,17 +246,22 @@ def _operand(tokens: list[tuple[str, str]], rules_path: Path, label: str, text: 
     """``literal`` or ``[-] term (+|- term)*`` with ``term = number | path | number * path | path * number``."""
 
     def bad(what: str) -> InputError:
-        return InputError(rules_path, f"{label}: {what} in {text!r}",
-                          expected="true/false/null, a quoted string, or a sum of numbers and figure paths "
-                                   "(e.g. runner_run_ms.p50 + 0.5 * bind_ms.p50)")
+        return InputError(
+            rules_path,
+            f"{label}: {what} in {text!r}",
+            expected="true/false/null, a quoted string, or a sum of numbers and figure paths (e.g. runner_run_ms.p50 + 0.5 * bind_ms.p50)",
+        )
 
     def number(token: str) -> int | float:
         return _finite_literal(token, rules_path, label, text)
 
     for kind, value in tokens:
         if kind == "path" and value.lower() in _NOT_FINITE_WORDS:
-            raise InputError(rules_path, f"{label}: {value!r} in {text!r} is not a finite number",
-                             expected="a finite limit; NaN compares false with everything")
+            raise InputError(
+                rules_path,
+                f"{label}: {value!r} in {text!r} is not a finite number",
+                expected="a finite limit; NaN compares false with everything",
+            )
     if len(tokens) == 1 and tokens[0][0] == "string":
         return Operand(literal=tokens[0][1][1:-1])
     if len(tokens) == 1 and tokens[0][1] in _LITERAL_WORDS:
@@ -293,19 +304,26 @@ def parse_check(text: str, rules_path: Path, label: str, name: str | None = None
     tokens = _tokenize(text, rules_path, label)
     ops = [i for i, (kind, _) in enumerate(tokens) if kind == "op"]
     if len(ops) != 1:
-        raise InputError(rules_path, f"{label}: {text!r} needs exactly one comparison operator",
-                         expected="<figure> <op> <value>, op one of <= < >= > == !=")
+        raise InputError(
+            rules_path,
+            f"{label}: {text!r} needs exactly one comparison operator",
+            expected="<figure> <op> <value>, op one of <= < >= > == !=",
+        )
     split = ops[0]
-    left_tokens, right_tokens = tokens[:split], tokens[split + 1:]
+    left_tokens, right_tokens = tokens[:split], tokens[split + 1 :]
     if len(left_tokens) != 1 or left_tokens[0][0] != "path" or left_tokens[0][1] in _LITERAL_WORDS:
-        raise InputError(rules_path, f"{label}: the left side of {text!r} must be one figure path",
-                         expected="e.g. runner_start_skew_ms.p95 <= 0.5")
+        raise InputError(
+            rules_path, f"{label}: the left side of {text!r} must be one figure path", expected="e.g. runner_start_skew_ms.p95 <= 0.5"
+        )
     if not right_tokens:
         raise InputError(rules_path, f"{label}: {text!r} has nothing after the operator")
     op, right = tokens[split][1], _operand(right_tokens, rules_path, label, text)
     if op in _ORDERING and not right.terms and _kind(right.literal) != "number":
-        raise InputError(rules_path, f"{label}: {op} needs numbers, not {_text(right.literal)} in {text!r}",
-                         expected="== or != for booleans, strings and null")
+        raise InputError(
+            rules_path,
+            f"{label}: {op} needs numbers, not {_text(right.literal)} in {text!r}",
+            expected="== or != for booleans, strings and null",
+        )
     return CheckRule(name=name or text, text=text, left=left_tokens[0][1], op=op, right=right, label=label)
 
 
@@ -346,8 +364,7 @@ def load_rules(rules_path: str | Path) -> list[CheckRule | RelativeRule]:
         raise InputError(rules_path, "binary data, not TOML text", expected="a UTF-8 rules file") from None
     unknown = set(document) - {"rule", "relative"}
     if unknown:
-        raise InputError(rules_path, f"unknown top-level key(s) {sorted(unknown)}",
-                         expected="[[rule]] and [[relative]] tables")
+        raise InputError(rules_path, f"unknown top-level key(s) {sorted(unknown)}", expected="[[rule]] and [[relative]] tables")
     rules: list[CheckRule | RelativeRule] = []
     for index, table in enumerate(_tables(document, "rule", rules_path), start=1):
         label = f"[[rule]] #{index}"
@@ -356,7 +373,7 @@ def load_rules(rules_path: str | Path) -> list[CheckRule | RelativeRule]:
         label = f"{label} {name!r}" if name else label
         check = table.get("check")
         if not isinstance(check, str) or not check.strip():
-            raise InputError(rules_path, f"{label}: needs check = \"<figure> <op> <value>\"")
+            raise InputError(rules_path, f'{label}: needs check = "<figure> <op> <value>"')
         rules.append(parse_check(check.strip(), rules_path, label, name=name))
     for index, table in enumerate(_tables(document, "relative", rules_path), start=1):
         rules.append(_relative_rule(table, rules_path, f"[[relative]] #{index}"))
@@ -380,10 +397,18 @@ def _relative_rule(table: dict, rules_path: Path, label: str) -> RelativeRule:
     raw = table[key]
     fraction, absolute = _parse_tolerance(raw, rules_path, label)
     slack = table.get("slack", 0.0)
-    if isinstance(slack, bool) or not isinstance(slack, (int, float)) or not _is_float_range(slack) \
-            or not math.isfinite(slack) or slack < 0:
-        raise InputError(rules_path, f"{label}: slack {slack!r} is not a finite, non-negative number",
-                         expected="e.g. slack = 0.05 (in the figure's unit)")
+    if (
+        isinstance(slack, bool)
+        or not isinstance(slack, (int, float))
+        or not _is_float_range(slack)
+        or not math.isfinite(slack)
+        or slack < 0
+    ):
+        raise InputError(
+            rules_path,
+            f"{label}: slack {slack!r} is not a finite, non-negative number",
+            expected="e.g. slack = 0.05 (in the figure's unit)",
+        )
     return RelativeRule(
         name=name or f"{figure} {key} {raw}",
         figure=figure,
@@ -578,8 +603,7 @@ def _people_numbers(numbers: list[float], decimals: int) -> list[str]:
     """Numbers at the figure's precision, with more decimals only where rounding would make two different ones equal."""
     for places in range(decimals, 10):
         shown = [_fixed(n, places) for n in numbers]
-        clashes = any(shown[i] == shown[j] and numbers[i] != numbers[j]
-                      for i in range(len(numbers)) for j in range(i + 1, len(numbers)))
+        clashes = any(shown[i] == shown[j] and numbers[i] != numbers[j] for i in range(len(numbers)) for j in range(i + 1, len(numbers)))
         if not clashes:
             return shown
     return [repr(n) for n in numbers]
@@ -620,13 +644,12 @@ def _resolve_for_rule(summary: dict, path: str, rules_path: Path, label: str) ->
     try:
         return resolve(summary, path)
     except UnknownFigure as exc:
-        raise InputError(rules_path, f"{label}: {exc.describe()}",
-                         expected="a figure path of docs/SUMMARY_SCHEMA.md") from None
+        raise InputError(rules_path, f"{label}: {exc.describe()}", expected="a figure path of docs/SUMMARY_SCHEMA.md") from None
 
 
 def _term_value(rule: CheckRule, summary: dict, term_path: str, rules_path: Path) -> tuple[Any, str | None]:
     """One path of the right side: its value, or why this run has none."""
-    (concrete, value), = _resolve_for_rule(summary, term_path, rules_path, rule.label)
+    ((concrete, value),) = _resolve_for_rule(summary, term_path, rules_path, rule.label)
     if isinstance(value, Unavailable):
         return None, value.reason
     if value is None:
@@ -651,8 +674,11 @@ def _right_side(rule: CheckRule, summary: dict, rules_path: Path) -> tuple[Any, 
         if missing is not None:
             return None, missing
         if _kind(value) != "number":
-            raise InputError(rules_path, f"{rule.label}: {term_path} is a {_kind(value)}, not a number",
-                             expected="figure paths on the right side of a sum to name numbers")
+            raise InputError(
+                rules_path,
+                f"{rule.label}: {term_path} is a {_kind(value)}, not a number",
+                expected="figure paths on the right side of a sum to name numbers",
+            )
         total += factor * float(value)
     if not math.isfinite(total):
         return None, f"the right side {rule.right.describe()} is beyond the float range"
@@ -681,8 +707,7 @@ def _evaluate_check(rule: CheckRule, summary: dict, rules_path: Path) -> list[Ru
     wildcard = "*" in rule.left.split(".")
 
     def result(path: str, status: str, value: Any = None, limit: Any = None, detail: str = "") -> RuleResult:
-        return RuleResult(rule.name, "check", rule.text, path, status, _json_value(value), _json_value(limit), None,
-                          detail, wildcard)
+        return RuleResult(rule.name, "check", rule.text, path, status, _json_value(value), _json_value(limit), None, detail, wildcard)
 
     if not matches:  # a wildcard over an empty list of items: nothing flagged, nothing to check
         return [result(rule.left, "pass", detail="no items to check")]
@@ -694,8 +719,11 @@ def _evaluate_check(rule: CheckRule, summary: dict, rules_path: Path) -> list[Ru
             results.append(result(path, "missing", None, limit, f"no value: {value.reason}"))
             continue
         if _kind(value) == "block":
-            raise InputError(rules_path, f"{rule.label}: {path} is a block, not a value",
-                             expected=f"a leaf such as {path}.{next(iter(value), 'p95')}" if isinstance(value, dict) else "a leaf value")
+            raise InputError(
+                rules_path,
+                f"{rule.label}: {path} is a block, not a value",
+                expected=f"a leaf such as {path}.{next(iter(value), 'p95')}" if isinstance(value, dict) else "a leaf value",
+            )
         if value is None and not compares_null:
             results.append(result(path, "missing", None, limit, f"no value: {path} is null in this run (not measured)"))
             continue
@@ -703,11 +731,17 @@ def _evaluate_check(rule: CheckRule, summary: dict, rules_path: Path) -> list[Ru
             results.append(result(path, "missing", value, None, f"no limit: {limit_missing}"))
             continue
         if _kind(value) != _kind(limit) and not compares_null:
-            raise InputError(rules_path, f"{rule.label}: compares {path} ({_kind(value)}, {terminal_safe(_text(value))}) "
-                                         f"with a {_kind(limit)}", expected=f"a {_kind(value)} on the right side")
+            raise InputError(
+                rules_path,
+                f"{rule.label}: compares {path} ({_kind(value)}, {terminal_safe(_text(value))}) with a {_kind(limit)}",
+                expected=f"a {_kind(value)} on the right side",
+            )
         if rule.op in _ORDERING and _kind(value) != "number":
-            raise InputError(rules_path, f"{rule.label}: {rule.op} needs numbers, {path} is a {_kind(value)}",
-                             expected="== or != for booleans and strings")
+            raise InputError(
+                rules_path,
+                f"{rule.label}: {rule.op} needs numbers, {path} is a {_kind(value)}",
+                expected="== or != for booleans and strings",
+            )
         if _kind(value) == "number" and not is_number(value):
             results.append(result(path, "missing", value, limit, f"no value: {path} is not a finite number"))
             continue
@@ -719,7 +753,7 @@ def _evaluate_check(rule: CheckRule, summary: dict, rules_path: Path) -> list[Ru
 def _baseline_value(baseline: dict, path: str) -> tuple[Any, str | None]:
     """The baseline's value of a concrete path, or why it has none (an older or partial baseline fails the rule)."""
     try:
-        (_, base), = resolve(baseline, path)
+        ((_, base),) = resolve(baseline, path)
     except UnknownFigure:
         return None, f"the baseline has no {path}"
     if isinstance(base, Unavailable):
@@ -737,8 +771,9 @@ def _evaluate_relative(rule: RelativeRule, summary: dict, baseline: dict | None,
     text = f"{rule.figure} {rule.tolerance_text}"
 
     def result(path: str, status: str, value: Any = None, limit: Any = None, base: Any = None, detail: str = "") -> RuleResult:
-        return RuleResult(rule.name, "relative", text, path, status, _json_value(value), _json_value(limit),
-                          _json_value(base), detail, wildcard)
+        return RuleResult(
+            rule.name, "relative", text, path, status, _json_value(value), _json_value(limit), _json_value(base), detail, wildcard
+        )
 
     if not matches:
         return [result(rule.figure, "pass", detail="no items to check")]
@@ -752,8 +787,9 @@ def _evaluate_relative(rule: RelativeRule, summary: dict, baseline: dict | None,
             results.append(result(path, "missing", detail=f"no value: {reason}"))
             continue
         if _kind(value) != "number":
-            raise InputError(rules_path, f"{rule.label}: {path} is a {_kind(value)}, not a number",
-                             expected="[[relative]] rules on numeric figures")
+            raise InputError(
+                rules_path, f"{rule.label}: {path} is a {_kind(value)}, not a number", expected="[[relative]] rules on numeric figures"
+            )
         if not is_number(value):
             results.append(result(path, "missing", value, detail=f"no value: {path} is not a finite number"))
             continue
@@ -765,8 +801,7 @@ def _evaluate_relative(rule: RelativeRule, summary: dict, baseline: dict | None,
     return results
 
 
-def _relative_outcome(rule: RelativeRule, path: str, value: float, base: float,
-                      result: Callable[..., RuleResult]) -> RuleResult:
+def _relative_outcome(rule: RelativeRule, path: str, value: float, base: float, result: Callable[..., RuleResult]) -> RuleResult:
     """Pass or fail of one figure against its baseline, with a sentence naming value, limit and baseline."""
     sign = 1.0 if rule.worse == "higher" else -1.0
     allowance = abs(base) * rule.fraction if rule.fraction is not None else (rule.absolute or 0.0)
@@ -777,8 +812,10 @@ def _relative_outcome(rule: RelativeRule, path: str, value: float, base: float,
     decimals = max(_decimals(value), _decimals(base))
     shown_value, shown_limit, shown_base = _people_numbers([value, limit, base], decimals)
     change = f", {(value - base) / abs(base):+.1%}" if base != 0 else ""
-    detail = (f"value {_with_unit(shown_value, unit)} {op} limit {_with_unit(shown_limit, unit)} "
-              f"(baseline {_with_unit(shown_base, unit)}{change}; {rule.tolerance_text})")
+    detail = (
+        f"value {_with_unit(shown_value, unit)} {op} limit {_with_unit(shown_limit, unit)} "
+        f"(baseline {_with_unit(shown_base, unit)}{change}; {rule.tolerance_text})"
+    )
     return result(path, "pass" if ok else "fail", value, limit, base, detail)
 
 
@@ -827,20 +864,21 @@ def write_junit(verdict: GateVerdict, path: str | Path) -> Path:
     characters XML 1.0 allows: a rule name with NUL, ESC or BEL still gives a
     well-formed file.
     """
-    suite = ET.Element("testsuite", {
-        "name": "dsprof.gate",
-        "tests": str(len(verdict.results)),
-        "failures": str(verdict.counts.get("fail", 0) + verdict.counts.get("missing", 0)),
-        "errors": "0",
-        "skipped": str(verdict.counts.get("skipped", 0)),
-    })
+    suite = ET.Element(
+        "testsuite",
+        {
+            "name": "dsprof.gate",
+            "tests": str(len(verdict.results)),
+            "failures": str(verdict.counts.get("fail", 0) + verdict.counts.get("missing", 0)),
+            "errors": "0",
+            "skipped": str(verdict.counts.get("skipped", 0)),
+        },
+    )
     for result in verdict.results:
-        case = ET.SubElement(suite, "testcase", {"classname": f"dsprof.gate.{result.kind}",
-                                                 "name": terminal_safe(result.title)})
+        case = ET.SubElement(suite, "testcase", {"classname": f"dsprof.gate.{result.kind}", "name": terminal_safe(result.title)})
         if result.failed:
             failure = ET.SubElement(case, "failure", {"message": terminal_safe(result.detail), "type": result.status})
-            failure.text = "\n".join(terminal_safe(line) for line in (
-                result.detail, f"rule: {result.rule}", f"figure: {result.path}"))
+            failure.text = "\n".join(terminal_safe(line) for line in (result.detail, f"rule: {result.rule}", f"figure: {result.path}"))
         elif result.status == "skipped":
             ET.SubElement(case, "skipped", {"message": terminal_safe(result.detail)})
     root = ET.Element("testsuites")
@@ -852,8 +890,10 @@ def write_junit(verdict: GateVerdict, path: str | Path) -> Path:
 
 def _verdict_line(verdict: GateVerdict) -> str:
     c = verdict.counts
-    return (f"gate {'PASSED' if verdict.passed else 'FAILED'}: {c.get('pass', 0)} passed, {c.get('fail', 0)} failed, "
-            f"{c.get('missing', 0)} missing, {c.get('skipped', 0)} skipped ({terminal_safe(verdict.rules_path)})")
+    return (
+        f"gate {'PASSED' if verdict.passed else 'FAILED'}: {c.get('pass', 0)} passed, {c.get('fail', 0)} failed, "
+        f"{c.get('missing', 0)} missing, {c.get('skipped', 0)} skipped ({terminal_safe(verdict.rules_path)})"
+    )
 
 
 def format_verdict(verdict: GateVerdict) -> str:
@@ -880,12 +920,25 @@ def _log_safe(text: str) -> str:
 
 def github_annotations(verdict: GateVerdict) -> list[str]:
     """``::error title=<rule name>::<figure>: <detail>`` for every failed or missing rule result."""
-    return [f"::error title={_github_property(_log_safe(r.title))}::{_github_data(_log_safe(f'{r.path}: {r.detail}'))}"
-            for r in verdict.results if r.failed]
+    return [
+        f"::error title={_github_property(_log_safe(r.title))}::{_github_data(_log_safe(f'{r.path}: {r.detail}'))}"
+        for r in verdict.results
+        if r.failed
+    ]
 
 
-_MARKDOWN_ESCAPES = {"&": "&amp;", "<": "&lt;", ">": "&gt;", "|": "&#124;", "\\": "\\\\", "`": "\\`",
-                     "*": "\\*", "_": "\\_", "[": "\\[", "]": "\\]"}
+_MARKDOWN_ESCAPES = {
+    "&": "&amp;",
+    "<": "&lt;",
+    ">": "&gt;",
+    "|": "&#124;",
+    "\\": "\\\\",
+    "`": "\\`",
+    "*": "\\*",
+    "_": "\\_",
+    "[": "\\[",
+    "]": "\\]",
+}
 
 
 def _markdown_cell(text: str) -> str:
@@ -895,8 +948,7 @@ def _markdown_cell(text: str) -> str:
 
 def format_step_summary(verdict: GateVerdict) -> str:
     """A markdown table of every rule's outcome, for ``$GITHUB_STEP_SUMMARY``."""
-    lines = [f"### dsprof {_markdown_cell(_verdict_line(verdict))}", "",
-             "| status | rule | figure | outcome |", "|---|---|---|---|"]
+    lines = [f"### dsprof {_markdown_cell(_verdict_line(verdict))}", "", "| status | rule | figure | outcome |", "|---|---|---|---|"]
     for r in verdict.results:
         status = f"**{r.status.upper()}**" if r.failed else r.status.upper()
         lines.append(f"| {status} | {_markdown_cell(r.name)} | {_markdown_cell(r.path)} | {_markdown_cell(r.detail)} |")

@@ -37,16 +37,30 @@ def serving_row(alias: str = "") -> str:
     a = f"{alias}." if alias else ""
     return f"({a}inv IS NULL OR {a}depth IS NULL)"
 
+
 _HOST_ROOT = f"depth = 0 AND clk <> '{fmt.CLK_DEVICE}'"
 
 
 # Phases aggregated per invocation: (span name, column prefix, carries host evidence)
-_PHASES = ((fmt.BIND, "bind", True), (fmt.RUNNER_RUN, "runner", True), (fmt.FENCE_WAIT, "fence", True),
-           (fmt.CLAIM_RELEASE, "claim", False), (fmt.VALIDATE, "validate", True))
+_PHASES = (
+    (fmt.BIND, "bind", True),
+    (fmt.RUNNER_RUN, "runner", True),
+    (fmt.FENCE_WAIT, "fence", True),
+    (fmt.CLAIM_RELEASE, "claim", False),
+    (fmt.VALIDATE, "validate", True),
+)
 # root field -> invocation column
-_ROOT_COLUMNS = (("tid", "tid"), ("hid", "hid"), ("callable", "callable"), ("rank", "rank_attr"), ("device", "device_attr"),
-                 ("step", "step_attr"), *((name, name) for name in fmt.IDENTITY_ATTRS), ("os_cpu_ns", "root_cpu_ns"),
-                 ("os_rq_ns", "root_rq_ns"))
+_ROOT_COLUMNS = (
+    ("tid", "tid"),
+    ("hid", "hid"),
+    ("callable", "callable"),
+    ("rank", "rank_attr"),
+    ("device", "device_attr"),
+    ("step", "step_attr"),
+    *((name, name) for name in fmt.IDENTITY_ATTRS),
+    ("os_cpu_ns", "root_cpu_ns"),
+    ("os_rq_ns", "root_rq_ns"),
+)
 _DEVICE = f"clk = '{fmt.CLK_DEVICE}'"
 
 
@@ -62,16 +76,26 @@ def _earliest(alias: str, where: str, fields: dict[str, str]) -> str:
 
 def _parts() -> list[tuple[str, str, list[str]]]:
     """(alias, subquery, output columns) of each part joined into the invocation table."""
-    parts = [("root", _earliest("root", _HOST_ROOT, {"end_ns": "ts_ns + dur_ns", **{f: f for f, _ in _ROOT_COLUMNS}}),
-              ["root.ts AS root_ts_ns", "root.end_ns AS root_end_ns", *(f"root.{f} AS {alias}" for f, alias in _ROOT_COLUMNS)])]
+    parts = [
+        (
+            "root",
+            _earliest("root", _HOST_ROOT, {"end_ns": "ts_ns + dur_ns", **{f: f for f, _ in _ROOT_COLUMNS}}),
+            ["root.ts AS root_ts_ns", "root.end_ns AS root_end_ns", *(f"root.{f} AS {alias}" for f, alias in _ROOT_COLUMNS)],
+        )
+    ]
     for _, (name, prefix, evidence) in enumerate(_PHASES):
         fields = {"end_ns": "ts_ns + dur_ns", **({"cpu": "os_cpu_ns", "rq": "os_rq_ns"} if evidence else {})}
         columns = [f"{prefix}.ts AS {prefix}_ts_ns", f"{prefix}.end_ns AS {prefix}_end_ns"]
         if evidence:
             columns += [f"{prefix}.cpu AS {prefix}_cpu_ns", f"{prefix}.rq AS {prefix}_rq_ns"]
         parts.append((prefix, _earliest(prefix, f"name = '{name}' AND NOT ({_DEVICE})", fields), columns))
-    parts.append(("device", _earliest("device", f"{_DEVICE} AND name = '{fmt.DEVICE_WALL}'", {"dur": "dur_ns", "cpu": "os_cpu_ns", "rq": "os_rq_ns"}),
-                  ["device.dur AS device_wall_ns", "device.cpu AS device_cpu_ns", "device.rq AS device_rq_ns"]))
+    parts.append(
+        (
+            "device",
+            _earliest("device", f"{_DEVICE} AND name = '{fmt.DEVICE_WALL}'", {"dur": "dur_ns", "cpu": "os_cpu_ns", "rq": "os_rq_ns"}),
+            ["device.dur AS device_wall_ns", "device.cpu AS device_cpu_ns", "device.rq AS device_rq_ns"],
+        )
+    )
     return parts
 
 
@@ -89,8 +113,10 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
     parts = _parts()
     joins = " ".join(f"LEFT JOIN {subquery} USING (pid, inv)" for _, subquery, _ in parts)
     columns = ["pid", "inv", "n_roots", "n_spans", *(c for _, _, cs in parts for c in cs), "device_wait_ns", "device_markers"]
-    return (f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM spans WHERE {runtime_row()} AND ({where})) "
-            f"SELECT {', '.join(columns)} FROM {_base(having)} {joins}")
+    return (
+        f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM spans WHERE {runtime_row()} AND ({where})) "
+        f"SELECT {', '.join(columns)} FROM {_base(having)} {joins}"
+    )
 
 
 def in_window(window: int, window_ns: int) -> str:
@@ -101,5 +127,6 @@ def in_window(window: int, window_ns: int) -> str:
 
 def gc_query() -> str:
     """SQL for the garbage collections (SPEC §2.1 ``host.gc`` spans): pid, tid, start, end."""
-    return (f"SELECT pid, tid, ts_ns AS gc_ts_ns, ts_ns + dur_ns AS gc_end_ns FROM spans "
-            f"WHERE name = '{fmt.GC}' AND clk <> '{fmt.CLK_DEVICE}'")
+    return (
+        f"SELECT pid, tid, ts_ns AS gc_ts_ns, ts_ns + dur_ns AS gc_end_ns FROM spans WHERE name = '{fmt.GC}' AND clk <> '{fmt.CLK_DEVICE}'"
+    )

@@ -17,8 +17,10 @@ from dsprof.analysis.invocations import runtime_row, serving_row
 from dsprof.profiler import strace_format as fmt
 
 # SQL of the phase label of a runtime span name (strace_format.phase_of, vectorised).
-PHASE_SQL = (f"CASE WHEN name = '{fmt.ROOT}' THEN '{fmt.PHASE_ROOT}' ELSE "
-             f"regexp_replace(regexp_replace(name, '^{fmt.ROOT.replace('.', '[.]')}[.]', ''), '^{fmt.PHASE_RUNNER}[.]', '') END")
+PHASE_SQL = (
+    f"CASE WHEN name = '{fmt.ROOT}' THEN '{fmt.PHASE_ROOT}' ELSE "
+    f"regexp_replace(regexp_replace(name, '^{fmt.ROOT.replace('.', '[.]')}[.]', ''), '^{fmt.PHASE_RUNNER}[.]', '') END"
+)
 
 
 def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: np.ndarray | None) -> np.ndarray:
@@ -34,8 +36,9 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
 
     if len(thread) == 0:
         return np.zeros(0, dtype=np.int64)
-    frame = pd.DataFrame({"thread": thread, "start": start, "end": end,
-                          "slot": slot if slot is not None else np.full(len(thread), -1)}).sort_values(["thread", "start"], kind="stable")
+    frame = pd.DataFrame(
+        {"thread": thread, "start": start, "end": end, "slot": slot if slot is not None else np.full(len(thread), -1)}
+    ).sort_values(["thread", "start"], kind="stable")
     # runs in flight at each start = started before it - ended at or before it, within the thread;
     # times are dense-ranked so that (thread, time) packs into one sortable int64 key
     times, codes = np.unique(np.concatenate([frame["start"].to_numpy(), frame["end"].to_numpy()]), return_inverse=True)
@@ -63,10 +66,16 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
 
 def build_lanes(engine: Engine) -> None:
     """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns)."""
-    runs = engine.arrow("SELECT pid, inv, tid, root_ts_ns, root_end_ns, coalesce(slot_id, -1) AS slot, "
-                        "dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs")
-    lanes = assign_lanes(runs.column("thread").to_numpy(), runs.column("root_ts_ns").to_numpy(),
-                         runs.column("root_end_ns").to_numpy(), runs.column("slot").to_numpy())
+    runs = engine.arrow(
+        "SELECT pid, inv, tid, root_ts_ns, root_end_ns, coalesce(slot_id, -1) AS slot, "
+        "dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs"
+    )
+    lanes = assign_lanes(
+        runs.column("thread").to_numpy(),
+        runs.column("root_ts_ns").to_numpy(),
+        runs.column("root_end_ns").to_numpy(),
+        runs.column("slot").to_numpy(),
+    )
     engine.con.register("lanes_in", pa.table({"pid": runs.column("pid"), "inv": runs.column("inv"), "lane": pa.array(lanes)}))
     engine.run("CREATE OR REPLACE TABLE lanes AS SELECT * FROM lanes_in")
     # the serving stack keeps the last anchor of a process; so does dsprof
@@ -78,7 +87,7 @@ def runtime_spans_sql(where: str = "TRUE") -> str:
     """Host-clock runtime spans of the runs in the window, with rank, device, step, callable, lane, phase, identity and wall time."""
     return f"""
     SELECT s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
-           r.rank, r.device, d.step, r.callable_label AS callable, l.lane, {PHASE_SQL.replace('name', 's.name')} AS phase,
+           r.rank, r.device, d.step, r.callable_label AS callable, l.lane, {PHASE_SQL.replace("name", "s.name")} AS phase,
            s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt, r.device_wall_ns AS run_device_wall_ns,
            s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,
            s.ts_ns + a.offset_ns AS wall_ns
@@ -86,7 +95,7 @@ def runtime_spans_sql(where: str = "TRUE") -> str:
     LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
     LEFT JOIN lanes l ON l.pid = s.pid AND l.inv = s.inv
     LEFT JOIN anchor_offsets a ON a.pid = s.pid
-    WHERE {runtime_row('s')} AND s.clk <> '{fmt.CLK_DEVICE}' AND ({where})
+    WHERE {runtime_row("s")} AND s.clk <> '{fmt.CLK_DEVICE}' AND ({where})
     """
 
 
@@ -101,11 +110,11 @@ def device_spans_sql() -> str:
     """
     return f"""
     SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, d.step,
-           l.lane, {PHASE_SQL.replace('name', 's.name')} AS phase
+           l.lane, {PHASE_SQL.replace("name", "s.name")} AS phase
     FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
     LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
     LEFT JOIN lanes l ON l.pid = s.pid AND l.inv = s.inv
-    WHERE {runtime_row('s')} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
+    WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
     """
 
 
@@ -115,7 +124,7 @@ def serving_spans_sql(where: str = "TRUE") -> str:
     SELECT s.source, s.file, s.line, s.pid, s.tid, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, s.rank, s.step, s.dispatch_id, s.run_id, s.attrs,
            s.ts_ns + coalesce(a.offset_ns, (SELECT min(offset_ns) FROM anchor_offsets)) AS wall_ns
     FROM spans s LEFT JOIN anchor_offsets a ON a.pid = s.pid
-    WHERE {serving_row('s')} AND s.ph IN ('X', 'i') AND ({where})
+    WHERE {serving_row("s")} AND s.ph IN ('X', 'i') AND ({where})
     """
 
 

@@ -45,8 +45,19 @@ def _pairs_sql(identity: bool) -> str:
     else:
         runs = """SELECT rank AS lane, *, TRUE AS is_decode, step AS decode_step, run_epoch AS sequence FROM decode"""
         order = "coalesce(run_epoch, root_ts_ns), root_ts_ns, inv"
-    fields = ("pid", "rank", "is_decode", "decode_step", "sequence", "run_epoch", "bind_ts_ns", "bind_end_ns",
-              "runner_ts_ns", "runner_end_ns", "claim_ts_ns")
+    fields = (
+        "pid",
+        "rank",
+        "is_decode",
+        "decode_step",
+        "sequence",
+        "run_epoch",
+        "bind_ts_ns",
+        "bind_end_ns",
+        "runner_ts_ns",
+        "runner_end_ns",
+        "claim_ts_ns",
+    )
     previous = ", ".join(f"lag({f}) OVER by_lane AS prev_{f}" for f in fields)
     return f"""
     SELECT * FROM (SELECT lane, {", ".join(fields)}, {previous}, lag(inv) OVER by_lane AS prev_inv
@@ -72,7 +83,8 @@ def pipeline_figures(engine: Engine) -> dict:
     checked, overlapped, early, decode_pairs = engine.rows(
         """SELECT count(*), count(*) FILTER (WHERE reason = ''),
                   count(*) FILTER (WHERE reason LIKE '%claim_release%'), count(*) FILTER (WHERE prev_is_decode)
-           FROM pairs""")[0]
+           FROM pairs"""
+    )[0]
     bad = engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
                            FROM pairs WHERE reason <> '' ORDER BY runner_ts_ns LIMIT {FIRST_VIOLATIONS}""").to_pylist()
     prefill = engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
@@ -115,8 +127,10 @@ def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: in
     if checked == 0:
         return {"verified": False, "reason": "need at least two complete native runs on one process"}
     if overlapped < checked:
-        first = engine.scalar("SELECT reason || ' (pid ' || pid || ', sequence ' || sequence || ')' FROM pairs "
-                              "WHERE reason <> '' ORDER BY pid, runner_ts_ns LIMIT 1")
+        first = engine.scalar(
+            "SELECT reason || ' (pid ' || pid || ', sequence ' || sequence || ')' FROM pairs "
+            "WHERE reason <> '' ORDER BY pid, runner_ts_ns LIMIT 1"
+        )
         return {"verified": False, "reason": f"{checked - overlapped} of {checked} pairs fail: {first}"}
     return {"verified": True, "reason": f"{checked} adjacent pairs overlap"}
 
@@ -157,12 +171,20 @@ def _diagnosis(engine: Engine, figures: dict, decode_pairs: int) -> str:
         return f"pipelined: bind(N+1) overlaps runner_run(N) on {where}; cadence p50 {cadence}"
     no_overlap = engine.scalar("SELECT count(*) FROM pairs WHERE reason LIKE '%does not overlap%'")
     if no_overlap * 2 < checked:
-        return (f"unordered: runner_run(N+1) starts before claim_release(N) in {figures['claim_order_violations']} of {checked} pairs; "
-                f"cadence p50 {cadence}")
+        return (
+            f"unordered: runner_run(N+1) starts before claim_release(N) in {figures['claim_order_violations']} of {checked} pairs; "
+            f"cadence p50 {cadence}"
+        )
     ranks_serial, ranks = engine.rows("""SELECT count(DISTINCT coalesce(rank, prev_rank)) FILTER (WHERE reason LIKE '%does not overlap%'),
                                                 count(DISTINCT coalesce(rank, prev_rank)) FROM pairs""")[0]
     on = "all ranks" if ranks_serial == ranks else f"{ranks_serial} of {ranks} ranks"
-    bind, runner, root = (ns_to_ms(v or 0) for v in engine.rows(
-        "SELECT median(bind_end_ns - bind_ts_ns), median(runner_end_ns - runner_ts_ns), median(root_end_ns - root_ts_ns) FROM decode")[0])
-    return (f"serialized: bind(N+1) starts after runner_run(N) ends in {no_overlap} of {checked} pairs on {on}; "
-            f"cadence {cadence} ≈ bind {bind:.3f} + runner_run {runner:.3f} ms (root {root:.3f} ms)")
+    bind, runner, root = (
+        ns_to_ms(v or 0)
+        for v in engine.rows(
+            "SELECT median(bind_end_ns - bind_ts_ns), median(runner_end_ns - runner_ts_ns), median(root_end_ns - root_ts_ns) FROM decode"
+        )[0]
+    )
+    return (
+        f"serialized: bind(N+1) starts after runner_run(N) ends in {no_overlap} of {checked} pairs on {on}; "
+        f"cadence {cadence} ≈ bind {bind:.3f} + runner_run {runner:.3f} ms (root {root:.3f} ms)"
+    )

@@ -26,13 +26,23 @@ from dsprof.analysis.spans import Trace
 FIGURES = ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate", "requests")
 # performance_summary.json field names, dsprof's own first; (name, factor to the figure's unit)
 SUMMARY_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
-    "tokens_returned": (("tokens_returned", 1), ("output_tokens", 1), ("total_output_tokens", 1), ("generated_tokens", 1),
-                        ("completion_tokens", 1)),
+    "tokens_returned": (
+        ("tokens_returned", 1),
+        ("output_tokens", 1),
+        ("total_output_tokens", 1),
+        ("generated_tokens", 1),
+        ("completion_tokens", 1),
+    ),
     "tokens_expected": (("tokens_expected", 1), ("expected_output_tokens", 1), ("expected_tokens", 1)),
-    "batch_elapsed_s": (("batch_elapsed_s", 1), ("batch_elapsed_seconds", 1), ("elapsed_s", 1), ("elapsed_seconds", 1),
-                        ("batch_elapsed_ms", 1e-3), ("duration_s", 1)),
-    "throughput_tok_s": (("throughput_tok_s", 1), ("throughput_tokens_per_second", 1), ("tokens_per_second", 1),
-                         ("output_throughput", 1)),
+    "batch_elapsed_s": (
+        ("batch_elapsed_s", 1),
+        ("batch_elapsed_seconds", 1),
+        ("elapsed_s", 1),
+        ("elapsed_seconds", 1),
+        ("batch_elapsed_ms", 1e-3),
+        ("duration_s", 1),
+    ),
+    "throughput_tok_s": (("throughput_tok_s", 1), ("throughput_tokens_per_second", 1), ("tokens_per_second", 1), ("output_throughput", 1)),
     "effective_tpot_ms": (("effective_tpot_ms", 1), ("tpot_ms", 1), ("effective_tpot_s", 1e3)),
     "acceptance_rate": (("acceptance_rate", 1), ("mtp_acceptance_rate", 1), ("draft_acceptance_rate", 1)),
     "requests": (("requests", 1), ("num_requests", 1), ("request_count", 1)),

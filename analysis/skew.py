@@ -70,9 +70,14 @@ def skew_figures(engine: Engine) -> tuple[dict, list[dict]]:
     figures["per_rank"] = {rank: blocks | {"device": str(devices[int(rank)])} for rank, blocks in per_rank.items()}
     rows = engine.arrow("SELECT * FROM steps ORDER BY step").to_pylist()
     per_step = [
-        {"step": r["step"], "ranks": r["ranks"], "runner_start_skew_ms": ns_to_ms(r["runner_start_skew_ns"]),
-         "runner_end_skew_ms": ns_to_ms(r["runner_end_skew_ns"]), "latest_start_rank": r["latest_start_rank"],
-         "latest_end_rank": r["latest_end_rank"]}
+        {
+            "step": r["step"],
+            "ranks": r["ranks"],
+            "runner_start_skew_ms": ns_to_ms(r["runner_start_skew_ns"]),
+            "runner_end_skew_ms": ns_to_ms(r["runner_end_skew_ns"]),
+            "latest_start_rank": r["latest_start_rank"],
+            "latest_end_rank": r["latest_end_rank"],
+        }
         for r in rows  # output rows of summary.json, one per step
     ]
     return figures, per_step

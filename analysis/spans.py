@@ -214,8 +214,6 @@ class Trace:
             self.dropped[reason] = self.dropped.get(reason, 0) + int(n)
 
 
-
-
 def merge_traces(traces: list[Trace]) -> Trace:
     """One Trace from several: spans and side tables stacked, counters summed, names merged.
 

@@ -110,8 +110,19 @@ def run_info(performance_summary: dict | None) -> RunInfo:
     }
 
 
-def build_summary(*, inputs: dict, performance_summary: dict | None, validation: dict, figures: dict, per_step: list,
-                  late_starts: dict, tail_steps: dict, tail_cost: dict, pipeline: dict, serving: dict) -> Summary:
+def build_summary(
+    *,
+    inputs: dict,
+    performance_summary: dict | None,
+    validation: dict,
+    figures: dict,
+    per_step: list,
+    late_starts: dict,
+    tail_steps: dict,
+    tail_cost: dict,
+    pipeline: dict,
+    serving: dict,
+) -> Summary:
     """The summary, its fields in their documented order."""
     run = run_info(performance_summary)
     workload = (performance_summary or {}).get("workload") if isinstance(performance_summary, dict) else None
@@ -171,8 +182,11 @@ def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
         raise InputError(path, "nested too deeply for a summary", expected="a dsprof summary") from None
     if not isinstance(content, dict) or content.get("schema") not in READABLE_SCHEMAS:
         found = content.get("schema") if isinstance(content, dict) else None
-        raise InputError(path, "not a dsprof summary" + (f" (schema {found!r})" if found else ""),
-                         expected=f'a JSON object with "schema": "{SUMMARY_SCHEMA}"')
+        raise InputError(
+            path,
+            "not a dsprof summary" + (f" (schema {found!r})" if found else ""),
+            expected=f'a JSON object with "schema": "{SUMMARY_SCHEMA}"',
+        )
     _check_shape(content, path)
     return Summary(**content)
 

@@ -79,8 +79,9 @@ def build_swimlane(engine: Engine, invocations: pa.Table | None = None) -> Swiml
            SELECT w.*, p.rank, p.device, coalesce(c.label, 'hid:' || w.hid) AS callable_label
            FROM windowed w JOIN processes p USING (pid) LEFT JOIN callable_labels c USING (hid)"""
     )
-    engine.run("ALTER TABLE runs ADD COLUMN is_decode BOOLEAN; UPDATE runs SET is_decode = coalesce(callable_label = ?, FALSE)",
-                [decode_label])
+    engine.run(
+        "ALTER TABLE runs ADD COLUMN is_decode BOOLEAN; UPDATE runs SET is_decode = coalesce(callable_label = ?, FALSE)", [decode_label]
+    )
     numbering = _number_steps(engine)
     callables = dict(engine.rows("SELECT callable_label, count(*) FROM runs GROUP BY 1 ORDER BY 2 DESC, 1"))
     anchored = {row[0] for row in engine.rows("SELECT DISTINCT pid FROM anchors")}

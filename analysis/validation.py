@@ -38,30 +38,46 @@ def validate(engine: Engine, swimlane: Swimlane, *, expect_ranks: int | None = N
     rank_roots = sum(steps_per_rank.values())
     devices = sorted({str(p["device"]) for p in swimlane.processes})
     _check_processes(checks, swimlane, devices, ranks, expect_ranks)
-    checks.add("decode_steps", decode_steps > 0,
-               f"{decode_steps} decode steps (callable {swimlane.decode_label})" if decode_steps else "no decode steps found")
+    checks.add(
+        "decode_steps",
+        decode_steps > 0,
+        f"{decode_steps} decode steps (callable {swimlane.decode_label})" if decode_steps else "no decode steps found",
+    )
     expected_roots = decode_steps * ranks
-    roots_detail = ("no rank roots" if rank_roots == 0 else f"{rank_roots} = {decode_steps} x {ranks}" if rank_roots == expected_roots
-                    else f"{rank_roots} rank roots, expected {decode_steps} x {ranks} = {expected_roots}")
+    roots_detail = (
+        "no rank roots"
+        if rank_roots == 0
+        else f"{rank_roots} = {decode_steps} x {ranks}"
+        if rank_roots == expected_roots
+        else f"{rank_roots} rank roots, expected {decode_steps} x {ranks} = {expected_roots}"
+    )
     checks.add("rank_roots", rank_roots == expected_roots and rank_roots > 0, roots_detail)
     _check_steps(engine, checks, steps_per_rank, decode_steps, ranks, expect_ranks)
     _check_phases(engine, checks)
     if swimlane.rootless_invocations:
-        checks.add("complete_invocations", False,
-                   f"{swimlane.rootless_invocations} invocations have spans but no chip.run root (torn or crashed run)")
+        checks.add(
+            "complete_invocations",
+            False,
+            f"{swimlane.rootless_invocations} invocations have spans but no chip.run root (torn or crashed run)",
+        )
     if swimlane.duplicate_roots:
         checks.add("unique_roots", False, f"{swimlane.duplicate_roots} invocations have more than one root")
     if swimlane.serving_spans:
         present = {row[0] for row in engine.rows(f"SELECT DISTINCT cat FROM spans WHERE {serving_row()}")}
         missing = [c for c in REQUIRED_SERVING_CATEGORIES if c not in present]
-        checks.add("serving_categories", not missing,
-                   "serving categories present: " + ", ".join(REQUIRED_SERVING_CATEGORIES) if not missing
-                   else "serving trace lacks categories: " + ", ".join(missing))
+        checks.add(
+            "serving_categories",
+            not missing,
+            "serving categories present: " + ", ".join(REQUIRED_SERVING_CATEGORIES)
+            if not missing
+            else "serving trace lacks categories: " + ", ".join(missing),
+        )
     device_clock = engine.scalar("SELECT count(*) FROM spans WHERE clk = 'dev'")
     checks.add("device_clock_off_host", True, f"{device_clock} device-clock spans kept off the host axis")
     unanchored = swimlane.unanchored_pids
-    checks.add("anchored", not unanchored,
-               "every pid has a CLOCK_ANCHOR" if not unanchored else "no CLOCK_ANCHOR for pid " + _ranges(unanchored))
+    checks.add(
+        "anchored", not unanchored, "every pid has a CLOCK_ANCHOR" if not unanchored else "no CLOCK_ANCHOR for pid " + _ranges(unanchored)
+    )
     return {
         "valid": not checks.problems,
         "decode_steps": decode_steps,
@@ -95,8 +111,11 @@ def _check_processes(checks: _Checks, swimlane: Swimlane, devices: list[str], ra
         if len(set(on_device)) > 1:
             checks.add("distinct_devices", False, f"ranks {_ranges(sorted(set(on_device)))} all run on device {device}")
     for conflict in swimlane.device_conflicts:
-        checks.add("consistent_devices", False,
-                   f"pid {conflict['pid']} announced {len(conflict['devices'])} devices: {', '.join(conflict['devices'])}")
+        checks.add(
+            "consistent_devices",
+            False,
+            f"pid {conflict['pid']} announced {len(conflict['devices'])} devices: {', '.join(conflict['devices'])}",
+        )
 
 
 def _check_steps(engine: Engine, checks: _Checks, steps_per_rank: dict, decode_steps: int, ranks: int, expect_ranks: int | None) -> None:
@@ -112,17 +131,24 @@ def _check_steps(engine: Engine, checks: _Checks, steps_per_rank: dict, decode_s
     if partial[2]:
         first, last, n, fewest, most = partial
         where = f"step {first}" if n == 1 else f"{n} steps between {first} and {last}"
-        checks.add("complete_steps", False,
-                   f"{where} present on only {fewest}-{most} of {ranks} ranks; their figures use the ranks that have them")
+        checks.add(
+            "complete_steps", False, f"{where} present on only {fewest}-{most} of {ranks} ranks; their figures use the ranks that have them"
+        )
     if expect_ranks is not None:
         missing = sorted(set(range(expect_ranks)) - set(steps_per_rank))
         if missing:
             checks.add("ranks_present", False, "no decode steps on rank " + _ranges(missing))
-    gap_ranks = [r for (r,) in engine.rows("""SELECT DISTINCT rank FROM (
+    gap_ranks = [
+        r
+        for (r,) in engine.rows("""SELECT DISTINCT rank FROM (
         SELECT rank, step_attr - lag(step_attr) OVER (PARTITION BY rank ORDER BY position) AS gap FROM decode
-        WHERE step_attr IS NOT NULL) WHERE gap <> 1 ORDER BY rank""")]
-    checks.add("contiguous_steps", not gap_ranks,
-               "decode steps are contiguous on every rank" if not gap_ranks else "step numbers jump on rank " + _ranges(gap_ranks))
+        WHERE step_attr IS NOT NULL) WHERE gap <> 1 ORDER BY rank""")
+    ]
+    checks.add(
+        "contiguous_steps",
+        not gap_ranks,
+        "decode steps are contiguous on every rank" if not gap_ranks else "step numbers jump on rank " + _ranges(gap_ranks),
+    )
 
 
 def _check_phases(engine: Engine, checks: _Checks) -> None:

@@ -47,21 +47,27 @@ def analyze(run: Path, out: Path, *extra: str) -> dict:
     """Run ``dsprof analyze`` in a child process: wall seconds, CPU seconds, peak RSS, summary."""
     shutil.rmtree(out, ignore_errors=True)
     started = time.perf_counter()
-    child = subprocess.Popen([str(DSPROF), "analyze", str(run), "-o", str(out), *extra],
-                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    child = subprocess.Popen([str(DSPROF), "analyze", str(run), "-o", str(out), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     _, status, usage = os.wait4(child.pid, 0)
     seconds = time.perf_counter() - started
     if status != 0:
         raise SystemExit(f"dsprof analyze {run} failed: {child.stderr.read().decode()[-2000:]}")
     summary = json.loads((out / "summary.json").read_text())
-    return {"seconds": seconds, "cpu_s": usage.ru_utime + usage.ru_stime, "peak_rss_gb": usage.ru_maxrss / 1e6,
-            "spans": summary["inputs"]["spans"], "summary": summary}
+    return {
+        "seconds": seconds,
+        "cpu_s": usage.ru_utime + usage.ru_stime,
+        "peak_rss_gb": usage.ru_maxrss / 1e6,
+        "spans": summary["inputs"]["spans"],
+        "summary": summary,
+    }
 
 
 def report(label: str, result: dict) -> None:
     spans = result["spans"]
-    print(f"  {label}: {result['seconds']:.1f} s wall, {result['cpu_s']:.1f} s CPU, peak RSS {result['peak_rss_gb']:.2f} GB, "
-          f"{spans:,} spans, {spans / result['seconds']:,.0f} spans/s")
+    print(
+        f"  {label}: {result['seconds']:.1f} s wall, {result['cpu_s']:.1f} s CPU, peak RSS {result['peak_rss_gb']:.2f} GB, "
+        f"{spans:,} spans, {spans / result['seconds']:,.0f} spans/s"
+    )
 
 
 def main() -> None:
@@ -95,8 +101,10 @@ def main() -> None:
         report("64 x 5,000", half)
         full = analyze(generate(base / "r64x10000", 64, 10_000), base / "out-10000")
         report("64 x 10,000", full)
-        print(f"  2x spans took {full['seconds'] / half['seconds']:.2f}x the time (target <= 2.2x); "
-              f"64 x 10,000 {'meets' if full['seconds'] < 30 else 'misses'} the 30 s target")
+        print(
+            f"  2x spans took {full['seconds'] / half['seconds']:.2f}x the time (target <= 2.2x); "
+            f"64 x 10,000 {'meets' if full['seconds'] < 30 else 'misses'} the 30 s target"
+        )
 
         if os.environ.get("DSPROF_BENCH_LARGE") == "1":
             print("== 64 x 100,000 (day-scale soak); target < 5 min, peak RSS < 4 GB")

@@ -104,19 +104,64 @@ def _step_block(ranks: int, first_step: int, steps: int, rng: np.random.Generato
     pid = 41_000 + rank
     inv = (np.uint64(0x9E3779B97F4A7C15) * (pid.astype(np.uint64) + np.uint64(1))) + step.astype(np.uint64)  # per-process base + counter
     cpu = (dur * rng.uniform(0.2, 0.95, n)).astype(np.int64)
-    evidence = _join(" os.cpu_ns=", _text(cpu), " os.rq_ns=", _text(rng.integers(0, 60_000, n)), " os.nivcsw=", _text(rng.integers(0, 3, n)),
-                     " os.majflt=", _text((rng.random(n) < 0.001).astype(np.int64)))
-    root = _join(" run_id=", _text(step * ranks + rank), " dispatch_id=0 run_epoch=", _text(step), " slot_id=", _text(step % 2),
-                 " generation=", _text(step // 2), " rank=", _text(rank), " device=npu:", _text(rank), " callable=",
-                 fmt.encode_value(fmt.DECODE_CALLABLE), " step=", _text(step))
+    evidence = _join(
+        " os.cpu_ns=",
+        _text(cpu),
+        " os.rq_ns=",
+        _text(rng.integers(0, 60_000, n)),
+        " os.nivcsw=",
+        _text(rng.integers(0, 3, n)),
+        " os.majflt=",
+        _text((rng.random(n) < 0.001).astype(np.int64)),
+    )
+    root = _join(
+        " run_id=",
+        _text(step * ranks + rank),
+        " dispatch_id=0 run_epoch=",
+        _text(step),
+        " slot_id=",
+        _text(step % 2),
+        " generation=",
+        _text(step // 2),
+        " rank=",
+        _text(rank),
+        " device=npu:",
+        _text(rank),
+        " callable=",
+        fmt.encode_value(fmt.DECODE_CALLABLE),
+        " step=",
+        _text(step),
+    )
     dev = pa.scalar(" clk=dev phase=" + fmt.encode_value("attn moe [fused]"))
     claim = name == fmt.CLAIM_RELEASE  # too short to sample: no host evidence
     tail = pc.if_else(pa.array(device), dev, pc.if_else(pa.array(claim), pa.scalar(""), evidence))
     tail = pc.if_else(pa.array(name == fmt.ROOT), _join(evidence, root), tail)
     return _join(
-        "[mono_ns=", _text(close), "][T0x7f3a", _text(rank + 1000), "c4700][INFO] strace_span: ", fmt.STRACE_MARKER, " v=", str(fmt.STRACE_VERSION),
-        " pid=", _text(pid), " tid=", _text(pid + 3), " inv=", _text(inv), " hid=", DECODE_HID, " depth=", _text(depth), " name=", _text(name),
-        " ts=", _text(ts), " dur=", _text(dur), tail,
+        "[mono_ns=",
+        _text(close),
+        "][T0x7f3a",
+        _text(rank + 1000),
+        "c4700][INFO] strace_span: ",
+        fmt.STRACE_MARKER,
+        " v=",
+        str(fmt.STRACE_VERSION),
+        " pid=",
+        _text(pid),
+        " tid=",
+        _text(pid + 3),
+        " inv=",
+        _text(inv),
+        " hid=",
+        DECODE_HID,
+        " depth=",
+        _text(depth),
+        " name=",
+        _text(name),
+        " ts=",
+        _text(ts),
+        " dur=",
+        _text(dur),
+        tail,
     )
 
 
@@ -140,13 +185,24 @@ def _layout(records: pa.Array, first_index: int, noise: str) -> memoryview:
 def generate_log(path: Path, ranks: int, steps: int, seed: int = 13) -> int:
     """Write the log (see the module docstring) a block of steps at a time; returns the number of records."""
     rng = np.random.default_rng(seed)
-    noise = fmt.format_prefix(T0_NS, 0x7F3A00C4700, "WARN", "scheduler") + "queue depth " + fmt.encode_value("high water mark [2]") + " (no span)"
+    noise = (
+        fmt.format_prefix(T0_NS, 0x7F3A00C4700, "WARN", "scheduler")
+        + "queue depth "
+        + fmt.encode_value("high water mark [2]")
+        + " (no span)"
+    )
     written = 0
     with open(path, "wb") as out:
         for rank in range(ranks):
             pid = 41_000 + rank
             out.write((fmt.format_anchor_record(pid, T0_NS, WALL0_NS + rank, 0x7F3A00C4700) + "\n").encode())
-            out.write((fmt.format_prefix(T0_NS, 0x7F3A00C4700, "INFO", "chip_process") + fmt.format_chip_ready_payload(pid, f"npu:{rank}") + "\n").encode())
+            out.write(
+                (
+                    fmt.format_prefix(T0_NS, 0x7F3A00C4700, "INFO", "chip_process")
+                    + fmt.format_chip_ready_payload(pid, f"npu:{rank}")
+                    + "\n"
+                ).encode()
+            )
         for first in range(0, steps, STEPS_PER_BLOCK):
             block = _step_block(ranks, first, min(STEPS_PER_BLOCK, steps - first), rng)
             out.write(_layout(block, written, noise))
@@ -162,8 +218,7 @@ class Timing:
     rss_mib: list[float] = field(default_factory=list)
 
     def line(self) -> str:
-        return (f"min {min(self.seconds):6.2f} s  median {statistics.median(self.seconds):6.2f} s  "
-                f"peak RSS {max(self.rss_mib):5.0f} MiB")
+        return f"min {min(self.seconds):6.2f} s  median {statistics.median(self.seconds):6.2f} s  peak RSS {max(self.rss_mib):5.0f} MiB"
 
 
 def run_child(command: list[str], env: dict[str, str]) -> tuple[float, float]:
@@ -225,7 +280,10 @@ def main() -> None:
     parser.add_argument("--keep", type=Path, help="generate the logs here (reused when present) instead of a temporary directory")
     parser.add_argument("--only", choices=["small", "large"], help="time only one of the two logs")
     args = parser.parse_args()
-    logs = {"small": ("1M-record log (16 ranks x 8,929 steps)", 16, 8_929, 5.0), "large": ("1 GB log (64 ranks x 10,000 steps)", 64, 10_000, 10.0)}
+    logs = {
+        "small": ("1M-record log (16 ranks x 8,929 steps)", 16, 8_929, 5.0),
+        "large": ("1 GB log (64 ranks x 10,000 steps)", 64, 10_000, 10.0),
+    }
     print(f"machine: {os.cpu_count()} CPUs, load average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at start")
     with tempfile.TemporaryDirectory(prefix="bench-ingest-") as tmp:
         where = args.keep or Path(tmp)
@@ -237,7 +295,9 @@ def main() -> None:
             if not log.exists():
                 start = time.perf_counter()
                 records = generate_log(log, ranks, steps)
-                print(f"generated {log.name}: {records:,} records, {log.stat().st_size / 2**20:,.0f} MiB in {time.perf_counter() - start:.1f} s")
+                print(
+                    f"generated {log.name}: {records:,} records, {log.stat().st_size / 2**20:,.0f} MiB in {time.perf_counter() - start:.1f} s"
+                )
             work = Path(tempfile.mkdtemp(dir=tmp))
             report(label, time_log(label, log, work, args.repeats), target)
     print(f"\nload average {' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end")

@@ -37,7 +37,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 REPO = Path(__file__).resolve().parent.parent
-KINDS = np.array(["scheduler.step", "worker.execute_model", "executor.run", "kernel.decode_fwd", "kernel.mtp_draft", "request", "serving.token"])
+KINDS = np.array(
+    ["scheduler.step", "worker.execute_model", "executor.run", "kernel.decode_fwd", "kernel.mtp_draft", "request", "serving.token"]
+)
 CATEGORIES = np.array(["scheduler", "worker", "executor", "kernel", "kernel", "request", "serving"])
 
 
@@ -55,13 +57,35 @@ def fragment_lines(rank: int, events: int, seed: int) -> list[str]:
     dur = rng.integers(5, 40_000, events)
     tid = np.where(kind == 3, pid + 1, pid)
     common = pc.binary_join_element_wise(
-        '{"name":"', _text(KINDS[kind]), '","cat":"', _text(CATEGORIES[kind]), '","ph":"', _text(np.where(kind == 6, "i", "X")),
-        '","ts":', _text(ts), pc.if_else(pa.array(kind == 6), pa.scalar(',"s":"t"'), pc.binary_join_element_wise(',"dur":', _text(dur), "")),
-        ',"pid":', _text(np.full(events, pid)), ',"tid":', _text(tid), ',"args":{', "",
+        '{"name":"',
+        _text(KINDS[kind]),
+        '","cat":"',
+        _text(CATEGORIES[kind]),
+        '","ph":"',
+        _text(np.where(kind == 6, "i", "X")),
+        '","ts":',
+        _text(ts),
+        pc.if_else(pa.array(kind == 6), pa.scalar(',"s":"t"'), pc.binary_join_element_wise(',"dur":', _text(dur), "")),
+        ',"pid":',
+        _text(np.full(events, pid)),
+        ',"tid":',
+        _text(tid),
+        ',"args":{',
+        "",
     )
     args = pc.binary_join_element_wise(
-        '"rank":', _text(np.full(events, rank)), ',"step":', _text(step), ',"request_id":"req-', _text(step % 32), "-r", _text(np.full(events, rank)),
-        '","tokens":', _text(rng.integers(1, 257, events)), ',"callable":"decode.main+verify+mtp","ok":true}}', "",
+        '"rank":',
+        _text(np.full(events, rank)),
+        ',"step":',
+        _text(step),
+        ',"request_id":"req-',
+        _text(step % 32),
+        "-r",
+        _text(np.full(events, rank)),
+        '","tokens":',
+        _text(rng.integers(1, 257, events)),
+        ',"callable":"decode.main+verify+mtp","ok":true}}',
+        "",
     )
     lines = pc.binary_join_element_wise(common, args, "").to_pylist()
     meta = [
@@ -117,8 +141,14 @@ def read_in_child(path: str, kind: str) -> dict:
     start = time.perf_counter()
     trace = read_sa_profile(path) if sink is None else read_sa_profile(path, sink=sink)
     seconds = time.perf_counter() - start
-    return {"kind": kind, "seconds": seconds, "cpu_seconds": time.process_time() - cpu_start,
-            "spans": len(trace.spans) if sink is None else sink.rows, "dropped": trace.dropped, "peak_rss_mib": peak_rss_mib()}
+    return {
+        "kind": kind,
+        "seconds": seconds,
+        "cpu_seconds": time.process_time() - cpu_start,
+        "spans": len(trace.spans) if sink is None else sink.rows,
+        "dropped": trace.dropped,
+        "peak_rss_mib": peak_rss_mib(),
+    }
 
 
 def peak_rss_mib() -> float:
@@ -137,14 +167,18 @@ def run_child(path: Path, kind: str, pythonpath: Path | None) -> dict:
     env = dict(os.environ)
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
-    child = subprocess.run([sys.executable, __file__, "--child-read", str(path), "--kind", kind], check=True, capture_output=True, text=True, env=env)
+    child = subprocess.run(
+        [sys.executable, __file__, "--child-read", str(path), "--kind", kind], check=True, capture_output=True, text=True, env=env
+    )
     return json.loads(child.stdout)
 
 
 def report(label: str, result: dict, events: int, size_mib: float) -> None:
-    print(f"  {label:<10} {result['kind']:<15} {result['seconds']:7.2f} s wall {events / result['seconds']:>11,.0f} events/s"
-          f" | {result['cpu_seconds']:7.2f} s CPU {events / result['cpu_seconds']:>11,.0f} events/CPU-s"
-          f" | {size_mib / result['seconds']:6.1f} MiB/s | peak RSS {result['peak_rss_mib']:7,.0f} MiB | spans {result['spans']:,}")
+    print(
+        f"  {label:<10} {result['kind']:<15} {result['seconds']:7.2f} s wall {events / result['seconds']:>11,.0f} events/s"
+        f" | {result['cpu_seconds']:7.2f} s CPU {events / result['cpu_seconds']:>11,.0f} events/CPU-s"
+        f" | {size_mib / result['seconds']:6.1f} MiB/s | peak RSS {result['peak_rss_mib']:7,.0f} MiB | spans {result['spans']:,}"
+    )
 
 
 def main() -> None:
@@ -191,8 +225,10 @@ def main() -> None:
             base = trees[0][0]
             for kind in ("fragments", "trace.json"):
                 old, new = results[(base, kind)], results[("current", kind)]
-                print(f"  {kind}: {old['cpu_seconds'] / new['cpu_seconds']:.1f}x the events per CPU-second of {base},"
-                      f" peak RSS {new['peak_rss_mib']:,.0f} MiB vs {old['peak_rss_mib']:,.0f} MiB")
+                print(
+                    f"  {kind}: {old['cpu_seconds'] / new['cpu_seconds']:.1f}x the events per CPU-second of {base},"
+                    f" peak RSS {new['peak_rss_mib']:,.0f} MiB vs {old['peak_rss_mib']:,.0f} MiB"
+                )
 
 
 if __name__ == "__main__":

@@ -98,11 +98,14 @@ def young_collections(n: int) -> None:
 
 def _evidence(on: bool, gc_spans: bool = False) -> Callable[[int], Callable[[], None]]:
     """A setup enabling the emitter on ``fd`` with host evidence ``on`` (and gc spans as asked)."""
+
     def setup_for(fd: int) -> Callable[[], None]:
         def setup() -> None:
             strace.set_host_evidence(on)
             strace.enable(fd, gc_spans=gc_spans)
+
         return setup
+
     return setup_for
 
 
@@ -118,7 +121,9 @@ def _span_floor(name: str, *, inv: int, hid: str, **attrs):
     return strace.NOOP_SPAN
 
 
-def _record_floor(name: str, *, inv: int, hid: str, depth: int, ts_ns: int, dur_ns: int, clk: str = "host", tid: int | None = None, **attrs) -> None:
+def _record_floor(
+    name: str, *, inv: int, hid: str, depth: int, ts_ns: int, dur_ns: int, clk: str = "host", tid: int | None = None, **attrs
+) -> None:
     """A function with record()'s signature that does nothing."""
 
 
@@ -139,8 +144,15 @@ def record_floor(n: int) -> None:
 def os_writes(fd: int):
     """The kernel's share: one os.write per span of a record as long as the benchmark's own."""
     line = format_prefix(time.monotonic_ns(), threading.get_ident(), strace.LOG_LEVEL, strace.SPAN_FUNC) + format_strace_payload(
-        pid=os.getpid(), tid=threading.get_native_id(), inv=1234567890123, hid="9f3ab2", depth=0,
-        name=fmt.BIND, ts_ns=time.monotonic_ns(), dur_ns=1234, attrs={"step": 12345},
+        pid=os.getpid(),
+        tid=threading.get_native_id(),
+        inv=1234567890123,
+        hid="9f3ab2",
+        depth=0,
+        name=fmt.BIND,
+        ts_ns=time.monotonic_ns(),
+        dur_ns=1234,
+        attrs={"step": 12345},
     )
     data = (line + "\n").encode()
 

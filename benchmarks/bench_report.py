@@ -43,10 +43,25 @@ def browser_render_s(page: str, workdir: Path) -> tuple[float, float]:
     path.write_text(page.replace("<head>", "<head>" + START, 1).replace("</body>", TIMING + "</body>", 1), encoding="utf-8")
     started = time.perf_counter()
     result = subprocess.run(
-        [CHROMIUM, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--window-size=1400,1000",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={workdir / 'profile'}", "--dump-dom", path.as_uri()],
-        check=False, capture_output=True, text=True, timeout=600,
+        [
+            CHROMIUM,
+            "--headless",
+            "--no-sandbox",
+            "--disable-gpu",
+            "--disable-quic",
+            "--no-first-run",
+            "--window-size=1400,1000",
+            "--disable-background-networking",
+            "--disable-component-update",
+            "--disable-sync",
+            f"--user-data-dir={workdir / 'profile'}",
+            "--dump-dom",
+            path.as_uri(),
+        ],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=600,
     )
     wall = time.perf_counter() - started
     found = re.search(r'<pre id="bench">([0-9.]+)</pre>', result.stdout)
@@ -72,7 +87,9 @@ def bench(label: str, run: SyntheticRun, browser: bool, export: bool) -> None:
         print(f"  report.html: {size_mb:.2f} MB, written in {rendered:.2f} s")
         if browser:
             drawn, wall = browser_render_s(page, workdir)
-            print(f"  chromium: swimlane and charts drawn {drawn:.2f} s after the page's first script ({wall:.1f} s for the whole headless run)")
+            print(
+                f"  chromium: swimlane and charts drawn {drawn:.2f} s after the page's first script ({wall:.1f} s for the whole headless run)"
+            )
         if export:
             for name, writer in (("perfetto json", write_chrome_trace), ("perfetto .pftrace", write_perfetto_proto)):
                 started = time.perf_counter()

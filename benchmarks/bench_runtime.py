@@ -83,8 +83,23 @@ def emitter_costs_us(tmp: Path) -> dict[str, float]:
     costs = {}
     started = time.process_time_ns()
     for i in range(n):
-        strace.record(fmt.ROOT, inv=i, hid="0123456789abcdef", depth=0, ts_ns=i, dur_ns=1, run_id=i, dispatch_id=i,
-                      run_epoch=i, slot_id=0, generation=i, rank=0, device="cpu:0", callable=fmt.DECODE_CALLABLE, step=i)
+        strace.record(
+            fmt.ROOT,
+            inv=i,
+            hid="0123456789abcdef",
+            depth=0,
+            ts_ns=i,
+            dur_ns=1,
+            run_id=i,
+            dispatch_id=i,
+            run_epoch=i,
+            slot_id=0,
+            generation=i,
+            rank=0,
+            device="cpu:0",
+            callable=fmt.DECODE_CALLABLE,
+            step=i,
+        )
     costs["record"] = (time.process_time_ns() - started) / n / 1000
     # what evidence adds to a record the lane writes: one sample at the boundary, four attributes
     started = time.process_time_ns()
@@ -118,18 +133,22 @@ def overhead(args, tmp: Path) -> None:
     names = list(SETTINGS)
     for i in range(args.repeats):
         # interleaved, and in a rotated order: load changes and drift within a repeat hit every setting alike
-        for name in names[i % len(names):] + names[: i % len(names)]:
+        for name in names[i % len(names) :] + names[: i % len(names)]:
             config = RuntimeConfig.from_preset(args.preset, **SETTINGS[name])
             summary, _, cpu_s = run(config, tmp / f"overhead-{name.replace(' ', '-')}-{i}")
             batch[name].append(summary["batch_elapsed_s"])
             cpu[name].append(cpu_s)
     for name in SETTINGS:
-        print(f"{name:14s} batch {', '.join(f'{t:.3f}' for t in batch[name])} s (min {min(batch[name]):.3f}), "
-              f"rank CPU {', '.join(f'{t:.2f}' for t in cpu[name])} s (median {statistics.median(cpu[name]):.2f})")
+        print(
+            f"{name:14s} batch {', '.join(f'{t:.3f}' for t in batch[name])} s (min {min(batch[name]):.3f}), "
+            f"rank CPU {', '.join(f'{t:.2f}' for t in cpu[name])} s (median {statistics.median(cpu[name]):.2f})"
+        )
 
     def over(a: str, b: str) -> str:
-        return (f"batch (min of {args.repeats}) {100 * (min(batch[a]) / min(batch[b]) - 1):+.1f}%, "
-                f"rank CPU (median) {100 * (statistics.median(cpu[a]) / statistics.median(cpu[b]) - 1):+.1f}%")
+        return (
+            f"batch (min of {args.repeats}) {100 * (min(batch[a]) / min(batch[b]) - 1):+.1f}%, "
+            f"rank CPU (median) {100 * (statistics.median(cpu[a]) / statistics.median(cpu[b]) - 1):+.1f}%"
+        )
 
     print(f"host evidence on vs off:       {over('evidence on', 'evidence off')}")
     print(f"profiling (evidence on) vs off: {over('evidence on', 'profiling off')} (target <= 5%)")
@@ -144,10 +163,12 @@ def overhead(args, tmp: Path) -> None:
     emit_s = (records * costs["record"] + events * costs["sa_profile"]) / 1e6
     evidence_s = with_evidence * costs["evidence"] / 1e6
     ranks_cpu = statistics.median(cpu["profiling off"])
-    print(f"emitter cost: {records} STRACE records ({gc_records} host.gc) x {costs['record']:.1f} us + {events} SA_PROFILE "
-          f"events x {costs['sa_profile']:.1f} us = {emit_s:.3f} s = {100 * emit_s / ranks_cpu:.1f}% of the ranks' CPU time; "
-          f"host evidence on {with_evidence} records x {costs['evidence']:.1f} us = {evidence_s:.3f} s = "
-          f"{100 * evidence_s / ranks_cpu:.2f}%")
+    print(
+        f"emitter cost: {records} STRACE records ({gc_records} host.gc) x {costs['record']:.1f} us + {events} SA_PROFILE "
+        f"events x {costs['sa_profile']:.1f} us = {emit_s:.3f} s = {100 * emit_s / ranks_cpu:.1f}% of the ranks' CPU time; "
+        f"host evidence on {with_evidence} records x {costs['evidence']:.1f} us = {evidence_s:.3f} s = "
+        f"{100 * evidence_s / ranks_cpu:.2f}%"
+    )
 
 
 # -- faults --------------------------------------------------------------------------------------
@@ -241,9 +262,11 @@ def faults(args, tmp: Path) -> None:
                 print(f"{'':15s} rank {rank} step {step:3d}: evidence {evidence_ms:6.1f} ms, run cost {cost_ms:6.1f} ms")
         evidence = [e for _, _, e, _ in found]
         cost = [c for _, _, _, c in found]
-        print(f"{kind:15s} {len(found):3d} events  evidence median {statistics.median(evidence):6.1f} ms "
-              f"[{min(evidence):.1f}..{max(evidence):.1f}]  run cost median {statistics.median(cost):6.1f} ms "
-              f"[{min(cost):.1f}..{max(cost):.1f}]  ({truth[0]['mechanism']}, {truth[0]['phase']})")
+        print(
+            f"{kind:15s} {len(found):3d} events  evidence median {statistics.median(evidence):6.1f} ms "
+            f"[{min(evidence):.1f}..{max(evidence):.1f}]  run cost median {statistics.median(cost):6.1f} ms "
+            f"[{min(cost):.1f}..{max(cost):.1f}]  ({truth[0]['mechanism']}, {truth[0]['phase']})"
+        )
 
 
 # -- cadence -------------------------------------------------------------------------------------
@@ -265,11 +288,15 @@ def cadence(args, tmp: Path) -> None:
             figures = pipeline_figures(build_swimlane(read_paths([out / artifacts.SERVER_LOG])).roots)
             per_rank = {rank: block["p50"] for rank, block in sorted(figures["cadence_ms"].items(), key=lambda kv: int(kv[0]))}
             medians[path] = statistics.median(per_rank.values())
-            print(f"{path:16s} wall {wall:7.2f} s  batch {summary['batch_elapsed_s']:7.3f} s  decode steps {summary['decode_steps']}  "
-                  f"cadence p50 median {medians[path]:.2f} ms  overlapped pairs {figures['pairs_overlapped']}/{figures['pairs_checked']}")
+            print(
+                f"{path:16s} wall {wall:7.2f} s  batch {summary['batch_elapsed_s']:7.3f} s  decode steps {summary['decode_steps']}  "
+                f"cadence p50 median {medians[path]:.2f} ms  overlapped pairs {figures['pairs_overlapped']}/{figures['pairs_checked']}"
+            )
         ratios.append(medians["device-resident"] / medians["host-shared"])
-    print(f"cadence ratio device-resident / host-shared: {', '.join(f'{r:.2f}' for r in ratios)} "
-          f"(median {statistics.median(ratios):.2f}, target >= 1.5)")
+    print(
+        f"cadence ratio device-resident / host-shared: {', '.join(f'{r:.2f}' for r in ratios)} "
+        f"(median {statistics.median(ratios):.2f}, target >= 1.5)"
+    )
 
 
 SECTIONS = {"overhead": overhead, "faults": faults, "cadence": cadence}

@@ -37,7 +37,7 @@ class UserError(click.ClickException):
 
     def __init__(self, message: str, exit_code: int = 2):
         super().__init__(message)
-        self.exit_code = exit_code
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; this error's own status
 
     def show(self, file=None) -> None:
         # messages quote file names and file contents: nothing in them may drive the terminal
@@ -121,16 +121,22 @@ def _progress() -> ProgressPrinter:
 
 
 _PRESET = "the preset's"
-_THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True,
-                          help="Late-start / tail-step threshold.")
+_THRESHOLD = click.option(
+    "--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True, help="Late-start / tail-step threshold."
+)
 
 
 # --------------------------------------------------------------------------- run
 
 
 @cli.command()
-@click.option("--preset", type=click.Choice(["demo", "production", "microbench"]), default="demo",
-              show_default=True, help="Workload shape (docs/RUNTIME.md); the options below override it.")
+@click.option(
+    "--preset",
+    type=click.Choice(["demo", "production", "microbench"]),
+    default="demo",
+    show_default=True,
+    help="Workload shape (docs/RUNTIME.md); the options below override it.",
+)
 @click.option("--ranks", type=click.IntRange(min=1), show_default=_PRESET, help="Rank processes (EP = ranks, DP = ranks / TP).")
 @click.option("--tp", show_default=_PRESET, type=click.IntRange(min=1), help="Tensor-parallel size.")
 @click.option("--requests", show_default=_PRESET, type=click.IntRange(min=1), help="Concurrent requests in the batch.")
@@ -140,23 +146,58 @@ _THRESHOLD = click.option("--threshold-ms", type=click.FloatRange(min=0), defaul
 @click.option("--rounds", show_default=_PRESET, type=click.IntRange(min=1), help="Measured rounds (microbench preset).")
 @click.option("--warmup", show_default=_PRESET, type=click.IntRange(min=0), help="Warm-up rounds (microbench preset).")
 @click.option("--acceptance-rate", show_default=_PRESET, type=click.FloatRange(0, 1), help="MTP draft acceptance rate.")
-@click.option("--metadata", type=click.Choice(["host-shared", "device-resident"]), show_default=_PRESET,
-              help="Metadata update path; device-resident serializes the pipeline (the regression to catch).")
+@click.option(
+    "--metadata",
+    type=click.Choice(["host-shared", "device-resident"]),
+    show_default=_PRESET,
+    help="Metadata update path; device-resident serializes the pipeline (the regression to catch).",
+)
 @click.option("--profile-level", show_default=_PRESET, help="SA_PROFILE levels, comma-separated: e2e, kernel, verbose.")
-@click.option("--device-phases/--no-device-phases", default=None, show_default=_PRESET,
-              help="Emit device-phase markers inside runner_run.")
-@click.option("--host-evidence/--no-host-evidence", default=None, show_default=_PRESET,
-              help="Attach what the OS saw of each span's thread (os.cpu_ns, os.rq_ns, ...) [default: on].")
-@click.option("--inject", "inject", multiple=True, metavar="SPEC",
-              help="Inject a fault (repeatable): fence_tail:p=P,ms=X | straggler:rank=R,ms=X | "
-                   "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X | "
-                   "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.")
+@click.option("--device-phases/--no-device-phases", default=None, show_default=_PRESET, help="Emit device-phase markers inside runner_run.")
+@click.option(
+    "--host-evidence/--no-host-evidence",
+    default=None,
+    show_default=_PRESET,
+    help="Attach what the OS saw of each span's thread (os.cpu_ns, os.rq_ns, ...) [default: on].",
+)
+@click.option(
+    "--inject",
+    "inject",
+    multiple=True,
+    metavar="SPEC",
+    help="Inject a fault (repeatable): fence_tail:p=P,ms=X | straggler:rank=R,ms=X | "
+    "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X | "
+    "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.",
+)
 @click.option("--seed", type=int, show_default=_PRESET, help="Random seed of the workload and injected faults.")
 @_THRESHOLD
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Artifact directory [default: runs/<preset>-<timestamp>].")
-def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, rounds, warmup, acceptance_rate,
-        metadata, profile_level, device_phases, host_evidence, inject, seed, threshold_ms, out_dir) -> None:
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Artifact directory [default: runs/<preset>-<timestamp>].",
+)
+def run(
+    preset,
+    ranks,
+    tp,
+    requests,
+    prompt_tokens,
+    output_tokens,
+    layers,
+    rounds,
+    warmup,
+    acceptance_rate,
+    metadata,
+    profile_level,
+    device_phases,
+    host_evidence,
+    inject,
+    seed,
+    threshold_ms,
+    out_dir,
+) -> None:
     """Run the bundled decode runtime, profiled, then analyse it.
 
     Both profilers are on (SA_PROFILE fragments, STRACE markers). Prints the verification summary and the report's path. Exits 1 if the
@@ -168,9 +209,21 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
     from dsprof.runtime.config import RuntimeConfig
 
     config = RuntimeConfig.from_preset(  # None means "the preset's value"
-        preset, ranks=ranks, tp=tp, requests=requests, prompt_tokens=prompt_tokens, output_tokens=output_tokens,
-        layers=layers, rounds=rounds, warmup=warmup, acceptance_rate=acceptance_rate, metadata=metadata,
-        profile_level=profile_level, device_phases=device_phases, host_evidence=host_evidence, seed=seed,
+        preset,
+        ranks=ranks,
+        tp=tp,
+        requests=requests,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        layers=layers,
+        rounds=rounds,
+        warmup=warmup,
+        acceptance_rate=acceptance_rate,
+        metadata=metadata,
+        profile_level=profile_level,
+        device_phases=device_phases,
+        host_evidence=host_evidence,
+        seed=seed,
         inject=list(inject) or None,
     )
     if out_dir is None:
@@ -194,18 +247,38 @@ def run(preset, ranks, tp, requests, prompt_tokens, output_tokens, layers, round
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Where to write the outputs [default: the artifact dir when one directory is given, "
-                   "else ./dsprof-analysis].")
+@click.option(
+    "-o",
+    "--output",
+    "out_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Where to write the outputs [default: the artifact dir when one directory is given, else ./dsprof-analysis].",
+)
 @_THRESHOLD
-@click.option("--expect-ranks", type=click.IntRange(min=1), show_default="any number",
-              help="Fail validation unless this many ranks appear.")
-@click.option("--memory-limit", default=None, metavar="SIZE", show_default="12.5% of RAM",
-              help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25%.")
-@click.option("--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept",
-              help="Keep the span dataset (Parquet, queryable with DuckDB) in this directory.")
-@click.option("--engine", type=click.Choice(list(ENGINES)), default="embedded", show_default=True,
-              help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').")
+@click.option(
+    "--expect-ranks", type=click.IntRange(min=1), show_default="any number", help="Fail validation unless this many ranks appear."
+)
+@click.option(
+    "--memory-limit",
+    default=None,
+    metavar="SIZE",
+    show_default="12.5% of RAM",
+    help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25%.",
+)
+@click.option(
+    "--spans",
+    "spans_dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    show_default="not kept",
+    help="Keep the span dataset (Parquet, queryable with DuckDB) in this directory.",
+)
+@click.option(
+    "--engine",
+    type=click.Choice(list(ENGINES)),
+    default="embedded",
+    show_default=True,
+    help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').",
+)
 @click.option("--address", show_default="start a local cluster", help="Ray cluster address for --engine ray.")
 def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address) -> None:
     """Analyse traces and write the figures.
@@ -216,11 +289,21 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
     and prints the findings (docs/CLI.md).
     """
     if out_dir is None:
-        out_dir = paths[0] if len(paths) == 1 and paths[0].is_dir() and not (paths[0] / "dataset.json").exists() else Path("dsprof-analysis")
+        out_dir = (
+            paths[0] if len(paths) == 1 and paths[0].is_dir() and not (paths[0] / "dataset.json").exists() else Path("dsprof-analysis")
+        )
     progress = _progress()
-    outcome = analyze_paths(list(paths), out_dir, threshold_ms=threshold_ms, expect_ranks=expect_ranks,
-                            memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
-                            spans_dir=spans_dir, engine=engine, address=address, progress=progress)
+    outcome = analyze_paths(
+        list(paths),
+        out_dir,
+        threshold_ms=threshold_ms,
+        expect_ranks=expect_ranks,
+        memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
+        spans_dir=spans_dir,
+        engine=engine,
+        address=address,
+        progress=progress,
+    )
     progress.done()
     click.echo(format_console_summary(outcome.summary))
     for name, path in outcome.outputs.items():
@@ -229,9 +312,14 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
 
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
-@click.option("-o", "--output", default="spans/", show_default=True,
-              help="A directory (DIR/): the span dataset, Parquet by time window with dataset.json; "
-                   "or one span table file, .parquet, .csv or .jsonl (format from the extension).")
+@click.option(
+    "-o",
+    "--output",
+    default="spans/",
+    show_default=True,
+    help="A directory (DIR/): the span dataset, Parquet by time window with dataset.json; "
+    "or one span table file, .parquet, .csv or .jsonl (format from the extension).",
+)
 def ingest(paths, output) -> None:
     """Read traces and write their spans: the span dataset or one span table file.
 
@@ -263,8 +351,10 @@ def merge(output) -> None:
     progress = _progress()
     result = merge_fragments(output, progress=progress, require_fragments=True)
     progress.done()
-    click.echo(f"merged {result.events} events from {result.fragments} fragment(s) into {result.path}"
-               f" ({result.skipped_lines} malformed line(s) skipped)")
+    click.echo(
+        f"merged {result.events} events from {result.fragments} fragment(s) into {result.path}"
+        f" ({result.skipped_lines} malformed line(s) skipped)"
+    )
 
 
 # --------------------------------------------------------------------------- report / export
@@ -272,8 +362,7 @@ def merge(output) -> None:
 
 @cli.command()
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="HTML file [default: ARTIFACT_DIR/report.html].")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="HTML file [default: ARTIFACT_DIR/report.html].")
 def report(artifact_dir, output) -> None:
     """Write the HTML report of an analysed artifact directory.
 
@@ -288,12 +377,21 @@ def report(artifact_dir, output) -> None:
 
 @cli.command()
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(list(EXPORT_FORMATS)), default=None,
-              help="perfetto: Perfetto's native protobuf (.pftrace); perfetto-json: Chrome trace JSON "
-                   "[default: from the output's name, .json or .json.gz for JSON, else perfetto].")
-@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
-              help="Trace file; a .json.gz name is compressed JSON "
-                   "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].")
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(list(EXPORT_FORMATS)),
+    default=None,
+    help="perfetto: Perfetto's native protobuf (.pftrace); perfetto-json: Chrome trace JSON "
+    "[default: from the output's name, .json or .json.gz for JSON, else perfetto].",
+)
+@click.option(
+    "-o",
+    "--output",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Trace file; a .json.gz name is compressed JSON "
+    "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].",
+)
 def export(artifact_dir, fmt, output) -> None:
     """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
@@ -310,14 +408,32 @@ def export(artifact_dir, fmt, output) -> None:
 
 @cli.command(context_settings={"show_default": True})
 @click.argument("summary", type=click.Path(path_type=Path))
-@click.option("--rules", "rules_path", required=True, type=click.Path(path_type=Path),
-              help="TOML rules file; grammar, outcomes and outputs in docs/GATE_RULES.md.")
-@click.option("--baseline", type=click.Path(path_type=Path), show_default="none: [[relative]] rules are skipped",
-              help="Baseline summary.json (or its artifact dir) for [[relative]] rules.")
-@click.option("--junit", type=click.Path(dir_okay=False, path_type=Path), show_default="not written",
-              help="Write JUnit XML here (one testcase per rule, named by the rule).")
-@click.option("--verdict", "verdict_path", type=click.Path(dir_okay=False, path_type=Path), show_default="not written",
-              help="Write the JSON verdict (dsprof.gate_verdict/1) here.")
+@click.option(
+    "--rules",
+    "rules_path",
+    required=True,
+    type=click.Path(path_type=Path),
+    help="TOML rules file; grammar, outcomes and outputs in docs/GATE_RULES.md.",
+)
+@click.option(
+    "--baseline",
+    type=click.Path(path_type=Path),
+    show_default="none: [[relative]] rules are skipped",
+    help="Baseline summary.json (or its artifact dir) for [[relative]] rules.",
+)
+@click.option(
+    "--junit",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_default="not written",
+    help="Write JUnit XML here (one testcase per rule, named by the rule).",
+)
+@click.option(
+    "--verdict",
+    "verdict_path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_default="not written",
+    help="Write the JSON verdict (dsprof.gate_verdict/1) here.",
+)
 def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
     """Check a summary against gate rules (docs/GATE_RULES.md).
 
@@ -355,13 +471,16 @@ def _runs(spec: str, name: str) -> list[Path]:
 @cli.command(context_settings={"show_default": True})
 @click.argument("a")
 @click.argument("b")
-@click.option("--per-rank/--no-per-rank", default=False,
-              help="Also compare per-rank blocks, per-rank cadence and achieved depth.")
-@click.option("--all/--folded", "show_all", default=False,
-              help="List every figure, or fold unchanged figures and figures within noise into a count.")
-@click.option("--fail-on-regression/--no-fail-on-regression", default=False,
-              help="Exit 1 when a verdict changes for the worse or a figure moves beyond noise in its worse direction "
-                   "(needs repeated runs on at least one side).")
+@click.option("--per-rank/--no-per-rank", default=False, help="Also compare per-rank blocks, per-rank cadence and achieved depth.")
+@click.option(
+    "--all/--folded", "show_all", default=False, help="List every figure, or fold unchanged figures and figures within noise into a count."
+)
+@click.option(
+    "--fail-on-regression/--no-fail-on-regression",
+    default=False,
+    help="Exit 1 when a verdict changes for the worse or a figure moves beyond noise in its worse direction "
+    "(needs repeated runs on at least one side).",
+)
 def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
     """Compare the figures of two runs (docs/GATE_RULES.md, "Comparing runs").
 
@@ -377,8 +496,9 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
 
     result = diff_summaries(_runs(a, "A"), _runs(b, "B"), per_rank=per_rank)
     if fail_on_regression and not result.has_noise_estimate:
-        raise click.UsageError("--fail-on-regression needs repeated runs on at least one side (A1,A2,A3) "
-                               "to tell a regression from run-to-run noise")
+        raise click.UsageError(
+            "--fail-on-regression needs repeated runs on at least one side (A1,A2,A3) to tell a regression from run-to-run noise"
+        )
     click.echo(format_diff(result, show_all=show_all))
     if fail_on_regression and result.regressions:
         click.echo(f"regression: {len(result.regressions)} verdict(s) or figure(s) worse beyond noise")

@@ -21,9 +21,7 @@ _COMMON = {"\n": "\\n", "\r": "\\r", "\t": "\\t"}
 # C0 controls and DEL, C1 controls (0x9b is a one-byte CSI on some terminals), the
 # bidirectional marks, embeddings, overrides and isolates, the line and paragraph
 # separators, lone surrogates (unprintable and unencodable) and the BMP noncharacters.
-_UNSAFE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff]"
-)
+_UNSAFE = re.compile("[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff\ufdd0-\ufdef\ufffe\uffff]")
 
 
 def _escape(match: re.Match[str]) -> str:

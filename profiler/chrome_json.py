@@ -127,8 +127,9 @@ class LineBatch:
     utf8: bool = True  # every line is UTF-8 (else each line must be checked: see decode_event)
 
 
-def line_batches(handle: BinaryIO, limits: JsonLimits = DEFAULT_LIMITS, size: int | None = None,
-                 chunk_bytes: int = CHUNK_BYTES) -> Iterator[LineBatch]:
+def line_batches(
+    handle: BinaryIO, limits: JsonLimits = DEFAULT_LIMITS, size: int | None = None, chunk_bytes: int = CHUNK_BYTES
+) -> Iterator[LineBatch]:
     """The lines of ``handle`` (its first ``size`` bytes, if given) a chunk at a time; the last line may lack its newline (a torn write)."""
     number, tail, skipping = 1, b"", False  # skipping: inside an overlong line, drop bytes up to its newline
     left = -1 if size is None else size
@@ -296,7 +297,14 @@ def scan_structure(data: np.ndarray) -> Structure:
 
 def int64_of(value: Any) -> int | None:
     """``value`` as an int64 when it is one: an int, an integral decimal, or integer text, within int64 range; else None."""
-    if type(value) is str and _INT64_TEXT.fullmatch(value) or isinstance(value, Decimal) and value.is_finite() and value.adjusted() <= 18 and value == value.to_integral_value():
+    if (
+        type(value) is str
+        and _INT64_TEXT.fullmatch(value)
+        or isinstance(value, Decimal)
+        and value.is_finite()
+        and value.adjusted() <= 18
+        and value == value.to_integral_value()
+    ):
         value = int(value)
     return value if type(value) is int and INT64_MIN <= value <= INT64_MAX else None
 

@@ -65,6 +65,8 @@ LEVEL_CATEGORIES: dict[str, frozenset[str] | None] = {
 }
 FLUSH_EVERY_EVENTS = 256
 FLUSH_INTERVAL_S = 1.0
+
+
 def _parse_levels(levels: str | Iterable[str]) -> frozenset[str] | None:
     """The categories recorded at ``levels`` (None = every category)."""
     names = levels.split(",") if isinstance(levels, str) else list(levels)
@@ -455,15 +457,23 @@ def merge_fragments(
                 raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
             if progress is not None:
                 skipped = sum(counts[k] - before[k] for k in _SKIP_REASONS)
-                progress(f"merged fragment {index}/{len(paths)}: {path.name} ({counts['events'] - before['events']} events, {skipped} skipped)")
+                progress(
+                    f"merged fragment {index}/{len(paths)}: {path.name} ({counts['events'] - before['events']} events, {skipped} skipped)"
+                )
         if paths and not counts["events"]:
             raise InputError(directory, f"no fragment line is a JSON event{kept}", expected="one Chrome trace event per line")
         out.write(b"\n]}\n")
         out.seek(counts_at)
         out.write(json.dumps(counts, separators=(",", ":")).encode().ljust(_COUNTS_WIDTH))
     dropped = {k: counts[k] for k in _SKIP_REASONS if counts[k]}
-    return MergeResult(path=target, events=counts["events"], skipped_lines=sum(dropped.values()), fragments=len(paths),
-                       dropped=dropped, non_finite_values=counts[NON_FINITE_VALUES])
+    return MergeResult(
+        path=target,
+        events=counts["events"],
+        skipped_lines=sum(dropped.values()),
+        fragments=len(paths),
+        dropped=dropped,
+        non_finite_values=counts[NON_FINITE_VALUES],
+    )
 
 
 def _write_events(batch: LineBatch, out: BinaryIO, separator: bytes, counts: dict[str, int]) -> bytes:

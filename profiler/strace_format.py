@@ -68,6 +68,7 @@ def device_phase_name(path: str) -> str:
     """The span name of a device phase given its path below device_wall (``forward.a2a_wait``)."""
     return f"{DEVICE_WALL}.{path}"
 
+
 # Phase labels: the span name below the root, with the runner_run level dropped
 # (``chip.run.runner_run.native_fence_wait`` -> ``native_fence_wait``).
 PHASE_ROOT = "root"

@@ -21,16 +21,30 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("ranks", "tp", "requests", "prompt-tokens", "output-tokens", "layers", "rounds", "warmup", "seed"):
         parser.add_argument(f"--{flag}", type=int, default=None)
     parser.add_argument("--metadata", choices=METADATA_PATHS, default=None)
-    parser.add_argument("--no-device-phases", dest="device_phases", action="store_false", default=None,
-                        help="do not emit device-phase markers (native_fence_wait, device_wall)")
-    parser.add_argument("--inject", action="append", default=None, metavar="SPEC",
-                        help="inject a fault, e.g. fence_tail:p=0.05,ms=20 (repeatable; see docs/RUNTIME.md)")
+    parser.add_argument(
+        "--no-device-phases",
+        dest="device_phases",
+        action="store_false",
+        default=None,
+        help="do not emit device-phase markers (native_fence_wait, device_wall)",
+    )
+    parser.add_argument(
+        "--inject",
+        action="append",
+        default=None,
+        metavar="SPEC",
+        help="inject a fault, e.g. fence_tail:p=0.05,ms=20 (repeatable; see docs/RUNTIME.md)",
+    )
     parser.add_argument("--acceptance-rate", type=float, default=None, help="synthetic MTP acceptance rate")
     parser.add_argument("--profile-level", default=None, help="SA_PROFILE levels, e.g. e2e,kernel")
-    parser.add_argument("--no-profile", dest="profile", action="store_false", default=None,
-                        help="switch SA_PROFILE and STRACE off")
-    parser.add_argument("--no-host-evidence", dest="host_evidence", action="store_false", default=None,
-                        help="STRACE spans without host evidence (os.cpu_ns, os.rq_ns, os.nivcsw, os.majflt)")
+    parser.add_argument("--no-profile", dest="profile", action="store_false", default=None, help="switch SA_PROFILE and STRACE off")
+    parser.add_argument(
+        "--no-host-evidence",
+        dest="host_evidence",
+        action="store_false",
+        default=None,
+        help="STRACE spans without host evidence (os.cpu_ns, os.rq_ns, os.nivcsw, os.majflt)",
+    )
     parser.add_argument("-o", "--out", required=True, help="artifact directory")
     return parser
 

@@ -96,15 +96,29 @@ class RuntimeConfig:
 
     def validate(self) -> None:
         """Raise DsprofError naming the first bad value."""
+
         def need(ok: bool, what: str) -> None:
             if not ok:
                 raise DsprofError(f"invalid runtime config: {what}")
 
-        for name in ("ranks", "tp", "requests", "prompt_tokens", "output_tokens", "layers", "hidden",
-                     "heads", "kv_latent", "vocab", "experts_per_rank", "top_k", "expert_hidden", "block_size"):
+        for name in (
+            "ranks",
+            "tp",
+            "requests",
+            "prompt_tokens",
+            "output_tokens",
+            "layers",
+            "hidden",
+            "heads",
+            "kv_latent",
+            "vocab",
+            "experts_per_rank",
+            "top_k",
+            "expert_hidden",
+            "block_size",
+        ):
             value = getattr(self, name)
-            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1,
-                 f"{name} must be a positive integer, got {value!r}")
+            need(isinstance(value, int) and not isinstance(value, bool) and value >= 1, f"{name} must be a positive integer, got {value!r}")
         need(self.ranks <= 64, f"ranks must be at most 64, got {self.ranks}")
         need(self.ranks % self.tp == 0, f"tp={self.tp} must divide ranks={self.ranks}")
         need(self.heads % self.tp == 0, f"tp={self.tp} must divide heads={self.heads}")
@@ -113,11 +127,12 @@ class RuntimeConfig:
         need(self.hidden % self.heads == 0, f"heads={self.heads} must divide hidden={self.hidden}")
         need(self.top_k <= self.experts_per_rank * self.ranks, "top_k exceeds the number of experts")
         need(self.output_tokens >= 1, "output_tokens must be at least 1")
-        need(self.rounds is None or (isinstance(self.rounds, int) and self.rounds >= 1),
-             f"rounds must be a positive integer, got {self.rounds!r}")
+        need(
+            self.rounds is None or (isinstance(self.rounds, int) and self.rounds >= 1),
+            f"rounds must be a positive integer, got {self.rounds!r}",
+        )
         need(isinstance(self.warmup, int) and self.warmup >= 0, f"warmup must be >= 0, got {self.warmup!r}")
-        need(self.metadata in METADATA_PATHS,
-             f"metadata must be one of {', '.join(METADATA_PATHS)}, got {self.metadata!r}")
+        need(self.metadata in METADATA_PATHS, f"metadata must be one of {', '.join(METADATA_PATHS)}, got {self.metadata!r}")
         need(0.0 <= self.acceptance_rate <= 1.0, f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
         need(self.copy_latency_ms >= 0, "copy_latency_ms must be >= 0")
         levels = [lv.strip() for lv in self.profile_level.split(",") if lv.strip()]
@@ -128,9 +143,15 @@ class RuntimeConfig:
     def workload(self) -> dict:
         """The ``workload`` block of performance_summary.json."""
         data = asdict(self)
-        data.update(dp=self.dp, ep=self.ep, depth=self.depth, dense_layers=self.dense_layers,
-                    moe_layers=self.layers - self.dense_layers, experts=self.experts_per_rank * self.ranks,
-                    mtp=1)
+        data.update(
+            dp=self.dp,
+            ep=self.ep,
+            depth=self.depth,
+            dense_layers=self.dense_layers,
+            moe_layers=self.layers - self.dense_layers,
+            experts=self.experts_per_rank * self.ranks,
+            mtp=1,
+        )
         return data
 
 
@@ -138,9 +159,7 @@ PRESETS: dict[str, RuntimeConfig] = {
     # dsprof run's default: every feature visible in well under a minute on 2 cores.
     "demo": RuntimeConfig(preset="demo", ranks=4, tp=1, requests=16, prompt_tokens=32, output_tokens=48),
     # SPEC §4 production shape (GBS32 = DP8 x 4, EP8, TP1, 32 x 64 x 256) with a small model.
-    "production": RuntimeConfig(preset="production", ranks=8, tp=1, requests=32, prompt_tokens=64,
-                                output_tokens=256),
+    "production": RuntimeConfig(preset="production", ranks=8, tp=1, requests=32, prompt_tokens=64, output_tokens=256),
     # SPEC §4 microbenchmark: EP4/TP4 on four ranks, 5 warm-up + 1000 measured rounds.
-    "microbench": RuntimeConfig(preset="microbench", ranks=4, tp=4, requests=4, prompt_tokens=16,
-                                output_tokens=1, rounds=1000, warmup=5),
+    "microbench": RuntimeConfig(preset="microbench", ranks=4, tp=4, requests=4, prompt_tokens=16, output_tokens=1, rounds=1000, warmup=5),
 }

@@ -172,6 +172,7 @@ class CpuDevice:
         The CPU device models the transfer's latency (``copy_latency_ms``): it is
         what a real synchronous H2D copy plus stream sync costs the caller.
         """
+
         def copy(_clock: PhaseClock) -> None:
             dst.copy_(src.reshape(dst.shape))
             if self.copy_latency_s > 0:
@@ -206,8 +207,9 @@ class _CudaPhaseClock(PhaseClock):
         self.events.append((path, token, end))
 
     def resolve(self) -> list[tuple[str, int, int]]:
-        return [(path, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6))
-                for path, start, end in self.events]
+        return [
+            (path, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6)) for path, start, end in self.events
+        ]
 
 
 class _CudaFence(Fence):

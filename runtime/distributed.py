@@ -79,17 +79,22 @@ class ParallelContext:
         return recv
 
 
-def init_distributed(rank: int, world: int, tp: int, master_addr: str, master_port: int,
-                     timeout_s: float = 120.0, metadata_group: bool = False) -> ParallelContext:
+def init_distributed(
+    rank: int, world: int, tp: int, master_addr: str, master_port: int, timeout_s: float = 120.0, metadata_group: bool = False
+) -> ParallelContext:
     """Join the process group; ``metadata_group`` adds a separate host-side gloo group
     (the device-resident metadata path synchronises its updates over it, from the
     host thread, while the device stream owns the default group)."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     os.environ.setdefault("MASTER_ADDR", master_addr)
     os.environ.setdefault("MASTER_PORT", str(master_port))
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
-                            timeout=datetime.timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world,
+        init_method=f"tcp://{os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']}",
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
     tp_group = None
     if tp == world and tp > 1:
         tp_group = dist.group.WORLD

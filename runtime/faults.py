@@ -79,12 +79,20 @@ class FaultEvent:
     def to_json(self, details: dict | None = None) -> dict:
         """The faults.json entry: where it was injected, how much, what an analysis should name, and ``details``."""
         mechanism, phase = GROUND_TRUTH[self.kind]
-        return {"kind": self.kind, "rank": self.rank, "step": self.step, "delay_ms": self.ms,
-                "mechanism": mechanism, "phase": phase, **(details or {})}
+        return {
+            "kind": self.kind,
+            "rank": self.rank,
+            "step": self.step,
+            "delay_ms": self.ms,
+            "mechanism": mechanism,
+            "phase": phase,
+            **(details or {}),
+        }
 
 
 def parse_fault(text: str, ranks: int) -> FaultSpec:
     """Parse one ``kind:key=value,...`` spec; DsprofError names the spec and what is wrong."""
+
     def bad(what: str) -> DsprofError:
         return DsprofError(f"bad --inject spec {text!r}: {what}")
 
@@ -166,6 +174,10 @@ class FaultPlan:
 
     def at(self, rank: int, step: int) -> StepFaults:
         """The events ``rank`` applies at measured decode step ``step``, in spec order."""
-        return StepFaults(tuple(
-            FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms)
-            for index, spec in enumerate(self.specs) if self._target(index, step) == rank))
+        return StepFaults(
+            tuple(
+                FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms)
+                for index, spec in enumerate(self.specs)
+                if self._target(index, step) == rank
+            )
+        )

@@ -129,8 +129,9 @@ class GcPause:
 
     def __init__(self, longest_ms: float):
         _keep_freed_heap(self._KEEP_FREED_HEAP_BYTES)
-        self.ns_per_ref = statistics.median(self._collect(self._CALIBRATION_REFS) / self._CALIBRATION_REFS
-                                            for _ in range(self._CALIBRATION_RUNS))
+        self.ns_per_ref = statistics.median(
+            self._collect(self._CALIBRATION_REFS) / self._CALIBRATION_REFS for _ in range(self._CALIBRATION_RUNS)
+        )
         refs = self._refs(longest_ms)  # the rate at the planned size counts (caches), and its pages stay mapped
         self.ns_per_ref = self._collect(refs) / refs
 

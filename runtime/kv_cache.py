@@ -27,8 +27,7 @@ class BlockMetadata:
 
 
 class PagedKVCache:
-    def __init__(self, worker: DistributedWorker, layers: int, batch: int, max_tokens_per_seq: int,
-                 block_size: int, latent: int):
+    def __init__(self, worker: DistributedWorker, layers: int, batch: int, max_tokens_per_seq: int, block_size: int, latent: int):
         self.block_size = block_size
         self.max_blocks_per_seq = -(-max_tokens_per_seq // block_size)
         self.num_blocks = batch * self.max_blocks_per_seq + 1

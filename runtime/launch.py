@@ -98,8 +98,7 @@ class ListSink(QueueSink):
         self.messages.append(message)
 
 
-def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, master_port: int,
-             out_dir: Path, sink) -> dict:
+def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, master_port: int, out_dir: Path, sink) -> dict:
     """Body of one rank process: join the group, build the shard, prefill, decode."""
     plan = FaultPlan(parse_faults(config.inject, config.ranks), config.ranks, config.seed)
     neighbour = _prepare_cpu_contention(plan, rank) if plan.injects(fault_kinds.CPU_CONTENTION) else None
@@ -113,8 +112,7 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         sa_profile.shutdown()
     device = None
     try:
-        par = init_distributed(rank, world, config.tp, master_addr, master_port,
-                               metadata_group=config.metadata == "device-resident")
+        par = init_distributed(rank, world, config.tp, master_addr, master_port, metadata_group=config.metadata == "device-resident")
 
         def on_device_thread_start() -> None:
             torch.set_num_threads(1)
@@ -158,8 +156,7 @@ def _prepare_cpu_contention(plan: FaultPlan, rank: int) -> CpuNeighbour | None:
     return CpuNeighbour(cpu) if plan.most_ms(fault_kinds.CPU_CONTENTION, rank) else None
 
 
-def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, log_fd: int, channel,
-                  launcher_pid: int, group: int) -> None:
+def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, log_fd: int, channel, launcher_pid: int, group: int) -> None:
     """Entry of a forked rank: dies with the launcher, joins the ranks' process group (``group`` 0: leads it),
     turns SIGTERM into an interrupt, and makes stderr the shared server.log descriptor."""
     die_with_parent(launcher_pid)
@@ -198,8 +195,9 @@ class _Ranks:
     def start(self, context, config: RuntimeConfig, port: int, out: Path, log_fd: int, channel) -> None:
         launcher = os.getpid()
         for rank in range(config.ranks):
-            proc = context.Process(target=_rank_process, name=f"dsprof-rank{rank}",
-                                   args=(config, rank, port, out, log_fd, channel, launcher, self.group or 0))
+            proc = context.Process(
+                target=_rank_process, name=f"dsprof-rank{rank}", args=(config, rank, port, out, log_fd, channel, launcher, self.group or 0)
+            )
             proc.start()
             self.procs.append(proc)
             if self.group is None:
@@ -253,8 +251,7 @@ class _Collector:
                 self.returned += len(toks)
             self.verified[rank], self.accepted[rank] = verified, accepted
             self.step = max(self.step, step)
-            self._report(f"decode step {self.step + 1}/{self.plan.decode_steps - self.plan.warmup}, "
-                         f"tokens {self.returned}/{self.expected}")
+            self._report(f"decode step {self.step + 1}/{self.plan.decode_steps - self.plan.warmup}, tokens {self.returned}/{self.expected}")
         elif kind == "fault":
             self.faults.append(message[1])
         elif kind == "up":
@@ -279,8 +276,7 @@ def _culprit(collector: _Collector, procs: list) -> tuple[int, str]:
     own = [f for f in collector.failures if not f[2]]
     if own:
         return own[0][0], own[0][1]
-    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0)
-              and r not in {f[0] for f in collector.failures}]
+    silent = [r for r, p in enumerate(procs) if p.exitcode not in (None, 0) and r not in {f[0] for f in collector.failures}]
     if silent:
         code = procs[silent[0]].exitcode
         how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
@@ -289,8 +285,7 @@ def _culprit(collector: _Collector, procs: list) -> tuple[int, str]:
     return rank, text
 
 
-def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike,
-                 progress: Callable[[str], None] | None = None) -> RunOutcome:
+def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike, progress: Callable[[str], None] | None = None) -> RunOutcome:
     """Run the workload in ``config.ranks`` rank processes and write the artifact directory.
 
     On Ctrl-C or SIGTERM (in the main thread) the ranks are stopped, the
@@ -334,8 +329,17 @@ def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike,
         ranks.stop()
         _drain(channel, collector)
         os.close(log_fd)
-    outcome = _finish(config, out, plan, collector, launch_ns, failed_rank, message, progress,
-                      exit_status_of(interrupted) if interrupted is not None else None)
+    outcome = _finish(
+        config,
+        out,
+        plan,
+        collector,
+        launch_ns,
+        failed_rank,
+        message,
+        progress,
+        exit_status_of(interrupted) if interrupted is not None else None,
+    )
     if on_main_thread:
         signal.signal(signal.SIGTERM, previous_handler)
     if interrupted is not None:
@@ -380,14 +384,24 @@ def _drain(channel, collector: _Collector) -> None:
             return
 
 
-def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launch_ns: int,
-            failed_rank: int | None, message: str, progress, interrupted_status: int | None = None) -> RunOutcome:
+def _finish(
+    config: RuntimeConfig,
+    out: Path,
+    plan,
+    collector: _Collector,
+    launch_ns: int,
+    failed_rank: int | None,
+    message: str,
+    progress,
+    interrupted_status: int | None = None,
+) -> RunOutcome:
     """Merge the SA_PROFILE fragments and write performance_summary.json and faults.json (atomically)."""
     start_ns = min(collector.starts.values()) if collector.starts else launch_ns
     end_ns = max(collector.last_token_ns.values()) if collector.last_token_ns else start_ns
     elapsed_s = (end_ns - start_ns) / 1e9
-    missing = {rid: plan.tokens_expected[rid] - len(toks) for rid, toks in collector.tokens.items()
-               if len(toks) != plan.tokens_expected[rid]}
+    missing = {
+        rid: plan.tokens_expected[rid] - len(toks) for rid, toks in collector.tokens.items() if len(toks) != plan.tokens_expected[rid]
+    }
     if interrupted_status is not None:
         status = interrupted_status
     elif failed_rank is not None or message:
@@ -401,11 +415,19 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
     if config.profile:
         dp_rank_of = {rid: dp for dp, rids in enumerate(plan.requests_of_dp) for rid in rids}
         for rid, last in collector.last_token_ns.items():
-            sa_profile.complete("request", "request", start_ns // 1000, (last - start_ns) // 1000, request_id=rid,
-                                dp_rank=dp_rank_of[rid], prompt_tokens=config.prompt_tokens,
-                                output_tokens=len(collector.tokens[rid]))
-        sa_profile.complete("serving.batch", "serving", start_ns // 1000, (end_ns - start_ns) // 1000,
-                            requests=config.requests, tokens=collector.returned)
+            sa_profile.complete(
+                "request",
+                "request",
+                start_ns // 1000,
+                (last - start_ns) // 1000,
+                request_id=rid,
+                dp_rank=dp_rank_of[rid],
+                prompt_tokens=config.prompt_tokens,
+                output_tokens=len(collector.tokens[rid]),
+            )
+        sa_profile.complete(
+            "serving.batch", "serving", start_ns // 1000, (end_ns - start_ns) // 1000, requests=config.requests, tokens=collector.returned
+        )
         if progress:
             progress("merging SA_PROFILE fragments")
         sa_profile.merge_fragments(out / artifacts.SERVING_TRACE_DIR)  # flushes this process's fragment first
@@ -436,9 +458,11 @@ def _finish(config: RuntimeConfig, out: Path, plan, collector: _Collector, launc
     atomic_write_text(out / artifacts.PERFORMANCE_SUMMARY, json.dumps(summary, indent=2) + "\n")
     if config.inject:
         faults = sorted(collector.faults, key=lambda f: (f["step"], f["rank"], f["kind"]))
-        atomic_write_text(out / artifacts.FAULTS, json.dumps(
-            {"schema": artifacts.FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults},
-            indent=2) + "\n")
+        atomic_write_text(
+            out / artifacts.FAULTS,
+            json.dumps({"schema": artifacts.FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults}, indent=2)
+            + "\n",
+        )
     return RunOutcome(status, out, summary, failed_rank, message, collector.tokens)
 
 
@@ -455,8 +479,7 @@ def run_torchrun_rank(config: RuntimeConfig, out_dir: str | os.PathLike, rank: i
     out.mkdir(parents=True, exist_ok=True)
     sink = ListSink()
     launch_ns = time.perf_counter_ns()
-    run_rank(config, rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"),
-             int(os.environ.get("MASTER_PORT", "29500")), out, sink)
+    run_rank(config, rank, world, os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500")), out, sink)
     gathered: list | None = [None] * world if rank == 0 else None
     dist.gather_object(sink.messages, gathered, dst=0)
     status = EXIT_OK

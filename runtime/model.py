@@ -39,7 +39,7 @@ class ParamPool:
         self.tensors: dict[str, torch.Tensor] = {}
         offset = 0
         for key, value in params.items():
-            self.tensors[key] = storage[offset: offset + value.numel()].view(value.shape)
+            self.tensors[key] = storage[offset : offset + value.numel()].view(value.shape)
             offset += value.numel()
 
     def __getitem__(self, key: str) -> torch.Tensor:
@@ -73,10 +73,18 @@ class DeepSeekLite:
         self.par = par
         heads = config.heads
         self.shape = ModelShape(
-            hidden=config.hidden, heads=heads, head_dim=config.hidden // heads, latent=config.kv_latent,
-            vocab=config.vocab, experts=config.experts_per_rank * config.ranks,
-            experts_per_rank=config.experts_per_rank, top_k=config.top_k, ffn=config.expert_hidden,
-            block_size=config.block_size, dense_layers=config.dense_layers, layers=config.layers,
+            hidden=config.hidden,
+            heads=heads,
+            head_dim=config.hidden // heads,
+            latent=config.kv_latent,
+            vocab=config.vocab,
+            experts=config.experts_per_rank * config.ranks,
+            experts_per_rank=config.experts_per_rank,
+            top_k=config.top_k,
+            ffn=config.expert_hidden,
+            block_size=config.block_size,
+            dense_layers=config.dense_layers,
+            layers=config.layers,
         )
         s = self.shape
         tp, tpr = par.tp, par.tp_rank
@@ -84,10 +92,10 @@ class DeepSeekLite:
         hd_l = self.local_heads * s.head_dim
 
         def cols(w: torch.Tensor, width: int) -> torch.Tensor:
-            return w[:, tpr * width: (tpr + 1) * width]
+            return w[:, tpr * width : (tpr + 1) * width]
 
         def rows(w: torch.Tensor, height: int) -> torch.Tensor:
-            return w[tpr * height: (tpr + 1) * height]
+            return w[tpr * height : (tpr + 1) * height]
 
         gen = torch.Generator().manual_seed(config.seed * 7919 + 17)
         self.embed = ParamPool(worker, "embed", {"w": torch.randn(s.vocab, s.hidden, generator=gen)})
@@ -97,16 +105,21 @@ class DeepSeekLite:
         self.experts: list[list[ParamPool]] = []
         for layer in range(s.layers):
             full = s.heads * s.head_dim
-            self.attn.append(ParamPool(worker, f"layer{layer}.attn", {
-                "wq": cols(_init(gen, s.hidden, full), hd_l),
-                "w_dkv": _init(gen, s.hidden, s.latent),
-                "w_uk": cols(_init(gen, s.latent, full), hd_l),
-                "w_uv": cols(_init(gen, s.latent, full), hd_l),
-                "wo": rows(_init(gen, full, s.hidden), hd_l),
-            }))
+            self.attn.append(
+                ParamPool(
+                    worker,
+                    f"layer{layer}.attn",
+                    {
+                        "wq": cols(_init(gen, s.hidden, full), hd_l),
+                        "w_dkv": _init(gen, s.hidden, s.latent),
+                        "w_uk": cols(_init(gen, s.latent, full), hd_l),
+                        "w_uv": cols(_init(gen, s.latent, full), hd_l),
+                        "wo": rows(_init(gen, full, s.hidden), hd_l),
+                    },
+                )
+            )
             width = 2 * s.ffn if layer < s.dense_layers else s.ffn  # dense FFN, or the shared expert
-            params = {"w1": cols(_init(gen, s.hidden, width), width // tp),
-                      "w2": rows(_init(gen, width, s.hidden), width // tp)}
+            params = {"w1": cols(_init(gen, s.hidden, width), width // tp), "w2": rows(_init(gen, width, s.hidden), width // tp)}
             if layer >= s.dense_layers:
                 params["router"] = _init(gen, s.hidden, s.experts)
             self.ffn.append(ParamPool(worker, f"layer{layer}.ffn", params))
@@ -114,8 +127,11 @@ class DeepSeekLite:
             if layer >= s.dense_layers:
                 for e in range(par.rank * s.experts_per_rank, (par.rank + 1) * s.experts_per_rank):
                     egen = torch.Generator().manual_seed(config.seed * 104729 + layer * 1009 + e)
-                    local.append(ParamPool(worker, f"layer{layer}.expert{e}",
-                                           {"w1": _init(egen, s.hidden, s.ffn), "w2": _init(egen, s.ffn, s.hidden)}))
+                    local.append(
+                        ParamPool(
+                            worker, f"layer{layer}.expert{e}", {"w1": _init(egen, s.hidden, s.ffn), "w2": _init(egen, s.ffn, s.hidden)}
+                        )
+                    )
             self.experts.append(local)
         # MTP-1 module (replicated): its own pools, each copied from its own base.
         self.mtp_proj = ParamPool(worker, "mtp.proj", {"w": _init(gen, 2 * s.hidden, s.hidden)})
@@ -123,8 +139,9 @@ class DeepSeekLite:
 
     # -- building blocks ------------------------------------------------------------------
 
-    def attention(self, x: torch.Tensor, layer: int, positions: torch.Tensor, slots: torch.Tensor,
-                  ctx_slots: torch.Tensor, kv_pool: torch.Tensor) -> torch.Tensor:
+    def attention(
+        self, x: torch.Tensor, layer: int, positions: torch.Tensor, slots: torch.Tensor, ctx_slots: torch.Tensor, kv_pool: torch.Tensor
+    ) -> torch.Tensor:
         """MLA-style attention: cache the compressed latent, up-project K/V from it.
 
         The K/V up-projections are absorbed into the query and the output (as MLA
@@ -168,7 +185,7 @@ class DeepSeekLite:
         per = token_capacity  # tokens this rank routes (padded, equal on every rank)
         padded = torch.zeros(per * par.tp, H, dtype=flat.dtype, device=flat.device)
         padded[:n] = flat
-        mine = padded[par.tp_rank * per: (par.tp_rank + 1) * per]
+        mine = padded[par.tp_rank * per : (par.tp_rank + 1) * per]
         real = (torch.arange(per, device=flat.device) + par.tp_rank * per) < n
         gate = (mine @ p["router"]).softmax(-1)
         weights, experts = gate.topk(s.top_k, dim=-1)  # [per, k]
@@ -193,7 +210,7 @@ class DeepSeekLite:
         gathered = back[dest, slot] * weights.reshape(-1, 1) * valid.unsqueeze(1)
         routed = gathered.view(per, s.top_k, H).sum(1)
         shared = F.silu(padded @ p["w1"]) @ p["w2"]  # TP partial sums of the shared expert
-        shared[par.tp_rank * per: (par.tp_rank + 1) * per] += routed
+        shared[par.tp_rank * per : (par.tp_rank + 1) * per] += routed
         return par.all_reduce_tp(shared)[:n].view(B, T, H)
 
     def mtp_draft(self, hidden: torch.Tensor, next_tokens: torch.Tensor) -> torch.Tensor:
@@ -203,8 +220,15 @@ class DeepSeekLite:
         z = z + F.silu(rms_norm(z) @ self.mtp_ffn["w1"]) @ self.mtp_ffn["w2"]
         return (rms_norm(z) @ self.lm_head["w"]).argmax(-1)
 
-    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
-                ctx_slots: torch.Tensor, kv_pools: list[torch.Tensor], token_capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(
+        self,
+        tokens: torch.Tensor,
+        positions: torch.Tensor,
+        slots: torch.Tensor,
+        ctx_slots: torch.Tensor,
+        kv_pools: list[torch.Tensor],
+        token_capacity: int,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Target model over ``tokens`` [B, T]; returns (final hidden [B,T,H], logits [B,T,V])."""
         h = self.embed["w"][tokens]
         for layer in range(self.shape.layers):

@@ -97,17 +97,33 @@ class ChipRunLane:
         self._epoch = 0
         self._in_flight: list[Run] = []  # launched, not yet drained (oldest first)
 
-    def bind(self, *, step: int, callable_name: str, dispatch_id: int, profiled: bool,
-             stage_args: Callable[[TaskArgs], None], bind_prebuilt: Callable[[TaskArgs], None],
-             slot: TaskArgs | None = None) -> Run:
+    def bind(
+        self,
+        *,
+        step: int,
+        callable_name: str,
+        dispatch_id: int,
+        profiled: bool,
+        stage_args: Callable[[TaskArgs], None],
+        bind_prebuilt: Callable[[TaskArgs], None],
+        slot: TaskArgs | None = None,
+    ) -> Run:
         """Stage the next run's slot. Device-resident metadata waits for the predecessor first."""
         if self.serialize_metadata:
             for previous in list(self._in_flight):
                 self.drain(previous)
         slot = slot if slot is not None else self.slots[self._epoch % len(self.slots)]
         slot.generation += 1
-        run = Run(epoch=self._epoch, step=step, callable=callable_name, slot=slot, dispatch_id=dispatch_id,
-                  profiled=profiled, inv=strace.new_invocation(), generation=slot.generation)
+        run = Run(
+            epoch=self._epoch,
+            step=step,
+            callable=callable_name,
+            slot=slot,
+            dispatch_id=dispatch_id,
+            profiled=profiled,
+            inv=strace.new_invocation(),
+            generation=slot.generation,
+        )
         self._epoch += 1
         run.bind_start = mark()
         stage_args(slot)
@@ -166,17 +182,32 @@ class ChipRunLane:
         host(fmt.CLAIM_RELEASE, 1, run.claim_start, run.claim_end)
         host(fmt.VALIDATE, 1, run.validate_start, run.validate_end)
         # finish() validates after the drain, so validate's end is the run's end
-        host(fmt.ROOT, 0, run.bind_start, run.validate_end, run_id=run.epoch, dispatch_id=run.dispatch_id,
-             run_epoch=run.epoch, slot_id=run.slot.slot_id, generation=run.generation, rank=self.rank,
-             device=self.device.name, callable=run.callable, step=run.step, **run.attrs)
+        host(
+            fmt.ROOT,
+            0,
+            run.bind_start,
+            run.validate_end,
+            run_id=run.epoch,
+            dispatch_id=run.dispatch_id,
+            run_epoch=run.epoch,
+            slot_id=run.slot.slot_id,
+            generation=run.generation,
+            rank=self.rank,
+            device=self.device.name,
+            callable=run.callable,
+            step=run.step,
+            **run.attrs,
+        )
 
     def _emit_device_phases(self, run: Run, hid: str) -> None:
         """device_wall (with the executor thread's evidence) and every phase below it, on the device clock."""
         fence = run.fence
         assert fence is not None
         wall_ts, wall_dur = fence.wall()
-        strace.record(fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur,
-                      clk=fmt.CLK_DEVICE, **fence.evidence())
+        strace.record(
+            fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur, clk=fmt.CLK_DEVICE, **fence.evidence()
+        )
         for path, offset, dur in fence.phases():
-            strace.record(fmt.device_phase_name(path), inv=run.inv, hid=hid, depth=3 + path.count("."),
-                          ts_ns=offset, dur_ns=dur, clk=fmt.CLK_DEVICE)
+            strace.record(
+                fmt.device_phase_name(path), inv=run.inv, hid=hid, depth=3 + path.count("."), ts_ns=offset, dur_ns=dur, clk=fmt.CLK_DEVICE
+            )

@@ -94,8 +94,9 @@ class Injectors:
 class RankServer:
     """One rank: model shard, paged KV cache, device state, fused programs, and the lane."""
 
-    def __init__(self, config: RuntimeConfig, par: ParallelContext, device, worker: DistributedWorker,
-                 plan: ServingPlan, sink, injectors: Injectors):
+    def __init__(
+        self, config: RuntimeConfig, par: ParallelContext, device, worker: DistributedWorker, plan: ServingPlan, sink, injectors: Injectors
+    ):
         self.config, self.par, self.device, self.worker = config, par, device, worker
         self.plan, self.sink, self.injectors = plan, sink, injectors
         self.requests = plan.requests_of_dp[par.dp_rank]
@@ -117,8 +118,9 @@ class RankServer:
         mb = self.cache.max_blocks_per_seq
         self.slots = [self._slot(i, placement, DECODE_TOKENS, mb) for i in range(config.depth)]
         self.prefill_slot = self._slot(0, placement, config.prompt_tokens, mb, prompt=True)
-        self.lane = ChipRunLane(par.rank, device, self.slots, device_phases=config.device_phases,
-                                serialize_metadata=config.metadata == "device-resident")
+        self.lane = ChipRunLane(
+            par.rank, device, self.slots, device_phases=config.device_phases, serialize_metadata=config.metadata == "device-resident"
+        )
         # host view of each request, as of the last validated run
         self.ctx_known = [0] * B
         self.produced_known = [0] * B
@@ -146,8 +148,7 @@ class RankServer:
         args.add("seq_lens", placement, torch.int64, (B,))
         args.add("slot_mapping", placement, torch.int64, (B, tokens))
         args.add("block_counts", placement, torch.int64, (B,))
-        for name, shape in (("out_tokens", (B, DECODE_TOKENS)), ("out_counts", (B,)), ("out_delta", (B,)),
-                            ("out_accepted", (B,))):
+        for name, shape in (("out_tokens", (B, DECODE_TOKENS)), ("out_counts", (B,)), ("out_delta", (B,)), ("out_accepted", (B,))):
             args.add(name, Placement.DEVICE_RESIDENT, torch.int64, shape)
         return args
 
@@ -166,8 +167,15 @@ class RankServer:
             self._stage_meta(slot, meta)
 
         with sa_profile.span("worker.prefill", "worker", rank=self.par.rank, requests=self.batch):
-            run = self.lane.bind(step=-1, callable_name=PREFILL_CALLABLE, dispatch_id=1, profiled=self.plan.warmup == 0,
-                                 stage_args=stage, bind_prebuilt=self._bind_prebuilt, slot=self.prefill_slot)
+            run = self.lane.bind(
+                step=-1,
+                callable_name=PREFILL_CALLABLE,
+                dispatch_id=1,
+                profiled=self.plan.warmup == 0,
+                stage_args=stage,
+                bind_prebuilt=self._bind_prebuilt,
+                slot=self.prefill_slot,
+            )
             self.lane.launch(run, self._prefill_program)
         return run
 
@@ -177,9 +185,14 @@ class RankServer:
             with clock.phase(DEVICE_FORWARD), sa_profile.span("kernel.prefill_fwd", "kernel", tokens=self.batch * P):
                 arg = self._arg_reader(slot)
                 positions = torch.arange(P, device=self.device.torch_device).expand(self.batch, P)
-                h, logits = self.model.forward(arg("prompt"), positions, arg("slot_mapping"),
-                                               context_slots(arg("block_table"), slot.scalars["max_blocks"], self.config.block_size),
-                                               slot.prebuilt["kv_pools"], self.prefill_capacity)
+                h, logits = self.model.forward(
+                    arg("prompt"),
+                    positions,
+                    arg("slot_mapping"),
+                    context_slots(arg("block_table"), slot.scalars["max_blocks"], self.config.block_size),
+                    slot.prebuilt["kv_pools"],
+                    self.prefill_capacity,
+                )
                 first = logits[:, -1].argmax(-1)
             with clock.phase(DEVICE_MTP), sa_profile.span("kernel.mtp_draft", "kernel"):
                 draft = self.model.mtp_draft(h[:, -1], first)
@@ -244,6 +257,7 @@ class RankServer:
                 self.staged_first[step - self.plan.warmup] = first  # keyed like Run.step
                 slot.stage("accept", torch.tensor([int(self.plan.accept[rid][step]) for rid in self.requests]))
                 self._stage_meta(slot, meta)
+
         return stage
 
     def _decode_program(self, step: int, faults: StepFaults):
@@ -267,9 +281,14 @@ class RankServer:
                     positions = st["ctx"].unsqueeze(1) + torch.arange(DECODE_TOKENS, device=block_table.device)
                     slots = slots_for(block_table, positions, bs, active)  # device-side correction
                     tokens = torch.stack([st["last"], st["draft"]], 1)
-                    h, logits = self.model.forward(tokens, positions, slots,
-                                                   context_slots(block_table, slot.scalars["max_blocks"], bs),
-                                                   slot.prebuilt["kv_pools"], self.decode_capacity)
+                    h, logits = self.model.forward(
+                        tokens,
+                        positions,
+                        slots,
+                        context_slots(block_table, slot.scalars["max_blocks"], bs),
+                        slot.prebuilt["kv_pools"],
+                        self.decode_capacity,
+                    )
                 with clock.phase(DEVICE_VERIFY), _span(profiled, "kernel.verify", "kernel", step=step):
                     argmax = logits.argmax(-1)
                     remaining = st["limit"] - st["produced"]
@@ -290,6 +309,7 @@ class RankServer:
                 st["produced"].add_(counts)
                 st["last"].copy_(torch.where(active, next_last, st["last"]))
                 st["draft"].copy_(torch.where(active, draft, st["draft"]))
+
         return program
 
     def _validate(self, run: Run) -> None:
@@ -310,11 +330,14 @@ class RankServer:
                 live = self.produced_known[i] < limit
                 expected_counts = (1, 2) if live else (0,)
                 if counts[i] not in expected_counts:
-                    raise RuntimeError(f"rank {self.par.rank} step {run.step}: request {rid} produced "
-                                       f"{counts[i]} tokens, expected {expected_counts}")
+                    raise RuntimeError(
+                        f"rank {self.par.rank} step {run.step}: request {rid} produced {counts[i]} tokens, expected {expected_counts}"
+                    )
                 if decode and live and deltas[i] != staged[i] - self.ctx_known[i]:
-                    raise RuntimeError(f"rank {self.par.rank} step {run.step}: request {rid} position corrected by "
-                                       f"{deltas[i]}, expected {staged[i] - self.ctx_known[i]}")
+                    raise RuntimeError(
+                        f"rank {self.par.rank} step {run.step}: request {rid} position corrected by "
+                        f"{deltas[i]}, expected {staged[i] - self.ctx_known[i]}"
+                    )
                 new = tokens[i][: counts[i]]
                 if any(not 0 <= t < self.config.vocab for t in new):
                     raise RuntimeError(f"rank {self.par.rank} step {run.step}: token out of vocabulary for request {rid}")
@@ -368,9 +391,14 @@ class RankServer:
                 self.sink.fault(event.to_json(self._fault_details(event.kind)))
         if faults.crash:
             raise InjectedCrash(f"rank {rank} crashed at decode step {measured} (injected)")
-        run = self.lane.bind(step=measured, callable_name=DECODE_CALLABLE, dispatch_id=step + 2,
-                             profiled=measured >= 0, stage_args=self._stage_decode(step, faults.ms(fault_kinds.SLOW_BIND)),
-                             bind_prebuilt=self._bind_prebuilt)
+        run = self.lane.bind(
+            step=measured,
+            callable_name=DECODE_CALLABLE,
+            dispatch_id=step + 2,
+            profiled=measured >= 0,
+            stage_args=self._stage_decode(step, faults.ms(fault_kinds.SLOW_BIND)),
+            bind_prebuilt=self._bind_prebuilt,
+        )
         gc_ms, pauser = faults.ms(fault_kinds.GC_PAUSE), self.injectors.gc_pause
         if gc_ms:
             assert pauser is not None, "gc_pause planned on a rank that did not calibrate it"

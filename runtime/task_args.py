@@ -35,8 +35,7 @@ class ArgSlot:
 class TaskArgs:
     """Ordered arguments of one ping-pong slot; ``generation`` counts its reuses."""
 
-    def __init__(self, slot_id: int, worker: DistributedWorker,
-                 before_device_update: Callable[[], None] | None = None):
+    def __init__(self, slot_id: int, worker: DistributedWorker, before_device_update: Callable[[], None] | None = None):
         """``before_device_update`` runs before every DEVICE_RESIDENT staging copy
         (the legacy path waits there for its global metadata predecessor)."""
         self.slot_id = slot_id

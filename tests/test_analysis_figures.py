@@ -14,6 +14,7 @@ BEFORE_BIND, LAUNCH = "before bind", "launch"
 def analyze(paths, out=None, **options):
     return analyze_paths(paths, out, **options)
 
+
 RANKS, STEPS = 6, 40
 
 
@@ -33,14 +34,16 @@ def jittered(tmp_path_factory):
     rng = np.random.default_rng(7)
     shape = (RANKS, STEPS)
     run = SyntheticRun(
-        ranks=RANKS, steps=STEPS,
+        ranks=RANKS,
+        steps=STEPS,
         bind_start_offset_ns=rng.integers(0, 400_000, shape),
         bind_ns=rng.integers(800_000, 1_300_000, shape),
         fence_wait_ns=rng.integers(8_000_000, 9_000_000, shape),
         device_wall_ns=rng.integers(8_000_000, 9_000_000, shape),
         runner_to_validate_ns=rng.integers(100_000, 400_000, shape),
         validate_ns=rng.integers(400_000, 900_000, shape),
-        two_per_line_every=5, warmup_steps=3,
+        two_per_line_every=5,
+        warmup_steps=3,
     )
     out = tmp_path_factory.mktemp("jittered")
     run.write(out / "run")
@@ -96,15 +99,23 @@ def inject(device_phases: bool = True):
     bind = np.full(shape, 1_000_000, dtype=np.int64)
     fence = np.full(shape, 9_000_000, dtype=np.int64)
     device = np.full(shape, 9_100_000, dtype=np.int64)
-    bind[3, 4] += 7_000_000            # slow bind: late start 7 ms, explained by bind
-    offset[6, 11] += 9_000_000         # late arrival: the whole run starts 9 ms late, bind is normal
+    bind[3, 4] += 7_000_000  # slow bind: late start 7 ms, explained by bind
+    offset[6, 11] += 9_000_000  # late arrival: the whole run starts 9 ms late, bind is normal
     launch_wait = np.full(shape, 100_000, dtype=np.int64)
-    launch_wait[1, 26] += 6_000_000    # bind ends on time, the launch comes 6 ms later: unattributed
-    fence[5, 17] += 12_000_000         # slow device: fence wait and device wall both +12 ms
+    launch_wait[1, 26] += 6_000_000  # bind ends on time, the launch comes 6 ms later: unattributed
+    fence[5, 17] += 12_000_000  # slow device: fence wait and device wall both +12 ms
     device[5, 17] += 12_000_000
-    fence[2, 23] += 8_000_000          # fence delay: the host waited, the device did not
-    run = SyntheticRun(ranks=8, steps=30, bind_ns=bind, bind_start_offset_ns=offset, fence_wait_ns=fence,
-                       device_wall_ns=device, bind_to_runner_ns=launch_wait, device_phases=device_phases)
+    fence[2, 23] += 8_000_000  # fence delay: the host waited, the device did not
+    run = SyntheticRun(
+        ranks=8,
+        steps=30,
+        bind_ns=bind,
+        bind_start_offset_ns=offset,
+        fence_wait_ns=fence,
+        device_wall_ns=device,
+        bind_to_runner_ns=launch_wait,
+        device_phases=device_phases,
+    )
     return run
 
 
@@ -120,7 +131,7 @@ def test_injected_late_starts_found_with_rank_and_phase(injected):
     _, result = injected
     items = result.summary["late_starts"]["items"]
     assert [(i["step"], i["rank"], i["device"], i["phase"], i["mechanism"]) for i in items] == [
-        (4, 3, "npu:3", "bind", "unattributed"),   # no host evidence in this log: the phase, but no mechanism
+        (4, 3, "npu:3", "bind", "unattributed"),  # no host evidence in this log: the phase, but no mechanism
         (11, 6, "npu:6", BEFORE_BIND, "unattributed"),
         (26, 1, "npu:1", LAUNCH, "unattributed"),
     ]
@@ -147,8 +158,13 @@ def test_device_phases_off_leaves_runner_tails_unattributed(tmp_path):
     inject(device_phases=False).write(tmp_path / "run")
     result = analyze([tmp_path / "run"])
     causes = {i["step"]: (i["phase"], i["mechanism"]) for i in result.summary["tail_steps"]["items"]}
-    assert causes == {4: ("bind", "unattributed"), 11: (BEFORE_BIND, "unattributed"), 17: ("runner_run", "unattributed"),
-                      23: ("runner_run", "unattributed"), 26: (LAUNCH, "unattributed")}
+    assert causes == {
+        4: ("bind", "unattributed"),
+        11: (BEFORE_BIND, "unattributed"),
+        17: ("runner_run", "unattributed"),
+        23: ("runner_run", "unattributed"),
+        26: (LAUNCH, "unattributed"),
+    }
     details = {i["step"]: i["detail"] for i in result.summary["tail_steps"]["items"]}
     assert "device-phase markers off" in details[17] and "device-phase markers off" in details[23]
     assert result.result.engine.scalar("SELECT count(*) FROM decode WHERE fence_ts_ns IS NOT NULL") == 0
@@ -157,16 +173,21 @@ def test_device_phases_off_leaves_runner_tails_unattributed(tmp_path):
 def test_persistent_straggler_is_named(tmp_path):
     fence = np.full((4, 20), 9_000_000, dtype=np.int64)
     device = np.full((4, 20), 9_100_000, dtype=np.int64)
-    fence[2, ::3] += 6_000_000           # rank 2 is slow on every third step
+    fence[2, ::3] += 6_000_000  # rank 2 is slow on every third step
     device[2, ::3] += 6_000_000
-    fence[0, 10] += 7_000_000            # and rank 0 once
+    fence[0, 10] += 7_000_000  # and rank 0 once
     device[0, 10] += 7_000_000
     SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=device, pipelined=False).write(tmp_path / "run")
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert tails["count"] == 8
     assert {k: v for k, v in tails["straggler"].items() if k != "p_value"} == {
-        "verdict": "rank 2 (npu:2) loses 2.100 ms a step to device work", "rank": 2, "device": "npu:2", "share": 0.35,
-        "mechanism": "device", "ms_per_step": 2.1}  # 7 steps x 6 ms over 20 steps
+        "verdict": "rank 2 (npu:2) loses 2.100 ms a step to device work",
+        "rank": 2,
+        "device": "npu:2",
+        "share": 0.35,
+        "mechanism": "device",
+        "ms_per_step": 2.1,
+    }  # 7 steps x 6 ms over 20 steps
     # 8 flagged steps, 8 flagged pairs, 4 ranks: P(X >= 7 | n=8, p=1/4) x 4
     assert tails["straggler"]["p_value"] == pytest.approx(4 * (8 * 0.25**7 * 0.75 + 0.25**8), abs=1e-6)
     assert tails["devices"] == {"npu:2": 7, "npu:0": 1}
@@ -202,5 +223,12 @@ def test_two_chance_tails_on_one_rank_name_no_straggler(tmp_path):
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert [(i["step"], i["rank"]) for i in tails["items"]] == [(6, 1), (13, 1)]
     # P(X >= 2 | n=2, p=1/4) x 4 ranks = 0.25, far above the 1% bar
-    assert tails["straggler"] == {"verdict": "none", "rank": None, "device": None, "share": 0.1, "p_value": 0.25,
-                                  "mechanism": None, "ms_per_step": None}
+    assert tails["straggler"] == {
+        "verdict": "none",
+        "rank": None,
+        "device": None,
+        "share": 0.1,
+        "p_value": 0.25,
+        "mechanism": None,
+        "ms_per_step": None,
+    }

@@ -27,8 +27,10 @@ def test_outputs_written_and_consistent(tmp_path):
     assert text.index("**swimlane**: valid") < text.index("Tail steps") < text.index("| figure |")  # findings first
     assert "**run**: exit status 0" in text
     # the shape a reviewer recognises, not every knob (layers stays in summary.json)
-    assert ("Workload: preset=synthetic, ranks=8, dp=8, ep=8, tp=1, requests=32, prompt\\_tokens=64, "
-            "output\\_tokens=256, metadata=async, depth=2, device\\_phases=yes, seed=0") in text
+    assert (
+        "Workload: preset=synthetic, ranks=8, dp=8, ep=8, tp=1, requests=32, prompt\\_tokens=64, "
+        "output\\_tokens=256, metadata=async, depth=2, device\\_phases=yes, seed=0"
+    ) in text
     assert f"Tokens: {8 * 4 * 256} / {8 * 4 * 256} expected" in text
     assert "- step 9 · rank 4 (npu:4) · +15.0 ms · device: 15.000 ms slower device work" in text
     assert "| runner\\_start\\_skew\\_ms | 0.0 | 0.0 | 0.0 | 0.0 | 20 |" not in text  # figure names are ours: not escaped
@@ -64,8 +66,10 @@ def test_lists_are_worst_first_and_count_the_rest(tmp_path):
 
 
 def test_a_crash_names_the_failed_rank_and_its_message():
-    summary = {"run": {"exit_status": 1, "failed_rank": 2, "failed_device": "cpu:2", "message": "rank 2 (cpu:2) failed: boom"},
-               "validation": {"valid": False, "problems": ["rank 2 has 3 decode steps, others 5"]}}
+    summary = {
+        "run": {"exit_status": 1, "failed_rank": 2, "failed_device": "cpu:2", "message": "rank 2 (cpu:2) failed: boom"},
+        "validation": {"valid": False, "problems": ["rank 2 has 3 decode steps, others 5"]},
+    }
     assert "**run**: exit status 1: rank 2 (cpu:2) failed: boom" in format_summary_md(summary)
     assert "run        exit status 1: rank 2 (cpu:2) failed: boom" in format_console_summary(summary)
 

@@ -62,7 +62,14 @@ def test_runner_overrunning_the_next_launch_is_a_claim_order_violation(tmp_path)
     epoch = result.result.engine.scalar("SELECT run_epoch FROM decode WHERE rank = 1 AND step = 7")
     assert pipeline["violations"] == 1 and pipeline["claim_order_violations"] == 1
     assert pipeline["first_violations"] == [
-        {"rank": 1, "pid": 41001, "run_epoch": epoch, "step": 7, "sequence": epoch, "reason": "runner_run(N+1) starts before claim_release(N)"}
+        {
+            "rank": 1,
+            "pid": 41001,
+            "run_epoch": epoch,
+            "step": 7,
+            "sequence": epoch,
+            "reason": "runner_run(N+1) starts before claim_release(N)",
+        }
     ]
     assert pipeline["serialized"] is False
 
@@ -126,12 +133,15 @@ def stack_rule_verdict(log_dir) -> tuple[bool, int]:
     return ok and checked > 0, checked
 
 
-@pytest.mark.parametrize("options", [
-    {},                                                      # healthy: prefill has sequence 0 and is skipped
-    {"pipelined": False},                                    # serialized
-    {"fence_wait_ns": 11_500_000},                           # launches before claim_release
-    {"dispatch_ids": True},                                  # the prefill is checked, and its successor cannot overlap it
-])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},  # healthy: prefill has sequence 0 and is skipped
+        {"pipelined": False},  # serialized
+        {"fence_wait_ns": 11_500_000},  # launches before claim_release
+        {"dispatch_ids": True},  # the prefill is checked, and its successor cannot overlap it
+    ],
+)
 def test_native_overlap_rule_matches_the_stack(tmp_path, options):
     SyntheticRun(ranks=2, steps=8, **options).write(tmp_path / "run")
     pipeline = analyze([tmp_path / "run"]).summary["pipeline"]

@@ -47,13 +47,16 @@ def _late_cells(summary: dict) -> dict[tuple[int, int], list[dict]]:
     return cells
 
 
-@pytest.mark.parametrize("spec", [
-    "fence_tail:p=0.25,ms=40",
-    "straggler:rank=2,ms=30",
-    "slow_bind:rank=1,ms=30",
-    "cpu_contention:rank=3,p=0.25,ms=40",
-    "gc_pause:p=0.25,ms=40",
-])
+@pytest.mark.parametrize(
+    "spec",
+    [
+        "fence_tail:p=0.25,ms=40",
+        "straggler:rank=2,ms=30",
+        "slow_bind:rank=1,ms=30",
+        "cpu_contention:rank=3,p=0.25,ms=40",
+        "gc_pause:p=0.25,ms=40",
+    ],
+)
 def test_injected_faults_are_found_on_their_rank_with_their_mechanism(tmp_path, spec):
     summary = _run(tmp_path / "run", "--inject", spec)
     assert summary["validation"]["valid"], summary["validation"]["problems"]
@@ -63,9 +66,15 @@ def test_injected_faults_are_found_on_their_rank_with_their_mechanism(tmp_path, 
     faults = [f for f in injected if persistent or not {(f["rank"], f["step"] - 1), (f["rank"], f["step"] - 2)} & struck]
     assert len(faults) >= 4, f"{spec} with seed 5 injects faults of 20 ms or more"
     cells = _late_cells(summary)
-    found = [f for f in faults
-             if any(c["mechanism"] == f["mechanism"] and c["role"] == "culprit"
-                    for step in (f["step"] - 1, f["step"], f["step"] + 1) for c in cells.get((step, f["rank"]), []))]
+    found = [
+        f
+        for f in faults
+        if any(
+            c["mechanism"] == f["mechanism"] and c["role"] == "culprit"
+            for step in (f["step"] - 1, f["step"], f["step"] + 1)
+            for c in cells.get((step, f["rank"]), [])
+        )
+    ]
     assert len(found) >= 0.9 * len(faults), (len(found), len(faults), [f for f in faults if f not in found])
     faulty = {(f["step"], f["rank"]) for f in injected}
     if persistent or faults[0]["mechanism"] == "run_queue":
@@ -94,8 +103,13 @@ def test_a_straggler_is_named_with_its_mechanism_and_its_victims_are_not(tmp_pat
 
 
 def test_a_clean_run_on_this_host_names_no_device_straggler(tmp_path):
-    proc = subprocess.run([str(DSPROF), "run", "--preset", "production", "--output-tokens", "64", "-o", str(tmp_path / "run")],
-                          capture_output=True, text=True, timeout=900, check=False)
+    proc = subprocess.run(
+        [str(DSPROF), "run", "--preset", "production", "--output-tokens", "64", "-o", str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert not (tmp_path / "run" / "faults.json").exists()

@@ -51,8 +51,16 @@ def test_devices_ranks_and_wall_clock(messy):
     assert runtime["wall_ns"].notna().all()
     # wall = wall_ns + (t - mono_ns) of the pid's anchor, exact in integers
     assert (runtime["wall_ns"] - runtime["ts_ns"]).eq(WALL0_NS - T0_MONO_NS).all()
-    assert set(runtime["phase"]) == {"root", "bind", "bind.args", "bind.prebuilt", "runner_run",
-                                     "native_fence_wait", "claim_release", "validate"}
+    assert set(runtime["phase"]) == {
+        "root",
+        "bind",
+        "bind.args",
+        "bind.prebuilt",
+        "runner_run",
+        "native_fence_wait",
+        "claim_release",
+        "validate",
+    }
     assert {row[0] for row in engine.rows("SELECT DISTINCT name FROM spans WHERE clk = 'dev'")} == {fmt.DEVICE_WALL}
 
 
@@ -104,7 +112,8 @@ def test_combined_swimlane_keeps_serving_events_and_adds_rank_lanes(messy):
     assert sum(e["ph"] == "b" for e in events) == sum(e["ph"] == "e" for e in events) == len(requests)
     runtime = [e for e in events if e.get("cat") == "runtime"]
     assert len(runtime) == outcome.result.engine.scalar(
-        "SELECT sum(n_spans) - count(*) FILTER (WHERE device_wall_ns IS NOT NULL) FROM runs")
+        "SELECT sum(n_spans) - count(*) FILTER (WHERE device_wall_ns IS NOT NULL) FROM runs"
+    )
     assert {e["pid"] for e in runtime} == {run.pid(r) for r in range(4)}
     runner = next(e for e in runtime if e["args"]["phase"] == "runner_run" and e["args"]["step"] == 3 and e["args"]["rank"] == 2)
     t = run.timings()
@@ -123,14 +132,23 @@ def test_json_text_of_odd_names_and_args():
 
 
 def test_serving_args_keep_the_text_they_were_read_as(tmp_path):
-    events = [{"name": "worker.step", "cat": "worker", "ph": "X", "ts": 1, "dur": 50, "pid": 1, "tid": 1,
-               "args": {"note": "[not json", "brace": "{x", "nested": {"a": [1, 2]}, "list": [3], "n": 7, "flag": True, "step": 4}}]
+    events = [
+        {
+            "name": "worker.step",
+            "cat": "worker",
+            "ph": "X",
+            "ts": 1,
+            "dur": 50,
+            "pid": 1,
+            "tid": 1,
+            "args": {"note": "[not json", "brace": "{x", "nested": {"a": [1, 2]}, "list": [3], "n": 7, "flag": True, "step": 4},
+        }
+    ]
     (tmp_path / "k.trace.json").write_text(json.dumps({"traceEvents": events}))
     outcome = analyze_paths([tmp_path / "k.trace.json"], tmp_path / "out")
     written = json.loads(outcome.outputs["combined-swimlane.json"].read_text())["traceEvents"]
     span = next(e for e in written if e.get("cat") == "worker")
-    assert span["args"] == {"note": "[not json", "brace": "{x", "nested": '{"a":[1,2]}', "list": "[3]", "n": "7", "flag": "true",
-                            "step": 4}
+    assert span["args"] == {"note": "[not json", "brace": "{x", "nested": '{"a":[1,2]}', "list": "[3]", "n": "7", "flag": "true", "step": 4}
 
 
 @pytest.mark.parametrize("seed", range(5))

@@ -59,7 +59,7 @@ def test_crash_leaves_rootless_invocations(tmp_path):
     lines = log.read_text().splitlines(keepends=True)
     # drop the last root of rank 1, as if the process died before the span closed
     last_root = max(i for i, line in enumerate(lines) if "pid=41001" in line and "depth=0" in line)
-    log.write_text("".join(lines[:last_root] + lines[last_root + 1:]))
+    log.write_text("".join(lines[:last_root] + lines[last_root + 1 :]))
     summary = analyze([tmp_path / "run"]).summary
     assert "1 invocations have spans but no chip.run root (torn or crashed run)" in summary["validation"]["problems"]
     assert summary["validation"]["steps_per_rank"] == {"0": 6, "1": 5}
@@ -80,8 +80,9 @@ def test_serving_figures_from_request_spans_when_no_performance_summary(tmp_path
     run = SyntheticRun(ranks=2, steps=10, performance_summary=False, requests_per_rank=3, output_tokens=40)
     run.write(tmp_path / "run")
     serving = analyze([tmp_path / "run"]).summary["serving"]
-    requests = [e for e in json.loads((tmp_path / "run" / "serving-trace" / "trace.json").read_text())["traceEvents"]
-                if e.get("cat") == "request"]
+    requests = [
+        e for e in json.loads((tmp_path / "run" / "serving-trace" / "trace.json").read_text())["traceEvents"] if e.get("cat") == "request"
+    ]
     elapsed_us = max(e["ts"] + e["dur"] for e in requests) - min(e["ts"] for e in requests)
     tokens = sum(e["args"]["output_tokens"] for e in requests)
     assert set(serving["sources"].values()) <= {"sa_profile request spans", "derived"}
@@ -106,7 +107,8 @@ def test_serving_figures_from_performance_summary(tmp_path):
 def test_no_decode_spans_still_yields_a_verdict(tmp_path):
     # one external span among unrelated text: something was read, but no runtime decode run
     ext = format_prefix(1, 1, "INFO", "ext") + format_strace_payload(
-        pid=7, tid=7, inv=1, hid="ab", depth=0, name="ext.tool.step", ts_ns=10, dur_ns=5)
+        pid=7, tid=7, inv=1, hid="ab", depth=0, name="ext.tool.step", ts_ns=10, dur_ns=5
+    )
     (tmp_path / "server.log").write_text(f"[mono_ns=1][T0x1][INFO] boot: hello\nplain text\n{ext}\n")
     result = analyze([tmp_path / "server.log"], tmp_path / "out")
     summary = result.summary
@@ -138,8 +140,9 @@ def test_other_producers_field_names_are_read_and_the_rest_comes_from_request_sp
     """A performance_summary.json with common field names of other tools; missing figures fall back field by field."""
     run = SyntheticRun(ranks=2, steps=10, requests_per_rank=3, output_tokens=40)
     run.write(tmp_path / "run")
-    (tmp_path / "run" / "performance_summary.json").write_text(json.dumps(
-        {"output_tokens": 240, "expected_output_tokens": 250, "batch_elapsed_seconds": 2.0}))
+    (tmp_path / "run" / "performance_summary.json").write_text(
+        json.dumps({"output_tokens": 240, "expected_output_tokens": 250, "batch_elapsed_seconds": 2.0})
+    )
     serving = analyze([tmp_path / "run"]).summary["serving"]
     assert (serving["tokens_returned"], serving["tokens_expected"], serving["batch_elapsed_s"]) == (240, 250, 2.0)
     assert serving["throughput_tok_s"] == 120.0 and serving["sources"]["throughput_tok_s"] == "derived"

@@ -47,25 +47,25 @@ class Run:
 def plan() -> dict[tuple[int, int], Run]:
     """Every (rank, step) with its injected fault, and the answer the analysis must give."""
     runs = {(r, s): Run() for r in range(RANKS) for s in range(STEPS)}
-    runs[1, 2].fence_ns += 30 * MS                               # A: fence signalled late -> device
-    runs[2, 5].verify_ns += 20 * MS                              # B: slow device work -> device, device_wall.verify
+    runs[1, 2].fence_ns += 30 * MS  # A: fence signalled late -> device
+    runs[2, 5].verify_ns += 20 * MS  # B: slow device work -> device, device_wall.verify
     runs[2, 5].fence_ns += 20 * MS
-    runs[3, 8].bind_ns += 12 * MS                                # C: bind burns CPU -> host_cpu
+    runs[3, 8].bind_ns += 12 * MS  # C: bind burns CPU -> host_cpu
     runs[3, 8].bind_cpu_ns += 12 * MS
-    runs[0, 11].bind_ns += 15 * MS                               # D: bind waits for a CPU -> run_queue
+    runs[0, 11].bind_ns += 15 * MS  # D: bind waits for a CPU -> run_queue
     runs[0, 11].bind_rq_ns += 15 * MS
-    runs[1, 14].fence_ns += 40 * MS                              # E: a collection in the fence wait -> gc
+    runs[1, 14].fence_ns += 40 * MS  # E: a collection in the fence wait -> gc
     runs[1, 14].gc_in_fence_ns = 40 * MS
-    runs[1, 16].fence_ns += 30 * MS                              # E': another, on a run that started late (carried from 14)
+    runs[1, 16].fence_ns += 30 * MS  # E': another, on a run that started late (carried from 14)
     runs[1, 16].gc_in_fence_ns = 30 * MS
-    runs[2, 20].fence_ns += 100 * MS                             # F: a long collection: a carry-over chain follows
+    runs[2, 20].fence_ns += 100 * MS  # F: a long collection: a carry-over chain follows
     runs[2, 20].gc_in_fence_ns = 100 * MS
-    runs[0, 29].forward_ns += 18 * MS                            # G: rank 0 is slow before the all-to-all ...
+    runs[0, 29].forward_ns += 18 * MS  # G: rank 0 is slow before the all-to-all ...
     runs[0, 29].fence_ns += 18 * MS
-    runs[3, 29].forward_ns += 18 * MS                            # ... and rank 3 waits for it inside it
+    runs[3, 29].forward_ns += 18 * MS  # ... and rank 3 waits for it inside it
     runs[3, 29].wait_ns += 18 * MS
     runs[3, 29].fence_ns += 18 * MS
-    runs[1, 32].bind_ns += 10 * MS                               # H: a slow bind with no host evidence
+    runs[1, 32].bind_ns += 10 * MS  # H: a slow bind with no host evidence
     runs[1, 32].evidence = False
     return runs
 
@@ -84,13 +84,23 @@ def simulate(runs: dict[tuple[int, int], Run]) -> None:
             fence = runner + int(0.2 * MS)
             runner_end = fence + run.fence_ns + int(0.2 * MS)
             validate = runner_end + int(0.2 * MS)
-            run.times = {"root": start, "bind_end": bind_end, "runner": runner, "fence": fence, "runner_end": runner_end,
-                         "claim": runner + int(0.1 * MS), "validate": validate, "root_end": validate + int(0.6 * MS)}
+            run.times = {
+                "root": start,
+                "bind_end": bind_end,
+                "runner": runner,
+                "fence": fence,
+                "runner_end": runner_end,
+                "claim": runner + int(0.1 * MS),
+                "validate": validate,
+                "root_end": validate + int(0.6 * MS),
+            }
 
 
 def record(pid: int, inv: int, depth: int, name: str, ts: int, dur: int, attrs: str = "") -> str:
-    return (f"[mono_ns={ts + dur}][T0x{pid:x}][INFO] span_close: [STRACE] v=1 pid={pid} tid={pid} inv={inv} hid=5eed "
-            f"depth={depth} name={name} ts={ts} dur={dur}{attrs}")
+    return (
+        f"[mono_ns={ts + dur}][T0x{pid:x}][INFO] span_close: [STRACE] v=1 pid={pid} tid={pid} inv={inv} hid=5eed "
+        f"depth={depth} name={name} ts={ts} dur={dur}{attrs}"
+    )
 
 
 def evidence(cpu: int, rq: int) -> str:
@@ -102,14 +112,18 @@ def write_log(runs: dict[tuple[int, int], Run], path: Path) -> None:
     gc_inv = 10**15
     for r in range(RANKS):
         pid = 500 + r
-        lines.append(f"[mono_ns={T0 - MS}][T0x{pid:x}][TIMING] clock_anchor: [CLOCK_ANCHOR] v=1 pid={pid} mono_ns={T0 - MS} "
-                     f"wall_ns={1_700_000_000_000_000_000 + r}")
+        lines.append(
+            f"[mono_ns={T0 - MS}][T0x{pid:x}][TIMING] clock_anchor: [CLOCK_ANCHOR] v=1 pid={pid} mono_ns={T0 - MS} "
+            f"wall_ns={1_700_000_000_000_000_000 + r}"
+        )
         lines.append(f"[mono_ns={T0 - MS}][T0x{pid:x}][INFO] chip_process: [chip_process pid={pid} dev=npu:{r}] ready")
         for s in range(STEPS):
             run, t, inv = runs[r, s], runs[r, s].times, (r + 1) * 100_000 + s
             ev = (lambda cpu, rq: evidence(cpu, rq)) if run.evidence else (lambda cpu, rq: "")
-            identity = (f" step={s} callable=decode.main+verify+mtp rank={r} device=npu:{r} run_id={s + 1} dispatch_id=0 "
-                        f"run_epoch={s + 1} slot_id={s % 2} generation={s // 2}")
+            identity = (
+                f" step={s} callable=decode.main+verify+mtp rank={r} device=npu:{r} run_id={s + 1} dispatch_id=0 "
+                f"run_epoch={s + 1} slot_id={s % 2} generation={s // 2}"
+            )
             lines.append(record(pid, inv, 0, "chip.run", t["root"], t["root_end"] - t["root"], identity + ev(2 * MS, 0)))
             lines.append(record(pid, inv, 1, "chip.run.bind", t["root"], run.bind_ns, ev(run.bind_cpu_ns, run.bind_rq_ns)))
             lines.append(record(pid, inv, 1, "chip.run.runner_run", t["runner"], t["runner_end"] - t["runner"], ev(int(0.5 * MS), 0)))
@@ -117,17 +131,30 @@ def write_log(runs: dict[tuple[int, int], Run], path: Path) -> None:
             device = run.forward_ns + run.verify_ns + run.mtp_ns
             lines.append(record(pid, inv, 2, "chip.run.runner_run.device_wall", 1000, device, " clk=dev" + ev(device, 0)))
             lines.append(record(pid, inv, 3, "chip.run.runner_run.device_wall.forward", 1000, run.forward_ns, " clk=dev"))
-            lines.append(record(pid, inv, 4, "chip.run.runner_run.device_wall.forward.a2a_wait", 1000 + run.forward_ns - run.wait_ns,
-                                run.wait_ns, " clk=dev"))
+            lines.append(
+                record(
+                    pid,
+                    inv,
+                    4,
+                    "chip.run.runner_run.device_wall.forward.a2a_wait",
+                    1000 + run.forward_ns - run.wait_ns,
+                    run.wait_ns,
+                    " clk=dev",
+                )
+            )
             lines.append(record(pid, inv, 3, "chip.run.runner_run.device_wall.verify", 1000 + run.forward_ns, run.verify_ns, " clk=dev"))
-            lines.append(record(pid, inv, 3, "chip.run.runner_run.device_wall.mtp", 1000 + run.forward_ns + run.verify_ns,
-                                run.mtp_ns, " clk=dev"))
+            lines.append(
+                record(pid, inv, 3, "chip.run.runner_run.device_wall.mtp", 1000 + run.forward_ns + run.verify_ns, run.mtp_ns, " clk=dev")
+            )
             lines.append(record(pid, inv, 1, "chip.run.claim_release", t["claim"], int(0.05 * MS)))
             lines.append(record(pid, inv, 1, "chip.run.validate", t["validate"], int(0.6 * MS), ev(int(0.6 * MS), 0)))
             if run.gc_in_fence_ns:
                 gc_inv += 1
-                lines.append(record(pid, gc_inv, 0, "host.gc", t["fence"] + MS, run.gc_in_fence_ns, " gen=2 collected=81234")
-                             .replace("hid=5eed", "hid=0"))
+                lines.append(
+                    record(pid, gc_inv, 0, "host.gc", t["fence"] + MS, run.gc_in_fence_ns, " gen=2 collected=81234").replace(
+                        "hid=5eed", "hid=0"
+                    )
+                )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -156,18 +183,27 @@ def test_the_log_is_a_valid_swimlane_numbered_by_the_producer(diagnosed):
     assert summary["validation"]["rank_roots"] == RANKS * STEPS
 
 
-@pytest.mark.parametrize("step, rank, phase, mechanism, evidence_ms", [
-    (2, 1, "native_fence_wait", "device", 30.0),
-    (5, 2, "device_wall.verify", "device", 20.0),
-    (8, 3, "bind", "host_cpu", 12.0),
-    (11, 0, "bind", "run_queue", 15.0),
-    (14, 1, "native_fence_wait", "gc", 40.0),
-    (20, 2, "native_fence_wait", "gc", 100.0),
-])
+@pytest.mark.parametrize(
+    "step, rank, phase, mechanism, evidence_ms",
+    [
+        (2, 1, "native_fence_wait", "device", 30.0),
+        (5, 2, "device_wall.verify", "device", 20.0),
+        (8, 3, "bind", "host_cpu", 12.0),
+        (11, 0, "bind", "run_queue", 15.0),
+        (14, 1, "native_fence_wait", "gc", 40.0),
+        (20, 2, "native_fence_wait", "gc", 100.0),
+    ],
+)
 def test_each_mechanism_names_its_rank_phase_and_evidence(diagnosed, step, rank, phase, mechanism, evidence_ms):
     _, summary = diagnosed
     tail = _tail(summary, step)
-    assert (tail["rank"], tail["phase"], tail["mechanism"], tail["evidence_ms"], tail["role"]) == (rank, phase, mechanism, evidence_ms, "culprit")
+    assert (tail["rank"], tail["phase"], tail["mechanism"], tail["evidence_ms"], tail["role"]) == (
+        rank,
+        phase,
+        mechanism,
+        evidence_ms,
+        "culprit",
+    )
     assert [r["rank"] for r in tail["ranks"]] == [rank]
 
 
@@ -186,7 +222,8 @@ def test_carry_over_chains_name_the_step_where_they_began(diagnosed):
     # rank 1: the gc at 14 delays 16, whose own gc then starts a chain of its own (18 comes from 16, not 14);
     # rank 2: every late start after the gc at 20 is carried over from it
     assert {(i["step"], i["rank"], i["from_step"]) for i in carried} == (
-        {(16, 1, 14), (18, 1, 16)} | {(s, 2, 20) for s in range(21, STEPS) if (s, 2) in late_cells})
+        {(16, 1, 14), (18, 1, 16)} | {(s, 2, 20) for s in range(21, STEPS) if (s, 2) in late_cells}
+    )
     assert (_tail(summary, 16)["mechanism"], _tail(summary, 16)["evidence_ms"]) == ("gc", 30.0)
     chain = {i["step"]: i["detail"] for i in carried if i["rank"] == 2}
     assert min(chain) == 22 and len(chain) >= 4  # 20's slot is reused by 22 ...
@@ -222,8 +259,11 @@ def test_tail_cost_is_the_sum_of_each_steps_excess_over_the_median_end(diagnosed
     total = float((ends.max(axis=0) - np.median(ends, axis=0)).sum())
     roots = [runs[r, s].times for r in range(RANKS) for s in range(STEPS)]
     wall = max(t["root_end"] for t in roots) - min(t["root"] for t in roots)
-    assert summary["tail_cost"] == {"total_ms": round(total / MS, 3), "share_of_decode_wall": round(total / wall, 4),
-                                    "decode_wall_ms": round(wall / MS, 3)}
+    assert summary["tail_cost"] == {
+        "total_ms": round(total / MS, 3),
+        "share_of_decode_wall": round(total / wall, 4),
+        "decode_wall_ms": round(wall / MS, 3),
+    }
 
 
 def test_summary_round_trips_as_json(diagnosed, tmp_path):

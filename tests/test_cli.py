@@ -41,16 +41,18 @@ def test_console_script_help_and_version():
 
 def test_console_script_error_is_one_line_without_traceback(tmp_path):
     rules = tmp_path / "rules.toml"
-    rules.write_text("[[rule]]\ncheck = \"validation.valid = true\"\n")
+    rules.write_text('[[rule]]\ncheck = "validation.valid = true"\n')
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
-    proc = subprocess.run([str(DSPROF), "gate", str(summary), "--rules", str(rules)],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = subprocess.run(
+        [str(DSPROF), "gate", str(summary), "--rules", str(rules)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert proc.returncode == 2
     assert proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(f"dsprof: error: {rules}: [[rule]] #1")
-    debug = subprocess.run([str(DSPROF), "--debug", "gate", str(summary), "--rules", str(rules)],
-                           capture_output=True, text=True, timeout=60, check=False)
+    debug = subprocess.run(
+        [str(DSPROF), "--debug", "gate", str(summary), "--rules", str(rules)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert debug.returncode != 0
     assert "Traceback" in debug.stderr and "InputError" in debug.stderr
 
@@ -79,7 +81,7 @@ def test_os_errors_are_one_line(tmp_path):
     summary = tmp_path / "summary.json"
     summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
     rules = tmp_path / "rules.toml"
-    rules.write_text("[[rule]]\ncheck = \"validation.valid == true\"\n")
+    rules.write_text('[[rule]]\ncheck = "validation.valid == true"\n')
     (tmp_path / "a-file").write_text("")
     target = tmp_path / "a-file" / "verdict.json"  # its directory cannot be created
     result = CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules), "--verdict", str(target)])
@@ -121,7 +123,7 @@ def test_merge_counts_events_and_torn_lines(tmp_path):
     fragments.mkdir(parents=True)
     event = {"name": "serving.step", "cat": "serving", "ph": "X", "ts": 10, "dur": 5, "pid": 11, "tid": 1, "args": {}}
     (fragments / "trace.11.jsonl").write_text(json.dumps(event) + "\n" + json.dumps({**event, "ts": 20}) + "\n")
-    (fragments / "trace.12.jsonl").write_text(json.dumps({**event, "pid": 12}) + "\n{\"name\": \"torn")
+    (fragments / "trace.12.jsonl").write_text(json.dumps({**event, "pid": 12}) + '\n{"name": "torn')
     result = CliRunner().invoke(cli, ["merge", str(tmp_path / "serving-trace")])
     assert result.exit_code == 0, result.output
     merged = tmp_path / "serving-trace" / "trace.json"
@@ -170,7 +172,7 @@ def test_gate_of_a_binary_summary_or_rules_file_is_one_line(tmp_path):
     summary = tmp_path / "summary.json"
     summary.write_bytes(b"\xc8\x00\xff" * 10)
     rules = tmp_path / "rules.toml"
-    rules.write_text("[[rule]]\ncheck = \"validation.valid == true\"\n")
+    rules.write_text('[[rule]]\ncheck = "validation.valid == true"\n')
     _one_line_error(CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules)]), f"{summary}: binary data")
     summary.write_text(json.dumps({"schema": "dsprof.summary/1", "validation": {"valid": True}}))
     rules.write_bytes(b"\xc8\x00\xff" * 10)

@@ -45,12 +45,29 @@ def cluster(tmp_path_factory):
     env = dict(os.environ)
     address = f"127.0.0.1:{_free_port()}"
     common = ["--num-cpus", "1", "--disable-usage-stats"]
-    head = [str(RAY), "start", "--head", "--node-ip-address", "127.0.0.1", "--port", address.split(":")[1],
-            "--include-dashboard", "false", "--temp-dir", str(temp), *common]
+    head = [
+        str(RAY),
+        "start",
+        "--head",
+        "--node-ip-address",
+        "127.0.0.1",
+        "--port",
+        address.split(":")[1],
+        "--include-dashboard",
+        "false",
+        "--temp-dir",
+        str(temp),
+        *common,
+    ]
     subprocess.run(head, check=True, capture_output=True, env=env, timeout=180)
     try:
-        subprocess.run([str(RAY), "start", "--address", address, "--node-ip-address", "127.0.0.1", *common],
-                       check=True, capture_output=True, env=env, timeout=180)
+        subprocess.run(
+            [str(RAY), "start", "--address", address, "--node-ip-address", "127.0.0.1", *common],
+            check=True,
+            capture_output=True,
+            env=env,
+            timeout=180,
+        )
         yield address
     finally:
         subprocess.run([str(RAY), "stop", "--force"], capture_output=True, env=env, timeout=120, check=False)
@@ -71,8 +88,14 @@ def test_ray_engine_on_two_nodes_gives_the_embedded_summary(cluster, tmp_path):
     SyntheticRun(ranks=16, steps=150, fence_wait_ns=fence, two_per_line_every=11, launch_waits_for_claim=True).write(tmp_path / "run")
     embedded = analyze_paths([tmp_path / "run"], tmp_path / "embedded").summary
     # the CLI as a user runs it against a cluster, in a process of its own
-    proc = subprocess.run([str(DSPROF), "analyze", str(tmp_path / "run"), "-o", str(tmp_path / "ray"), "--engine", "ray",
-                           "--address", cluster], capture_output=True, text=True, timeout=600, env=dict(os.environ), check=False)
+    proc = subprocess.run(
+        [str(DSPROF), "analyze", str(tmp_path / "run"), "-o", str(tmp_path / "ray"), "--engine", "ray", "--address", cluster],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env=dict(os.environ),
+        check=False,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     distributed = json.loads((tmp_path / "ray" / "summary.json").read_text())
     assert distributed == json.loads(json.dumps(embedded))

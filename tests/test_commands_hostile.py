@@ -22,11 +22,32 @@ from hypothesis import strategies as st
 from dsprof.cli.main import cli
 from dsprof.testing.synthetic import SyntheticRun
 
-NUMBERS = st.sampled_from(["1e30", "1e999999", "-1", "9223372036854775807", "18446744073709551616", "NaN", "Infinity",
-                           "-9223372036854775808", "0.5", "1" * 400, "-0", "0x10"])
+NUMBERS = st.sampled_from(
+    [
+        "1e30",
+        "1e999999",
+        "-1",
+        "9223372036854775807",
+        "18446744073709551616",
+        "NaN",
+        "Infinity",
+        "-9223372036854775808",
+        "0.5",
+        "1" * 400,
+        "-0",
+        "0x10",
+    ]
+)
 JSON_VALUES = st.one_of(
-    st.just(10**400), st.just(1e308), st.just(-(2**70)), st.sampled_from(["\x1b]8;;x\x07", "<script>", "%00", ""]),
-    st.just([[[[[[[[]]]]]]]]), st.booleans(), st.none(), st.integers(), st.floats(allow_nan=False),
+    st.just(10**400),
+    st.just(1e308),
+    st.just(-(2**70)),
+    st.sampled_from(["\x1b]8;;x\x07", "<script>", "%00", ""]),
+    st.just([[[[[[[[]]]]]]]]),
+    st.booleans(),
+    st.none(),
+    st.integers(),
+    st.floats(allow_nan=False),
 )
 DEEP = "[" * 100_000 + "]" * 100_000
 SETTINGS = settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -57,8 +78,9 @@ def _contained(result) -> None:
 
 
 @SETTINGS
-@given(field=st.sampled_from(["pid", "tid", "inv", "depth", "ts", "dur", "rank", "step", "os.rq_ns"]), value=NUMBERS,
-       line=st.integers(0, 60))
+@given(
+    field=st.sampled_from(["pid", "tid", "inv", "depth", "ts", "dur", "rank", "step", "os.rq_ns"]), value=NUMBERS, line=st.integers(0, 60)
+)
 def test_hostile_numbers_in_a_log(pristine, tmp_path, field, value, line):
     run = _copy(pristine, tmp_path, "run")
     log = run / "server.log"
@@ -70,8 +92,12 @@ def test_hostile_numbers_in_a_log(pristine, tmp_path, field, value, line):
     else:
         lines[index] += f" {field}={value}"
     log.write_text("\n".join(lines) + "\n")
-    for args in (["analyze", str(run)], ["report", str(run)], ["export", str(run), "-o", str(tmp_path / "t.json")],
-                 ["ingest", str(log), "-o", str(tmp_path / "spans.parquet")]):
+    for args in (
+        ["analyze", str(run)],
+        ["report", str(run)],
+        ["export", str(run), "-o", str(tmp_path / "t.json")],
+        ["ingest", str(log), "-o", str(tmp_path / "spans.parquet")],
+    ):
         _contained(CliRunner().invoke(cli, args))
 
 
@@ -87,8 +113,10 @@ def test_hostile_values_in_the_serving_trace(pristine, tmp_path, key, value):
 
 
 @SETTINGS
-@given(key=st.sampled_from(["tokens_returned", "batch_elapsed_s", "exit_status", "failed_rank", "workload", "devices", "message"]),
-       value=JSON_VALUES)
+@given(
+    key=st.sampled_from(["tokens_returned", "batch_elapsed_s", "exit_status", "failed_rank", "workload", "devices", "message"]),
+    value=JSON_VALUES,
+)
 def test_hostile_values_in_performance_summary(pristine, tmp_path, key, value):
     run = _copy(pristine, tmp_path, "run")
     path = run / "performance_summary.json"
@@ -102,8 +130,19 @@ def test_hostile_values_in_performance_summary(pristine, tmp_path, key, value):
 
 
 @SETTINGS
-@given(path=st.sampled_from([("validation", "valid"), ("pipeline", "serialized"), ("figures", "runner_start_skew_ms", "p95"),
-                             ("tail_steps", "items"), ("serving", "tokens_returned"), ("schema",)]), value=JSON_VALUES)
+@given(
+    path=st.sampled_from(
+        [
+            ("validation", "valid"),
+            ("pipeline", "serialized"),
+            ("figures", "runner_start_skew_ms", "p95"),
+            ("tail_steps", "items"),
+            ("serving", "tokens_returned"),
+            ("schema",),
+        ]
+    ),
+    value=JSON_VALUES,
+)
 def test_hostile_values_in_summary_json(pristine, tmp_path, path, value):
     run = _copy(pristine, tmp_path, "run")
     summary = json.loads((run / "summary.json").read_text())
@@ -113,29 +152,40 @@ def test_hostile_values_in_summary_json(pristine, tmp_path, path, value):
     node[path[-1]] = value
     (run / "summary.json").write_text(json.dumps(summary))
     rules = Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml"
-    for args in (["gate", str(run), "--rules", str(rules)], ["diff", str(pristine), str(run)], ["report", str(run)],
-                 ["export", str(run), "-o", str(tmp_path / "t.json")]):
+    for args in (
+        ["gate", str(run), "--rules", str(rules)],
+        ["diff", str(pristine), str(run)],
+        ["report", str(run)],
+        ["export", str(run), "-o", str(tmp_path / "t.json")],
+    ):
         _contained(CliRunner().invoke(cli, args))
 
 
-@pytest.mark.parametrize("name, content", [
-    ("summary.json", DEEP),
-    ("summary.json", '{"schema": "dsprof.summary/2", "validation": ' + "[" * 5000 + "]" * 5000 + "}"),
-    ("summary.json", '{"schema": "dsprof.summary/2", "exit_status": NaN}'),
-    ("performance_summary.json", DEEP),
-    ("server.log", "\x00" * 4096),
-    ("serving-trace/trace.json", DEEP),
-])
+@pytest.mark.parametrize(
+    "name, content",
+    [
+        ("summary.json", DEEP),
+        ("summary.json", '{"schema": "dsprof.summary/2", "validation": ' + "[" * 5000 + "]" * 5000 + "}"),
+        ("summary.json", '{"schema": "dsprof.summary/2", "exit_status": NaN}'),
+        ("performance_summary.json", DEEP),
+        ("server.log", "\x00" * 4096),
+        ("serving-trace/trace.json", DEEP),
+    ],
+)
 def test_deep_or_binary_files_are_one_line(pristine, tmp_path, name, content):
     run = _copy(pristine, tmp_path, "run")
     (run / name).write_text(content)
-    for args in (["analyze", str(run)], ["gate", str(run), "--rules", str(Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml")],
-                 ["report", str(run)]):
+    for args in (
+        ["analyze", str(run)],
+        ["gate", str(run), "--rules", str(Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml")],
+        ["report", str(run)],
+    ):
         _contained(CliRunner().invoke(cli, args))
 
 
-@pytest.mark.parametrize("text", [DEEP, "[[rule]]\ncheck = \"exit_status <= nan\"\n", "[[rule]]\ncheck = \"" + "a." * 5000 + "b > 1\"\n",
-                                  "\x00\x01\x02"])
+@pytest.mark.parametrize(
+    "text", [DEEP, '[[rule]]\ncheck = "exit_status <= nan"\n', '[[rule]]\ncheck = "' + "a." * 5000 + 'b > 1"\n', "\x00\x01\x02"]
+)
 def test_hostile_rules_files_are_one_line(pristine, tmp_path, text):
     rules = tmp_path / "rules.toml"
     rules.write_text(text)

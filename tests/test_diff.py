@@ -31,8 +31,11 @@ def _summary(start_p95: float, cadence: float, tokens: int = 640, serialized: bo
         },
         "per_step": [{"step": 0, "runner_start_skew_ms": 0.1}],
         "late_starts": {"threshold_ms": 5.0, "count": 0, "items": []},
-        "tail_steps": {"threshold_ms": 5.0, "count": 1, "straggler": {"verdict": "rank 1 (npu:1)", "rank": 1,
-                                                                     "share": 0.25, "mechanism": "device"}},
+        "tail_steps": {
+            "threshold_ms": 5.0,
+            "count": 1,
+            "straggler": {"verdict": "rank 1 (npu:1)", "rank": 1, "share": 0.25, "mechanism": "device"},
+        },
         "pipeline": {"serialized": serialized, "cadence_p50_ms": cadence, "achieved_depth": {"0": 1.8}},
         "serving": {"tokens_returned": tokens, "tokens_expected": 640},
     }
@@ -44,8 +47,7 @@ def _by_name(result):
 
 def _rows(text: str) -> dict[str, list[str]]:
     """Table rows by figure name, split on runs of two or more spaces."""
-    return {cells[0]: cells[1:] for line in text.splitlines() if line.startswith("  ")
-            for cells in [re.split(r"\s{2,}", line.strip())]}
+    return {cells[0]: cells[1:] for line in text.splitlines() if line.startswith("  ") for cells in [re.split(r"\s{2,}", line.strip())]}
 
 
 def test_flatten_keeps_figures_and_drops_settings_and_inputs():
@@ -104,8 +106,9 @@ def test_single_runs_list_every_change_with_better_or_worse_and_fold_the_rest():
     assert rows["runner_start_skew_ms.p95"] == ["0.300", "0.450", "+0.150", "+50.0%", "1/1", "worse"]
     assert rows["serving.tokens_returned"] == ["640", "600", "-40", "-6.2%", "1/1", "worse"]
     assert "runner_start_skew_ms.p50" not in rows  # unchanged: folded
-    assert text.splitlines()[-1] == ("one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one); "
-                                     "folded: 9 unchanged (--all lists them)")
+    assert text.splitlines()[-1] == (
+        "one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one); folded: 9 unchanged (--all lists them)"
+    )
     everything = _rows(format_diff(result, show_all=True))
     assert everything["runner_start_skew_ms.p50"] == ["0.100", "0.100", "+0.000", "+0.0%", "1/1", "unchanged"]
     assert len(everything) == 1 + len(result.figures)  # the header and every figure
@@ -121,7 +124,7 @@ def test_the_diff_starts_with_verdict_changes():
     lines = text.splitlines()
     start = lines.index("verdicts that changed (A -> B):")
     assert start < lines.index("figures that changed (one run per side: no noise estimate):")
-    assert lines[start + 1:start + 6] == [
+    assert lines[start + 1 : start + 6] == [
         "  exit_status: 0 -> 1  [worse]",
         "  validation.valid: true -> false  [worse]",
         "  pipeline.serialized: false -> true  [worse]",
@@ -155,8 +158,10 @@ def test_repeated_runs_list_only_changes_beyond_the_noise_band():
     assert rows["pipeline.cadence_p50_ms"] == ["12.000 ± 0.500", "24.500 ± 0.707", "+12.500", "+104.2%", "3/2", "worse"]
     assert "runner_start_skew_ms.p95" not in rows  # within noise: folded
     assert "  pipeline.serialized: false -> true  [worse]" in text
-    assert text.splitlines()[-1] == ("1 figure(s) beyond run-to-run noise, 1 of them worse (band: mean ± 2·stdev, widened to "
-                                     "min..max); folded: 1 within noise, 10 unchanged (--all lists them)")
+    assert text.splitlines()[-1] == (
+        "1 figure(s) beyond run-to-run noise, 1 of them worse (band: mean ± 2·stdev, widened to "
+        "min..max); folded: 1 within noise, 10 unchanged (--all lists them)"
+    )
 
 
 def test_band_widens_to_min_max_and_single_side_repeats():
@@ -230,8 +235,12 @@ def test_numbers_beyond_the_float_range_do_not_crash():
 
 def test_cli_diff_of_artifact_dirs_and_comma_separated_repeats(tmp_path):
     paths = {}
-    for name, summary in {"a1": _summary(0.30, 12.0), "a2": _summary(0.34, 12.4),
-                          "b1": _summary(0.31, 30.0), "b2": _summary(0.33, 31.0)}.items():
+    for name, summary in {
+        "a1": _summary(0.30, 12.0),
+        "a2": _summary(0.34, 12.4),
+        "b1": _summary(0.31, 30.0),
+        "b2": _summary(0.33, 31.0),
+    }.items():
         run_dir = tmp_path / name
         run_dir.mkdir()
         (run_dir / "summary.json").write_text(json.dumps(summary))
@@ -266,8 +275,7 @@ def test_fail_on_regression(tmp_path):
     serialized = write("s", _summary(0.30, 12.0, serialized=True))
     verdict_only = runner.invoke(cli, ["diff", base, serialized, "--fail-on-regression"])
     assert verdict_only.exit_code == 1  # pipeline.serialized false -> true, noise band from A's three runs
-    single = runner.invoke(cli, ["diff", write("x", _summary(0.3, 12.0)), write("y", _summary(0.3, 24.0)),
-                                 "--fail-on-regression"])
+    single = runner.invoke(cli, ["diff", write("x", _summary(0.3, 12.0)), write("y", _summary(0.3, 24.0)), "--fail-on-regression"])
     assert single.exit_code == 2 and single.output.count("\n") == 1
     assert "needs repeated runs on at least one side" in single.output
 
@@ -296,8 +304,25 @@ def test_diff_does_not_mutate_inputs():
     assert a == before
 
 
-SUMMARY_KEYS = ["figures", "pipeline", "serialized", "validation", "valid", "tail_steps", "straggler", "verdict",
-                "mechanism", "serving", "throughput_tok_s", "exit_status", "workload", "p50", "count", "0", "rank"]
+SUMMARY_KEYS = [
+    "figures",
+    "pipeline",
+    "serialized",
+    "validation",
+    "valid",
+    "tail_steps",
+    "straggler",
+    "verdict",
+    "mechanism",
+    "serving",
+    "throughput_tok_s",
+    "exit_status",
+    "workload",
+    "p50",
+    "count",
+    "0",
+    "rank",
+]
 ANY_SUMMARY = any_summary(SUMMARY_KEYS)
 
 

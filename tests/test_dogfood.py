@@ -23,8 +23,7 @@ DSPROF = Path(sys.executable).with_name("dsprof")
 CI_RULES = REPO / "examples" / "ci-rules.toml"
 # Small enough for ~10-20 s per run on two shared cores; two ranks keep skew and
 # cadence meaningful.
-SHAPE = ["--ranks", "2", "--requests", "4", "--prompt-tokens", "8", "--output-tokens", "16", "--layers", "2",
-         "--seed", "7"]
+SHAPE = ["--ranks", "2", "--requests", "4", "--prompt-tokens", "8", "--output-tokens", "16", "--layers", "2", "--seed", "7"]
 
 
 def _dsprof(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -50,8 +49,15 @@ def serialized_run(tmp_path_factory) -> Path:
 
 
 def test_healthy_run_writes_artifacts_and_passes_ci_rules(healthy_run, tmp_path):
-    for name in ("server.log", "serving-trace", "performance_summary.json", "summary.json", "summary.md",
-                 "combined-swimlane.json", "report.html"):
+    for name in (
+        "server.log",
+        "serving-trace",
+        "performance_summary.json",
+        "summary.json",
+        "summary.md",
+        "combined-swimlane.json",
+        "report.html",
+    ):
         assert (healthy_run / name).exists(), name
     summary = json.loads((healthy_run / "summary.json").read_text())
     assert summary["validation"]["valid"] is True
@@ -92,4 +98,4 @@ def test_crashed_run_exits_nonzero_and_is_still_analysed(tmp_path):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["validation"]["valid"] is False
     steps = summary["validation"]["steps_per_rank"]
-    assert steps["1"] < steps["0"]   # rank 1 stopped early; what it did write was analysed
+    assert steps["1"] < steps["0"]  # rank 1 stopped early; what it did write was analysed

@@ -43,8 +43,15 @@ HEALTHY = {
     "inputs": {"files": ["server.log"], "records_read": 500, "spans": 400, "dropped": {}},
     "workload": {"preset": "demo", "ranks": 4, "depth": 2},
     "exit_status": 0,
-    "validation": {"valid": True, "decode_steps": 10, "rank_roots": 40, "ranks": 4, "problems": [],
-                   "steps_per_rank": {"0": 10, "1": 10, "2": 10, "3": 10}, "dropped": {}},
+    "validation": {
+        "valid": True,
+        "decode_steps": 10,
+        "rank_roots": 40,
+        "ranks": 4,
+        "problems": [],
+        "steps_per_rank": {"0": 10, "1": 10, "2": 10, "3": 10},
+        "dropped": {},
+    },
     "figures": {
         "runner_start_skew_ms": _block(0.1, 0.3, 0.45, 0.5),
         "runner_end_skew_ms": _block(0.2, 0.8, 1.0, 1.2),
@@ -57,26 +64,52 @@ HEALTHY = {
     },
     "per_step": [{"step": 0, "ranks": 4, "runner_start_skew_ms": 0.1, "runner_end_skew_ms": 0.2}],
     "late_starts": {"threshold_ms": 5.0, "count": 0, "items": []},
-    "tail_steps": {"threshold_ms": 5.0, "count": 0, "items": [], "same_device": None, "devices": {},
-                   "straggler": {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None,
-                                 "mechanism": None}},
+    "tail_steps": {
+        "threshold_ms": 5.0,
+        "count": 0,
+        "items": [],
+        "same_device": None,
+        "devices": {},
+        "straggler": {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None, "mechanism": None},
+    },
     "tail_cost": {"total_ms": 0.0, "share_of_decode_wall": 0.0},
-    "pipeline": {"pairs_checked": 36, "pairs_overlapped": 36, "overlap_share": 1.0, "violations": 0, "claim_order_violations": 0,
-                 "serialized": False, "first_violations": [], "cadence_p50_ms": 12.0,
-                 "cadence_ms": {"0": _block(12.0, 12.5, 13.0, 13.5, count=9)},
-                 "achieved_depth": {"0": 1.8, "1": 1.7, "2": 1.75, "3": 1.6},
-                 "diagnosis": "pipelined: bind(N+1) overlaps runner_run(N) on every rank"},
-    "serving": {"source": "performance_summary", "tokens_returned": 640, "tokens_expected": 640,
-                "batch_elapsed_s": 1.6, "throughput_tok_s": 400.0, "effective_tpot_ms": 80.0,
-                "acceptance_rate": 0.79, "requests": 16},
+    "pipeline": {
+        "pairs_checked": 36,
+        "pairs_overlapped": 36,
+        "overlap_share": 1.0,
+        "violations": 0,
+        "claim_order_violations": 0,
+        "serialized": False,
+        "first_violations": [],
+        "cadence_p50_ms": 12.0,
+        "cadence_ms": {"0": _block(12.0, 12.5, 13.0, 13.5, count=9)},
+        "achieved_depth": {"0": 1.8, "1": 1.7, "2": 1.75, "3": 1.6},
+        "diagnosis": "pipelined: bind(N+1) overlaps runner_run(N) on every rank",
+    },
+    "serving": {
+        "source": "performance_summary",
+        "tokens_returned": 640,
+        "tokens_expected": 640,
+        "batch_elapsed_s": 1.6,
+        "throughput_tok_s": 400.0,
+        "effective_tpot_ms": 80.0,
+        "acceptance_rate": 0.79,
+        "requests": 16,
+    },
 }
 
 
 def _serialized() -> dict:
     """HEALTHY with the device-resident regression: no pair overlaps, bind waits for the previous runner_run."""
     summary = copy.deepcopy(HEALTHY)
-    summary["pipeline"].update(serialized=True, pairs_overlapped=0, overlap_share=0.0, violations=36, cadence_p50_ms=19.2,
-                               achieved_depth={"0": 1.65, "1": 1.65, "2": 1.64, "3": 1.66})
+    summary["pipeline"].update(
+        serialized=True,
+        pairs_overlapped=0,
+        overlap_share=0.0,
+        violations=36,
+        cadence_p50_ms=19.2,
+        achieved_depth={"0": 1.65, "1": 1.65, "2": 1.64, "3": 1.66},
+    )
     return summary
 
 
@@ -104,7 +137,10 @@ def _details(verdict):
 
 
 def test_absolute_rules_pass_and_fail_with_details_for_people(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 name = "ranks start together"
 check = "runner_start_skew_ms.p95 <= 0.5"
@@ -120,12 +156,13 @@ check = "tail_steps.straggler.verdict == 'none'"
 check = "serving.throughput_tok_s > 500"
 [[rule]]
 check = "serving.batch_elapsed_s < 2"
-""")
+""",
+    )
     verdict = gate(HEALTHY, rules)
     assert _statuses(verdict) == {
-        "figures.runner_start_skew_ms.p95": "pass",   # 0.3 <= 0.5
-        "figures.runner_end_skew_ms.max": "fail",     # 1.2 < 1.0 is false
-        "figures.root_ms.p50": "pass",                # 20.0 >= 20 (boundary)
+        "figures.runner_start_skew_ms.p95": "pass",  # 0.3 <= 0.5
+        "figures.runner_end_skew_ms.max": "fail",  # 1.2 < 1.0 is false
+        "figures.root_ms.p50": "pass",  # 20.0 >= 20 (boundary)
         "late_starts.count": "pass",
         "tail_steps.straggler.verdict": "pass",
         "serving.throughput_tok_s": "fail",
@@ -148,7 +185,10 @@ check = "serving.batch_elapsed_s < 2"
 
 
 def test_boolean_rules_and_path_on_right_side(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 check = "validation.valid == true"
 [[rule]]
@@ -160,7 +200,8 @@ name = "cadence below 0.9 x root"
 check = "pipeline.cadence_p50_ms < 0.9 * root_ms.p50"
 [[rule]]
 check = "tail_steps.same_device == null"
-""")
+""",
+    )
     assert gate(HEALTHY, rules).passed
     broken = copy.deepcopy(HEALTHY)
     broken["validation"]["valid"] = False
@@ -183,7 +224,10 @@ check = "tail_steps.same_device == null"
 
 
 def test_sums_of_figures_and_negative_numbers(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 check = "pipeline.cadence_p50_ms < runner_run_ms.p50 + 0.5 * bind_ms.p50"
 [[rule]]
@@ -192,7 +236,8 @@ check = "root_ms.p50 >= runner_run_ms.p50 + bind_ms.p50 * 1 - 0.5"
 check = "runner_start_skew_ms.p50 > -0.001"
 [[rule]]
 check = "runner_start_skew_ms.p50 <= -root_ms.p50 + 20.5"
-""")
+""",
+    )
     summary = copy.deepcopy(HEALTHY)
     summary["figures"]["bind_ms"] = _block(3.0, 4.0, 4.5, 5.0)
     verdict = gate(summary, rules)
@@ -209,12 +254,16 @@ check = "runner_start_skew_ms.p50 <= -root_ms.p50 + 20.5"
 
 
 def test_numbers_are_shown_at_the_figures_precision_not_as_float_noise(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 check = "root_ms.p50 <= runner_run_ms.p50 + 0.5 * bind_ms.p50"
 [[rule]]
 check = "bind_ms.p50 < runner_run_ms.p50 + 0.5 * bind_ms.p50"
-""")
+""",
+    )
     summary = copy.deepcopy(HEALTHY)
     summary["figures"]["root_ms"]["p50"] = 58.5
     summary["figures"]["runner_run_ms"]["p50"] = 39.0
@@ -255,7 +304,10 @@ def test_wildcard_checks_every_rank_and_names_each(tmp_path):
 
 
 def test_a_figure_this_run_did_not_produce_fails_with_the_reason(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 check = "runner_start_skew_ms.p95 <= 0.5"
 [[rule]]
@@ -268,7 +320,8 @@ check = "workload.depth == 2"
 check = "late_starts.items.0.excess_ms < 20"
 [[rule]]
 check = "figures.per_rank.5.root_ms.p99 < 30"
-""")
+""",
+    )
     partial = copy.deepcopy(HEALTHY)
     partial["figures"]["runner_start_skew_ms"] = {"p50": None, "p95": None, "p99": None, "max": None, "count": 0}
     partial["serving"] = {key: None for key in partial["serving"]}  # a run without SA_PROFILE or performance_summary
@@ -288,12 +341,16 @@ check = "figures.per_rank.5.root_ms.p99 < 30"
 
 
 def test_wildcards_over_empty_blocks(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 check = "late_starts.items.*.excess_ms < 20"
 [[rule]]
 check = "pipeline.achieved_depth.* >= 1.2"
-""")
+""",
+    )
     summary = copy.deepcopy(HEALTHY)
     summary["pipeline"]["achieved_depth"] = {}
     verdict = gate(summary, rules)
@@ -303,26 +360,27 @@ check = "pipeline.achieved_depth.* >= 1.2"
         ("missing", "no value: pipeline.achieved_depth is empty in this run"),
     ]
     summary["late_starts"]["items"] = [{"step": 3, "rank": 1, "excess_ms": 12.5}, {"step": 7, "rank": 2, "excess_ms": 25.0}]
-    assert _statuses(gate(summary, rules)) == {"late_starts.items.0.excess_ms": "pass",
-                                               "late_starts.items.1.excess_ms": "fail",
-                                               "pipeline.achieved_depth.*": "missing"}
+    assert _statuses(gate(summary, rules)) == {
+        "late_starts.items.0.excess_ms": "pass",
+        "late_starts.items.1.excess_ms": "fail",
+        "pipeline.achieved_depth.*": "missing",
+    }
 
 
 @pytest.mark.parametrize(
     "check, fragments",
     [
-        ("runner_start_skew_ms.p96 <= 0.5", ["runner_start_skew_ms.p96 is not a figure of this summary",
-                                             "did you mean ", " runner_start_skew_ms.p95 "]),
-        ("pipline.serialized == false", ["pipline.serialized is not a figure", "(it has no pipline)",
-                                         "did you mean pipeline.serialized"]),
-        ("pipeline.cadence_p50_ms < runner_run_ms.p50 + 0.5 * bnid_ms.p50",
-         ["bnid_ms.p50 is not a figure", "did you mean bind_ms.p50"]),
+        (
+            "runner_start_skew_ms.p96 <= 0.5",
+            ["runner_start_skew_ms.p96 is not a figure of this summary", "did you mean ", " runner_start_skew_ms.p95 "],
+        ),
+        ("pipline.serialized == false", ["pipline.serialized is not a figure", "(it has no pipline)", "did you mean pipeline.serialized"]),
+        ("pipeline.cadence_p50_ms < runner_run_ms.p50 + 0.5 * bnid_ms.p50", ["bnid_ms.p50 is not a figure", "did you mean bind_ms.p50"]),
         ("pipeline.achieved_depht.* >= 1.2", ["did you mean pipeline.achieved_depth.*"]),
         ("exit_status.code == 0", ["exit_status.code is not a figure"]),
         ("tail_steps.straggler.verdikt == 'none'", ["did you mean tail_steps.straggler.verdict"]),
         ("per_stpe.*.runner_start_skew_ms <= 1", ["did you mean per_step.*.runner_start_skew_ms?"]),
-        ("per_step.*.runner_start_skew <= 1", ["per_step.*.runner_start_skew is not a figure",
-                                               "(it has no per_step.0.runner_start_skew)"]),
+        ("per_step.*.runner_start_skew <= 1", ["per_step.*.runner_start_skew is not a figure", "(it has no per_step.0.runner_start_skew)"]),
     ],
 )
 def test_a_path_the_summary_does_not_have_is_a_rules_error_with_suggestions(tmp_path, check, fragments):
@@ -345,7 +403,10 @@ def test_relative_rule_on_an_unknown_figure_is_a_rules_error_even_without_baseli
 
 
 def test_relative_rules_against_baseline(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[relative]]
 figure = "runner_end_skew_ms.p99"
 max_increase = "20%"
@@ -356,12 +417,13 @@ max_decrease = "10%"
 figure = "runner_start_skew_ms.p95"
 max_increase = 0.1
 slack = 0.05
-""")
+""",
+    )
     baseline = _summary_file(tmp_path, HEALTHY, "baseline.json")
     current = copy.deepcopy(HEALTHY)
-    current["figures"]["runner_end_skew_ms"]["p99"] = 1.19        # limit 1.0 * 1.2 = 1.2 → pass
-    current["serving"]["throughput_tok_s"] = 359.0                # limit 400 * 0.9 = 360 → fail
-    current["figures"]["runner_start_skew_ms"]["p95"] = 0.46      # limit 0.3 + 0.1 + 0.05 = 0.45 → fail
+    current["figures"]["runner_end_skew_ms"]["p99"] = 1.19  # limit 1.0 * 1.2 = 1.2 → pass
+    current["serving"]["throughput_tok_s"] = 359.0  # limit 400 * 0.9 = 360 → fail
+    current["figures"]["runner_start_skew_ms"]["p95"] = 0.46  # limit 0.3 + 0.1 + 0.05 = 0.45 → fail
     verdict = gate(current, rules, baseline=baseline)
     assert [r.status for r in verdict.results] == ["pass", "fail", "fail"]
     assert [r.limit for r in verdict.results] == pytest.approx([1.2, 360.0, 0.45])
@@ -378,14 +440,18 @@ slack = 0.05
 
 
 def test_relative_rules_skip_without_baseline_and_fail_on_a_baseline_without_the_figure(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 check = "validation.valid == true"
 [[relative]]
 figure = "tail_cost.total_ms"
 max_increase = "20%"
 slack = 1.0
-""")
+""",
+    )
     verdict = gate(HEALTHY, rules)
     assert [r.status for r in verdict.results] == ["pass", "skipped"]
     assert verdict.passed
@@ -404,22 +470,22 @@ slack = 1.0
 @pytest.mark.parametrize(
     "rules_text, message",
     [
-        ("[[rule]]\ncheck = \"runner_start_skew_ms.p95 0.5\"\n", "exactly one comparison operator"),
-        ("[[rule]]\ncheck = \"runner_start_skew_ms.p95 <= 0.5 <= 1\"\n", "exactly one comparison operator"),
+        ('[[rule]]\ncheck = "runner_start_skew_ms.p95 0.5"\n', "exactly one comparison operator"),
+        ('[[rule]]\ncheck = "runner_start_skew_ms.p95 <= 0.5 <= 1"\n', "exactly one comparison operator"),
         ("[[rule]]\ncheck = \"runner_start_skew_ms.p95 <= __import__('os')\"\n", "cannot read"),
-        ("[[rule]]\ncheck = \"0.5 >= runner_start_skew_ms.p95\"\n", "left side"),
-        ("[[rule]]\ncheck = \"runner_start_skew_ms <= 0.5\"\n", "is a block, not a value"),
-        ("[[rule]]\ncheck = \"validation.valid <= 1\"\n", "compares validation.valid"),
-        ("[[rule]]\ncheck = \"pipeline.serialized > false\"\n", "needs numbers"),
-        ("[[rule]]\ncheck = \"root_ms.p50 > null\"\n", "needs numbers"),
-        ("[[rule]]\nchek = \"validation.valid == true\"\n", "unknown key"),
-        ("[[rule]]\ncheck = \"root_ms.p50 <= bind_ms.p50 +\"\n", "as a term"),
-        ("[[rule]]\ncheck = \"root_ms.p50 <= bind_ms.p50 * root_ms.p50\"\n", "as a term"),
-        ("[[rule]]\ncheck = \"root_ms.p50 <= 2 * pipeline.achieved_depth.*\"\n", "only allowed on the left"),
-        ("[[rule]]\ncheck = \"root_ms.p50 <= 1 + validation.valid\"\n", "not a number"),
-        ("[[rule]]\nname = 3\ncheck = \"root_ms.p50 <= 1\"\n", "name must be a non-empty string"),
-        ("[[relative]]\nfigure = \"root_ms.p50\"\n", "exactly one of max_increase or max_decrease"),
-        ("[[relative]]\nfigure = \"root_ms.p50\"\nmax_increase = \"twenty\"\n", "not a number or percentage"),
+        ('[[rule]]\ncheck = "0.5 >= runner_start_skew_ms.p95"\n', "left side"),
+        ('[[rule]]\ncheck = "runner_start_skew_ms <= 0.5"\n', "is a block, not a value"),
+        ('[[rule]]\ncheck = "validation.valid <= 1"\n', "compares validation.valid"),
+        ('[[rule]]\ncheck = "pipeline.serialized > false"\n', "needs numbers"),
+        ('[[rule]]\ncheck = "root_ms.p50 > null"\n', "needs numbers"),
+        ('[[rule]]\nchek = "validation.valid == true"\n', "unknown key"),
+        ('[[rule]]\ncheck = "root_ms.p50 <= bind_ms.p50 +"\n', "as a term"),
+        ('[[rule]]\ncheck = "root_ms.p50 <= bind_ms.p50 * root_ms.p50"\n', "as a term"),
+        ('[[rule]]\ncheck = "root_ms.p50 <= 2 * pipeline.achieved_depth.*"\n', "only allowed on the left"),
+        ('[[rule]]\ncheck = "root_ms.p50 <= 1 + validation.valid"\n', "not a number"),
+        ('[[rule]]\nname = 3\ncheck = "root_ms.p50 <= 1"\n', "name must be a non-empty string"),
+        ('[[relative]]\nfigure = "root_ms.p50"\n', "exactly one of max_increase or max_decrease"),
+        ('[[relative]]\nfigure = "root_ms.p50"\nmax_increase = "twenty"\n', "not a number or percentage"),
         ("[rules]\n", "unknown top-level key"),
         ("", "no rules"),
         ("[[rule]\n", "not valid TOML"),
@@ -436,18 +502,18 @@ def test_bad_rules_raise_input_error_naming_the_file(tmp_path, rules_text, messa
 @pytest.mark.parametrize(
     "rules_text",
     [
-        "[[rule]]\ncheck = \"root_ms.p50 <= nan\"\n",
-        "[[rule]]\ncheck = \"root_ms.p50 <= inf\"\n",
-        "[[rule]]\ncheck = \"root_ms.p50 <= -Infinity\"\n",
-        "[[rule]]\ncheck = \"root_ms.p50 <= 1e999\"\n",
-        "[[rule]]\ncheck = \"root_ms.p50 <= bind_ms.p50 + 1e999\"\n",
-        "[[rule]]\ncheck = \"root_ms.p50 <= 1" + "0" * 400 + "\"\n",
-        "[[rule]]\ncheck = \"root_ms.p50 <= 1" + "0" * 5000 + "\"\n",
-        "[[relative]]\nfigure = \"root_ms.p50\"\nmax_increase = nan\n",
-        "[[relative]]\nfigure = \"root_ms.p50\"\nmax_increase = inf\n",
-        "[[relative]]\nfigure = \"root_ms.p50\"\nmax_decrease = 1e400\n",
-        "[[relative]]\nfigure = \"root_ms.p50\"\nmax_increase = \"10%\"\nslack = nan\n",
-        "[[relative]]\nfigure = \"root_ms.p50\"\nmax_increase = \"10%\"\nslack = -inf\n",
+        '[[rule]]\ncheck = "root_ms.p50 <= nan"\n',
+        '[[rule]]\ncheck = "root_ms.p50 <= inf"\n',
+        '[[rule]]\ncheck = "root_ms.p50 <= -Infinity"\n',
+        '[[rule]]\ncheck = "root_ms.p50 <= 1e999"\n',
+        '[[rule]]\ncheck = "root_ms.p50 <= bind_ms.p50 + 1e999"\n',
+        '[[rule]]\ncheck = "root_ms.p50 <= 1' + "0" * 400 + '"\n',
+        '[[rule]]\ncheck = "root_ms.p50 <= 1' + "0" * 5000 + '"\n',
+        '[[relative]]\nfigure = "root_ms.p50"\nmax_increase = nan\n',
+        '[[relative]]\nfigure = "root_ms.p50"\nmax_increase = inf\n',
+        '[[relative]]\nfigure = "root_ms.p50"\nmax_decrease = 1e400\n',
+        '[[relative]]\nfigure = "root_ms.p50"\nmax_increase = "10%"\nslack = nan\n',
+        '[[relative]]\nfigure = "root_ms.p50"\nmax_increase = "10%"\nslack = -inf\n',
     ],
 )
 def test_nan_or_infinite_limits_and_tolerances_are_rules_errors(tmp_path, rules_text):
@@ -476,7 +542,7 @@ def test_summaries_with_numbers_beyond_comparison_are_one_clear_error(tmp_path, 
     with pytest.raises(InputError) as excinfo:
         load_summary(path)
     assert fragment in str(excinfo.value) and str(excinfo.value).startswith(str(path))
-    rules = _write(tmp_path, "rules.toml", "[[rule]]\ncheck = \"exit_status == 0\"\n")
+    rules = _write(tmp_path, "rules.toml", '[[rule]]\ncheck = "exit_status == 0"\n')
     result = CliRunner().invoke(cli, ["gate", str(path), "--rules", str(rules)], env=NOT_ON_GITHUB)
     assert result.exit_code == 2 and result.output.count("\n") == 1 and "Traceback" not in result.output
 
@@ -487,10 +553,11 @@ def test_non_finite_values_in_a_summary_dict_fail_the_rule():
     summary["exit_status"] = 10**400
     verdict = gate(summary, REPO / "examples" / "ci-rules.toml")
     by_path = {r.path: r for r in verdict.results}
-    assert (by_path["exit_status"].status, by_path["exit_status"].detail) == (
-        "missing", "no value: exit_status is not a finite number")
+    assert (by_path["exit_status"].status, by_path["exit_status"].detail) == ("missing", "no value: exit_status is not a finite number")
     assert (by_path["pipeline.cadence_p50_ms"].status, by_path["pipeline.cadence_p50_ms"].detail) == (
-        "missing", "no limit: figures.runner_run_ms.p50 is not a finite number in this run")
+        "missing",
+        "no limit: figures.runner_run_ms.p50 is not a finite number in this run",
+    )
     json.dumps(verdict.to_json(), allow_nan=False)  # the verdict stays valid JSON
 
 
@@ -498,7 +565,10 @@ def test_non_finite_values_in_a_summary_dict_fail_the_rule():
 
 
 def test_cli_exit_codes_verdict_and_junit(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 name = "ranks start together"
 check = "runner_start_skew_ms.p95 <= 0.5"
@@ -508,7 +578,8 @@ check = "pipeline.serialized == false"
 [[relative]]
 figure = "runner_end_skew_ms.p99"
 max_increase = "20%"
-""")
+""",
+    )
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     _summary_file(run_dir, HEALTHY)
@@ -524,14 +595,19 @@ max_increase = "20%"
     bad = _summary_file(tmp_path, serialized, "serialized.json")
     junit, verdict_path = tmp_path / "gate.xml", tmp_path / "verdict.json"
     verdict_path.write_text("previous verdict")
-    failed = runner.invoke(cli, ["gate", str(bad), "--rules", str(rules), "--baseline", str(run_dir),
-                                 "--junit", str(junit), "--verdict", str(verdict_path)], env=NOT_ON_GITHUB)
+    failed = runner.invoke(
+        cli,
+        ["gate", str(bad), "--rules", str(rules), "--baseline", str(run_dir), "--junit", str(junit), "--verdict", str(verdict_path)],
+        env=NOT_ON_GITHUB,
+    )
     assert failed.exit_code == 1, failed.output
     assert failed.output.splitlines()[:3] == [
         "PASS    ranks start together [figures.runner_start_skew_ms.p95]: value 0.3 ms <= limit 0.5 ms",
         "FAIL    depth-2 pipeline is not serialized [pipeline.serialized]: value true, expected == false",
-        ("FAIL    runner_end_skew_ms.p99 max_increase 20% [figures.runner_end_skew_ms.p99]: "
-        'value 2 ms > limit 1.2 ms (baseline 1 ms, +100.0%; max_increase = "20%")'),
+        (
+            "FAIL    runner_end_skew_ms.p99 max_increase 20% [figures.runner_end_skew_ms.p99]: "
+            'value 2 ms > limit 1.2 ms (baseline 1 ms, +100.0%; max_increase = "20%")'
+        ),
     ]
     assert "::error" not in failed.output
 
@@ -540,22 +616,35 @@ max_increase = "20%"
     assert verdict["passed"] is False
     assert verdict["counts"] == {"pass": 1, "fail": 2, "missing": 0, "skipped": 0}
     assert [(r["name"], r["status"]) for r in verdict["results"]] == [
-        ("ranks start together", "pass"), ("depth-2 pipeline is not serialized", "fail"),
-        ("runner_end_skew_ms.p99 max_increase 20%", "fail")]
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["gate.xml", "rules.toml", "run", "serialized.json",
-                                                          "verdict.json"]  # no temporary files left
+        ("ranks start together", "pass"),
+        ("depth-2 pipeline is not serialized", "fail"),
+        ("runner_end_skew_ms.p99 max_increase 20%", "fail"),
+    ]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "gate.xml",
+        "rules.toml",
+        "run",
+        "serialized.json",
+        "verdict.json",
+    ]  # no temporary files left
 
     suite = ET.parse(junit).getroot().find("testsuite")
     assert suite.get("tests") == "3" and suite.get("failures") == "2"
     cases = suite.findall("testcase")
-    assert [c.get("name") for c in cases] == ["ranks start together", "depth-2 pipeline is not serialized",
-                                              "runner_end_skew_ms.p99 max_increase 20%"]
+    assert [c.get("name") for c in cases] == [
+        "ranks start together",
+        "depth-2 pipeline is not serialized",
+        "runner_end_skew_ms.p99 max_increase 20%",
+    ]
     assert cases[0].find("failure") is None
     failure = cases[1].find("failure")
     assert failure.get("type") == "fail"
     assert failure.get("message") == "value true, expected == false"
-    assert failure.text.splitlines() == ["value true, expected == false", "rule: pipeline.serialized == false",
-                                         "figure: pipeline.serialized"]
+    assert failure.text.splitlines() == [
+        "value true, expected == false",
+        "rule: pipeline.serialized == false",
+        "figure: pipeline.serialized",
+    ]
     body = cases[2].find("failure").text
     assert body.startswith("value 2 ms > limit 1.2 ms")
     assert "True" not in ET.tostring(suite, encoding="unicode") and "False" not in ET.tostring(suite, encoding="unicode")
@@ -563,7 +652,13 @@ max_increase = "20%"
 
 def test_junit_of_rule_names_with_control_characters_is_well_formed_xml(tmp_path):
     hostile = "nul\x00 esc\x1b[31m bel\x07 vt\x0b \ufffe \u202e end"
-    rules = _write(tmp_path, "rules.toml", "[[rule]]\nname = \"{}\"\ncheck = \"pipeline.serialized == false\"\n".format(hostile.encode("unicode_escape").decode().replace("\\x", "\\u00")))
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        '[[rule]]\nname = "{}"\ncheck = "pipeline.serialized == false"\n'.format(
+            hostile.encode("unicode_escape").decode().replace("\\x", "\\u00")
+        ),
+    )
     assert load_rules(rules)[0].name == hostile
     junit = tmp_path / "gate.xml"
     gate(_serialized(), rules, junit=junit)
@@ -575,10 +670,12 @@ def test_junit_of_rule_names_with_control_characters_is_well_formed_xml(tmp_path
 def test_terminal_output_never_carries_escape_sequences_from_the_summary(tmp_path):
     summary = copy.deepcopy(HEALTHY)
     summary["tail_steps"]["straggler"]["verdict"] = "rank 1 (\x1b]52;c;cHduZWQ=\x07npu:1\x1b[2J)"
-    rules = _write(tmp_path, "rules.toml", "[[rule]]\nname = \"straggler \\u001b[5m\"\n"
-                                           "check = \"tail_steps.straggler.verdict == 'none'\"\n")
-    result = CliRunner().invoke(cli, ["gate", str(_summary_file(tmp_path, summary)), "--rules", str(rules)],
-                                env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path / "step.md")})
+    rules = _write(tmp_path, "rules.toml", '[[rule]]\nname = "straggler \\u001b[5m"\ncheck = "tail_steps.straggler.verdict == \'none\'"\n')
+    result = CliRunner().invoke(
+        cli,
+        ["gate", str(_summary_file(tmp_path, summary)), "--rules", str(rules)],
+        env={"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(tmp_path / "step.md")},
+    )
     assert result.exit_code == 1
     assert "\x1b" not in result.output and "\x07" not in result.output
     assert "rank 1 (\\x1b]52;c;cHduZWQ=\\x07npu:1\\x1b[2J), expected == none" in result.output
@@ -586,7 +683,7 @@ def test_terminal_output_never_carries_escape_sequences_from_the_summary(tmp_pat
 
 
 def test_error_lines_never_carry_escape_sequences(tmp_path):
-    rules = _write(tmp_path, "rules.toml", "[[rule]]\ncheck = \"exit_status == 0\"\n")
+    rules = _write(tmp_path, "rules.toml", '[[rule]]\ncheck = "exit_status == 0"\n')
     missing = tmp_path / "run\x1b]0;pwned\x07"
     result = CliRunner().invoke(cli, ["gate", str(missing), "--rules", str(rules)], env=NOT_ON_GITHUB)
     assert result.exit_code == 2 and "\x1b" not in result.output and "run\\x1b]0;pwned\\x07" in result.output
@@ -598,7 +695,10 @@ def test_github_escaping_follows_the_workflow_command_rules():
 
 
 def test_on_github_actions_failures_become_annotations_and_a_step_summary_table(tmp_path):
-    rules = _write(tmp_path, "rules.toml", """
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        """
 [[rule]]
 name = "runs overlap: depth, 100% | bind\\nhidden"
 check = "pipeline.serialized == false"
@@ -606,23 +706,24 @@ check = "pipeline.serialized == false"
 check = "validation.valid == true"
 [[rule]]
 check = "late_starts.items.*.excess_ms < 20"
-""")
+""",
+    )
     summary = _summary_file(tmp_path, _serialized())
     step_summary = _write(tmp_path, "step-summary.md", "## earlier step\n")
     env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(step_summary)}
     result = CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules)], env=env)
     assert result.exit_code == 1
     annotations = [line for line in result.output.splitlines() if line.startswith("::")]
-    assert annotations == [("::error title=runs overlap%3A depth%2C 100%25 | bind%0Ahidden::"
-                           "pipeline.serialized: value true, expected == false")]
+    assert annotations == [
+        ("::error title=runs overlap%3A depth%2C 100%25 | bind%0Ahidden::pipeline.serialized: value true, expected == false")
+    ]
     assert "FAIL    runs overlap: depth, 100% | bind\\nhidden [pipeline.serialized]" in result.output  # plain lines too
     text = step_summary.read_text()
     assert text.startswith("## earlier step\n### dsprof gate FAILED: 2 passed, 1 failed")  # appended, not replaced
     table = [line for line in text.splitlines() if line.startswith("| ")]
     assert table == [
         "| status | rule | figure | outcome |",
-        ("| **FAIL** | runs overlap: depth, 100% &#124; bind\\\\nhidden | pipeline.serialized | "
-        "value true, expected == false |"),
+        ("| **FAIL** | runs overlap: depth, 100% &#124; bind\\\\nhidden | pipeline.serialized | value true, expected == false |"),
         "| PASS | validation.valid == true | validation.valid | value true == true |",
         "| PASS | late\\_starts.items.\\*.excess\\_ms &lt; 20 | late\\_starts.items.\\*.excess\\_ms | no items to check |",
     ]
@@ -632,11 +733,12 @@ check = "late_starts.items.*.excess_ms < 20"
 
 
 def test_elsewhere_the_output_is_plain_text_and_no_step_summary_is_written(tmp_path):
-    rules = _write(tmp_path, "rules.toml", "[[rule]]\ncheck = \"pipeline.serialized == false\"\n")
+    rules = _write(tmp_path, "rules.toml", '[[rule]]\ncheck = "pipeline.serialized == false"\n')
     summary = _summary_file(tmp_path, _serialized())
     step_summary = _write(tmp_path, "step-summary.md", "untouched\n")
-    result = CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules)],
-                                env={"GITHUB_ACTIONS": None, "GITHUB_STEP_SUMMARY": str(step_summary)})
+    result = CliRunner().invoke(
+        cli, ["gate", str(summary), "--rules", str(rules)], env={"GITHUB_ACTIONS": None, "GITHUB_STEP_SUMMARY": str(step_summary)}
+    )
     assert result.exit_code == 1
     assert result.output.splitlines() == [
         "FAIL    pipeline.serialized == false [pipeline.serialized]: value true, expected == false",
@@ -657,25 +759,25 @@ def test_library_outputs_for_ci_name_every_rule():
 def test_cli_bad_rules_and_bad_summary_exit_2_with_one_line(tmp_path):
     runner = CliRunner()
     summary = _summary_file(tmp_path, HEALTHY)
-    rules = _write(tmp_path, "rules.toml", "[[rule]]\ncheck = \"runner_start_skew_ms.p95 =< 0.5\"\n")
+    rules = _write(tmp_path, "rules.toml", '[[rule]]\ncheck = "runner_start_skew_ms.p95 =< 0.5"\n')
     result = runner.invoke(cli, ["gate", str(summary), "--rules", str(rules)])
     assert result.exit_code == 2
     assert result.output.count("\n") == 1
     assert result.output.startswith(f"dsprof: error: {rules}: [[rule]] #1")
     assert "Traceback" not in result.output
 
-    typo = _write(tmp_path, "typo.toml", "[[rule]]\ncheck = \"pipeline.serialised == false\"\n")
+    typo = _write(tmp_path, "typo.toml", '[[rule]]\ncheck = "pipeline.serialised == false"\n')
     result = runner.invoke(cli, ["gate", str(summary), "--rules", str(typo)])
     assert result.exit_code == 2 and result.output.count("\n") == 1
     assert "did you mean pipeline.serialized?" in result.output
 
-    not_json = _write(tmp_path, "broken.json", "{\"schema\": ")
-    good_rules = _write(tmp_path, "good.toml", "[[rule]]\ncheck = \"validation.valid == true\"\n")
+    not_json = _write(tmp_path, "broken.json", '{"schema": ')
+    good_rules = _write(tmp_path, "good.toml", '[[rule]]\ncheck = "validation.valid == true"\n')
     result = runner.invoke(cli, ["gate", str(not_json), "--rules", str(good_rules)])
     assert result.exit_code == 2
     assert result.output.startswith(f"dsprof: error: {not_json}:1: not valid JSON")
 
-    not_summary = _write(tmp_path, "other.json", "{\"traceEvents\": []}")
+    not_summary = _write(tmp_path, "other.json", '{"traceEvents": []}')
     result = runner.invoke(cli, ["gate", str(not_summary), "--rules", str(good_rules)])
     assert result.exit_code == 2 and "not a dsprof summary" in result.output
 
@@ -716,8 +818,7 @@ def test_ci_rules_fail_a_serialized_pipeline_on_serialization_depth_and_cadence(
 def test_ci_depth_rule_threshold_sits_between_the_measured_runs():
     # pairs overlapped / checked measured on real runs of the bundled runtime (examples/ci-rules.toml):
     # healthy 16/16, 56/56, 108/108; device-resident metadata 0/16, 0/56, 0/108
-    for checked, overlapped, passes in ((16, 16, True), (108, 108, True), (108, 0, False), (20, 18, True),
-                                        (20, 17, False)):
+    for checked, overlapped, passes in ((16, 16, True), (108, 108, True), (108, 0, False), (20, 18, True), (20, 17, False)):
         summary = copy.deepcopy(HEALTHY)
         summary["pipeline"].update(pairs_checked=checked, pairs_overlapped=overlapped, overlap_share=round(overlapped / checked, 4))
         results = {r.name: r for r in gate(summary, REPO / "examples" / "ci-rules.toml").results}
@@ -727,9 +828,27 @@ def test_ci_depth_rule_threshold_sits_between_the_measured_runs():
 
 # Summaries of any shape built from the schema's own key names (so that rules reach into them), with
 # values a hostile or broken producer could hand over from Python: NaN, infinities, 10**400, control text.
-SUMMARY_KEYS = ["figures", "pipeline", "serialized", "validation", "valid", "serving", "tokens_returned",
-                "tokens_expected", "exit_status", "runner_run_ms", "bind_ms", "p50", "cadence_p50_ms",
-                "pairs_checked", "pairs_overlapped", "violations", "achieved_depth", "0", "items"]
+SUMMARY_KEYS = [
+    "figures",
+    "pipeline",
+    "serialized",
+    "validation",
+    "valid",
+    "serving",
+    "tokens_returned",
+    "tokens_expected",
+    "exit_status",
+    "runner_run_ms",
+    "bind_ms",
+    "p50",
+    "cadence_p50_ms",
+    "pairs_checked",
+    "pairs_overlapped",
+    "violations",
+    "achieved_depth",
+    "0",
+    "items",
+]
 ANY_SUMMARY = any_summary(SUMMARY_KEYS)
 
 

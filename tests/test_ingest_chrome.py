@@ -32,7 +32,16 @@ def fragment_events(pid: int) -> list[dict]:
     return [
         {"ph": "M", "name": "process_name", "pid": pid, "tid": 0, "args": {"name": f"worker-{pid}"}},
         {"ph": "M", "name": "thread_name", "pid": pid, "tid": 7, "args": {"name": "scheduler"}},
-        {"name": "request", "cat": "request", "ph": "X", "ts": 1_000, "dur": 250, "pid": pid, "tid": 7, "args": {"request_id": "r-1", "tokens": 256, "meta": {"a": [1, 2]}, "ok": True}},
+        {
+            "name": "request",
+            "cat": "request",
+            "ph": "X",
+            "ts": 1_000,
+            "dur": 250,
+            "pid": pid,
+            "tid": 7,
+            "args": {"request_id": "r-1", "tokens": 256, "meta": {"a": [1, 2]}, "ok": True},
+        },
         {"name": "kernel.decode_fwd", "cat": "kernel", "ph": "X", "ts": 1_010, "dur": 3, "pid": pid, "tid": 7, "args": {}},
         {"name": "preempt", "cat": "scheduler", "ph": "i", "s": "t", "ts": 1_020, "pid": pid, "tid": 7},
     ]
@@ -107,8 +116,15 @@ def test_attribute_text_keeps_numbers_exactly(tmp_path):
     (tmp_path / "trace.1.jsonl").write_text(line + "\n")
     trace = read_sa_profile(tmp_path / "trace.1.jsonl")
     assert dict(col(trace.spans, "attrs")[0]) == {
-        "x": "1.10", "e": "1e3", "big": "123456789012345678901234567890", "neg": "-0.0", "s": 't"ab,é:', 'k"ey': "v",
-        "nested": '{"a":[1.50,"x y"]}', "n": "null", "b": "false",
+        "x": "1.10",
+        "e": "1e3",
+        "big": "123456789012345678901234567890",
+        "neg": "-0.0",
+        "s": 't"ab,é:',
+        'k"ey': "v",
+        "nested": '{"a":[1.50,"x y"]}',
+        "n": "null",
+        "b": "false",
     }
     assert col(trace.spans, "rank") == [3] and col(trace.spans, "step") == [7]  # promoted from text and from numbers
 
@@ -315,9 +331,21 @@ def layouts(events: list[dict]) -> dict[str, str]:
 @given(
     st.lists(
         st.fixed_dictionaries(
-            {"name": st.text(max_size=8), "ph": st.sampled_from(["X", "i", "B", "E", "C"]), "ts": st.integers(0, 10**9), "dur": st.integers(0, 10**6),
-             "pid": st.integers(0, 3), "tid": st.integers(0, 3)},
-            optional={"args": st.dictionaries(st.text(max_size=5), st.one_of(st.text(max_size=6), st.integers(), st.booleans(), st.none(), st.lists(st.integers(), max_size=3)), max_size=3)},
+            {
+                "name": st.text(max_size=8),
+                "ph": st.sampled_from(["X", "i", "B", "E", "C"]),
+                "ts": st.integers(0, 10**9),
+                "dur": st.integers(0, 10**6),
+                "pid": st.integers(0, 3),
+                "tid": st.integers(0, 3),
+            },
+            optional={
+                "args": st.dictionaries(
+                    st.text(max_size=5),
+                    st.one_of(st.text(max_size=6), st.integers(), st.booleans(), st.none(), st.lists(st.integers(), max_size=3)),
+                    max_size=3,
+                )
+            },
         ),
         max_size=30,
     ),
@@ -387,8 +415,19 @@ def test_json_that_is_not_a_trace_is_an_input_error(tmp_path):
 
 def test_events_without_timestamps_are_counted(tmp_path):
     path = tmp_path / "t.json"
-    path.write_text(json.dumps({"traceEvents": [{"name": "a", "ph": "X", "pid": 1, "tid": 1}, {"name": "b", "ph": "X", "ts": "soon", "dur": 1, "pid": 1, "tid": 1}, 7,
-                                                {"name": "c", "ph": "X", "ts": 5, "dur": 1, "pid": 1, "tid": 1}, {"name": "d", "ph": "X", "ts": None, "pid": 1, "tid": 1}]}))
+    path.write_text(
+        json.dumps(
+            {
+                "traceEvents": [
+                    {"name": "a", "ph": "X", "pid": 1, "tid": 1},
+                    {"name": "b", "ph": "X", "ts": "soon", "dur": 1, "pid": 1, "tid": 1},
+                    7,
+                    {"name": "c", "ph": "X", "ts": 5, "dur": 1, "pid": 1, "tid": 1},
+                    {"name": "d", "ph": "X", "ts": None, "pid": 1, "tid": 1},
+                ]
+            }
+        )
+    )
     trace = read_chrome_trace(path)
     assert col(trace.spans, "name") == ["c"] and trace.dropped == {"bad_event": 4} and trace.records_read == 5
 
@@ -409,6 +448,8 @@ def test_merge_record_is_read_from_the_head_only(tmp_path):
     write_fragment(out / "fragments", 1, fragment_events(1))
     sa_profile.merge_fragments(out)
     head = (out / "trace.json").read_bytes().split(b'"traceEvents"')[0]
-    assert json.loads(head.rstrip(b",\n ") + b"}")["otherData"][MERGE_RECORD]["fragments"] == {"trace.1.jsonl": (out / "fragments" / "trace.1.jsonl").stat().st_size}
+    assert json.loads(head.rstrip(b",\n ") + b"}")["otherData"][MERGE_RECORD]["fragments"] == {
+        "trace.1.jsonl": (out / "fragments" / "trace.1.jsonl").stat().st_size
+    }
     document = json_stream.ChromeDocument(out / "trace.json")
     assert document.head()[MERGE_RECORD]["counts"]["events"] == 5

@@ -32,8 +32,16 @@ from dsprof.profiler import strace_format as fmt
 from dsprof.testing.strace_readers import outcome, select_reader
 
 SOURCE = Path(strace_log.__file__).with_name("_strace_scan.c")
-SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture,
-                                                                     HealthCheck.large_base_example, HealthCheck.data_too_large])
+SETTINGS = settings(
+    max_examples=150,
+    deadline=None,
+    suppress_health_check=[
+        HealthCheck.too_slow,
+        HealthCheck.function_scoped_fixture,
+        HealthCheck.large_base_example,
+        HealthCheck.data_too_large,
+    ],
+)
 
 
 @pytest.fixture()
@@ -60,8 +68,32 @@ NUMBER = st.one_of(
     DIGITS.map(lambda d: "-" + d),
     st.sampled_from(["-0", "0" * 19 + "7", "9" * 19, str(2**63), str(2**64 - 1), "-" + str(2**63), "", "-", "1x", "١٢"]),
 )
-ESCAPE = st.sampled_from(["%20", "%3D", "%5B", "%5D", "%25", "%0A", "%00", "%C3%A9", "%C3", "%A9", "%E2%82", "%ED%A0%80", "%F4%90%80%80",
-                          "%zz", "%4", "%", "%%41", "%c3%a9", "é", "€", "\U0001f600", "~"])
+ESCAPE = st.sampled_from(
+    [
+        "%20",
+        "%3D",
+        "%5B",
+        "%5D",
+        "%25",
+        "%0A",
+        "%00",
+        "%C3%A9",
+        "%C3",
+        "%A9",
+        "%E2%82",
+        "%ED%A0%80",
+        "%F4%90%80%80",
+        "%zz",
+        "%4",
+        "%",
+        "%%41",
+        "%c3%a9",
+        "é",
+        "€",
+        "\U0001f600",
+        "~",
+    ]
+)
 TOKEN = st.lists(st.one_of(st.text("abcXYZ.:_+-/09~", min_size=1, max_size=4), ESCAPE), max_size=4).map("".join)
 KEYS = st.one_of(TOKEN, st.sampled_from([*PROMOTED_INT_ATTRS, *PROMOTED_TEXT_ATTRS, fmt.CLK_ATTR, "cl%6B", "ra%6Ek", "dev%69ce"]))
 VALUES = st.one_of(TOKEN, NUMBER, st.sampled_from([fmt.CLK_DEVICE, fmt.CLK_HOST, "de%76", "007", "-12", "1" * 18, "1" * 19, "%35"]))
@@ -73,8 +105,14 @@ def records(draw) -> str:
     """One record's text from its marker on: usually well formed, sometimes not."""
     fields = {
         "v": draw(st.sampled_from([str(fmt.STRACE_VERSION)] * 8 + ["2", "01", "", "x"])),
-        "pid": draw(NUMBER), "tid": draw(NUMBER), "inv": draw(NUMBER), "hid": draw(st.one_of(TOKEN, st.just("9f3c2a71d04be815"))),
-        "depth": draw(NUMBER), "name": draw(TOKEN), "ts": draw(NUMBER), "dur": draw(NUMBER),
+        "pid": draw(NUMBER),
+        "tid": draw(NUMBER),
+        "inv": draw(NUMBER),
+        "hid": draw(st.one_of(TOKEN, st.just("9f3c2a71d04be815"))),
+        "depth": draw(NUMBER),
+        "name": draw(TOKEN),
+        "ts": draw(NUMBER),
+        "dur": draw(NUMBER),
     }
     if draw(st.booleans()):  # mostly numbers that parse
         for key in ("pid", "tid", "inv", "depth", "ts", "dur"):
@@ -85,18 +123,40 @@ def records(draw) -> str:
     return text + draw(st.sampled_from(["", "", "", " ", "  ", " trailing words", " k=v=w", "]", "=", " =x", "[", "\r"]))
 
 
-PREFIX = st.one_of(st.just(""), st.builds(fmt.format_prefix, st.integers(0, 2**40), st.integers(0, 2**40), st.just("INFO"), st.just("strace_span")),
-                   st.just("text before "))
-SIDE = st.sampled_from([
-    fmt.format_anchor_record(7, 5, 1_764_470_000_123_456_789, 1),
-    fmt.format_anchor_record(8, 5, 9, 1) + " trailing",
-    "[CLOCK_ANCHOR] v=1 pid=3 mono_ns=",
-    fmt.format_chip_ready_payload(7, "npu:0"),
-    "[chip_process pid=x dev=y] ready",
-])
-NOISE = st.sampled_from(["", "junk: plain text", "[not a marker] words", "Traceback (most recent call last):", "  File x, line 3",
-                         "run_id=7 step=3", "_id=7", "ACE] v=1 pid=1 tid=2 inv=3 hid=a depth=0 name=n ts=1 dur=2", "STRACE] v=1",
-                         "\r", "\x00\x01 binary", "\ufffd replaced", "caf\xe9", "[STR", "tail [S", "[STRACE"])
+PREFIX = st.one_of(
+    st.just(""),
+    st.builds(fmt.format_prefix, st.integers(0, 2**40), st.integers(0, 2**40), st.just("INFO"), st.just("strace_span")),
+    st.just("text before "),
+)
+SIDE = st.sampled_from(
+    [
+        fmt.format_anchor_record(7, 5, 1_764_470_000_123_456_789, 1),
+        fmt.format_anchor_record(8, 5, 9, 1) + " trailing",
+        "[CLOCK_ANCHOR] v=1 pid=3 mono_ns=",
+        fmt.format_chip_ready_payload(7, "npu:0"),
+        "[chip_process pid=x dev=y] ready",
+    ]
+)
+NOISE = st.sampled_from(
+    [
+        "",
+        "junk: plain text",
+        "[not a marker] words",
+        "Traceback (most recent call last):",
+        "  File x, line 3",
+        "run_id=7 step=3",
+        "_id=7",
+        "ACE] v=1 pid=1 tid=2 inv=3 hid=a depth=0 name=n ts=1 dur=2",
+        "STRACE] v=1",
+        "\r",
+        "\x00\x01 binary",
+        "\ufffd replaced",
+        "caf\xe9",
+        "[STR",
+        "tail [S",
+        "[STRACE",
+    ]
+)
 
 
 @st.composite
@@ -126,7 +186,12 @@ def logs(draw) -> bytes:
 
 
 @SETTINGS
-@given(data=logs(), chunk_bytes=st.sampled_from([64 << 20, 1, 37, 200, 1000]), threads=st.integers(1, 4), part_bytes=st.sampled_from([1, 50, 400, 1 << 20]))
+@given(
+    data=logs(),
+    chunk_bytes=st.sampled_from([64 << 20, 1, 37, 200, 1000]),
+    threads=st.integers(1, 4),
+    part_bytes=st.sampled_from([1, 50, 400, 1 << 20]),
+)
 def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypatch, data, chunk_bytes, threads, part_bytes):
     monkeypatch.setattr(strace_log, "CHUNK_BYTES", chunk_bytes)
     monkeypatch.setattr(strace_log, "SCAN_THREADS", threads)
@@ -136,8 +201,11 @@ def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypat
 
 
 @SETTINGS
-@given(data=st.lists(st.sampled_from([b"[", b"\n", b"a", b"\n[", b"xxxxx"]), max_size=300).map(b"".join),
-       chunk_bytes=st.integers(1, 40), max_line=st.integers(1, 30))
+@given(
+    data=st.lists(st.sampled_from([b"[", b"\n", b"a", b"\n[", b"xxxxx"]), max_size=300).map(b"".join),
+    chunk_bytes=st.integers(1, 40),
+    max_line=st.integers(1, 30),
+)
 def test_the_mapped_log_is_cut_into_the_pieces_the_stream_is_cut_into(monkeypatch, data, chunk_bytes, max_line):
     """Files are read memory-mapped (no copy); the pieces, overlong lines skipped included, are those of the streaming reader."""
     monkeypatch.setattr(strace_log, "CHUNK_BYTES", chunk_bytes)
@@ -165,7 +233,16 @@ def test_a_large_log_shared_out_to_threads_reads_as_in_python(compiled, monkeypa
     for i in range(6000):
         attrs = {"rank": i % 8, "os.cpu_ns": rng.randrange(10**6), "note": rng.choice(["a b", "x", "[y]", "é%"])}
         record = fmt.format_prefix(i, 1, "INFO", "strace_span") + fmt.format_strace_payload(
-            pid=100 + i % 8, tid=1, inv=2**63 + i, hid="ab", depth=i % 3, name=rng.choice(["chip.run", "n m"]), ts_ns=i * 1000, dur_ns=7, attrs=attrs)
+            pid=100 + i % 8,
+            tid=1,
+            inv=2**63 + i,
+            hid="ab",
+            depth=i % 3,
+            name=rng.choice(["chip.run", "n m"]),
+            ts_ns=i * 1000,
+            dur_ns=7,
+            attrs=attrs,
+        )
         roll = rng.random()
         if roll < 0.02:
             record = record[: rng.randrange(len(record))]  # torn
@@ -173,7 +250,8 @@ def test_a_large_log_shared_out_to_threads_reads_as_in_python(compiled, monkeypa
             record += "\nwrapped tail"  # a line that does not start with '['
         elif roll < 0.06:
             record += fmt.format_prefix(i, 1, "INFO", "strace_span") + fmt.format_strace_payload(
-                pid=1, tid=1, inv=i, hid="cd", depth=0, name="second", ts_ns=i, dur_ns=1)
+                pid=1, tid=1, inv=i, hid="cd", depth=0, name="second", ts_ns=i, dur_ns=1
+            )
         lines.append(record)
     data = ("\n".join(lines) + "\n").encode()
     monkeypatch.setattr(strace_log, "CHUNK_BYTES", 150_000)
@@ -200,9 +278,18 @@ def test_the_scanner_takes_its_vocabulary_from_the_format(compiled):
     """Names live in strace_format and spans; a Scanner told other names reads other records."""
     from dsprof.analysis.ingest import _strace_scan
 
-    scanner = _strace_scan.Scanner(marker=b"[SPAN]", side_markers=(), version=b"3", fields=(b"ver", b"p", b"name", b"t", b"d"),
-                                   kinds=(b"version", b"i64", b"token0", b"i64", b"i64"), ts_field=3, dur_field=4,
-                                   clk=(b"c", b"D", b"H"), int_keys=(b"r",), text_keys=(b"s",))
+    scanner = _strace_scan.Scanner(
+        marker=b"[SPAN]",
+        side_markers=(),
+        version=b"3",
+        fields=(b"ver", b"p", b"name", b"t", b"d"),
+        kinds=(b"version", b"i64", b"token0", b"i64", b"i64"),
+        ts_field=3,
+        dur_field=4,
+        clk=(b"c", b"D", b"H"),
+        int_keys=(b"r",),
+        text_keys=(b"s",),
+    )
     result = scanner.scan(b"x [SPAN] ver=3 p=-4 name=a%20b t=5 d=6 r=7 s=x c=D q=1\n[SPAN] ver=2 p=1\n", 10, 1)
     (part,) = result["parts"]
     assert (part["rows"], result["n_lines"], bytes(result["islands"])) == (1, 2, b"[SPAN] ver=2 p=1\n")
@@ -211,8 +298,18 @@ def test_the_scanner_takes_its_vocabulary_from_the_format(compiled):
     _offsets, text = part["fields"][1]
     assert bytes(text) == b"a b" and bytes(part["clk"][1]) == b"D"
     with pytest.raises(ValueError):
-        _strace_scan.Scanner(marker=b"", side_markers=(), version=b"1", fields=(b"v",), kinds=(b"version",), ts_field=0, dur_field=0,
-                             clk=(b"c", b"d", b"h"), int_keys=(), text_keys=())
+        _strace_scan.Scanner(
+            marker=b"",
+            side_markers=(),
+            version=b"1",
+            fields=(b"v",),
+            kinds=(b"version",),
+            ts_field=0,
+            dur_field=0,
+            clk=(b"c", b"d", b"h"),
+            int_keys=(),
+            text_keys=(),
+        )
 
 
 # -- sanitizers ------------------------------------------------------------------------------
@@ -262,9 +359,16 @@ def _drawn(seed: int) -> bytes:
     pieces = []
     for _ in range(rng.randrange(5, 200)):
         record = fmt.format_prefix(seed, 1, "INFO", "f") + fmt.format_strace_payload(
-            pid=rng.randrange(-5, 2**40), tid=1, inv=rng.randrange(2**64), hid="9f", depth=rng.randrange(3), name=rng.choice(["a", "b c", "é"]),
-            ts_ns=rng.randrange(-3, 2**62), dur_ns=rng.randrange(-3, 2**40), attrs={"rank": rng.choice(["1", "x", "%35"]), "clk": rng.choice(["dev", "host"]),
-                                                                                   "k%": rng.choice(["%C3%A9", "%C3", "v"])})
+            pid=rng.randrange(-5, 2**40),
+            tid=1,
+            inv=rng.randrange(2**64),
+            hid="9f",
+            depth=rng.randrange(3),
+            name=rng.choice(["a", "b c", "é"]),
+            ts_ns=rng.randrange(-3, 2**62),
+            dur_ns=rng.randrange(-3, 2**40),
+            attrs={"rank": rng.choice(["1", "x", "%35"]), "clk": rng.choice(["dev", "host"]), "k%": rng.choice(["%C3%A9", "%C3", "v"])},
+        )
         pieces.append(record[: rng.randrange(len(record) + 1)] if rng.random() < 0.1 else record)
         pieces.append(rng.choice(["\n", "\n", "\n", "", "\r\n", "\ncontinued k=v\n", "\n[STR", "\n\x00\n", "\n\xff\xfe\n"]))
     text = "".join(pieces)
@@ -280,18 +384,45 @@ def test_scanner_under_address_and_undefined_behaviour_sanitizers(compiled, monk
         pytest.skip("gcc with the AddressSanitizer runtime (libasan) is not available here")
     library = tmp_path / ("_strace_scan" + sysconfig.get_config_var("EXT_SUFFIX"))
     build = subprocess.run(
-        ["gcc", "-shared", "-fPIC", "-g", "-O1", "-pthread", "-std=gnu11", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-         "-fno-sanitize-recover=all", *blocks, f"-I{sysconfig.get_paths()['include']}", str(SOURCE), "-o", str(library)],
-        capture_output=True, text=True, check=False,
+        [
+            "gcc",
+            "-shared",
+            "-fPIC",
+            "-g",
+            "-O1",
+            "-pthread",
+            "-std=gnu11",
+            "-fno-omit-frame-pointer",
+            "-fsanitize=address,undefined",
+            "-fno-sanitize-recover=all",
+            *blocks,
+            f"-I{sysconfig.get_paths()['include']}",
+            str(SOURCE),
+            "-o",
+            str(library),
+        ],
+        capture_output=True,
+        text=True,
+        check=False,
     )
     if build.returncode != 0:
         pytest.skip(f"the sanitizer build failed here: {build.stderr.strip()[-300:]}")
     corpus = _corpus()
     select_reader("python", monkeypatch)
     (tmp_path / "corpus.pickle").write_bytes(pickle.dumps((corpus, [outcome(data) for data in corpus])))  # what the scans must give
-    env = os.environ | {"LD_PRELOAD": runtime, "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1", "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1"}
+    env = os.environ | {
+        "LD_PRELOAD": runtime,
+        "ASAN_OPTIONS": "detect_leaks=0:abort_on_error=1",
+        "UBSAN_OPTIONS": "print_stacktrace=1:halt_on_error=1",
+    }
     env.pop(strace_log.PURE_PYTHON_ENV, None)
-    run = subprocess.run([sys.executable, "-c", SANITIZED_RUN, str(library), str(tmp_path / "corpus.pickle")], env=env, capture_output=True, text=True,
-                         timeout=600, check=False)
+    run = subprocess.run(
+        [sys.executable, "-c", SANITIZED_RUN, str(library), str(tmp_path / "corpus.pickle")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
     assert run.returncode == 0, run.stderr[-4000:]
     assert f"sanitized scans: {len(corpus)}" in run.stdout

@@ -28,7 +28,8 @@ WALL = 1_764_470_000_123_456_789
 def record(pid: int, inv: int, ts: int, name: str = fmt.ROOT, clk: str = fmt.CLK_HOST, **attrs) -> str:
     attrs = {fmt.CLK_ATTR: clk, **attrs} if clk == fmt.CLK_DEVICE else attrs
     return fmt.format_prefix(ts, 1, "INFO", "strace_span") + fmt.format_strace_payload(
-        pid=pid, tid=pid, inv=inv, hid="ab", depth=0, name=name, ts_ns=ts, dur_ns=10, attrs=attrs)
+        pid=pid, tid=pid, inv=inv, hid="ab", depth=0, name=name, ts_ns=ts, dur_ns=10, attrs=attrs
+    )
 
 
 @pytest.fixture()
@@ -96,8 +97,11 @@ def test_a_window_left_behind_gets_a_new_part(tmp_path):
     writer.add(spans_at(40))  # window 0 again: a new part
     writer.finish(Trace())
     files = json.loads((tmp_path / "out" / MANIFEST).read_text())["files"]
-    assert [(f["path"], f["rows"]) for f in files] == [("time_window=0/part-0.parquet", 3), ("time_window=0/part-2.parquet", 1),
-                                                       ("time_window=5/part-1.parquet", 2)]
+    assert [(f["path"], f["rows"]) for f in files] == [
+        ("time_window=0/part-0.parquet", 3),
+        ("time_window=0/part-2.parquet", 1),
+        ("time_window=5/part-1.parquet", 2),
+    ]
     assert pq.read_table(tmp_path / "out" / "time_window=0/part-2.parquet").column("ts_ns").to_pylist() == [40]
 
 
@@ -122,7 +126,9 @@ def test_ingest_twice_replaces_the_dataset_and_both_readers_write_the_same(reade
     other = "python" if reader == "compiled" else "compiled"
     select_reader(other, monkeypatch)
     again = ingest_paths([windowed_log], tmp_path / "again")
-    assert (out / MANIFEST).read_text().replace(str(out), "") == (tmp_path / "again" / MANIFEST).read_text().replace(str(tmp_path / "again"), "")
+    assert (out / MANIFEST).read_text().replace(str(out), "") == (tmp_path / "again" / MANIFEST).read_text().replace(
+        str(tmp_path / "again"), ""
+    )
     assert pq.read_table(again.span_files[0]).equals(pq.read_table(trace.span_files[0]))
 
 
@@ -148,7 +154,8 @@ def test_cli_ingest_prints_the_report_and_refuses_bad_outputs(tmp_path, windowed
     result = runner.invoke(cli, ["ingest", str(windowed_log), "-o", str(tmp_path / "spans.xlsx")])
     assert result.exit_code == 2
     assert result.output.strip().splitlines()[-1] == (
-        f"dsprof: error: {tmp_path / 'spans.xlsx'}: unknown span table format '.xlsx' (expected .parquet, .csv, .jsonl)")
+        f"dsprof: error: {tmp_path / 'spans.xlsx'}: unknown span table format '.xlsx' (expected .parquet, .csv, .jsonl)"
+    )
 
 
 def test_dsprof_ingest_does_not_import_pandas(tmp_path, windowed_log):

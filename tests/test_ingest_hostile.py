@@ -45,20 +45,29 @@ def deep(depth: int = DEEP) -> str:
 
 def test_deep_fragment_line_is_skipped_and_counted(tmp_path):
     path = tmp_path / "trace.1.jsonl"
-    lines = [good_line(), '{"name":"x","args":{"a":' + deep() + "}}", deep(), '{"name":"y","ph":"X","ts":1,"x":' + "{" * DEEP, good_line(name="after")]
+    lines = [
+        good_line(),
+        '{"name":"x","args":{"a":' + deep() + "}}",
+        deep(),
+        '{"name":"y","ph":"X","ts":1,"x":' + "{" * DEEP,
+        good_line(name="after"),
+    ]
     path.write_text("\n".join(lines) + "\n")
     trace = read_sa_profile(path)
     assert trace.spans.column("name").to_pylist() == ["ok", "after"]
     assert trace.dropped == {"too_deep": 2, "bad_json": 1}  # the unclosed one is not JSON at all
 
 
-@pytest.mark.parametrize("text", [
-    deep(),
-    '{"traceEvents": [' + deep() + "]}",
-    '{"traceEvents": [{"name": "a", "args": ' + deep() + "}]}",
-    '{"metadata": ' + deep() + ', "traceEvents": []}',
-    '{"traceEvents": [], "otherData": ' + "{" * DEEP + "}" * DEEP + "}",
-])
+@pytest.mark.parametrize(
+    "text",
+    [
+        deep(),
+        '{"traceEvents": [' + deep() + "]}",
+        '{"traceEvents": [{"name": "a", "args": ' + deep() + "}]}",
+        '{"metadata": ' + deep() + ', "traceEvents": []}',
+        '{"traceEvents": [], "otherData": ' + "{" * DEEP + "}" * DEEP + "}",
+    ],
+)
 def test_deep_document_is_an_input_error(tmp_path, text):
     path = tmp_path / "deep.json"
     path.write_text(text)
@@ -79,11 +88,18 @@ def test_deep_side_file_is_an_input_error(tmp_path):
 
 def test_numbers_past_int64_are_dropped_and_counted(tmp_path):
     lines = [
-        good_line(ts=10**30), good_line(ts=9_223_372_036_854_776), good_line(ts=-9_223_372_036_854_776), good_line(pid=10**25),
-        good_line(tid=-(2**63) - 1), good_line(dur=10**17),
-        '{"name":"f","ph":"X","ts":1e999999,"dur":1,"pid":1,"tid":1}', '{"name":"g","ph":"X","ts":1.5e30,"dur":1,"pid":1,"tid":1}',
-        '{"name":"h","ph":"X","ts":1,"dur":1,"pid":1e25,"tid":1}', '{"name":"i","ph":"X","ts":' + "9" * 5000 + ',"pid":1,"tid":1}',
-        '{"name":"j","ph":"i","ts":1e-999999,"pid":1,"tid":1}', good_line(ts=9_223_372_036_854_775, name="largest"),
+        good_line(ts=10**30),
+        good_line(ts=9_223_372_036_854_776),
+        good_line(ts=-9_223_372_036_854_776),
+        good_line(pid=10**25),
+        good_line(tid=-(2**63) - 1),
+        good_line(dur=10**17),
+        '{"name":"f","ph":"X","ts":1e999999,"dur":1,"pid":1,"tid":1}',
+        '{"name":"g","ph":"X","ts":1.5e30,"dur":1,"pid":1,"tid":1}',
+        '{"name":"h","ph":"X","ts":1,"dur":1,"pid":1e25,"tid":1}',
+        '{"name":"i","ph":"X","ts":' + "9" * 5000 + ',"pid":1,"tid":1}',
+        '{"name":"j","ph":"i","ts":1e-999999,"pid":1,"tid":1}',
+        good_line(ts=9_223_372_036_854_775, name="largest"),
     ]
     path = tmp_path / "trace.1.jsonl"
     path.write_text("\n".join(lines) + "\n")
@@ -111,16 +127,22 @@ def test_base_time_past_int64_drops_the_events_it_would_overflow(tmp_path):
 
 def test_negative_durations_are_dropped_and_counted(tmp_path):
     path = tmp_path / "t.json"
-    path.write_text(json.dumps([GOOD, {**GOOD, "dur": -1}, {**GOOD, "dur": -0.0004}, {**GOOD, "dur": -0.0006}, {**GOOD, "ph": "i", "dur": -5}]))
+    path.write_text(
+        json.dumps([GOOD, {**GOOD, "dur": -1}, {**GOOD, "dur": -0.0004}, {**GOOD, "dur": -0.0006}, {**GOOD, "ph": "i", "dur": -5}])
+    )
     trace = read_chrome_trace(path)
     assert trace.spans.column("dur_ns").to_pylist() == [1000, 0, 0] and trace.dropped == {"negative_duration": 2}
 
 
 def test_nan_and_infinity_are_read_as_null(tmp_path):
     """Python's json writes NaN/Infinity; they are no JSON: values become null, and the note says how many."""
-    lines = ['{"name":"a","ph":"X","ts":1,"dur":2,"pid":1,"tid":1,"args":{"loss":NaN,"s":"NaN","v":[Infinity,-Infinity]}}',
-             '{"name":"b","ph":"X","ts":NaN,"dur":2,"pid":1,"tid":1}', '{"name":"c","ph":"X","ts":1,"dur":Infinity,"pid":1,"tid":1}',
-             '{"name":"d","ph":"X","ts":1,"dur":1,"pid":NaN,"tid":1}', "NaN"]
+    lines = [
+        '{"name":"a","ph":"X","ts":1,"dur":2,"pid":1,"tid":1,"args":{"loss":NaN,"s":"NaN","v":[Infinity,-Infinity]}}',
+        '{"name":"b","ph":"X","ts":NaN,"dur":2,"pid":1,"tid":1}',
+        '{"name":"c","ph":"X","ts":1,"dur":Infinity,"pid":1,"tid":1}',
+        '{"name":"d","ph":"X","ts":1,"dur":1,"pid":NaN,"tid":1}',
+        "NaN",
+    ]
     path = tmp_path / "trace.2.jsonl"
     path.write_text("\n".join(lines) + "\n")
     trace = read_sa_profile(path)
@@ -135,9 +157,12 @@ def test_nan_and_infinity_are_read_as_null(tmp_path):
 
 def test_invalid_utf8_anywhere_is_not_json(tmp_path):
     """Also in members the parser skips and in args it keeps as text (found by the generated test below)."""
-    bad = [b'{"name\x80":null,' + good_line().encode()[1:], good_line().encode()[:-2] + b',"x":"\xff"}',
-           b'{"name":"a","ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"args":{"k":"\xc3"}}',
-           b'{"name":"a","ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"args":{"k":"\\ud800"}}']
+    bad = [
+        b'{"name\x80":null,' + good_line().encode()[1:],
+        good_line().encode()[:-2] + b',"x":"\xff"}',
+        b'{"name":"a","ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"args":{"k":"\xc3"}}',
+        b'{"name":"a","ph":"X","ts":1,"dur":1,"pid":1,"tid":1,"args":{"k":"\\ud800"}}',
+    ]
     fragments = tmp_path / "fragments"
     fragments.mkdir()
     (fragments / "trace.1.jsonl").write_bytes(b"\n".join([*bad, good_line(name="fine").encode()]) + b"\n")
@@ -159,17 +184,19 @@ def test_invalid_utf8_anywhere_is_not_json(tmp_path):
 def run_limited(code: str, limit_mib: int = 1024, timeout: int = 300) -> dict:
     """Run ``code`` (which sets ``result``) in a child whose address space is capped; returns result and peak RSS."""
     body = textwrap.indent(textwrap.dedent(code).strip(), "    ")
-    script = "\n".join([
-        "import json, resource",
-        f"resource.setrlimit(resource.RLIMIT_AS, ({limit_mib} << 20, {limit_mib} << 20))",
-        "from dsprof.errors import InputError",
-        "try:",
-        body,
-        "except InputError as error:",
-        "    result = {'error': str(error)}",
-        "peak = [line for line in open('/proc/self/status') if line.startswith('VmHWM')][0].split()[1]",
-        "print(json.dumps({**result, 'peak_rss_mib': int(peak) / 1024}))",
-    ])
+    script = "\n".join(
+        [
+            "import json, resource",
+            f"resource.setrlimit(resource.RLIMIT_AS, ({limit_mib} << 20, {limit_mib} << 20))",
+            "from dsprof.errors import InputError",
+            "try:",
+            body,
+            "except InputError as error:",
+            "    result = {'error': str(error)}",
+            "peak = [line for line in open('/proc/self/status') if line.startswith('VmHWM')][0].split()[1]",
+            "print(json.dumps({**result, 'peak_rss_mib': int(peak) / 1024}))",
+        ]
+    )
     proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=timeout, check=False)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.splitlines()[-1])
@@ -217,14 +244,17 @@ def test_overlong_fragment_line_is_skipped_in_bounded_memory(tmp_path):
         out.write(good_line(name="before").encode() + b"\n" + b'{"name":"' + b"x" * (64 << 20))
         out.writelines(b"y" * (64 << 20) for _ in range(4))
         out.write(b'"}\n' + good_line(name="after").encode() + b"\n")
-    result = run_limited(f"""
+    result = run_limited(
+        f"""
         from dsprof.analysis.ingest.sa_profile import read_fragment
         from dsprof.profiler.sa_profile import merge_fragments
         from pathlib import Path
         trace = read_fragment(Path({str(path)!r}))
         merged = merge_fragments({str(tmp_path)!r})
         result = {{'names': trace.spans.column('name').to_pylist(), 'dropped': trace.dropped, 'merge': merged.dropped, 'events': merged.events}}
-    """, limit_mib=900)
+    """,
+        limit_mib=900,
+    )
     assert result["names"] == ["before", "after"] and result["dropped"] == {"overlong_line": 1}
     assert result["merge"] == {"overlong_line": 1} and result["events"] == 2
     assert result["peak_rss_mib"] < 250
@@ -234,7 +264,10 @@ def test_huge_event_in_a_document_is_an_input_error_in_bounded_memory(tmp_path):
     path = tmp_path / "huge.json"
     with open(path, "wb") as out:
         out.write(b'{"traceEvents": [' + good_line().encode() + b',\n{"name": "' + b"z" * (200 << 20) + b'"}]}')
-    result = run_limited(f"from dsprof.analysis.ingest.chrome import read_chrome_trace\nresult = {{'n': len(read_chrome_trace({str(path)!r}).spans)}}", limit_mib=900)
+    result = run_limited(
+        f"from dsprof.analysis.ingest.chrome import read_chrome_trace\nresult = {{'n': len(read_chrome_trace({str(path)!r}).spans)}}",
+        limit_mib=900,
+    )
     assert result["error"] == f"{path}:2: event 1 is larger than {16 << 20} bytes (expected at most JsonLimits.max_event_bytes per event)"
     assert result["peak_rss_mib"] < 250
 
@@ -246,7 +279,8 @@ def test_big_merge_and_read_stream_in_bounded_memory(tmp_path):
     line = good_line(args={"request_id": "r" * 150, "rank": 1}).encode() + b"\n"
     for pid in range(4):
         (fragments / f"trace.{pid}.jsonl").write_bytes(line * ((16 << 20) // len(line)))
-    result = run_limited(f"""
+    result = run_limited(
+        f"""
         from dsprof.analysis.ingest.sa_profile import read_sa_profile
         from dsprof.profiler.sa_profile import merge_fragments
         class Count:
@@ -257,7 +291,9 @@ def test_big_merge_and_read_stream_in_bounded_memory(tmp_path):
         sink = Count()
         trace = read_sa_profile({str(tmp_path / "trace.json")!r}, sink=sink)
         result = {{'events': merged.events, 'rows': sink.rows, 'kept': trace.spans.num_rows}}
-    """, limit_mib=900)
+    """,
+        limit_mib=900,
+    )
     assert result["events"] == result["rows"] > 250_000 and result["kept"] == 0
     assert result["peak_rss_mib"] < 300
 
@@ -266,8 +302,12 @@ def test_big_merge_and_read_stream_in_bounded_memory(tmp_path):
 
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.integers(-(10**30), 10**30), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=6), st.sampled_from(["1e999999", "-1e999999", "9" * 400, "1.10", "NaN", '"\\ud800"', "-0"]).map(lambda t: RawJson(t)),
+    st.none(),
+    st.booleans(),
+    st.integers(-(10**30), 10**30),
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.text(max_size=6),
+    st.sampled_from(["1e999999", "-1e999999", "9" * 400, "1.10", "NaN", '"\\ud800"', "-0"]).map(lambda t: RawJson(t)),
 )
 
 
@@ -275,12 +315,22 @@ class RawJson(str):
     """JSON text put into a generated document as it is (numbers no Python float can hold)."""
 
 
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=8)
+values = st.recursive(
+    scalars, lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.text(max_size=4), inner, max_size=3)), max_leaves=8
+)
 events = st.one_of(
     st.fixed_dictionaries(
         {},
-        optional={"name": values, "cat": values, "ph": st.one_of(st.sampled_from(["X", "B", "E", "i", "I", "M", "C"]), values),
-                  "ts": values, "dur": values, "pid": values, "tid": values, "args": values},
+        optional={
+            "name": values,
+            "cat": values,
+            "ph": st.one_of(st.sampled_from(["X", "B", "E", "i", "I", "M", "C"]), values),
+            "ts": values,
+            "dur": values,
+            "pid": values,
+            "tid": values,
+            "args": values,
+        },
     ),
     values,
 )
@@ -328,10 +378,16 @@ def check_outcome(read, path: Path) -> None:
     assert all(count > 0 for count in trace.dropped.values())
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 @given(
     document=st.one_of(
-        st.fixed_dictionaries({"traceEvents": st.lists(events, max_size=6)}, optional={"baseTimeNanoseconds": values, "otherData": values, "x": values}),
+        st.fixed_dictionaries(
+            {"traceEvents": st.lists(events, max_size=6)}, optional={"baseTimeNanoseconds": values, "otherData": values, "x": values}
+        ),
         st.lists(events, max_size=6),
         values,
     ),
@@ -352,7 +408,11 @@ def test_generated_documents_never_raise_anything_but_input_error(tmp_path, docu
     check_outcome(read_side_file, side)
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large])
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
+)
 @given(lines=st.lists(st.tuples(events, damage), min_size=1, max_size=6), junk=st.binary(max_size=20))
 def test_generated_fragments_never_raise_anything_but_input_error(tmp_path, lines, junk):
     text = b"\n".join(damaged(dumps(event).encode(), edits) for event, edits in lines) + b"\n" + junk

@@ -39,6 +39,7 @@ def reader(request, monkeypatch):
     select_reader(request.param, monkeypatch)
     return request.param
 
+
 records = st.fixed_dictionaries(
     {
         "pid": st.integers(0, 2**63 - 1),
@@ -54,13 +55,22 @@ records = st.fixed_dictionaries(
 )
 prefixes = st.one_of(
     st.just(""),
-    st.builds(format_prefix, st.integers(0, 2**63 - 1), st.integers(0, 2**48), st.sampled_from(["INFO", "WARN", "DEBUG"]), st.sampled_from(["chip_run", "span_close", "f"])),
+    st.builds(
+        format_prefix,
+        st.integers(0, 2**63 - 1),
+        st.integers(0, 2**48),
+        st.sampled_from(["INFO", "WARN", "DEBUG"]),
+        st.sampled_from(["chip_run", "span_close", "f"]),
+    ),
 )
 # Unrelated log text: never a marker, and at least two words of which the
 # first has no '=', so it cannot pass for the rest of a record. (A line that is
 # one bare word right after a record ending its line is read as that record's
 # continuation: the two cannot be told apart.)
-junk_lines = st.builds(lambda t: "junk: " + t + " end", st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="[]\n\r"), max_size=30))
+junk_lines = st.builds(
+    lambda t: "junk: " + t + " end",
+    st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",), exclude_characters="[]\n\r"), max_size=30),
+)
 
 # what to do with one record: keep it whole, split it, tear it, bump its version, or put it on a line with the next one
 actions = st.sampled_from(["whole", "whole", "split", "torn", "bump", "join"])
@@ -69,7 +79,18 @@ actions = st.sampled_from(["whole", "whole", "split", "torn", "bump", "join"])
 def expected_row(record: dict) -> tuple:
     attrs = {k: v for k, v in record["attrs"].items() if k != "clk"}
     clk = "dev" if record["attrs"].get("clk") == "dev" else "host"
-    return (record["pid"], record["tid"], record["inv"], record["hid"], record["depth"], record["name"], record["ts_ns"], record["dur_ns"], clk, attrs)
+    return (
+        record["pid"],
+        record["tid"],
+        record["inv"],
+        record["hid"],
+        record["depth"],
+        record["name"],
+        record["ts_ns"],
+        record["dur_ns"],
+        clk,
+        attrs,
+    )
 
 
 def got_rows(trace) -> list[tuple]:
@@ -143,7 +164,9 @@ def test_random_byte_damage_never_raises_unexpectedly(reader, plan, edits):
         return
     assert trace.spans.num_rows <= len(plan) + data.count(b"[STRACE]")
     assert trace.spans.schema.equals(SPAN_SCHEMA)
-    assert trace.records_read >= len(trace.spans) + trace.dropped_total - trace.dropped.get("bad_anchor", 0) - trace.dropped.get("bad_chip_process", 0)
+    assert trace.records_read >= len(trace.spans) + trace.dropped_total - trace.dropped.get("bad_anchor", 0) - trace.dropped.get(
+        "bad_chip_process", 0
+    )
 
 
 @SETTINGS
@@ -153,7 +176,10 @@ def test_random_byte_damage_never_raises_unexpectedly(reader, plan, edits):
     chunk_bytes=st.integers(1, 300),
 )
 def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(reader, plan, edits, chunk_bytes):
-    lines = ["[mono_ns=1][T0x1][TIMING] clock_anchor: [CLOCK_ANCHOR] v=1 pid=7 mono_ns=5 wall_ns=9", "[chip_process pid=7 dev=npu%3A0] ready"]
+    lines = [
+        "[mono_ns=1][T0x1][TIMING] clock_anchor: [CLOCK_ANCHOR] v=1 pid=7 mono_ns=5 wall_ns=9",
+        "[chip_process pid=7 dev=npu%3A0] ready",
+    ]
     for record, prefix, where, split in plan:
         text = prefix + format_strace_payload(**record)
         cut = int(where * len(text))

@@ -28,7 +28,16 @@ PREFIX = format_prefix(5_000_000_123, 0x7F3A2B1C, "INFO", "chip_run")
 
 
 def payload(**over) -> str:
-    fields = {"pid": 4242, "tid": 4243, "inv": 7, "hid": "9f3c2a71d04be815", "depth": 0, "name": "chip.run", "ts_ns": 1_000_000, "dur_ns": 2_500}
+    fields = {
+        "pid": 4242,
+        "tid": 4243,
+        "inv": 7,
+        "hid": "9f3c2a71d04be815",
+        "depth": 0,
+        "name": "chip.run",
+        "ts_ns": 1_000_000,
+        "dur_ns": 2_500,
+    }
     fields.update(over)
     return format_strace_payload(**fields)
 
@@ -61,7 +70,8 @@ def test_clean_records_exact_fields(tmp_path):
     path = write(
         tmp_path,
         [
-            PREFIX + payload(inv=2**64 - 1, ts_ns=2**63 - 1, dur_ns=0, attrs={"run_id": 12, "callable": "decode.main+verify+mtp", "note": "x"}),
+            PREFIX
+            + payload(inv=2**64 - 1, ts_ns=2**63 - 1, dur_ns=0, attrs={"run_id": 12, "callable": "decode.main+verify+mtp", "note": "x"}),
             payload(pid=1, tid=2, inv=0, depth=3, name="chip.run.validate", ts_ns=5, dur_ns=9),  # no prefix
             "some text before " + payload(pid=9, name="x") + "",
         ],
@@ -84,7 +94,9 @@ def test_clean_records_exact_fields(tmp_path):
 
 
 def test_promoted_attributes_first_integer_wins_rest_stays_in_attrs(tmp_path):
-    record = payload(attrs={"rank": "x7", "step": -3}) + " rank=5 rank=6 device=npu%3A1 device=b os.cpu_ns=" + str(10**18) + " os.rq_ns=0012"
+    record = (
+        payload(attrs={"rank": "x7", "step": -3}) + " rank=5 rank=6 device=npu%3A1 device=b os.cpu_ns=" + str(10**18) + " os.rq_ns=0012"
+    )
     path = write(tmp_path, [PREFIX + record + " os.nivcsw=-" + "9" * 18 + " os.majflt=%31"])
     trace = read_strace_log(path)
     first = row(trace)
@@ -302,7 +314,12 @@ def test_read_paths_artifact_directory(tmp_path):
     (serving / "fragments" / "trace.1.jsonl").write_text(json.dumps(event) + "\n")
     (serving / "trace.json").write_text(json.dumps({"traceEvents": [event]}))
     summary = {"schema": "dsprof.performance_summary/1", "tokens_returned": 8192}
-    faults = {"schema": "dsprof.faults/1", "seed": 3, "specs": [], "faults": [{"kind": "straggler", "rank": 2, "step": 5, "delay_ms": 12.5}]}
+    faults = {
+        "schema": "dsprof.faults/1",
+        "seed": 3,
+        "specs": [],
+        "faults": [{"kind": "straggler", "rank": 2, "step": 5, "delay_ms": 12.5}],
+    }
     (tmp_path / "performance_summary.json").write_text(json.dumps(summary))
     (tmp_path / "faults.json").write_text(json.dumps(faults))
     trace = read_paths([tmp_path])

@@ -31,8 +31,19 @@ def records(path) -> list[dict]:
         match = RECORD.search(line)
         if match:
             pid, tid, inv, hid, depth, name, ts, dur, rest = match.groups()
-            found.append({"pid": pid, "tid": tid, "inv": inv, "hid": hid, "depth": depth, "name": name, "ts": ts,
-                          "dur": dur, **dict(item.split("=", 1) for item in rest.split())})
+            found.append(
+                {
+                    "pid": pid,
+                    "tid": tid,
+                    "inv": inv,
+                    "hid": hid,
+                    "depth": depth,
+                    "name": name,
+                    "ts": ts,
+                    "dur": dur,
+                    **dict(item.split("=", 1) for item in rest.split()),
+                }
+            )
     return found
 
 
@@ -81,9 +92,13 @@ def test_run_queue_wait_shows_when_a_process_competes_for_the_cpu(emitter):
     """A busy process pinned to this thread's CPU: the span's CPU share drops and os.rq_ns shows the wait."""
     cpu = min(os.sched_getaffinity(0))
     before = os.sched_getaffinity(0)
-    competitor = subprocess.Popen([sys.executable, "-c", (
-        f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\n"
-        "end = time.monotonic() + 5\nwhile time.monotonic() < end:\n    pass\n")])
+    competitor = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (f"import os, time\nos.sched_setaffinity(0, {{{cpu}}})\nend = time.monotonic() + 5\nwhile time.monotonic() < end:\n    pass\n"),
+        ]
+    )
     try:
         os.sched_setaffinity(0, {cpu})
         time.sleep(0.3)  # the competitor is pinned and spinning

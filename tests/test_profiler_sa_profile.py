@@ -342,7 +342,9 @@ def test_cli_merge_of_garbage_exits_2_with_one_line(tmp_path):
     fragments = tmp_path / "fragments"
     fragments.mkdir()
     (fragments / "trace.8.jsonl").write_text("garbage\n")
-    proc = subprocess.run([sys.executable, "-m", "dsprof.cli.main", "merge", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False)
+    proc = subprocess.run(
+        [sys.executable, "-m", "dsprof.cli.main", "merge", str(tmp_path)], capture_output=True, text=True, timeout=120, check=False
+    )
     assert proc.returncode == 2, proc.stderr
     error = proc.stderr.splitlines()[-1]  # after the progress line: one line, no traceback
     assert error == f"dsprof: error: {fragments}: no fragment line is a JSON event (expected one Chrome trace event per line)"

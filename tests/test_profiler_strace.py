@@ -218,7 +218,11 @@ def test_chip_process_ready_line(log):
     strace.chip_process_ready("cpu:3")
     lines = log()
     assert parse_line(lines[0])["kind"] == "anchor"
-    assert parse_line(lines[1])["payload"] == format_chip_ready_payload(os.getpid(), "cpu:3") == f"[chip_process pid={os.getpid()} dev=cpu:3] ready"
+    assert (
+        parse_line(lines[1])["payload"]
+        == format_chip_ready_payload(os.getpid(), "cpu:3")
+        == f"[chip_process pid={os.getpid()} dev=cpu:3] ready"
+    )
 
 
 def test_disabled_writes_nothing_and_costs_a_shared_noop(tmp_path):
@@ -321,11 +325,7 @@ def test_forked_children_share_one_pipe_without_interleaving(tmp_path):
 
 @pytest.mark.parametrize("switch", ["1", None])
 def test_environment_switch_writes_to_stderr(switch):
-    code = (
-        "from dsprof.profiler import strace\n"
-        "with strace.span('chip.run', inv=7, hid='h', rank=0):\n"
-        "    pass\n"
-    )
+    code = "from dsprof.profiler import strace\nwith strace.span('chip.run', inv=7, hid='h', rank=0):\n    pass\n"
     env = {k: v for k, v in os.environ.items() if k != "DSPROF_STRACE"}
     if switch is not None:
         env["DSPROF_STRACE"] = switch
@@ -345,7 +345,7 @@ def test_attribute_kinds_and_cached_keys_match_the_format_functions(log):
     """ints (negative, past the cap), bools, floats, None, odd keys: same text as format_strace_payload, first and cached."""
     attrs = {
         "neg": -42,
-        "huge": 7 ** 400,  # 339 digits: capped like any long value
+        "huge": 7**400,  # 339 digits: capped like any long value
         "flag": True,
         "ratio": 0.25,
         "none": None,
@@ -362,12 +362,19 @@ def test_attribute_kinds_and_cached_keys_match_the_format_functions(log):
         rec = parse_line(line)
         f = rec["fields"]
         expected = format_prefix(rec["mono_ns"], threading.get_ident(), "INFO", strace.SPAN_FUNC) + format_strace_payload(
-            pid=os.getpid(), tid=threading.get_native_id(), inv=9, hid="beef", depth=int(f["depth"]),
-            name="chip.run.validate", ts_ns=int(f["ts"]), dur_ns=int(f["dur"]), attrs=attrs,
+            pid=os.getpid(),
+            tid=threading.get_native_id(),
+            inv=9,
+            hid="beef",
+            depth=int(f["depth"]),
+            name="chip.run.validate",
+            ts_ns=int(f["ts"]),
+            dur_ns=int(f["dur"]),
+            attrs=attrs,
         )
         assert line == expected
     huge = parse_line(lines[0])["fields"]["huge"]
-    assert len(huge) == MAX_VALUE_CHARS and huge == str(7 ** 400)[: MAX_VALUE_CHARS - 1] + "~"
+    assert len(huge) == MAX_VALUE_CHARS and huge == str(7**400)[: MAX_VALUE_CHARS - 1] + "~"
     assert parse_line(lines[0])["fields"]["neg"] == "-42"
 
 
@@ -425,7 +432,14 @@ def test_span_open_across_fork_closes_in_child_with_child_ids(tmp_path):
         os.close(fd)
     records = {r["fields"]["name"] + "@" + r["fields"]["pid"]: r["fields"] for r in strace_records(path.read_text().splitlines())}
     me, child = str(os.getpid()), str(pid)
-    assert set(records) == {f"warm@{me}", f"outer@{me}", f"parent.after@{me}", f"child.inner@{child}", f"outer@{child}", f"child.after@{child}"}
+    assert set(records) == {
+        f"warm@{me}",
+        f"outer@{me}",
+        f"parent.after@{me}",
+        f"child.inner@{child}",
+        f"outer@{child}",
+        f"child.after@{child}",
+    }
     assert records[f"child.inner@{child}"]["depth"] == "1"
     assert records[f"outer@{child}"]["depth"] == "0" and records[f"child.after@{child}"]["depth"] == "0"
     assert records[f"parent.after@{me}"]["depth"] == "0"

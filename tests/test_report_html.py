@@ -40,19 +40,61 @@ def _serving_trace(runs: dict, path: Path) -> None:
     events = [{"ph": "M", "name": "process_name", "pid": 400, "tid": 0, "args": {"name": "serving"}}]
     first = min(run.times["root"] for run in runs.values()) // 1000
     last = max(run.times["root_end"] for run in runs.values()) // 1000
-    events.append({"name": "request", "cat": "request", "ph": "X", "ts": first - 500, "dur": last - first + 1000, "pid": 400, "tid": 1,
-                   "args": {"request_id": "r0"}})
+    events.append(
+        {
+            "name": "request",
+            "cat": "request",
+            "ph": "X",
+            "ts": first - 500,
+            "dur": last - first + 1000,
+            "pid": 400,
+            "tid": 1,
+            "args": {"request_id": "r0"},
+        }
+    )
     for (rank, step), run in runs.items():
         pid, t = 500 + rank, run.times
         events += [
-            {"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": t["root"] // 1000, "dur": 40, "pid": pid, "tid": pid,
-             "args": {"step": step, "rank": rank}},
-            {"name": "worker.execute", "cat": "worker", "ph": "X", "ts": t["bind_end"] // 1000, "dur": 60, "pid": pid, "tid": pid,
-             "args": {"step": step}},
-            {"name": "kernel.decode_fwd", "cat": "kernel", "ph": "X", "ts": t["fence"] // 1000, "dur": 2000, "pid": pid, "tid": pid + 50,
-             "args": {"step": step}},
-            {"name": "kernel.verify", "cat": "kernel", "ph": "X", "ts": t["fence"] // 1000 + 2000, "dur": 1500, "pid": pid, "tid": pid + 50,
-             "args": {"step": step}},
+            {
+                "name": "scheduler.step",
+                "cat": "scheduler",
+                "ph": "X",
+                "ts": t["root"] // 1000,
+                "dur": 40,
+                "pid": pid,
+                "tid": pid,
+                "args": {"step": step, "rank": rank},
+            },
+            {
+                "name": "worker.execute",
+                "cat": "worker",
+                "ph": "X",
+                "ts": t["bind_end"] // 1000,
+                "dur": 60,
+                "pid": pid,
+                "tid": pid,
+                "args": {"step": step},
+            },
+            {
+                "name": "kernel.decode_fwd",
+                "cat": "kernel",
+                "ph": "X",
+                "ts": t["fence"] // 1000,
+                "dur": 2000,
+                "pid": pid,
+                "tid": pid + 50,
+                "args": {"step": step},
+            },
+            {
+                "name": "kernel.verify",
+                "cat": "kernel",
+                "ph": "X",
+                "ts": t["fence"] // 1000 + 2000,
+                "dur": 1500,
+                "pid": pid,
+                "tid": pid + 50,
+                "args": {"step": step},
+            },
         ]
     events.append({"name": XSS, "cat": XSS_CAT, "ph": "X", "ts": first + 100, "dur": 50, "pid": 400, "tid": 7, "args": {}})
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -68,9 +110,16 @@ def run_dir(tmp_path_factory):
     log = directory / artifacts.SERVER_LOG
     log.write_text(log.read_text().replace("dev=npu:0]", "dev=" + HOSTILE_DEVICE.replace('"', "%22").replace("<", "%3C") + "]"))
     _serving_trace(runs, directory / artifacts.SERVING_TRACE_DIR / artifacts.MERGED_TRACE)
-    (directory / artifacts.PERFORMANCE_SUMMARY).write_text(json.dumps({
-        "schema": artifacts.PERFORMANCE_SUMMARY_SCHEMA, "exit_status": 0, "message": "done",
-        "workload": {"preset": XSS, "ranks": RANKS, "device_phases": True, "inject": ["gc", "straggler"], "rounds": None}}))
+    (directory / artifacts.PERFORMANCE_SUMMARY).write_text(
+        json.dumps(
+            {
+                "schema": artifacts.PERFORMANCE_SUMMARY_SCHEMA,
+                "exit_status": 0,
+                "message": "done",
+                "workload": {"preset": XSS, "ranks": RANKS, "device_phases": True, "inject": ["gc", "straggler"], "rounds": None},
+            }
+        )
+    )
     analyze_paths([directory], directory)
     return directory
 
@@ -96,13 +145,23 @@ def test_script_json_cannot_end_the_script_block():
 
 
 def test_findings_come_first_and_configuration_last_folded(page, result):
-    body = page[page.index("<main>"):]
-    order = [body.index(marker) for marker in ('id="findings"', 'id="swimlane-section"', 'id="step-charts"', 'id="list-tail_steps"',
-                                               'id="pipeline"', 'id="percentiles"', '<details id="configuration">')]
+    body = page[page.index("<main>") :]
+    order = [
+        body.index(marker)
+        for marker in (
+            'id="findings"',
+            'id="swimlane-section"',
+            'id="step-charts"',
+            'id="list-tail_steps"',
+            'id="pipeline"',
+            'id="percentiles"',
+            '<details id="configuration">',
+        )
+    ]
     assert order == sorted(order)
     summary = result.summary
     worst = worst_first(summary["tail_steps"]["items"])[:5]
-    findings = body[:order[1]]
+    findings = body[: order[1]]
     for item in worst:
         assert html.escape(item_line(item)) in findings
     assert "exit status 0" in findings and "tail cost" in findings and "pipeline" in findings
@@ -110,8 +169,11 @@ def test_findings_come_first_and_configuration_last_folded(page, result):
 
 
 def test_a_failed_run_says_which_rank_failed_and_why_in_red(result):
-    summary = dict(result.summary, exit_status=1,
-                   run={"exit_status": 1, "failed_rank": 2, "failed_device": "npu:2", "message": "rank 2 crashed at step 11"})
+    summary = dict(
+        result.summary,
+        exit_status=1,
+        run={"exit_status": 1, "failed_rank": 2, "failed_device": "npu:2", "message": "rank 2 crashed at step 11"},
+    )
     page = render_html(dataclasses.replace(result, summary=summary), span_budget=1000)
     verdict = re.search(r'<div class="verdict (\w+)" data-label="run"><dt>run</dt><dd>(.*?)</dd>', page)
     assert verdict and verdict.groups() == ("bad", "exit status 1: rank 2 crashed at step 11")
@@ -141,7 +203,7 @@ def test_bands_put_each_ranks_serving_lanes_with_its_pipeline_lanes(result):
     assert [r for _, r in ranked] == list(range(RANKS))
     for band, _ in ranked:
         first, count = bands["first_row"][band], bands["rows"][band]
-        labels = rows["label"][first:first + count]
+        labels = rows["label"][first : first + count]
         # serving lanes in SPEC order (kernel spans of runs in flight together overlap: they get lanes), then pipeline lanes
         assert labels[:2] == ["scheduler", "worker"] and all(label.startswith("kernel") for label in labels[2:-2])
         assert labels[-2:] == ["lane 0", "lane 1"]
@@ -207,8 +269,17 @@ def test_report_from_dir_defaults_into_the_directory_and_rejects_a_file(run_dir,
 
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_FLAGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--enable-logging=stderr", "--v=0", "--virtual-time-budget=30000",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--enable-logging=stderr",
+    "--v=0",
+    "--virtual-time-budget=30000",
     "--window-size=1400,1000",
 ]
 # Before the page's own scripts: record errors; after them: act like a reader and write what happened into the DOM.
@@ -220,13 +291,21 @@ def _browse(page: str, check: str, tmp_path: Path) -> dict:
     """Load ``page`` with ``check`` (JS filling ``out``, run once the plots are drawn) in headless chromium; return ``out``."""
     if shutil.which(CHROMIUM) is None:
         pytest.fail(f"headless chromium is required for the browser tests and {CHROMIUM} is missing (make browser)")
-    script = ("<script>dsprofReport.ready.then(function () { var r = dsprofReport, out = {};" + check +
-              " out.errors = __errors; var pre = document.createElement('pre'); pre.id = 'check';"
-              " pre.textContent = JSON.stringify(out); document.body.appendChild(pre); });</script>")
+    script = (
+        "<script>dsprofReport.ready.then(function () { var r = dsprofReport, out = {};"
+        + check
+        + " out.errors = __errors; var pre = document.createElement('pre'); pre.id = 'check';"
+        " pre.textContent = JSON.stringify(out); document.body.appendChild(pre); });</script>"
+    )
     path = tmp_path / "report.html"
     path.write_text(page.replace("<head>", "<head>" + ERROR_HOOK, 1).replace("</body>", script + "</body>", 1))
-    result = subprocess.run([CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", path.as_uri()],
-                            check=False, capture_output=True, text=True, timeout=180)
+    result = subprocess.run(
+        [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", path.as_uri()],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     found = re.search(r'<pre id="check">(.*?)</pre>', result.stdout, re.DOTALL)
     console = [line for line in result.stderr.splitlines() if ":CONSOLE" in line and ("Uncaught" in line or "Refused" in line)]
     assert found, f"the report did not finish rendering; console: {console}"
@@ -307,7 +386,8 @@ def test_the_page_reads_findings_first_and_zooms_to_the_culprit(page, result, tm
     # zoom to step 29: rank 0's slow forward pass is the culprit, rank 3 waited
     assert out["highlight"] == {"step": CULPRIT_STEP, "rank": CULPRIT, "victims": [VICTIM], "phase": "device_wall.forward"}
     assert [(c["band"].split(" (pid")[0], c["phase"], c["device"]) for c in out["culprit"]] == [
-        (f"rank 0 · {HOSTILE_DEVICE}", "device_wall.forward", 1)]
+        (f"rank 0 · {HOSTILE_DEVICE}", "device_wall.forward", 1)
+    ]
     assert [v.split(" ·")[0] for v in out["victims"]] == [f"rank {VICTIM}"]
     start, end = out["stepWindow"]
     assert out["viewAfterZoom"][0] < start < end < out["viewAfterZoom"][1] < end + (end - start)

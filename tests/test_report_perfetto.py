@@ -41,11 +41,29 @@ def _add_serving_events(directory: Path, run: SyntheticRun) -> None:
     for rank in range(RANKS):
         for step in range(STEPS):
             start = int(t.bind_start_ns[rank, step]) // 1000
-            doc["traceEvents"].append({"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": start, "dur": 50,
-                                       "pid": run.pid(rank), "tid": run.pid(rank), "args": {"step": step, "rank": rank}})
+            doc["traceEvents"].append(
+                {
+                    "name": "scheduler.step",
+                    "cat": "scheduler",
+                    "ph": "X",
+                    "ts": start,
+                    "dur": 50,
+                    "pid": run.pid(rank),
+                    "tid": run.pid(rank),
+                    "args": {"step": step, "rank": rank},
+                }
+            )
     doc["traceEvents"] += [
-        {"name": HOSTILE, "cat": "executor", "ph": "X", "ts": first + 10, "dur": 5, "pid": 9, "tid": 9,
-         "args": {"run_id": RUN_ID_LINK, "note": HOSTILE}},
+        {
+            "name": HOSTILE,
+            "cat": "executor",
+            "ph": "X",
+            "ts": first + 10,
+            "dur": 5,
+            "pid": 9,
+            "tid": 9,
+            "args": {"run_id": RUN_ID_LINK, "note": HOSTILE},
+        },
         {"name": "marker", "cat": "executor", "ph": "i", "s": "t", "ts": first + 20, "pid": 9, "tid": 9, "args": {}},
     ]
     merged.write_text(json.dumps(doc))
@@ -107,8 +125,11 @@ def test_every_span_is_an_event_with_exact_microseconds(analysed, events):
 
 
 def test_roots_carry_identity_and_wall_clock_as_integer_strings(analysed, events):
-    pid, inv, ts, wall, run_id, slot = _rows(analysed, """SELECT s.pid, s.inv, s.ts_ns, s.ts_ns + a.wall_ns - a.mono_ns, s.run_id, s.slot_id
-        FROM spans s JOIN anchors a USING (pid) JOIN decode d USING (pid, inv) WHERE s.depth = 0 AND d.step = 3 AND d.rank = 2""")[0]
+    pid, inv, ts, wall, run_id, slot = _rows(
+        analysed,
+        """SELECT s.pid, s.inv, s.ts_ns, s.ts_ns + a.wall_ns - a.mono_ns, s.run_id, s.slot_id
+        FROM spans s JOIN anchors a USING (pid) JOIN decode d USING (pid, inv) WHERE s.depth = 0 AND d.step = 3 AND d.rank = 2""",
+    )[0]
     root = [e for e in _spans(events) if e["pid"] == pid and e["args"].get("inv") == str(inv) and e["name"] == fmt.ROOT]
     assert len(root) == 1 and round(root[0]["ts"] * 1000) == ts
     assert root[0]["args"]["wall_ns"] == str(wall)
@@ -277,14 +298,23 @@ def test_pftrace_annotations_carry_identity_and_text_as_read(proto, analysed):
     root = [a for e in begins if names[e.name_iid] == fmt.ROOT for a in [_annotations(trace, e)] if a.get("inv") == str(inv)]
     assert len(root) == 1
     assert {k: root[0][k] for k in ("step", "rank", "run_id", "run_epoch", "phase", "device")} == {
-        "step": 3, "rank": 2, "run_id": run_id, "run_epoch": epoch, "phase": "root", "device": "npu:2"}
+        "step": 3,
+        "rank": 2,
+        "run_id": run_id,
+        "run_epoch": epoch,
+        "phase": "root",
+        "device": "npu:2",
+    }
 
 
 def test_pftrace_overlapping_serving_spans_lie_on_lanes_that_never_overlap(proto):
     _, trace = proto
     tracks = _descriptors(trace)
-    lanes = {uuid: t.thread.thread_name for uuid, t in tracks.items()
-             if " · lane " in t.thread.thread_name and not t.thread.thread_name.startswith("host thread")}
+    lanes = {
+        uuid: t.thread.thread_name
+        for uuid, t in tracks.items()
+        if " · lane " in t.thread.thread_name and not t.thread.thread_name.startswith("host thread")
+    }
     # the 16 requests of the batch all overlap; so do the pipelined worker.execute spans of each rank
     assert sum(" · request · lane " in name for name in lanes.values()) == RANKS * 4
     assert {f"tid {41000 + r} · worker · lane {lane}" for r in range(RANKS) for lane in (0, 1)} <= set(lanes.values())
@@ -335,12 +365,31 @@ def _evidence_log(path: Path, rq_ms: dict[tuple[int, int], int]) -> None:
         lines.append(fmt.format_anchor_record(pid, 10**9, 1_700_000_000_000_000_000, pid))
         for step in range(3):
             ts = 2 * 10**9 + step * 20 * MS
-            attrs = {"rank": rank, "step": step, "device": f"npu:{rank}", "callable": fmt.DECODE_CALLABLE, "run_epoch": step,
-                     fmt.OS_RQ_NS: rq_ms[(rank, step)] * MS}
-            for depth, name, start, dur in ((1, fmt.BIND, ts, MS), (1, fmt.RUNNER_RUN, ts + MS, 10 * MS), (1, fmt.VALIDATE, ts + 12 * MS, MS),
-                                            (0, fmt.ROOT, ts, 13 * MS)):
-                payload = fmt.format_strace_payload(pid=pid, tid=pid, inv=rank * 100 + step + 1, hid="ab", depth=depth, name=name,
-                                                    ts_ns=start, dur_ns=dur, attrs=attrs if depth == 0 else None)
+            attrs = {
+                "rank": rank,
+                "step": step,
+                "device": f"npu:{rank}",
+                "callable": fmt.DECODE_CALLABLE,
+                "run_epoch": step,
+                fmt.OS_RQ_NS: rq_ms[(rank, step)] * MS,
+            }
+            for depth, name, start, dur in (
+                (1, fmt.BIND, ts, MS),
+                (1, fmt.RUNNER_RUN, ts + MS, 10 * MS),
+                (1, fmt.VALIDATE, ts + 12 * MS, MS),
+                (0, fmt.ROOT, ts, 13 * MS),
+            ):
+                payload = fmt.format_strace_payload(
+                    pid=pid,
+                    tid=pid,
+                    inv=rank * 100 + step + 1,
+                    hid="ab",
+                    depth=depth,
+                    name=name,
+                    ts_ns=start,
+                    dur_ns=dur,
+                    attrs=attrs if depth == 0 else None,
+                )
                 lines.append(fmt.format_prefix(start + dur, pid, "INFO", "span") + payload)
     path.write_text("\n".join(lines) + "\n")
 
@@ -385,8 +434,10 @@ def _trace_processor_shell() -> tuple[str | None, str]:
 def test_perfettos_trace_processor_loads_the_export(run_dir, analysed, tmp_path, name):
     shell, why = _trace_processor_shell()
     if shell is None:
-        pytest.skip(f"no trace_processor_shell here and the perfetto package could not fetch one ({why[:120]}); "
-                    "the structural tests above parse the .pftrace with the package's own proto classes")
+        pytest.skip(
+            f"no trace_processor_shell here and the perfetto package could not fetch one ({why[:120]}); "
+            "the structural tests above parse the .pftrace with the package's own proto classes"
+        )
     from perfetto.trace_processor import TraceProcessor, TraceProcessorConfig
 
     path = export_from_dir(run_dir, tmp_path / name)
@@ -394,8 +445,9 @@ def test_perfettos_trace_processor_loads_the_export(run_dir, analysed, tmp_path,
         slices = tp.query("SELECT count(*) AS n FROM slice WHERE dur >= 0").as_pandas_dataframe()["n"][0]
         flows = tp.query("SELECT count(*) AS n FROM flow").as_pandas_dataframe()["n"][0]
         threads = tp.query("SELECT count(*) AS n FROM thread WHERE name IS NULL AND utid <> 0").as_pandas_dataframe()["n"][0]
-        counters = tp.query(f"SELECT count(*) AS n FROM counter c JOIN counter_track t ON c.track_id = t.id "
-                            f"WHERE t.name = '{END_SKEW_COUNTER}'").as_pandas_dataframe()["n"][0]
+        counters = tp.query(
+            f"SELECT count(*) AS n FROM counter c JOIN counter_track t ON c.track_id = t.id WHERE t.name = '{END_SKEW_COUNTER}'"
+        ).as_pandas_dataframe()["n"][0]
     runtime = _rows(analysed, "SELECT count(*) FROM spans s JOIN runs r USING (pid, inv) WHERE s.clk = 'host'")[0][0]
     serving = _rows(analysed, "SELECT count(*) FROM spans WHERE inv IS NULL")[0][0]
     assert slices == runtime + serving

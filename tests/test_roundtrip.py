@@ -63,7 +63,14 @@ def _rank_process(rank: int, log_fd: int, truth_path: str) -> None:
                 with strace.span("chip.run.bind.args", inv=inv, hid=HID, long=LONG_TEXT):
                     pass
             strace.record(
-                "chip.run.runner_run.device_wall", inv=inv, hid=HID, depth=2, ts_ns=run * 10_000, dur_ns=5_000 + rank, clk="dev", phase=ODD_TEXT
+                "chip.run.runner_run.device_wall",
+                inv=inv,
+                hid=HID,
+                depth=2,
+                ts_ns=run * 10_000,
+                dur_ns=5_000 + rank,
+                clk="dev",
+                phase=ODD_TEXT,
             )
             strace.record("chip.run.runner_run", inv=inv, hid=HID, depth=1, ts_ns=before, dur_ns=1234 + run, slot_id=run % 2)
             root.set(step=run)
@@ -172,7 +179,9 @@ def _sa_rank(rank: int) -> None:
     sa_profile.set_process_name(f"rank{rank}")
     sa_profile.set_thread_name("worker-main")
     for step in range(RUNS):
-        with sa_profile.span("worker.execute_model", "worker", rank=rank, step=step, label='naïve "quoted"', big=2**70, nested={"a": [1, 2]}, ratio=0.5):
+        with sa_profile.span(
+            "worker.execute_model", "worker", rank=rank, step=step, label='naïve "quoted"', big=2**70, nested={"a": [1, 2]}, ratio=0.5
+        ):
             with sa_profile.span("kernel.decode_fwd", "kernel", layer=step % 3):
                 pass
         sa_profile.instant("token", "serving", step=step)
@@ -288,7 +297,14 @@ def test_strace_truncated_and_escaped_records(tmp_path):
     trace = read_paths([log])
     assert trace.dropped == {}
     row = table(trace.spans).iloc[0]
-    assert (row["name"], row["hid"], row["inv"], row["clk"], row["ts_ns"], row["dur_ns"]) == ("odd name=[x]", "ab cd", 2**63 + 1, "dev", 100, 200)
+    assert (row["name"], row["hid"], row["inv"], row["clk"], row["ts_ns"], row["dur_ns"]) == (
+        "odd name=[x]",
+        "ab cd",
+        2**63 + 1,
+        "dev",
+        100,
+        200,
+    )
     attrs = attrs_of(row)
     assert attrs.pop("trunc") == "1"
     kept = len(attrs)

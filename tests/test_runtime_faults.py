@@ -71,8 +71,10 @@ def gc_run(tmp_path_factory):
 
 
 def test_faults_json_names_mechanism_and_phase(contention_run, gc_run):
-    for truth, kind, expected in ((contention_run[0], "cpu_contention", ("run_queue", "device_wall")),
-                                  (gc_run[1], "gc_pause", ("gc", "native_fence_wait"))):
+    for truth, kind, expected in (
+        (contention_run[0], "cpu_contention", ("run_queue", "device_wall")),
+        (gc_run[1], "gc_pause", ("gc", "native_fence_wait")),
+    ):
         assert truth and {f["kind"] for f in truth} == {kind}
         for fault in truth:
             assert (fault["mechanism"], fault["phase"]) == expected
@@ -97,8 +99,10 @@ def test_cpu_contention_is_run_queue_wait_of_the_device_on_its_rank(contention_r
         assert clean < FAULT_MS / 4
     else:
         assert not any(f["realtime"] for f in truth)
-        pytest.skip("SCHED_FIFO is not permitted here: a neighbour under the normal scheduler only shares "
-                    "the CPU, and the rank loses a share of its own demand, not the burn")
+        pytest.skip(
+            "SCHED_FIFO is not permitted here: a neighbour under the normal scheduler only shares "
+            "the CPU, and the rank loses a share of its own demand, not the burn"
+        )
 
 
 def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(gc_run):
@@ -121,8 +125,9 @@ def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(gc_run):
     for key, run in runs.items():
         if key not in hit:
             start, end = span(run, FENCE_WAIT)
-            assert not any(pid == run["pid"] and start <= ts and ts + dur <= end and dur >= FAULT_MS / 2 * MS
-                           for pid, ts, dur, _ in collections), key
+            assert not any(
+                pid == run["pid"] and start <= ts and ts + dur <= end and dur >= FAULT_MS / 2 * MS for pid, ts, dur, _ in collections
+            ), key
 
 
 def test_a_straggler_does_more_device_work_every_step(tmp_path):
@@ -132,6 +137,8 @@ def test_a_straggler_does_more_device_work_every_step(tmp_path):
     truth = json.loads((tmp_path / "faults.json").read_text())["faults"]
     assert {(f["kind"], f["rank"], f["mechanism"], f["phase"]) for f in truth} == {("straggler", 1, "device", "device_wall")}
     assert sorted(f["step"] for f in truth) == list(range(outcome.summary["decode_steps"]))
-    cpu = {rank: statistics.median(int(device_span(run, DEVICE_WALL)[2][OS_CPU_NS]) for run in lane)
-           for rank, lane in decode_lanes(tmp_path / "server.log").items()}
+    cpu = {
+        rank: statistics.median(int(device_span(run, DEVICE_WALL)[2][OS_CPU_NS]) for run in lane)
+        for rank, lane in decode_lanes(tmp_path / "server.log").items()
+    }
     assert cpu[1] - cpu[0] >= 15 * MS

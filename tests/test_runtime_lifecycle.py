@@ -22,8 +22,18 @@ pytestmark = pytest.mark.runtime
 
 RANKS = 2
 # Long enough to be killed mid-run; the CPU neighbour makes every rank fork a helper.
-WORKLOAD = ["--preset", "demo", "--ranks", str(RANKS), "--requests", "4", "--output-tokens", "3000",
-            "--inject", "cpu_contention:p=0.02,ms=5"]
+WORKLOAD = [
+    "--preset",
+    "demo",
+    "--ranks",
+    str(RANKS),
+    "--requests",
+    "4",
+    "--output-tokens",
+    "3000",
+    "--inject",
+    "cpu_contention:p=0.02,ms=5",
+]
 ENTRY_POINTS = {"runtime": [sys.executable, "-m", "dsprof.runtime"], "dsprof run": [sys.executable, "-m", "dsprof.cli.main", "run"]}
 
 
@@ -62,8 +72,7 @@ def start_run(entry: str, out: Path) -> tuple[subprocess.Popen, set[int]]:
             import dsprof.analysis.analyze  # noqa: F401
         except ImportError as error:
             pytest.skip(f"dsprof run needs the analysis, which does not import on this branch: {error}")
-    launcher = subprocess.Popen([*ENTRY_POINTS[entry], *WORKLOAD, "-o", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    launcher = subprocess.Popen([*ENTRY_POINTS[entry], *WORKLOAD, "-o", str(out)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         family = descendants(launcher.pid)
@@ -92,8 +101,9 @@ def test_sigkill_of_the_launcher_leaves_no_process_behind(tmp_path, entry):
     assert not gone_within(family, 10), "processes outlived the launcher"
 
 
-@pytest.mark.parametrize("entry, sig, status", [("runtime", signal.SIGTERM, 143), ("runtime", signal.SIGINT, 130),
-                                                ("dsprof run", signal.SIGTERM, 1)])
+@pytest.mark.parametrize(
+    "entry, sig, status", [("runtime", signal.SIGTERM, 143), ("runtime", signal.SIGINT, 130), ("dsprof run", signal.SIGTERM, 1)]
+)
 def test_sigterm_stops_the_ranks_and_keeps_what_was_written(tmp_path, entry, sig, status):
     """SIGTERM is handled as Ctrl-C is: ranks stopped, artifacts of what ran written, no analysis afterwards."""
     launcher, family = start_run(entry, tmp_path)

@@ -155,8 +155,9 @@ def test_the_serving_stacks_checker_accepts_host_shared_logs_only(production_run
         pytest.skip("the serving stack's strace_timing.py is not on this machine (set DSPROF_PEER_READER)")
     log = production_runs[path].out_dir / "server.log"
     assert "os.rq_ns=" in log.read_text()
-    done = subprocess.run([sys.executable, reader, "--assert-native-overlap", str(log)],
-                          capture_output=True, text=True, timeout=120, check=False)
+    done = subprocess.run(
+        [sys.executable, reader, "--assert-native-overlap", str(log)], capture_output=True, text=True, timeout=120, check=False
+    )
     if passes:
         assert done.returncode == 0, done.stderr
         assert "Native overlap verified for" in done.stdout and "warning" not in done.stderr
@@ -203,8 +204,9 @@ def test_span_tree_identity_evidence_and_peer_waits(production_runs):
 def test_microbench_shape_both_paths_and_no_device_phases(tmp_path):
     outcomes = {}
     for path in ("host-shared", "device-resident"):
-        config = RuntimeConfig.from_preset("microbench", rounds=6, warmup=2, device_phases=False, metadata=path,
-                                           inject=["slow_bind:rank=2,ms=30,step=1"])
+        config = RuntimeConfig.from_preset(
+            "microbench", rounds=6, warmup=2, device_phases=False, metadata=path, inject=["slow_bind:rank=2,ms=30,step=1"]
+        )
         outcomes[path] = outcome = run_workload(config, tmp_path / path)
         assert outcome.exit_status == 0, outcome.message
         assert outcome.summary["decode_steps"] == 6 and outcome.summary["workload"]["tp"] == 4
@@ -224,14 +226,20 @@ def test_microbench_shape_both_paths_and_no_device_phases(tmp_path):
     assert outcomes["host-shared"].tokens == outcomes["device-resident"].tokens
     reader = peer_reader()
     if reader is not None:  # the warm-up is not profiled: the first profiled pair is steps 0 and 1
-        done = subprocess.run([sys.executable, reader, "--assert-native-overlap", str(tmp_path / "host-shared" / "server.log")],
-                              capture_output=True, text=True, timeout=120, check=False)
+        done = subprocess.run(
+            [sys.executable, reader, "--assert-native-overlap", str(tmp_path / "host-shared" / "server.log")],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         assert done.returncode == 0, done.stderr
 
 
 def test_injected_faults_land_where_the_ground_truth_says(tmp_path):
-    config = RuntimeConfig.from_preset("demo", ranks=2, requests=4, output_tokens=12, seed=5,
-                                       inject=["fence_tail:p=0.5,ms=60", "slow_bind:rank=1,ms=80,step=2"])
+    config = RuntimeConfig.from_preset(
+        "demo", ranks=2, requests=4, output_tokens=12, seed=5, inject=["fence_tail:p=0.5,ms=60", "slow_bind:rank=1,ms=80,step=2"]
+    )
     outcome = run_workload(config, tmp_path)
     assert outcome.exit_status == 0, outcome.message
     truth = json.loads((tmp_path / "faults.json").read_text())
@@ -240,8 +248,9 @@ def test_injected_faults_land_where_the_ground_truth_says(tmp_path):
     binds = [(f["rank"], f["step"]) for f in truth["faults"] if f["kind"] == "slow_bind"]
     assert binds == [(1, 2)] and fences
     for fault in truth["faults"]:
-        assert (fault["mechanism"], fault["phase"]) == {"fence_delay": ("device", "native_fence_wait"),
-                                                        "slow_bind": ("host_cpu", "bind")}[fault["kind"]]
+        assert (fault["mechanism"], fault["phase"]) == {"fence_delay": ("device", "native_fence_wait"), "slow_bind": ("host_cpu", "bind")}[
+            fault["kind"]
+        ]
     for rank, runs in decode_lanes(tmp_path / "server.log").items():
         for run in runs:
             step = int(run["attrs"]["step"])
@@ -274,8 +283,9 @@ def test_a_crashed_rank_fails_the_job_and_is_named(tmp_path):
 
 
 def test_cli_exit_status(tmp_path, capsys):
-    assert main(["--ranks", "2", "--requests", "2", "--output-tokens", "5", "--prompt-tokens", "4",
-                 "--no-profile", "-o", str(tmp_path)]) == 0
+    assert (
+        main(["--ranks", "2", "--requests", "2", "--output-tokens", "5", "--prompt-tokens", "4", "--no-profile", "-o", str(tmp_path)]) == 0
+    )
     assert not (tmp_path / "serving-trace").exists()
     assert "[STRACE]" not in (tmp_path / "server.log").read_text()
     assert main(["--inject", "crash:rank=1", "-o", str(tmp_path)]) == 2
@@ -285,9 +295,27 @@ def test_cli_exit_status(tmp_path, capsys):
 def test_torchrun_style_launch_reads_the_rank_environment(tmp_path):
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
     with open(tmp_path / "server.log", "wb") as log:
-        done = subprocess.run([sys.executable, "-m", "dsprof.runtime", "--ranks", "1", "--requests", "2",
-                               "--prompt-tokens", "4", "--output-tokens", "6", "-o", str(tmp_path)],
-                              env=env, stderr=log, timeout=120, check=False)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "dsprof.runtime",
+                "--ranks",
+                "1",
+                "--requests",
+                "2",
+                "--prompt-tokens",
+                "4",
+                "--output-tokens",
+                "6",
+                "-o",
+                str(tmp_path),
+            ],
+            env=env,
+            stderr=log,
+            timeout=120,
+            check=False,
+        )
     assert done.returncode == 0
     summary = json.loads((tmp_path / "performance_summary.json").read_text())
     assert summary["tokens_returned"] == summary["tokens_expected"] == 12

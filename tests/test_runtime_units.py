@@ -42,8 +42,16 @@ def device():
 
 def test_presets_match_the_spec_shapes():
     prod = RuntimeConfig.from_preset("production")
-    assert (prod.ranks, prod.dp, prod.ep, prod.tp, prod.requests, prod.prompt_tokens, prod.output_tokens, prod.depth) == \
-        (8, 8, 8, 1, 32, 64, 256, 2)
+    assert (prod.ranks, prod.dp, prod.ep, prod.tp, prod.requests, prod.prompt_tokens, prod.output_tokens, prod.depth) == (
+        8,
+        8,
+        8,
+        1,
+        32,
+        64,
+        256,
+        2,
+    )
     micro = RuntimeConfig.from_preset("microbench")
     assert (micro.ranks, micro.ep, micro.tp, micro.warmup, micro.rounds) == (4, 4, 4, 5, 1000)
     assert RuntimeConfig.from_preset("microbench", rounds=7).rounds == 7
@@ -51,16 +59,19 @@ def test_presets_match_the_spec_shapes():
     assert demo.preset == "demo" and demo.metadata == "host-shared" and demo.acceptance_rate == 0.79
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    ({"ranks": 0}, "ranks must be a positive integer"),
-    ({"ranks": 4, "tp": 3}, "tp=3 must divide ranks=4"),
-    ({"metadata": "gpu"}, "metadata must be one of"),
-    ({"acceptance_rate": 1.5}, "acceptance_rate"),
-    ({"profile_level": "e2e,loud"}, "profile_level"),
-    ({"requests": 2, "ranks": 4}, "requests=2 must be at least dp=4"),
-    ({"inject": ["straggler:rank=9,ms=3"]}, "straggler:rank=9,ms=3"),
-    ({"colour": 3}, "unknown runtime option"),
-])
+@pytest.mark.parametrize(
+    "overrides, fragment",
+    [
+        ({"ranks": 0}, "ranks must be a positive integer"),
+        ({"ranks": 4, "tp": 3}, "tp=3 must divide ranks=4"),
+        ({"metadata": "gpu"}, "metadata must be one of"),
+        ({"acceptance_rate": 1.5}, "acceptance_rate"),
+        ({"profile_level": "e2e,loud"}, "profile_level"),
+        ({"requests": 2, "ranks": 4}, "requests=2 must be at least dp=4"),
+        ({"inject": ["straggler:rank=9,ms=3"]}, "straggler:rank=9,ms=3"),
+        ({"colour": 3}, "unknown runtime option"),
+    ],
+)
 def test_bad_config_values_raise_a_clear_error(overrides, fragment):
     with pytest.raises(DsprofError, match=fragment.replace("(", r"\(").replace("[", r"\[")):
         RuntimeConfig.from_preset("demo", **overrides)
@@ -74,19 +85,34 @@ def test_fault_grammar():
     assert parse_fault("fence_tail:p=0.05,ms=20", 4).p == 0.05
     assert parse_fault("cpu_contention:p=0.1,ms=30", 4) == FaultSpec("cpu_contention", ms=30.0, p=0.1)
     assert parse_fault("gc_pause:rank=2,p=1,ms=15", 4) == FaultSpec("gc_pause", rank=2, ms=15.0, p=1.0)
-    for bad, why in [("nap:rank=1", "unknown fault kind"), ("crash:rank=1", "missing step"),
-                     ("straggler:rank=1,ms=x", "not a number"), ("fence_tail:p=2,ms=1", "p must be"),
-                     ("slow_bind:rank=1,ms=3,colour=2", "unexpected"), ("crash:rank=5,step=1", "outside 0..3"),
-                     ("cpu_contention:ms=30", "missing p"), ("gc_pause:p=0.1,ms=0", "ms must be > 0"),
-                     ("gc_pause:p=0.1,ms=5,step=2", "unexpected"), ("cpu_contention:rank=4,p=1,ms=1", "outside 0..3")]:
+    for bad, why in [
+        ("nap:rank=1", "unknown fault kind"),
+        ("crash:rank=1", "missing step"),
+        ("straggler:rank=1,ms=x", "not a number"),
+        ("fence_tail:p=2,ms=1", "p must be"),
+        ("slow_bind:rank=1,ms=3,colour=2", "unexpected"),
+        ("crash:rank=5,step=1", "outside 0..3"),
+        ("cpu_contention:ms=30", "missing p"),
+        ("gc_pause:p=0.1,ms=0", "ms must be > 0"),
+        ("gc_pause:p=0.1,ms=5,step=2", "unexpected"),
+        ("cpu_contention:rank=4,p=1,ms=1", "outside 0..3"),
+    ]:
         with pytest.raises(DsprofError, match=why) as info:
             parse_faults([bad], ranks=4)
         assert bad in str(info.value)
 
 
 def test_fault_plan_is_seeded_and_hits_the_configured_share_of_steps():
-    specs = parse_faults(["fence_tail:p=0.25,ms=20", "slow_bind:rank=2,ms=5,step=3", "straggler:rank=1,ms=8",
-                          "cpu_contention:p=0.1,ms=30", "gc_pause:rank=3,p=0.2,ms=15"], 4)
+    specs = parse_faults(
+        [
+            "fence_tail:p=0.25,ms=20",
+            "slow_bind:rank=2,ms=5,step=3",
+            "straggler:rank=1,ms=8",
+            "cpu_contention:p=0.1,ms=30",
+            "gc_pause:rank=3,p=0.2,ms=15",
+        ],
+        4,
+    )
     plan = FaultPlan(specs, ranks=4, seed=11)
     again = FaultPlan(specs, ranks=4, seed=11)
 
@@ -113,15 +139,18 @@ def test_fault_plan_is_seeded_and_hits_the_configured_share_of_steps():
 def test_fault_events_carry_the_ground_truth_the_analysis_should_find():
     plan = FaultPlan(parse_faults(["slow_bind:rank=0,ms=5", "straggler:rank=0,ms=3", "crash:rank=0,step=2"], 2), 2, 0)
     events = {event.kind: event.to_json() for event in plan.at(0, 2).events}
-    assert events["slow_bind"] == {"kind": "slow_bind", "rank": 0, "step": 2, "delay_ms": 5.0,
-                                   "mechanism": "host_cpu", "phase": "bind"}
+    assert events["slow_bind"] == {"kind": "slow_bind", "rank": 0, "step": 2, "delay_ms": 5.0, "mechanism": "host_cpu", "phase": "bind"}
     assert (events["straggler"]["mechanism"], events["straggler"]["phase"]) == ("device", "device_wall")
     assert (events["crash"]["mechanism"], events["crash"]["phase"], events["crash"]["delay_ms"]) == (None, None, None)
     assert plan.at(0, 2).crash and not plan.at(0, 1).crash and not plan.at(1, 2).events
     assert GROUND_TRUTH == {
-        "fence_delay": ("device", "native_fence_wait"), "straggler": ("device", "device_wall"),
-        "slow_bind": ("host_cpu", "bind"), "cpu_contention": ("run_queue", "device_wall"),
-        "gc_pause": ("gc", "native_fence_wait"), "crash": (None, None)}
+        "fence_delay": ("device", "native_fence_wait"),
+        "straggler": ("device", "device_wall"),
+        "slow_bind": ("host_cpu", "bind"),
+        "cpu_contention": ("run_queue", "device_wall"),
+        "gc_pause": ("gc", "native_fence_wait"),
+        "crash": (None, None),
+    }
     assert {m for m, _ in GROUND_TRUTH.values() if m} <= set(MECHANISMS)
 
 
@@ -216,6 +245,7 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
     strace.enable(fd, gc_spans=False)
     strace.set_host_evidence(True)
     try:
+
         def program(clock) -> None:
             with clock.phase("forward"):
                 burn_cpu(5)

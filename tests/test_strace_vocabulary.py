@@ -29,8 +29,17 @@ def _table_after(heading: str) -> list[list[str]]:
 
 def test_span_tree_names_and_depths():
     tree = {name: int(depth) for name, depth, _ in _table_after("### The span tree")}
-    code = {fmt.ROOT: 0, fmt.BIND: 1, fmt.BIND_ARGS: 2, fmt.BIND_PREBUILT: 2, fmt.RUNNER_RUN: 1, fmt.FENCE_WAIT: 2,
-            fmt.DEVICE_WALL: 2, fmt.CLAIM_RELEASE: 1, fmt.VALIDATE: 1}
+    code = {
+        fmt.ROOT: 0,
+        fmt.BIND: 1,
+        fmt.BIND_ARGS: 2,
+        fmt.BIND_PREBUILT: 2,
+        fmt.RUNNER_RUN: 1,
+        fmt.FENCE_WAIT: 2,
+        fmt.DEVICE_WALL: 2,
+        fmt.CLAIM_RELEASE: 1,
+        fmt.VALIDATE: 1,
+    }
     assert tree == code
 
 
@@ -52,7 +61,7 @@ def test_record_grammar():
     assert fmt.REQUIRED_FIELDS == ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
     payload = fmt.format_strace_payload(pid=1, tid=2, inv=3, hid="ab", depth=0, name="chip.run", ts_ns=5, dur_ns=6, attrs={"k": "v w"})
     assert payload == "[STRACE] v=1 pid=1 tid=2 inv=3 hid=ab depth=0 name=chip.run ts=5 dur=6 k=v%20w"
-    anchor = fmt.format_anchor_record(41, 100, 200, 0x1f)
+    anchor = fmt.format_anchor_record(41, 100, 200, 0x1F)
     assert anchor == "[mono_ns=100][T0x1f][TIMING] clock_anchor: [CLOCK_ANCHOR] v=1 pid=41 mono_ns=100 wall_ns=200"
     assert fmt.DECODE_CALLABLE in FORMATS and fmt.WAIT_SUFFIX in FORMATS and f"`{fmt.EXTERNAL_PREFIX}<producer>.<span>`" in FORMATS
 

@@ -47,8 +47,13 @@ Progress = Callable[[str], None] | None
 SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
 
 
-def read_paths(paths: Sequence[str | os.PathLike] | str | os.PathLike, progress: Progress = None,
-               sink: SpanSink | None = None, limits: JsonLimits = DEFAULT_LIMITS, logs: bool = True) -> Trace:
+def read_paths(
+    paths: Sequence[str | os.PathLike] | str | os.PathLike,
+    progress: Progress = None,
+    sink: SpanSink | None = None,
+    limits: JsonLimits = DEFAULT_LIMITS,
+    logs: bool = True,
+) -> Trace:
     """Read every path (see the module docstring) and merge the results.
 
     ``limits`` bound JSON input; ``logs=False`` leaves text logs out (the cluster engine reads them elsewhere).
@@ -109,7 +114,9 @@ def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, limit
         if (path / name).is_file():
             traces.append(read_side_file(path / name))
     if not traces and logs:
-        raise InputError(path, "directory holds no dsprof inputs", expected="*.log, serving-trace/, trace.json, fragments/ or trace.<pid>.jsonl")
+        raise InputError(
+            path, "directory holds no dsprof inputs", expected="*.log, serving-trace/, trace.json, fragments/ or trace.<pid>.jsonl"
+        )
     return traces
 
 

@@ -94,13 +94,27 @@ _QUOTE, _BACKSLASH, _COLON, _COMMA, _OPEN_OBJECT, _CLOSE_OBJECT = b'"\\:,{}'
 _SPACE, _TAB, _NEWLINE, _RETURN, _OPEN_ARRAY = b" \t\n\r["
 # B/E rows kept until the end of a file, where they are paired
 _BEGIN_END_SCHEMA = pa.schema(
-    [("line", pa.int64()), ("pid", pa.int64()), ("tid", pa.int64()), ("ts_ns", pa.int64()), ("begin", pa.bool_()),
-     ("name", pa.string()), ("cat", pa.string()), ("attrs", pa.map_(pa.string(), pa.string()))]
+    [
+        ("line", pa.int64()),
+        ("pid", pa.int64()),
+        ("tid", pa.int64()),
+        ("ts_ns", pa.int64()),
+        ("begin", pa.bool_()),
+        ("name", pa.string()),
+        ("cat", pa.string()),
+        ("attrs", pa.map_(pa.string(), pa.string())),
+    ]
 )
 
 
-def read_chrome_trace(path: str | os.PathLike, progress: Progress = None, source: str = "chrome", *,
-                      limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> Trace:
+def read_chrome_trace(
+    path: str | os.PathLike,
+    progress: Progress = None,
+    source: str = "chrome",
+    *,
+    limits: JsonLimits = DEFAULT_LIMITS,
+    sink: SpanSink | None = None,
+) -> Trace:
     """Read a Chrome/Kineto JSON trace (``.json`` or gzip) into a Trace (spans to ``sink`` when given)."""
     path = Path(path)
     if progress is not None:
@@ -108,7 +122,9 @@ def read_chrome_trace(path: str | os.PathLike, progress: Progress = None, source
     return read_document(path, source, limits, sink)[0]
 
 
-def read_document(path: Path, source: str, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None) -> tuple[Trace, ChromeDocument]:
+def read_document(
+    path: Path, source: str, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None
+) -> tuple[Trace, ChromeDocument]:
     """A Chrome JSON document's Trace, and the document (for its top-level members)."""
     document = ChromeDocument(path, limits)
     builder = SpanBuilder(str(path), source, sink=sink)
@@ -225,8 +241,13 @@ class SpanBuilder:
         usable = (status == _OK) & ~negative
         counts, keys, values = _attribute_pairs([e.args for e in events], pid_labels, tid_labels)
         columns = {
-            "line": where, "pid": pid, "tid": tid, "ts_ns": ts_ns, "dur_ns": dur_ns,
-            "name": _text_column([e.name for e in events]), "cat": _text_column([e.cat for e in events]),
+            "line": where,
+            "pid": pid,
+            "tid": tid,
+            "ts_ns": ts_ns,
+            "dur_ns": dur_ns,
+            "name": _text_column([e.name for e in events]),
+            "cat": _text_column([e.cat for e in events]),
         }
         spans = usable & ((phase == _X) | (phase == _I))
         begin_end = usable & ((phase == _B) | (phase == _E))
@@ -235,8 +256,13 @@ class SpanBuilder:
             return table, _BEGIN_END_SCHEMA.empty_table()
         be_rows = _rows(columns, phase, counts, keys, values, begin_end)
         be_table = pa.table(
-            {**{k: be_rows[k] for k in ("line", "pid", "tid", "ts_ns")}, "begin": pa.array(be_rows["phase"] == _B),
-             "name": be_rows["name"], "cat": be_rows["cat"], "attrs": be_rows["attrs"]},
+            {
+                **{k: be_rows[k] for k in ("line", "pid", "tid", "ts_ns")},
+                "begin": pa.array(be_rows["phase"] == _B),
+                "name": be_rows["name"],
+                "cat": be_rows["cat"],
+                "attrs": be_rows["attrs"],
+            },
             schema=_BEGIN_END_SCHEMA,
         )
         return table, be_table
@@ -412,7 +438,9 @@ def _text_column(values: list[Any]) -> pa.Array:
     return pa.array([v if type(v) is str else "" if v is None or v is msgspec.UNSET else json_text(v) for v in values], pa.string())
 
 
-def _attribute_pairs(args: list[Any], pid_labels: list[str | None] | None, tid_labels: list[str | None] | None) -> tuple[np.ndarray, pa.Array, pa.Array]:
+def _attribute_pairs(
+    args: list[Any], pid_labels: list[str | None] | None, tid_labels: list[str | None] | None
+) -> tuple[np.ndarray, pa.Array, pa.Array]:
     """Per-row attribute counts and the flat key/value text of every row, in order (labels first, then args)."""
     n = len(args)
     if set(map(type, args)) <= {msgspec.Raw}:
@@ -454,7 +482,9 @@ def _args_members(args: list[msgspec.Raw], rows: np.ndarray) -> tuple[np.ndarray
     data = np.frombuffer(blob, np.uint8)
     # by the parser: not an object, or holding whitespace or a second bracket anywhere (even inside a string)
     by_parser = data[starts[:-1]] != _OPEN_OBJECT
-    odd = np.flatnonzero((data == _SPACE) | (data == _OPEN_OBJECT) | (data == _OPEN_ARRAY) | (data == _NEWLINE) | (data == _TAB) | (data == _RETURN))
+    odd = np.flatnonzero(
+        (data == _SPACE) | (data == _OPEN_OBJECT) | (data == _OPEN_ARRAY) | (data == _NEWLINE) | (data == _TAB) | (data == _RETURN)
+    )
     odd_row = np.searchsorted(starts, odd, side="right") - 1
     by_parser[odd_row[odd != starts[odd_row]]] = True
     delimiters = string_delimiters(data)
@@ -510,7 +540,9 @@ def _unescaped(blob: bytes, starts: np.ndarray, ends: np.ndarray, strings: np.nd
     escaped[piece[inside]] = True
     redo = np.flatnonzero(escaped & strings)
     if len(redo):
-        decoded = [VALUE_DECODER.decode(blob[start - 1 : end + 1]) for start, end in zip(starts[redo].tolist(), ends[redo].tolist(), strict=True)]
+        decoded = [
+            VALUE_DECODER.decode(blob[start - 1 : end + 1]) for start, end in zip(starts[redo].tolist(), ends[redo].tolist(), strict=True)
+        ]
         mask = np.zeros(n, bool)
         mask[redo] = True
         texts = pc.replace_with_mask(texts, pa.array(mask), pa.array(decoded, pa.large_string()))
@@ -522,7 +554,9 @@ def _value_texts(values: list[msgspec.Raw]) -> pa.Array:
     return pa.array([decoded if type(decoded := VALUE_DECODER.decode(v)) is str else compact_json(v) for v in values], pa.string())
 
 
-def _rows(columns: dict[str, Any], phase: np.ndarray, counts: np.ndarray, keys: pa.Array, values: pa.Array, mask: np.ndarray) -> dict[str, Any]:
+def _rows(
+    columns: dict[str, Any], phase: np.ndarray, counts: np.ndarray, keys: pa.Array, values: pa.Array, mask: np.ndarray
+) -> dict[str, Any]:
     """The rows of ``mask``: plain columns filtered, their attribute pairs as a map column."""
     if mask.all():  # the common case: nothing to filter
         offsets = np.zeros(len(mask) + 1, np.int32)
@@ -577,9 +611,13 @@ def _pair_begin_end(rows: pa.Table, trace: Trace) -> dict[str, Any]:
     by_line = np.argsort(line[b_rows], kind="stable")  # rows in the order of their B
     b_rows, e_rows = b_rows[by_line], e_rows[by_line]
     return {
-        "line": line[b_rows], "pid": rows.column("pid").to_numpy()[b_rows], "tid": rows.column("tid").to_numpy()[b_rows],
-        "ts_ns": ts[b_rows], "dur_ns": ts[e_rows] - ts[b_rows],
-        "name": rows.column("name").take(pa.array(b_rows)), "cat": rows.column("cat").take(pa.array(b_rows)),
+        "line": line[b_rows],
+        "pid": rows.column("pid").to_numpy()[b_rows],
+        "tid": rows.column("tid").to_numpy()[b_rows],
+        "ts_ns": ts[b_rows],
+        "dur_ns": ts[e_rows] - ts[b_rows],
+        "name": rows.column("name").take(pa.array(b_rows)),
+        "cat": rows.column("cat").take(pa.array(b_rows)),
         "attrs": _merged_attrs(rows.column("attrs").combine_chunks(), b_rows, e_rows),
     }
 

@@ -69,7 +69,7 @@ EXPECTED = 'a Chrome trace: a list of events or {"traceEvents": [...]}'
 _WHITESPACE = re.compile(rb"[ \t\r\n]*")
 _COMMA_AFTER = re.compile(rb"[ \t\r\n]*,")
 _SCALAR = re.compile(rb'[^ \t\r\n,\]}\[{:"]*')
-_COMMA, _CLOSE_ARRAY, _OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT, _QUOTE, _COLON = b",][{}\":"
+_COMMA, _CLOSE_ARRAY, _OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT, _QUOTE, _COLON = b',][{}":'
 
 
 @dataclass
@@ -215,8 +215,11 @@ class ChromeDocument:
                 self._pos = end
                 return text
             if len(self._buf) - self._pos > self.limits.max_event_bytes:
-                raise self._error(f"{what} is larger than {self.limits.max_event_bytes} bytes", self._pos,
-                                  expected="at most JsonLimits.max_event_bytes per member")
+                raise self._error(
+                    f"{what} is larger than {self.limits.max_event_bytes} bytes",
+                    self._pos,
+                    expected="at most JsonLimits.max_event_bytes per member",
+                )
             if not self._fill():
                 raise _EndOfInput(f" inside {what}")
 
@@ -248,8 +251,11 @@ class ChromeDocument:
                 ends = np.append(ends, positions[close])
             if not len(ends):  # no whole event in the buffer
                 if len(data) > self.limits.max_event_bytes:
-                    raise self._error(f"event {index} is larger than {self.limits.max_event_bytes} bytes", self._pos,
-                                      expected="at most JsonLimits.max_event_bytes per event")
+                    raise self._error(
+                        f"event {index} is larger than {self.limits.max_event_bytes} bytes",
+                        self._pos,
+                        expected="at most JsonLimits.max_event_bytes per event",
+                    )
                 if not self._fill():
                     yield from self._last_events(index)
                     raise _EndOfInput(" inside traceEvents")
@@ -438,8 +444,11 @@ class _Input:
             raise InputError(self.path, f"cannot read: {exc.strerror or exc}") from None
         self.bytes_read += len(data)
         if self.bytes_read > self._allowed:
-            raise InputError(self.path, f"gzip data expands more than {self._ratio} times its size (past {self._allowed >> 20} MiB): a gzip bomb?",
-                             expected="JsonLimits.max_gzip_ratio / gzip_allowance_bytes raised for a real trace this compressible")
+            raise InputError(
+                self.path,
+                f"gzip data expands more than {self._ratio} times its size (past {self._allowed >> 20} MiB): a gzip bomb?",
+                expected="JsonLimits.max_gzip_ratio / gzip_allowance_bytes raised for a real trace this compressible",
+            )
         return data
 
     def close(self) -> None:

@@ -71,8 +71,9 @@ SOURCE = "sa_profile"
 Progress = Callable[[str], None] | None
 
 
-def read_sa_profile(path: str | os.PathLike, progress: Progress = None, *, limits: JsonLimits = DEFAULT_LIMITS,
-                    sink: SpanSink | None = None) -> Trace:
+def read_sa_profile(
+    path: str | os.PathLike, progress: Progress = None, *, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None
+) -> Trace:
     """Read an SA_PROFILE output dir, fragments dir, fragment or merged trace into one Trace."""
     path = Path(path)
     files, note = sa_profile_source(path, limits)

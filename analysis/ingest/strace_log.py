@@ -446,7 +446,17 @@ class _Records:
     the line).
     """
 
-    def __init__(self, line: np.ndarray, order: np.ndarray, numbers: dict[str, np.ndarray], overflow: np.ndarray, texts: dict[str, pa.Array], keys: pa.Array, values: pa.Array, token_row: np.ndarray):
+    def __init__(
+        self,
+        line: np.ndarray,
+        order: np.ndarray,
+        numbers: dict[str, np.ndarray],
+        overflow: np.ndarray,
+        texts: dict[str, pa.Array],
+        keys: pa.Array,
+        values: pa.Array,
+        token_row: np.ndarray,
+    ):
         self.line, self.order, self.numbers, self.overflow, self.texts = line, order, numbers, overflow, texts
         self.keys, self.values, self.token_row = keys, values, token_row
 
@@ -480,7 +490,16 @@ class _Records:
     def empty(cls) -> _Records:
         nothing = pa.array([], pa.large_string())
         none = np.empty(0, np.int64)
-        return cls(none, none, {f: np.empty(0, _NUMBER_FIELDS[f]) for f in _NUMBER_FIELDS}, np.empty(0, bool), {f: nothing for f in _TEXT_FIELDS}, nothing, nothing, none)
+        return cls(
+            none,
+            none,
+            {f: np.empty(0, _NUMBER_FIELDS[f]) for f in _NUMBER_FIELDS},
+            np.empty(0, bool),
+            {f: nothing for f in _TEXT_FIELDS},
+            nothing,
+            nothing,
+            none,
+        )
 
     @classmethod
     def from_tails(cls, line: np.ndarray, order: np.ndarray, fields: dict[str, pa.Array], tails: pa.Array) -> _Records:
@@ -920,7 +939,9 @@ def _out_of_range(digits: pa.Array, signed: bool) -> np.ndarray:
         value = pc.utf8_ltrim(magnitude.take(index).cast(pa.large_string()), "0")  # leading zeros do not count
         value_length = pc.binary_length(value).to_numpy(zero_copy_only=False)
         if signed:
-            limit = pc.if_else(pc.starts_with(digits.take(index), "-"), pa.scalar(str(2**63)), pa.scalar(str(2**63 - 1))).cast(pa.large_string())
+            limit = pc.if_else(pc.starts_with(digits.take(index), "-"), pa.scalar(str(2**63)), pa.scalar(str(2**63 - 1))).cast(
+                pa.large_string()
+            )
         else:
             limit = pa.scalar(str(2**64 - 1), pa.large_string())
         too_big = pc.greater(value, limit).to_numpy(zero_copy_only=False)
@@ -959,7 +980,9 @@ def _attribute_columns(records: _Records) -> tuple[pa.Array, dict[str, pa.Array]
     return clk, promoted, attrs
 
 
-def _add_table(tables: list[pa.Table], orders: list[np.ndarray], records: _Records, file: str, line_base: int, dropped: dict[str, int]) -> None:
+def _add_table(
+    tables: list[pa.Table], orders: list[np.ndarray], records: _Records, file: str, line_base: int, dropped: dict[str, int]
+) -> None:
     """Append the span rows of ``records``; drop and count what cannot be a span.
 
     ``bad_value``: a number that does not fit 64 bits, a negative start, or an
@@ -1050,7 +1073,17 @@ PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
 # Kinds of the required fields for the scanner, as _HEAD's groups take them:
 # i64 = -?digits (19 at most), n64 = digits that fit int64, u64 = up to 20 digits
 # that fit uint64, token = one or more token bytes, token0 = possibly none.
-_FIELD_KINDS = {"v": "version", "pid": "i64", "tid": "i64", "inv": "u64", "hid": "token", "depth": "n64", "name": "token0", "ts": "i64", "dur": "i64"}
+_FIELD_KINDS = {
+    "v": "version",
+    "pid": "i64",
+    "tid": "i64",
+    "inv": "u64",
+    "hid": "token",
+    "depth": "n64",
+    "name": "token0",
+    "ts": "i64",
+    "dur": "i64",
+}
 _FIELD_COLUMNS = {"pid": "pid", "tid": "tid", "inv": "inv", "hid": "hid", "depth": "depth", "name": "name", "ts": "ts_ns", "dur": "dur_ns"}
 # Threads of one scan: the piece is shared out at lines that open with '[', in parts of at least SCAN_MIN_PART_BYTES.
 SCAN_THREADS = max(1, min(len(os.sched_getaffinity(0)), 16))
@@ -1163,7 +1196,9 @@ class _Assembler:
         map_offsets, key_offsets, keys, value_offsets, values = part["attrs"]
         pairs = part["pairs"]
         offsets = pa.Array.from_buffers(pa.int32(), n + 1, [None, pa.py_buffer(map_offsets)])
-        columns["attrs"] = pa.MapArray.from_arrays(offsets, _text(pairs, key_offsets, keys), _text(pairs, value_offsets, values), type=ATTRS_TYPE)
+        columns["attrs"] = pa.MapArray.from_arrays(
+            offsets, _text(pairs, key_offsets, keys), _text(pairs, value_offsets, values), type=ATTRS_TYPE
+        )
         columns.update(_constant_columns(self.file, n))
         return pa.table([columns[name] for name in SPAN_COLUMNS], schema=PARQUET_SCHEMA)
 
@@ -1175,7 +1210,9 @@ def _fixed(kind: pa.DataType, n: int, data: Any, valid: Any = None) -> pa.Array:
 def _text(n: int, offsets: Any, data: Any, valid: Any = None) -> pa.Array:
     if n == 0:
         return pa.array([], pa.string())
-    return pa.Array.from_buffers(pa.string(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)])
+    return pa.Array.from_buffers(
+        pa.string(), n, [None if valid is None else pa.py_buffer(valid), pa.py_buffer(offsets), pa.py_buffer(data)]
+    )
 
 
 def _constant_columns(file: str, n: int) -> dict[str, pa.Array]:

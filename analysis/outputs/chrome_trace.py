@@ -118,8 +118,9 @@ class _Writer:
         self.events(pa.array([json.dumps(e, ensure_ascii=False) for e in events], pa.string()))
 
 
-def write_chrome_trace(result: AnalysisResult, path: str | Path, *, span_budget: int | None = None,
-                       progress: Callable[[str], None] | None = None) -> Path:
+def write_chrome_trace(
+    result: AnalysisResult, path: str | Path, *, span_budget: int | None = None, progress: Callable[[str], None] | None = None
+) -> Path:
     """Write the swimlane as Chrome trace JSON that Perfetto and chrome://tracing load (``.gz``: compressed)."""
     path = Path(path)
     engine = result.engine
@@ -172,16 +173,27 @@ def metadata_events(layout: TrackLayout) -> list[dict]:
         events.append({"ph": "M", "name": "process_sort_index", "pid": process.pid, "tid": 0, "args": {"sort_index": process.sort_index}})
     for thread in layout.threads:  # one per track
         events.append({"ph": "M", "name": "thread_name", "pid": thread.pid, "tid": thread.tid, "args": {"name": thread.name}})
-        events.append({"ph": "M", "name": "thread_sort_index", "pid": thread.pid, "tid": thread.tid, "args": {"sort_index": thread.sort_index}})
+        events.append(
+            {"ph": "M", "name": "thread_sort_index", "pid": thread.pid, "tid": thread.tid, "args": {"sort_index": thread.sort_index}}
+        )
     return events
 
 
 def counter_events(layout: TrackLayout) -> list[dict]:
     """One ``C`` event per counter value; global counters go to the first process (Chrome counters belong to one)."""
     home = layout.processes[0].pid if layout.processes else 0
-    return [{"ph": "C", "name": counter.name, "pid": home if counter.pid is None else counter.pid, "tid": 0,
-             "ts": float(us_text(np.array([ts]))[0].as_py()), "args": {"ms": value}}
-            for counter in layout.counters for ts, value in zip(counter.ts_ns, counter.values, strict=True)]  # one per step / run
+    return [
+        {
+            "ph": "C",
+            "name": counter.name,
+            "pid": home if counter.pid is None else counter.pid,
+            "tid": 0,
+            "ts": float(us_text(np.array([ts]))[0].as_py()),
+            "args": {"ms": value},
+        }
+        for counter in layout.counters
+        for ts, value in zip(counter.ts_ns, counter.values, strict=True)
+    ]  # one per step / run
 
 
 def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table) -> pa.Array:
@@ -201,9 +213,19 @@ def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table) -> pa.Array:
         _attrs_members(batch.column("attrs")),
     ]
     return _join(
-        '{"name":', json_string(batch.column("name"), null="null"), ',"cat":"runtime","ph":"X","ts":',
-        us_text(batch.column("ts_ns").to_numpy()), ',"dur":', us_text(batch.column("dur_ns").to_numpy()),
-        ',"pid":', _ints(batch.column("pid")), ',"tid":', _ints(pa.array(track)), ',"args":', _object(members), "}",
+        '{"name":',
+        json_string(batch.column("name"), null="null"),
+        ',"cat":"runtime","ph":"X","ts":',
+        us_text(batch.column("ts_ns").to_numpy()),
+        ',"dur":',
+        us_text(batch.column("dur_ns").to_numpy()),
+        ',"pid":',
+        _ints(batch.column("pid")),
+        ',"tid":',
+        _ints(pa.array(track)),
+        ',"args":',
+        _object(members),
+        "}",
     )
 
 
@@ -251,12 +273,31 @@ def _flow_events(links: pa.Table, runtime_tracks: pa.Table, serving_tracks: pa.T
         return pa.array([], pa.string())
     links = pa.RecordBatch.from_struct_array(links.to_struct_array().combine_chunks())  # plain arrays, one chunk
     flow_id = _ints(pa.array(np.arange(1, links.num_rows + 1)))
-    sources = pa.table({"pid": links.column("src_pid"), "tid": links.column("src_tid"), "cat": links.column("src_cat"),
-                        "lane": links.column("src_lane")})
+    sources = pa.table(
+        {"pid": links.column("src_pid"), "tid": links.column("src_tid"), "cat": links.column("src_cat"), "lane": links.column("src_lane")}
+    )
     targets = pa.table({"pid": links.column("dst_pid"), "tid": links.column("dst_tid"), "lane": links.column("dst_lane")})
     src_track, dst_track = pa.array(_track_ids(sources, serving_tracks)), pa.array(_track_ids(targets, runtime_tracks))
-    start = _join(f'{{"ph":"s","name":"{FLOW_NAME}","cat":"flow","id":', flow_id, ',"ts":', us_text(links.column("src_ts").to_numpy()),
-                  ',"pid":', _ints(links.column("src_pid")), ',"tid":', _ints(src_track), "}")
-    finish = _join(f'{{"ph":"f","bp":"e","name":"{FLOW_NAME}","cat":"flow","id":', flow_id, ',"ts":',
-                   us_text(links.column("dst_ts").to_numpy()), ',"pid":', _ints(links.column("dst_pid")), ',"tid":', _ints(dst_track), "}")
+    start = _join(
+        f'{{"ph":"s","name":"{FLOW_NAME}","cat":"flow","id":',
+        flow_id,
+        ',"ts":',
+        us_text(links.column("src_ts").to_numpy()),
+        ',"pid":',
+        _ints(links.column("src_pid")),
+        ',"tid":',
+        _ints(src_track),
+        "}",
+    )
+    finish = _join(
+        f'{{"ph":"f","bp":"e","name":"{FLOW_NAME}","cat":"flow","id":',
+        flow_id,
+        ',"ts":',
+        us_text(links.column("dst_ts").to_numpy()),
+        ',"pid":',
+        _ints(links.column("dst_pid")),
+        ',"tid":',
+        _ints(dst_track),
+        "}",
+    )
     return pa.concat_arrays([start, finish])

@@ -14,6 +14,8 @@ from dsprof.analysis.summary import Summary
 from dsprof.textsafe import terminal_safe
 
 LIST_LIMIT = 5
+
+
 def format_console_summary(summary: Summary) -> str:
     """A readable fixed-width summary for the terminal."""
     lines = [f"{label:<10} {text}" for label, text in verdict_lines(summary)]
@@ -25,13 +27,20 @@ def format_console_summary(summary: Summary) -> str:
             if len(items) > LIST_LIMIT:
                 lines.append(f"  … {len(items) - LIST_LIMIT} more (summary.md, report.html)")
     serving = summary.get("serving") or {}
-    lines += ["", f"tokens {value(serving.get('tokens_returned'))}/{value(serving.get('tokens_expected'))}; "
-                  f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
-                  f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}", ""]
+    lines += [
+        "",
+        f"tokens {value(serving.get('tokens_returned'))}/{value(serving.get('tokens_expected'))}; "
+        f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
+        f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}",
+        "",
+    ]
     lines.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format("figure (ms)", "p50", "p95", "p99", "max", "count"))
     figures = summary.get("figures") or {}
     for name in HEADLINE_FIGURES:
         block = figures.get(name) or {}
-        lines.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(
-            name, *(value(block.get(key)) for key, _ in PERCENTILES), block.get("count", 0)))
+        lines.append(
+            "{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format(
+                name, *(value(block.get(key)) for key, _ in PERCENTILES), block.get("count", 0)
+            )
+        )
     return "\n".join(terminal_safe(line) for line in "\n".join(lines).split("\n"))

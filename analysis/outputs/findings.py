@@ -42,8 +42,10 @@ def cause_text(item: dict) -> str:
 
 def item_line(item: dict) -> str:
     """``step 69 · rank 6 (cpu:6) · +50.914 ms · gc: 48.700 ms collection in native_fence_wait``."""
-    return (f"step {item.get('step')} · rank {item.get('rank')} ({item.get('device')}) · +{value(item.get('excess_ms'))} ms · "
-            f"{cause_text(item)}")
+    return (
+        f"step {item.get('step')} · rank {item.get('rank')} ({item.get('device')}) · +{value(item.get('excess_ms'))} ms · "
+        f"{cause_text(item)}"
+    )
 
 
 def worst_first(items: list[dict]) -> list[dict]:
@@ -66,8 +68,14 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     lines.append(("straggler", straggler))
     if cost.get("total_ms") is not None:
         share = cost.get("share_of_decode_wall")
-        lines.append(("tail cost", f"{cost['total_ms']} ms" + (f" ({100 * share:.1f}% of the decode wall time)" if share is not None else "")
-                      + " — saved had no rank ended later than the median"))
+        lines.append(
+            (
+                "tail cost",
+                f"{cost['total_ms']} ms"
+                + (f" ({100 * share:.1f}% of the decode wall time)" if share is not None else "")
+                + " — saved had no rank ended later than the median",
+            )
+        )
     lines.append(("late", f"{(summary.get('late_starts') or {}).get('count', 0)} late starts, {tails.get('count', 0)} tail steps"))
     return lines
 

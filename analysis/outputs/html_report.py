@@ -72,14 +72,19 @@ FOLDED_LANES = 8
 _BAD_PREFIXES = {"swimlane": "NOT", "pipeline": "SERIALIZED"}
 _INFO_LABELS = ("tail cost", "late")
 
-_CSP = ("default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:")
+_CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
 
 
 def script_json(data: object) -> str:
     """JSON that is safe inside <script>: no ``<``, ``>``, ``&`` or line separators survive literally."""
     text = json.dumps(data, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
-    return (text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
-            .replace("\u2028", "\\u2028").replace("\u2029", "\\u2029"))
+    return (
+        text.replace("&", "\\u0026")
+        .replace("<", "\\u003c")
+        .replace(">", "\\u003e")
+        .replace("\u2028", "\\u2028")
+        .replace("\u2029", "\\u2029")
+    )
 
 
 # ---------------------------------------------------------------- swimlane data (engine -> compact columns)
@@ -123,11 +128,18 @@ def _lane_rows(layout: TrackLayout) -> tuple[dict, pa.Table, pa.Table]:
             rows["band"].append(band)
             runtime_keys.append((pid, tid, lane, len(rows["band"]) - 1))
         bands["rows"].append(len(rows["band"]) - bands["first_row"][-1])
-    runtime_rows = pa.table({name: pa.array([k[i] for k in runtime_keys], pa.int64()) for i, name in enumerate(("pid", "tid", "lane", "row"))})
-    serving_rows = pa.table({"pid": pa.array([k[0] for k in serving_keys], pa.int64()), "tid": pa.array([k[1] for k in serving_keys], pa.int64()),
-                             "cat": pa.array([k[2] for k in serving_keys], pa.string()),
-                             "lane": pa.array([k[3] for k in serving_keys], pa.int64()),
-                             "row": pa.array([k[4] for k in serving_keys], pa.int64())})
+    runtime_rows = pa.table(
+        {name: pa.array([k[i] for k in runtime_keys], pa.int64()) for i, name in enumerate(("pid", "tid", "lane", "row"))}
+    )
+    serving_rows = pa.table(
+        {
+            "pid": pa.array([k[0] for k in serving_keys], pa.int64()),
+            "tid": pa.array([k[1] for k in serving_keys], pa.int64()),
+            "cat": pa.array([k[2] for k in serving_keys], pa.string()),
+            "lane": pa.array([k[3] for k in serving_keys], pa.int64()),
+            "row": pa.array([k[4] for k in serving_keys], pa.int64()),
+        }
+    )
     return {"bands": bands, "rows": rows}, runtime_rows, serving_rows
 
 
@@ -179,8 +191,12 @@ def _budget_steps(engine: Engine, span_budget: int, n_rows: int) -> tuple[list[i
     n_steps = int(engine.scalar("SELECT count(*) FROM step_windows") or 0)
     bucket_steps = max(1, math.ceil(max(n_steps, 1) * n_rows / n_aggregate))
     shown = sum(n for (_, n), ok in zip(counts, fits, strict=True) if ok)
-    return kept, budget | {"shown_spans": shown, "aggregated_spans": total - shown, "detailed_steps": sum(s is not None for s in kept),
-                           "bucket_steps": bucket_steps}
+    return kept, budget | {
+        "shown_spans": shown,
+        "aggregated_spans": total - shown,
+        "detailed_steps": sum(s is not None for s in kept),
+        "bucket_steps": bucket_steps,
+    }
 
 
 def _columns(table: pa.Table, origin_ns: int) -> tuple[dict, list[str], list[str]]:
@@ -188,16 +204,20 @@ def _columns(table: pa.Table, origin_ns: int) -> tuple[dict, list[str], list[str
     names = pc.dictionary_encode(table.column("name").combine_chunks().fill_null(""))
     phases = pc.dictionary_encode(table.column("phase").combine_chunks().fill_null(""))
     start = (table.column("ts_ns").to_numpy() - origin_ns) / 1000.0
-    return {
-        "row": table.column("row").to_numpy().tolist(),
-        "level": table.column("level").to_numpy().tolist(),
-        "start_us": np.round(start, 1).tolist(),
-        "dur_us": np.round(table.column("dur_ns").to_numpy() / 1000.0, 1).tolist(),
-        "step": table.column("step").fill_null(-1).to_numpy().tolist(),
-        "device": table.column("device").to_numpy().tolist(),
-        "name": names.indices.to_numpy().tolist(),
-        "phase": phases.indices.to_numpy().tolist(),
-    }, names.dictionary.to_pylist(), phases.dictionary.to_pylist()
+    return (
+        {
+            "row": table.column("row").to_numpy().tolist(),
+            "level": table.column("level").to_numpy().tolist(),
+            "start_us": np.round(start, 1).tolist(),
+            "dur_us": np.round(table.column("dur_ns").to_numpy() / 1000.0, 1).tolist(),
+            "step": table.column("step").fill_null(-1).to_numpy().tolist(),
+            "device": table.column("device").to_numpy().tolist(),
+            "name": names.indices.to_numpy().tolist(),
+            "phase": phases.indices.to_numpy().tolist(),
+        },
+        names.dictionary.to_pylist(),
+        phases.dictionary.to_pylist(),
+    )
 
 
 def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET) -> dict:
@@ -213,14 +233,14 @@ def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET
         aggregate = None
     else:
         engine.con.register("kept_steps", pa.table({"step": pa.array([s for s in kept if s is not None], pa.int64())}))
-        kept_sql = (f"(coalesce(s.step IN (SELECT step FROM kept_steps), FALSE) OR (s.step IS NULL AND {None in kept}))")
+        kept_sql = f"(coalesce(s.step IN (SELECT step FROM kept_steps), FALSE) OR (s.step IS NULL AND {None in kept}))"
         detailed = engine.arrow(f"SELECT * FROM report_spans s WHERE {kept_sql} ORDER BY row, level, ts_ns")
         aggregate = engine.arrow(f"""
             SELECT s.row, min(s.ts_ns) AS start_ns, max(s.ts_ns + s.dur_ns) AS end_ns, min(s.step) AS step_lo, max(s.step) AS step_hi,
                    count(*) AS spans
             FROM report_spans s LEFT JOIN step_windows w USING (step)
             WHERE NOT {kept_sql}
-            GROUP BY s.row, coalesce(w.position // {budget['bucket_steps']}, -1) ORDER BY s.row, start_ns""")
+            GROUP BY s.row, coalesce(w.position // {budget["bucket_steps"]}, -1) ORDER BY s.row, start_ns""")
         budget["aggregate_bars"] = aggregate.num_rows
     spans, names, phases = _columns(detailed, origin_ns)
     windows = engine.arrow("SELECT step, start_ns, end_ns FROM step_windows ORDER BY position")
@@ -232,7 +252,9 @@ def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET
         "names": names,
         "phases": phases,
         "spans": spans,
-        "aggregate": None if aggregate is None else {
+        "aggregate": None
+        if aggregate is None
+        else {
             "row": aggregate.column("row").to_numpy().tolist(),
             "start_us": np.round((aggregate.column("start_ns").to_numpy() - origin_ns) / 1000.0, 1).tolist(),
             "dur_us": np.round((aggregate.column("end_ns").to_numpy() - aggregate.column("start_ns").to_numpy()) / 1000.0, 1).tolist(),
@@ -274,13 +296,20 @@ def _list_items(items: list[dict]) -> list[dict]:
     out = []
     for item in items:  # one per late start / tail step: summary-sized
         causes = item.get("ranks") or [item]
-        out.append({
-            "step": item.get("step"), "rank": item.get("rank"), "late_rank": item.get("late_rank"), "role": item.get("role"),
-            "phase": item.get("phase"), "mechanism": item.get("mechanism") or "unattributed", "excess_ms": item.get("excess_ms") or 0.0,
-            "victims": sorted({c.get("late_rank") for c in causes if c.get("role") == "victim" and c.get("late_rank") is not None}),
-            "text": item_line(item),
-            "also": [f"rank {c.get('late_rank')}: {cause_text(c)}" for c in causes[1:]],
-        })
+        out.append(
+            {
+                "step": item.get("step"),
+                "rank": item.get("rank"),
+                "late_rank": item.get("late_rank"),
+                "role": item.get("role"),
+                "phase": item.get("phase"),
+                "mechanism": item.get("mechanism") or "unattributed",
+                "excess_ms": item.get("excess_ms") or 0.0,
+                "victims": sorted({c.get("late_rank") for c in causes if c.get("role") == "victim" and c.get("late_rank") is not None}),
+                "text": item_line(item),
+                "also": [f"rank {c.get('late_rank')}: {cause_text(c)}" for c in causes[1:]],
+            }
+        )
     return out
 
 
@@ -340,11 +369,16 @@ def _findings_section(summary: Summary) -> str:
     """The verdicts and the worst late steps: what a reader acts on, above the fold."""
     verdicts = []
     for label, text in verdict_lines(summary):  # a handful of lines
-        bad = (text.startswith(_BAD_PREFIXES.get(label, "\0")) or (label == "run" and _run_failed(summary))
-               or (label == "straggler" and (_block(summary, "tail_steps").get("straggler") or {}).get("rank") is not None))
+        bad = (
+            text.startswith(_BAD_PREFIXES.get(label, "\0"))
+            or (label == "run" and _run_failed(summary))
+            or (label == "straggler" and (_block(summary, "tail_steps").get("straggler") or {}).get("rank") is not None)
+        )
         state = "info" if label in _INFO_LABELS else "bad" if bad else "ok"
-        verdicts.append(f'<div class="verdict {state}" data-label="{html.escape(label)}">'
-                        f"<dt>{html.escape(label)}</dt><dd>{html.escape(text)}</dd></div>")
+        verdicts.append(
+            f'<div class="verdict {state}" data-label="{html.escape(label)}">'
+            f"<dt>{html.escape(label)}</dt><dd>{html.escape(text)}</dd></div>"
+        )
     worst = []
     for key, title in (("tail_steps", "Worst tail steps"), ("late_starts", "Worst late starts")):
         items = worst_first(_block(summary, key).get("items") or [])
@@ -352,17 +386,21 @@ def _findings_section(summary: Summary) -> str:
             entries = "".join(_findings_entry(item) for item in _list_items(items[:FINDINGS_ITEMS]))
             more = f'<p class="more">{len(items) - FINDINGS_ITEMS:,} more in the lists below.</p>' if len(items) > FINDINGS_ITEMS else ""
             worst.append(f'<section class="worst"><h3>{title}</h3><ol>{entries}</ol>{more}</section>')
-    return (f'<section id="findings"><h2>Findings</h2><dl class="verdicts">{"".join(verdicts)}</dl>'
-            f'<div class="worst-lists">{"".join(worst) or "<p>No late start or tail step over the threshold.</p>"}</div></section>')
+    return (
+        f'<section id="findings"><h2>Findings</h2><dl class="verdicts">{"".join(verdicts)}</dl>'
+        f'<div class="worst-lists">{"".join(worst) or "<p>No late start or tail step over the threshold.</p>"}</div></section>'
+    )
 
 
 def _findings_entry(item: dict) -> str:
     """One worst item: a button that zooms the swimlane to its step and marks the culprit and the ranks that waited."""
     victims = ",".join(str(int(v)) for v in item["victims"])
     rank = "" if item["rank"] is None else str(int(item["rank"]))
-    return (f'<li><button type="button" class="zoom" data-step="{int(item["step"])}" data-rank="{rank}" '
-            f'data-phase="{html.escape(str(item["phase"] or ""))}" data-victims="{victims}">step {int(item["step"])}</button> '
-            f'<span class="line">{html.escape(item["text"])}</span></li>')
+    return (
+        f'<li><button type="button" class="zoom" data-step="{int(item["step"])}" data-rank="{rank}" '
+        f'data-phase="{html.escape(str(item["phase"] or ""))}" data-victims="{victims}">step {int(item["step"])}</button> '
+        f'<span class="line">{html.escape(item["text"])}</span></li>'
+    )
 
 
 def _run_failed(summary: Summary) -> bool:
@@ -373,10 +411,12 @@ def _run_failed(summary: Summary) -> bool:
 def _budget_note(budget: dict) -> str:
     if not budget.get("limited"):
         return f'<p class="budget" data-limited="false">All {budget["total_spans"]:,} spans drawn.</p>'
-    return (f'<p class="budget" data-limited="true">This run has {budget["total_spans"]:,} spans, over the span budget of '
-            f'{budget["span_budget"]:,}: the {budget["detailed_steps"]:,} steps with the largest runner-end skew are drawn in full '
-            f'({budget["shown_spans"]:,} spans); the other {budget["aggregated_spans"]:,} spans are {budget["aggregate_bars"]:,} grey '
-            f'bars, one per lane per {budget["bucket_steps"]:,} consecutive steps (hover for the steps).</p>')
+    return (
+        f'<p class="budget" data-limited="true">This run has {budget["total_spans"]:,} spans, over the span budget of '
+        f"{budget['span_budget']:,}: the {budget['detailed_steps']:,} steps with the largest runner-end skew are drawn in full "
+        f"({budget['shown_spans']:,} spans); the other {budget['aggregated_spans']:,} spans are {budget['aggregate_bars']:,} grey "
+        f"bars, one per lane per {budget['bucket_steps']:,} consecutive steps (hover for the steps).</p>"
+    )
 
 
 def _swimlane_section(swimlane: dict) -> str:
@@ -397,7 +437,7 @@ def _swimlane_section(swimlane: dict) -> str:
 <p class="axis-note">{html.escape(origin)}. Wheel or drag on the time axis to zoom, drag the lanes to pan; click a band's name
 to fold it. Device spans (hatched) are on the device's clock and are placed under their own <code>runner_run</code> at
 <code>runner_run</code> start + their offset from the launch: the alignment is approximate (early by the launch latency).</p>
-{_budget_note(swimlane['budget'])}
+{_budget_note(swimlane["budget"])}
 <div id="swimlane" class="swimlane" tabindex="0"><canvas id="lanes"></canvas><div id="tooltip" class="tooltip" hidden></div></div>
 <div id="legend" class="legend"></div>
 </section>"""
@@ -408,7 +448,7 @@ def _lists_section(summary: Summary) -> str:
     for key, title in (("tail_steps", "Tail steps"), ("late_starts", "Late starts")):
         block = _block(summary, key)
         parts.append(f"""<section class="late-list" id="list-{key}" data-list="{key}">
-<h2>{title} ({_e(block.get('count', 0))}, threshold {_e(block.get('threshold_ms'))} ms)</h2>
+<h2>{title} ({_e(block.get("count", 0))}, threshold {_e(block.get("threshold_ms"))} ms)</h2>
 <div class="list-controls">sort by
   <button type="button" data-sort="excess" class="active">excess</button><button type="button" data-sort="step">step</button>
   <button type="button" data-sort="rank">rank</button><button type="button" data-sort="mechanism">mechanism</button>
@@ -423,27 +463,34 @@ def _pipeline_section(summary: Summary) -> str:
     cadence = pipeline.get("cadence_ms") or {}
     depth = pipeline.get("achieved_depth") or {}
     runner = pipeline.get("runner_depth") or {}
-    rows: list[list[object]] = [[rank, *((block or {}).get(k) for k in PERCENTILE_KEYS), depth.get(rank), runner.get(rank)]
-                                for rank, block in cadence.items()]
-    violations = "".join(f"<li>rank {_e(v.get('rank'))}, step {_e(v.get('step'))}: {_e(v.get('reason'))}</li>"
-                         for v in pipeline.get("first_violations") or [])
+    rows: list[list[object]] = [
+        [rank, *((block or {}).get(k) for k in PERCENTILE_KEYS), depth.get(rank), runner.get(rank)] for rank, block in cadence.items()
+    ]
+    violations = "".join(
+        f"<li>rank {_e(v.get('rank'))}, step {_e(v.get('step'))}: {_e(v.get('reason'))}</li>"
+        for v in pipeline.get("first_violations") or []
+    )
     return f"""<section id="pipeline"><h2>Pipeline health</h2>
-<p>{_e(pipeline.get('diagnosis') or 'not checked')} ({_e(pipeline.get('rule'))}).</p>
-{f'<details><summary>First violations</summary><ul class="violations">{violations}</ul></details>' if violations else ''}
-{_table(['rank'] + [f'cadence {k}' for k in PERCENTILE_KEYS] + ['achieved depth', 'runner depth'], rows, 'numbers')}
+<p>{_e(pipeline.get("diagnosis") or "not checked")} ({_e(pipeline.get("rule"))}).</p>
+{f'<details><summary>First violations</summary><ul class="violations">{violations}</ul></details>' if violations else ""}
+{_table(["rank"] + [f"cadence {k}" for k in PERCENTILE_KEYS] + ["achieved depth", "runner depth"], rows, "numbers")}
 </section>"""
 
 
 def _percentile_section(summary: Summary) -> str:
     figures = summary.get("figures") or {}
-    rows: list[list[object]] = [[name, *(block.get(k) for k in PERCENTILE_KEYS)] for name, block in figures.items()
-                                if isinstance(block, dict) and "p50" in block]
-    per_rank: list[list[object]] = [[rank, blocks.get("device"), name, *(block.get(k) for k in PERCENTILE_KEYS)]
-                for rank, blocks in (figures.get("per_rank") or {}).items() for name, block in blocks.items()
-                if isinstance(block, dict) and "p50" in block]
+    rows: list[list[object]] = [
+        [name, *(block.get(k) for k in PERCENTILE_KEYS)] for name, block in figures.items() if isinstance(block, dict) and "p50" in block
+    ]
+    per_rank: list[list[object]] = [
+        [rank, blocks.get("device"), name, *(block.get(k) for k in PERCENTILE_KEYS)]
+        for rank, blocks in (figures.get("per_rank") or {}).items()
+        for name, block in blocks.items()
+        if isinstance(block, dict) and "p50" in block
+    ]
     return f"""<section id="percentiles"><h2>Percentiles (ms)</h2>
-{_table(['figure'] + list(PERCENTILE_KEYS), rows, 'numbers')}
-<details><summary>Per rank</summary>{_table(['rank', 'device', 'figure'] + list(PERCENTILE_KEYS), per_rank, 'numbers')}</details>
+{_table(["figure"] + list(PERCENTILE_KEYS), rows, "numbers")}
+<details><summary>Per rank</summary>{_table(["rank", "device", "figure"] + list(PERCENTILE_KEYS), per_rank, "numbers")}</details>
 </section>"""
 
 
@@ -454,20 +501,29 @@ def _configuration_section(summary: Summary) -> str:
     inputs = summary.get("inputs") or {}
     dropped = inputs.get("dropped") or {}
     workload: list[list[object]] = [[k, v] for k, v in (summary.get("workload") or {}).items()]
-    serving_rows: list[list[object]] = [["tokens returned / expected", f"{value(serving.get('tokens_returned'))} / {value(serving.get('tokens_expected'))}"],
-                    ["batch elapsed (s)", serving.get("batch_elapsed_s")], ["throughput (tok/s)", serving.get("throughput_tok_s")],
-                    ["effective TPOT (ms)", serving.get("effective_tpot_ms")], ["acceptance rate", serving.get("acceptance_rate")]]
+    serving_rows: list[list[object]] = [
+        ["tokens returned / expected", f"{value(serving.get('tokens_returned'))} / {value(serving.get('tokens_expected'))}"],
+        ["batch elapsed (s)", serving.get("batch_elapsed_s")],
+        ["throughput (tok/s)", serving.get("throughput_tok_s")],
+        ["effective TPOT (ms)", serving.get("effective_tpot_ms")],
+        ["acceptance rate", serving.get("acceptance_rate")],
+    ]
     checks: list[list[object]] = [[c.get("name"), c.get("ok"), c.get("detail")] for c in validation.get("checks") or []]
-    input_rows: list[list[object]] = [["files", len(inputs.get("files") or [])], ["records read", inputs.get("records_read")], ["spans", inputs.get("spans")],
-                  ["dropped", dropped or "none"], ["steps numbered by", validation.get("step_numbering")]]
+    input_rows: list[list[object]] = [
+        ["files", len(inputs.get("files") or [])],
+        ["records read", inputs.get("records_read")],
+        ["spans", inputs.get("spans")],
+        ["dropped", dropped or "none"],
+        ["steps numbered by", validation.get("step_numbering")],
+    ]
     files = "".join(f"<li>{_e(f)}</li>" for f in inputs.get("files") or [])
     notes = "".join(f"<li>{_e(n)}</li>" for n in inputs.get("notes") or [])
     return f"""<details id="configuration"><summary>Configuration: workload, serving figures, inputs, validation checks</summary>
 <div class="cards">
-<section><h3>Workload</h3>{_table(['field', 'value'], workload) if workload else '<p>no workload in performance_summary.json</p>'}</section>
-<section><h3>Serving</h3>{_table(['figure', 'value'], serving_rows)}</section>
-<section><h3>Validation checks</h3>{_table(['check', 'ok', 'detail'], checks)}</section>
-<section><h3>Inputs</h3>{_table(['', ''], input_rows)}<ul class="files">{files}</ul>{f'<ul class="notes">{notes}</ul>' if notes else ''}</section>
+<section><h3>Workload</h3>{_table(["field", "value"], workload) if workload else "<p>no workload in performance_summary.json</p>"}</section>
+<section><h3>Serving</h3>{_table(["figure", "value"], serving_rows)}</section>
+<section><h3>Validation checks</h3>{_table(["check", "ok", "detail"], checks)}</section>
+<section><h3>Inputs</h3>{_table(["", ""], input_rows)}<ul class="files">{files}</ul>{f'<ul class="notes">{notes}</ul>' if notes else ""}</section>
 </div></details>"""
 
 
@@ -488,7 +544,7 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
 <html lang="en"><head><meta charset="utf-8">
 <meta http-equiv="Content-Security-Policy" content="{_CSP}">
 <title>dsprof report</title>
-<style>{_asset('report.css')}</style>
+<style>{_asset("report.css")}</style>
 </head><body>
 <header><h1>dsprof report</h1></header>
 <main>
@@ -503,7 +559,7 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
 </main>
 <script type="application/json" id="dsprof-data">{script_json(data)}</script>
 <script>{get_plotlyjs()}</script>
-<script>{_asset('report.js')}</script>
+<script>{_asset("report.js")}</script>
 </body></html>
 """
 

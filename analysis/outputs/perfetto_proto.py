@@ -44,8 +44,21 @@ SEQUENCE_ID = 1
 BATCH_ROWS = 100_000
 RUNTIME_CATEGORY = "runtime"
 # Debug annotations of a runtime span's begin: integer columns, then text columns (null: left out).
-RUNTIME_INT_ARGS = ("step", "rank", "lane", "run_id", "dispatch_id", "run_epoch", "slot_id", "generation",
-                    "os_cpu_ns", "os_rq_ns", "os_nivcsw", "os_majflt", "device_wall_dur_ns")
+RUNTIME_INT_ARGS = (
+    "step",
+    "rank",
+    "lane",
+    "run_id",
+    "dispatch_id",
+    "run_epoch",
+    "slot_id",
+    "generation",
+    "os_cpu_ns",
+    "os_rq_ns",
+    "os_nivcsw",
+    "os_majflt",
+    "device_wall_dur_ns",
+)
 # (annotation name, column) of the text annotations
 TEXT_ARGS = (("phase", "phase"), ("device", "device"), ("callable", "callable"), ("inv", "inv_text"), ("wall_ns", "wall_text"))
 # Attribute names as the trace wrote them, for the promoted host-evidence columns.
@@ -88,10 +101,14 @@ class _Interned:
             values = dict.fromkeys([*fixed, *(row[0] for row in engine.rows(query))])
             return {value: i + 1 for i, value in enumerate(values)}
 
-        return cls(names=iids("SELECT DISTINCT name FROM report_events WHERE name IS NOT NULL ORDER BY 1"),
-                   categories=iids("SELECT DISTINCT cat FROM report_events WHERE cat IS NOT NULL ORDER BY 1"),
-                   annotations=iids("SELECT DISTINCT k FROM (SELECT unnest(map_keys(attrs)) AS k FROM report_events) ORDER BY 1",
-                                    (*(EVIDENCE_NAMES.get(n, n) for n in RUNTIME_INT_ARGS), *(n for n, _ in TEXT_ARGS))))
+        return cls(
+            names=iids("SELECT DISTINCT name FROM report_events WHERE name IS NOT NULL ORDER BY 1"),
+            categories=iids("SELECT DISTINCT cat FROM report_events WHERE cat IS NOT NULL ORDER BY 1"),
+            annotations=iids(
+                "SELECT DISTINCT k FROM (SELECT unnest(map_keys(attrs)) AS k FROM report_events) ORDER BY 1",
+                (*(EVIDENCE_NAMES.get(n, n) for n in RUNTIME_INT_ARGS), *(n for n, _ in TEXT_ARGS)),
+            ),
+        )
 
     def fill(self, data: pb.InternedData) -> None:
         data.event_names.extend(pb.EventName(iid=iid, name=name) for name, iid in self.names.items())
@@ -112,7 +129,10 @@ class _Uuids:
 def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
     """Tables ``track_of_run`` (pid, tid, lane -> uuid) and ``track_of_serving`` (pid, tid, cat, lane -> uuid); view ``report_events``."""
     for name, table in (("track_of_run", layout.runtime_track_table()), ("track_of_serving", layout.serving_track_table())):
-        uuid = [uuids.thread[(pid, track)] for pid, track in zip(table.column("pid").to_pylist(), table.column("track").to_pylist(), strict=True)]
+        uuid = [
+            uuids.thread[(pid, track)]
+            for pid, track in zip(table.column("pid").to_pylist(), table.column("track").to_pylist(), strict=True)
+        ]
         engine.con.register(name, table.append_column("uuid", pa.array(uuid, pa.int64())))  # one per track
     engine.run(f"""CREATE OR REPLACE TEMP VIEW report_events AS
         SELECT t.uuid AS track, s.name, '{RUNTIME_CATEGORY}' AS cat, 'X' AS ph, s.ts_ns, s.dur_ns, s.depth, s.pid, s.inv,
@@ -132,10 +152,16 @@ def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None
 def _register_counters(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
     """``counter_values`` (t, track, value): every counter value, to be ordered with the slices."""
     tracks = [uuid for counter, uuid in zip(layout.counters, uuids.counter, strict=True) for _ in counter.ts_ns]
-    engine.con.register("counter_values", pa.table({
-        "t": pa.array([t for counter in layout.counters for t in counter.ts_ns], pa.int64()),
-        "track": pa.array(tracks, pa.int64()),
-        "value": pa.array([v for counter in layout.counters for v in counter.values], pa.float64())}))
+    engine.con.register(
+        "counter_values",
+        pa.table(
+            {
+                "t": pa.array([t for counter in layout.counters for t in counter.ts_ns], pa.int64()),
+                "track": pa.array(tracks, pa.int64()),
+                "value": pa.array([v for counter in layout.counters for v in counter.values], pa.float64()),
+            }
+        ),
+    )
 
 
 def _register_flows(engine: Engine) -> None:

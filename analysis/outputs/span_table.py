@@ -121,7 +121,9 @@ def _plain(table: pa.Table) -> pa.Table:
 
 def _column(table: pa.Table, name: str) -> pa.Array:
     column = table.column(name)
-    return column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], column.type)
+    return (
+        column.chunk(0) if column.num_chunks == 1 else pa.concat_arrays(column.chunks) if column.num_chunks else pa.array([], column.type)
+    )
 
 
 def _lit(text: str) -> pa.Scalar:

@@ -18,8 +18,20 @@ from dsprof.fileio import atomic_write_text
 # other knobs stay in summary.json. A workload with none of these (another
 # producer's) is shown whole.
 WORKLOAD_SHAPE_KEYS = (
-    "preset", "ranks", "dp", "ep", "tp", "requests", "prompt_tokens", "output_tokens",
-    "rounds", "metadata", "depth", "device_phases", "inject", "seed",
+    "preset",
+    "ranks",
+    "dp",
+    "ep",
+    "tp",
+    "requests",
+    "prompt_tokens",
+    "output_tokens",
+    "rounds",
+    "metadata",
+    "depth",
+    "device_phases",
+    "inject",
+    "seed",
 )
 # The percentile figures shown in the printed table and in summary.md (the rest stay in summary.json).
 HEADLINE_FIGURES = ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms")
@@ -40,10 +52,15 @@ def format_summary_md(summary: Summary) -> str:
     lines += [f"- **{label}**: {md(text)}" for label, text in verdict_lines(summary)]
     lines += _late_lists(summary)
     serving = summary.get("serving") or {}
-    lines += ["", (f"Tokens: {value(serving.get('tokens_returned'))} / {value(serving.get('tokens_expected'))} expected; "
-                   f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
-                   f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}"
-                   + (f"; acceptance {serving['acceptance_rate']}" if serving.get("acceptance_rate") is not None else ""))]
+    lines += [
+        "",
+        (
+            f"Tokens: {value(serving.get('tokens_returned'))} / {value(serving.get('tokens_expected'))} expected; "
+            f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
+            f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}"
+            + (f"; acceptance {serving['acceptance_rate']}" if serving.get("acceptance_rate") is not None else "")
+        ),
+    ]
     lines += ["", "| figure | p50 ms | p95 ms | p99 ms | max ms | count |", "|---|---|---|---|---|---|"]
     figures = summary.get("figures") or {}
     for name in HEADLINE_FIGURES:
@@ -51,8 +68,11 @@ def format_summary_md(summary: Summary) -> str:
         cells = " | ".join(value(block.get(key)) for key, _ in PERCENTILES)
         lines.append(f"| {name} | {cells} | {block.get('count', 0)} |")
     validation = summary.get("validation") or {}
-    lines += ["", f"Validation: {validation.get('decode_steps')} decode steps × {validation.get('ranks')} ranks = "
-                  f"{validation.get('rank_roots')} rank roots (steps numbered by {validation.get('step_numbering', 'position')})"]
+    lines += [
+        "",
+        f"Validation: {validation.get('decode_steps')} decode steps × {validation.get('ranks')} ranks = "
+        f"{validation.get('rank_roots')} rank roots (steps numbered by {validation.get('step_numbering', 'position')})",
+    ]
     workload = summary.get("workload") or {}
     if workload:
         shape = {k: workload[k] for k in WORKLOAD_SHAPE_KEYS if workload.get(k) not in (None, [], "")} or workload

@@ -16,6 +16,7 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:  # annotations only: the span table writers use this module without pandas
     import pandas as pd
 
+
 def json_string(values, *, null: str | None = "", large: bool = False) -> pa.Array:
     """Quoted JSON string literals of a string column (backslash, quote and control bytes escaped).
 

@@ -93,16 +93,27 @@ class TrackLayout:
     def runtime_track_table(self) -> pa.Table:
         """``pid, tid, lane -> track`` as a table, to join against span batches."""
         keys = list(self.runtime)
-        return pa.table({"pid": pa.array([k[0] for k in keys], pa.int64()), "tid": pa.array([k[1] for k in keys], pa.int64()),
-                         "lane": pa.array([k[2] for k in keys], pa.int64()),
-                         "track": pa.array([t.tid for t in self.runtime.values()], pa.int64())})
+        return pa.table(
+            {
+                "pid": pa.array([k[0] for k in keys], pa.int64()),
+                "tid": pa.array([k[1] for k in keys], pa.int64()),
+                "lane": pa.array([k[2] for k in keys], pa.int64()),
+                "track": pa.array([t.tid for t in self.runtime.values()], pa.int64()),
+            }
+        )
 
     def serving_track_table(self) -> pa.Table:
         """``pid, tid, cat, lane -> track`` as a table, to join against span batches."""
         keys = list(self.serving)
-        return pa.table({"pid": pa.array([k[0] for k in keys], pa.int64()), "tid": pa.array([k[1] for k in keys], pa.int64()),
-                         "cat": pa.array([k[2] for k in keys], pa.string()), "lane": pa.array([k[3] for k in keys], pa.int64()),
-                         "track": pa.array([t.tid for t in self.serving.values()], pa.int64())})
+        return pa.table(
+            {
+                "pid": pa.array([k[0] for k in keys], pa.int64()),
+                "tid": pa.array([k[1] for k in keys], pa.int64()),
+                "cat": pa.array([k[2] for k in keys], pa.string()),
+                "lane": pa.array([k[3] for k in keys], pa.int64()),
+                "track": pa.array([t.tid for t in self.serving.values()], pa.int64()),
+            }
+        )
 
 
 def build_track_layout(result: AnalysisResult) -> TrackLayout:
@@ -117,8 +128,12 @@ def build_track_layout(result: AnalysisResult) -> TrackLayout:
     _build_serving_lanes(engine)
     serving = _serving_threads(engine, result.trace.thread_names, first_tid=TRACK_TID_BASE + len(runtime))
     pids = {t.pid for t in runtime.values()} | {t.pid for t in serving.values()}
-    return TrackLayout(processes=_processes(result, pids), runtime=runtime, serving=serving,
-                       counters=_skew_counters(engine, result.summary.get("per_step") or []) + _run_queue_counters(engine))
+    return TrackLayout(
+        processes=_processes(result, pids),
+        runtime=runtime,
+        serving=serving,
+        counters=_skew_counters(engine, result.summary.get("per_step") or []) + _run_queue_counters(engine),
+    )
 
 
 def _processes(result: AnalysisResult, pids: set[int]) -> list[Process]:
@@ -129,8 +144,14 @@ def _processes(result: AnalysisResult, pids: set[int]) -> list[Process]:
     for pid in sorted(pids | set(ranked) | set(names)):  # one per process
         rank_process = ranked.get(pid)
         if rank_process is not None:
-            processes.append(Process(pid, f"rank {rank_process['rank']} · {rank_process['device']} (pid {pid})",
-                                     RANK_PROCESS_SORT + int(rank_process["rank"]), int(rank_process["rank"])))
+            processes.append(
+                Process(
+                    pid,
+                    f"rank {rank_process['rank']} · {rank_process['device']} (pid {pid})",
+                    RANK_PROCESS_SORT + int(rank_process["rank"]),
+                    int(rank_process["rank"]),
+                )
+            )
         else:
             processes.append(Process(pid, f"{names.get(pid, 'serving')} (pid {pid})", SERVING_PROCESS_SORT))
     return processes
@@ -138,8 +159,10 @@ def _processes(result: AnalysisResult, pids: set[int]) -> list[Process]:
 
 def _runtime_threads(engine: Engine) -> dict[tuple[int, int, int], Thread]:
     rows = engine.rows("SELECT DISTINCT r.pid, r.tid, l.lane FROM runs r JOIN lanes l USING (pid, inv) ORDER BY 1, 2, 3")
-    return {(pid, tid, lane): Thread(pid, TRACK_TID_BASE + i, f"host thread {tid} · lane {lane}", RUNTIME_THREAD_SORT + i)
-            for i, (pid, tid, lane) in enumerate(rows)}
+    return {
+        (pid, tid, lane): Thread(pid, TRACK_TID_BASE + i, f"host thread {tid} · lane {lane}", RUNTIME_THREAD_SORT + i)
+        for i, (pid, tid, lane) in enumerate(rows)
+    }
 
 
 def _build_serving_lanes(engine: Engine) -> None:
@@ -148,8 +171,9 @@ def _build_serving_lanes(engine: Engine) -> None:
                                     dense_rank() OVER (ORDER BY pid, tid, cat) AS thread_cat
                              FROM spans WHERE {serving_row()} AND ph IN ('X', 'i')""")
     lanes = assign_lanes(spans.column("thread_cat").to_numpy(), spans.column("ts_ns").to_numpy(), spans.column("end_ns").to_numpy(), None)
-    engine.con.register("serving_lanes_in", pa.table({"file": spans.column("file"), "line": spans.column("line"),
-                                                      "lane": pa.array(lanes, pa.int64())}))
+    engine.con.register(
+        "serving_lanes_in", pa.table({"file": spans.column("file"), "line": spans.column("line"), "lane": pa.array(lanes, pa.int64())})
+    )
     engine.run("CREATE OR REPLACE TABLE serving_lanes AS SELECT * FROM serving_lanes_in")
 
 
@@ -175,8 +199,10 @@ def _skew_counters(engine: Engine, per_step: list[dict]) -> list[Counter]:
         return []
     starts = dict(engine.rows("SELECT step, min_start_ns FROM steps"))
     placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)
-    return [Counter(name, None, [ts for ts, _ in placed], [float(row[key]) for _, row in placed])
-            for name, key in ((START_SKEW_COUNTER, "runner_start_skew_ms"), (END_SKEW_COUNTER, "runner_end_skew_ms"))]
+    return [
+        Counter(name, None, [ts for ts, _ in placed], [float(row[key]) for _, row in placed])
+        for name, key in ((START_SKEW_COUNTER, "runner_start_skew_ms"), (END_SKEW_COUNTER, "runner_end_skew_ms"))
+    ]
 
 
 def _run_queue_counters(engine: Engine) -> list[Counter]:

@@ -78,8 +78,14 @@ def analyze_paths(
         trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
     try:
         require_something_to_analyse(trace, paths)
-        result = analyze_trace(trace, threshold_ms=threshold_ms, expect_ranks=expect_ranks, memory_limit=memory_limit,
-                               invocations=invocations, progress=progress)
+        result = analyze_trace(
+            trace,
+            threshold_ms=threshold_ms,
+            expect_ranks=expect_ranks,
+            memory_limit=memory_limit,
+            invocations=invocations,
+            progress=progress,
+        )
         outcome = AnalyzeOutcome(result)
         if out_dir is not None:
             outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
@@ -89,8 +95,9 @@ def analyze_paths(
             shutil.rmtree(spill, ignore_errors=True)
 
 
-def read_inputs(paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None,
-                progress: Progress = None) -> tuple[Trace, Path | None]:
+def read_inputs(
+    paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None, progress: Progress = None
+) -> tuple[Trace, Path | None]:
     """Read ``paths``; big text logs go to a span dataset (``spans_dir``, else a temporary one returned for removal)."""
     if len(paths) == 1 and (Path(paths[0]) / "dataset.json").is_file():
         return open_dataset(paths[0]), None
@@ -137,8 +144,9 @@ def write_outputs(result: AnalysisResult, out_dir: Path, progress: Progress = No
     }
     if progress:
         progress(f"writing {out_dir / artifacts.COMBINED_SWIMLANE}")
-    outputs[artifacts.COMBINED_SWIMLANE] = write_chrome_trace(result, out_dir / artifacts.COMBINED_SWIMLANE,
-                                                              span_budget=COMBINED_SPAN_BUDGET, progress=progress)
+    outputs[artifacts.COMBINED_SWIMLANE] = write_chrome_trace(
+        result, out_dir / artifacts.COMBINED_SWIMLANE, span_budget=COMBINED_SPAN_BUDGET, progress=progress
+    )
     if progress:
         progress(f"writing {out_dir / artifacts.REPORT_HTML}")
     outputs[artifacts.REPORT_HTML] = write_html_report(result, out_dir / artifacts.REPORT_HTML)

@@ -27,7 +27,8 @@ from dsprof.analysis.spans import SPAN_SCHEMA, Trace
 
 
 class _Writer(Protocol):
-    span_files: list[Path]
+    @property
+    def span_files(self) -> list[Path]: ...
 
     def add(self, table: pa.Table) -> None: ...
 
@@ -138,4 +139,3 @@ def keep_pandas_out() -> None:
         pa.array([0])
     finally:
         sys.meta_path.remove(finder)
-

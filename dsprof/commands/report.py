@@ -59,8 +59,9 @@ def export_format(output: str | os.PathLike | None) -> str:
     return PERFETTO_JSON if name.endswith((".json", ".json.gz")) else PERFETTO_PROTO
 
 
-def export_from_dir(artifact_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, format: str | None = None,
-                    progress: Progress = None) -> Path:
+def export_from_dir(
+    artifact_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, format: str | None = None, progress: Progress = None
+) -> Path:
     """Export an analysed artifact directory for Perfetto.
 
     ``perfetto`` writes Perfetto's native protobuf trace (``.pftrace``),

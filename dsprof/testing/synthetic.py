@@ -111,22 +111,22 @@ class SyntheticRun:
     runner_to_validate_ns: object = 250_000
     validate_ns: object = 600_000
     launch_waits_for_claim: bool = False  # a late runner_run pushes its rank's next launches back
-    device_phases: bool = True        # depth-2 runner markers (fence wait, device wall)
-    bind_children: bool = True        # bind.args / bind.prebuilt
-    root_attrs: bool = True           # identity, rank, device, callable, step on the root
+    device_phases: bool = True  # depth-2 runner markers (fence wait, device wall)
+    bind_children: bool = True  # bind.args / bind.prebuilt
+    root_attrs: bool = True  # identity, rank, device, callable, step on the root
     chip_ready_lines: bool = True
     anchors: bool = True
-    warmup_steps: int = 0             # decode invocations before the serving window
-    prefill: bool = True              # one non-decode invocation per rank before decode
-    dispatch_ids: bool = False        # roots carry dispatch_id = run_epoch + 1 (else 0: no scheduler allocates one)
-    host_evidence: bool = False       # os.* attributes (SPEC §2.1) on every span: CPU time = duration, no run-queue wait
+    warmup_steps: int = 0  # decode invocations before the serving window
+    prefill: bool = True  # one non-decode invocation per rank before decode
+    dispatch_ids: bool = False  # roots carry dispatch_id = run_epoch + 1 (else 0: no scheduler allocates one)
+    host_evidence: bool = False  # os.* attributes (SPEC §2.1) on every span: CPU time = duration, no run-queue wait
     unrelated_lines_per_step: int = 1
-    two_per_line_every: int = 0       # join every n-th record to the next one on one line
-    torn_tail: bool = False           # the log ends inside a record (crash)
+    two_per_line_every: int = 0  # join every n-th record to the next one on one line
+    torn_tail: bool = False  # the log ends inside a record (crash)
     missing_steps: dict[int, int] = field(default_factory=dict)  # rank -> steps it lacks at the end
     base_pid: int = 41000
     sa_profile: bool = True
-    sa_worker_spans: bool = True      # worker/kernel spans per (rank, step) in the SA_PROFILE trace
+    sa_worker_spans: bool = True  # worker/kernel spans per (rank, step) in the SA_PROFILE trace
     performance_summary: bool = True
     requests_per_rank: int = 4
     output_tokens: int = 256
@@ -140,7 +140,10 @@ class SyntheticRun:
     def _default_period(self) -> int:
         """The typical (median) step sets the period, so an injected delay stays local."""
         if self.pipelined:
-            return int(np.median(self._plan("launch_ns") + self._plan("fence_wait_ns") + self._plan("drain_ns") + self._plan("claim_ns"))) + 20_000
+            return (
+                int(np.median(self._plan("launch_ns") + self._plan("fence_wait_ns") + self._plan("drain_ns") + self._plan("claim_ns")))
+                + 20_000
+            )
         return int(np.median(self._root_length())) + 500_000
 
     # -- timing plan --------------------------------------------------------------
@@ -152,8 +155,7 @@ class SyntheticRun:
     def _root_length(self) -> np.ndarray:
         p = {f: self._plan(f) for f in _TIMING_FIELDS}
         runner = p["launch_ns"] + p["fence_wait_ns"] + p["drain_ns"]
-        return p["bind_ns"] + p["bind_to_runner_ns"] + runner + np.maximum(
-            p["claim_ns"], p["runner_to_validate_ns"] + p["validate_ns"])
+        return p["bind_ns"] + p["bind_to_runner_ns"] + runner + np.maximum(p["claim_ns"], p["runner_to_validate_ns"] + p["validate_ns"])
 
     def timings(self) -> Timings:
         """Ground truth of the decode steps inside the window (warm-up excluded)."""
@@ -184,12 +186,17 @@ class SyntheticRun:
         runner_end = fence_start + p["fence_wait_ns"] + p["drain_ns"]
         validate_start = runner_end + p["runner_to_validate_ns"]
         return Timings(
-            bind_start_ns=bind_start, bind_end_ns=bind_end,
-            runner_start_ns=runner_start, runner_end_ns=runner_end,
-            fence_start_ns=fence_start, fence_wait_ns=p["fence_wait_ns"],
+            bind_start_ns=bind_start,
+            bind_end_ns=bind_end,
+            runner_start_ns=runner_start,
+            runner_end_ns=runner_end,
+            fence_start_ns=fence_start,
+            fence_wait_ns=p["fence_wait_ns"],
             device_wall_ns=p["device_wall_ns"],
-            claim_start_ns=runner_end, claim_end_ns=runner_end + p["claim_ns"],
-            validate_start_ns=validate_start, validate_end_ns=validate_start + p["validate_ns"],
+            claim_start_ns=runner_end,
+            claim_end_ns=runner_end + p["claim_ns"],
+            validate_start_ns=validate_start,
+            validate_end_ns=validate_start + p["validate_ns"],
         )
 
     def steps_per_rank(self) -> np.ndarray:
@@ -247,6 +254,7 @@ class SyntheticRun:
             s = step_grid[keep]
             epoch = s + first_epoch + (1 if self.prefill else 0)
             step = s + step0 if measured else np.full(len(s), -1)
+
             def sel(values: np.ndarray, keep: np.ndarray = keep) -> np.ndarray:
                 return values[keep]
 
@@ -265,8 +273,19 @@ class SyntheticRun:
                 # device clock: a per-invocation origin far from the host axis;
                 # written when the fence completes, like the real runtime
                 dev_ts = np.full(len(r), 1_000, dtype=np.int64)
-                add(r, epoch, 2, fmt.DEVICE_WALL, dev_ts, sel(t.device_wall_ns), hid, callable_, step,
-                    clk="dev", end=sel(t.fence_start_ns) + sel(t.fence_wait_ns))
+                add(
+                    r,
+                    epoch,
+                    2,
+                    fmt.DEVICE_WALL,
+                    dev_ts,
+                    sel(t.device_wall_ns),
+                    hid,
+                    callable_,
+                    step,
+                    clk="dev",
+                    end=sel(t.fence_start_ns) + sel(t.fence_wait_ns),
+                )
             cs, ce = sel(t.claim_start_ns), sel(t.claim_end_ns)
             add(r, epoch, 1, fmt.CLAIM_RELEASE, cs, ce - cs, hid, callable_, step)
             vs, ve = sel(t.validate_start_ns), sel(t.validate_end_ns)
@@ -278,9 +297,23 @@ class SyntheticRun:
             dur = np.full(self.ranks, 30_000_000, dtype=np.int64)
             add(r, np.zeros(self.ranks, dtype=np.int64), 0, fmt.ROOT, ts, dur, PREFILL_HID, PREFILL_CALLABLE, np.full(self.ranks, -1))
             zero, no_step = np.zeros(self.ranks, dtype=np.int64), np.full(self.ranks, -1)
-            for depth, name, start, length in ((1, fmt.BIND, ts, 1_000_000), (1, fmt.RUNNER_RUN, ts + 1_000_000, dur - 2_000_000),
-                                               (1, fmt.CLAIM_RELEASE, ts + 1_100_000, 50_000), (1, fmt.VALIDATE, ts + dur - 900_000, 500_000)):
-                add(r, zero, depth, name, start, np.broadcast_to(length, (self.ranks,)).astype(np.int64), PREFILL_HID, PREFILL_CALLABLE, no_step)
+            for depth, name, start, length in (
+                (1, fmt.BIND, ts, 1_000_000),
+                (1, fmt.RUNNER_RUN, ts + 1_000_000, dur - 2_000_000),
+                (1, fmt.CLAIM_RELEASE, ts + 1_100_000, 50_000),
+                (1, fmt.VALIDATE, ts + dur - 900_000, 500_000),
+            ):
+                add(
+                    r,
+                    zero,
+                    depth,
+                    name,
+                    start,
+                    np.broadcast_to(length, (self.ranks,)).astype(np.int64),
+                    PREFILL_HID,
+                    PREFILL_CALLABLE,
+                    no_step,
+                )
         return {k: np.concatenate(v) for k, v in columns.items()}
 
     # -- writers ------------------------------------------------------------------
@@ -316,16 +349,39 @@ class SyntheticRun:
         tid = pid  # each rank process runs its invocations on its main thread
         epoch = rows["epoch"].astype(np.int64)
         end = rows["end"].astype(np.int64)
-        columns = {"pid": pid, "tid": tid, "inv": invocation_id(pid, epoch), "hid": rows["hid"], "depth": rows["depth"],
-                   "name": rows["name"], "ts": rows["ts"], "dur": rows["dur"]}
+        columns = {
+            "pid": pid,
+            "tid": tid,
+            "inv": invocation_id(pid, epoch),
+            "hid": rows["hid"],
+            "depth": rows["depth"],
+            "name": rows["name"],
+            "ts": rows["ts"],
+            "dur": rows["dur"],
+        }
         payload = join_text(*fmt.payload_parts(columns))
         is_dev = rows["clk"] == fmt.CLK_DEVICE
         payload = pc.if_else(pa.array(is_dev), pc.binary_join_element_wise(payload, f" {fmt.CLK_ATTR}={fmt.CLK_DEVICE}", ""), payload)
         if self.root_attrs:
             attrs = join_text(
-                " run_id=", epoch, " dispatch_id=", epoch + 1 if self.dispatch_ids else np.zeros_like(epoch), " run_epoch=", epoch,
-                " slot_id=", epoch % 2, " generation=", epoch // 2, " rank=", rank, " device=npu:", rank,
-                " callable=", rows["callable"], " step=", rows["step"],
+                " run_id=",
+                epoch,
+                " dispatch_id=",
+                epoch + 1 if self.dispatch_ids else np.zeros_like(epoch),
+                " run_epoch=",
+                epoch,
+                " slot_id=",
+                epoch % 2,
+                " generation=",
+                epoch // 2,
+                " rank=",
+                rank,
+                " device=npu:",
+                rank,
+                " callable=",
+                rows["callable"],
+                " step=",
+                rows["step"],
             )
             payload = pc.if_else(pa.array(rows["depth"] == 0), pc.binary_join_element_wise(payload, attrs, ""), payload)
         if self.host_evidence:  # the emitting thread ran the whole span, never waited for a CPU
@@ -337,8 +393,17 @@ class SyntheticRun:
             index = first * self.unrelated_lines_per_step + np.arange(n, dtype=np.int64)
             when = T0_MONO_NS + index * (self.period // self.unrelated_lines_per_step) + 7_777
             keys.append(when)
-            texts.append(join_text("[mono_ns=", when, "][T0x", _hex(np.full(n, self.base_pid - 1)),
-                                   "][INFO] scheduler: batch ", index, " admitted 4 requests [queue=0] depth=2 name=x"))
+            texts.append(
+                join_text(
+                    "[mono_ns=",
+                    when,
+                    "][T0x",
+                    _hex(np.full(n, self.base_pid - 1)),
+                    "][INFO] scheduler: batch ",
+                    index,
+                    " admitted 4 requests [queue=0] depth=2 name=x",
+                )
+            )
         return np.concatenate(keys), pa.concat_arrays(texts)
 
     def _header_lines(self, timings: Timings) -> tuple[np.ndarray, pa.Array]:
@@ -377,10 +442,23 @@ class SyntheticRun:
         n_requests = self.ranks * self.requests_per_rank
         tokens = self.tokens_returned_per_request()
         for q in range(n_requests):
-            spans.append({"name": "request", "cat": "request", "ph": "X", "ts": w0 // 1000 + q,
-                          "dur": (w1 - w0) // 1000 - q, "pid": self.base_pid - 1, "tid": 1,
-                          "args": {"request_id": f"req-{q}", "prompt_tokens": self.prompt_tokens,
-                                   "output_tokens": int(tokens[q]), "expected_tokens": self.output_tokens}})
+            spans.append(
+                {
+                    "name": "request",
+                    "cat": "request",
+                    "ph": "X",
+                    "ts": w0 // 1000 + q,
+                    "dur": (w1 - w0) // 1000 - q,
+                    "pid": self.base_pid - 1,
+                    "tid": 1,
+                    "args": {
+                        "request_id": f"req-{q}",
+                        "prompt_tokens": self.prompt_tokens,
+                        "output_tokens": int(tokens[q]),
+                        "expected_tokens": self.output_tokens,
+                    },
+                }
+            )
         return spans
 
     def tokens_returned_per_request(self) -> np.ndarray:
@@ -394,29 +472,81 @@ class SyntheticRun:
         events = [{"ph": "M", "name": "process_name", "pid": serving_pid, "tid": 0, "args": {"name": "serving"}}]
         events += self.request_spans()
         w0, w1 = self.serving_window_ns
-        events.append({"name": "serving.batch", "cat": "serving", "ph": "X", "ts": w0 // 1000, "dur": (w1 - w0) // 1000,
-                       "pid": serving_pid, "tid": 1, "args": {}})
+        events.append(
+            {
+                "name": "serving.batch",
+                "cat": "serving",
+                "ph": "X",
+                "ts": w0 // 1000,
+                "dur": (w1 - w0) // 1000,
+                "pid": serving_pid,
+                "tid": 1,
+                "args": {},
+            }
+        )
         for rank in range(self.ranks):  # start-up spans long before the batch, as the real stack writes them
-            events.append({"name": "worker.init", "cat": "worker", "ph": "X", "ts": (T0_MONO_NS - 200_000_000) // 1000,
-                           "dur": 100_000, "pid": self.pid(rank), "tid": self.pid(rank), "args": {"rank": rank}})
+            events.append(
+                {
+                    "name": "worker.init",
+                    "cat": "worker",
+                    "ph": "X",
+                    "ts": (T0_MONO_NS - 200_000_000) // 1000,
+                    "dur": 100_000,
+                    "pid": self.pid(rank),
+                    "tid": self.pid(rank),
+                    "args": {"rank": rank},
+                }
+            )
         lines = [json.dumps(e) for e in events]
         step_start = t.root_start_ns.min(axis=0) // 1000
         step_end = t.root_end_ns.max(axis=0) // 1000
         steps = np.arange(self.steps)
-        columns = [join_text('{"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": ', step_start,
-                             ', "dur": ', step_end - step_start, f', "pid": {serving_pid}, "tid": 2, "args": {{"step": ', steps, "}}")]
+        columns = [
+            join_text(
+                '{"name": "scheduler.step", "cat": "scheduler", "ph": "X", "ts": ',
+                step_start,
+                ', "dur": ',
+                step_end - step_start,
+                f', "pid": {serving_pid}, "tid": 2, "args": {{"step": ',
+                steps,
+                "}}",
+            )
+        ]
         if not self.sa_worker_spans:  # the worker category still appears, once per step
-            columns.append(join_text('{"name": "worker.step", "cat": "worker", "ph": "X", "ts": ', step_start,
-                                     ', "dur": ', step_end - step_start, f', "pid": {serving_pid}, "tid": 3, "args": {{"step": ', steps, "}}"))
+            columns.append(
+                join_text(
+                    '{"name": "worker.step", "cat": "worker", "ph": "X", "ts": ',
+                    step_start,
+                    ', "dur": ',
+                    step_end - step_start,
+                    f', "pid": {serving_pid}, "tid": 3, "args": {{"step": ',
+                    steps,
+                    "}}",
+                )
+            )
         else:
             rs, ss = np.nonzero(steps[None, :] < self.steps_per_rank()[:, None])
             pid = rs + self.base_pid
-            for name, cat, start, end in (("worker.execute", "worker", t.root_start_ns, t.root_end_ns),
-                                          ("kernel.decode_fwd", "kernel", t.runner_start_ns, t.runner_end_ns)):
+            for name, cat, start, end in (
+                ("worker.execute", "worker", t.root_start_ns, t.root_end_ns),
+                ("kernel.decode_fwd", "kernel", t.runner_start_ns, t.runner_end_ns),
+            ):
                 ts = start[rs, ss] // 1000
-                columns.append(join_text(f'{{"name": "{name}", "cat": "{cat}", "ph": "X", "ts": ', ts,
-                                         ', "dur": ', end[rs, ss] // 1000 - ts, ', "pid": ', pid, ', "tid": ', pid,
-                                         ', "args": {"step": ', ss, "}}"))
+                columns.append(
+                    join_text(
+                        f'{{"name": "{name}", "cat": "{cat}", "ph": "X", "ts": ',
+                        ts,
+                        ', "dur": ',
+                        end[rs, ss] // 1000 - ts,
+                        ', "pid": ',
+                        pid,
+                        ', "tid": ',
+                        pid,
+                        ', "args": {"step": ',
+                        ss,
+                        "}}",
+                    )
+                )
         text = pa.concat_arrays([pa.array(lines, pa.string()), *columns])
         separators = np.full(len(text), ",\n", dtype=object)
         separators[-1] = "\n"
@@ -440,10 +570,21 @@ class SyntheticRun:
             "effective_tpot_ms": round(elapsed_s * 1000 / (tokens / n_requests), 3),
             "acceptance_rate": self.acceptance_rate,
             "decode_steps": self.steps,
-            "workload": {"preset": "synthetic", "ranks": self.ranks, "dp": self.ranks, "ep": self.ranks, "tp": 1,
-                         "requests": n_requests, "prompt_tokens": self.prompt_tokens,
-                         "output_tokens": self.output_tokens, "layers": 0, "metadata": "async",
-                         "depth": 2 if self.pipelined else 1, "device_phases": self.device_phases, "seed": 0},
+            "workload": {
+                "preset": "synthetic",
+                "ranks": self.ranks,
+                "dp": self.ranks,
+                "ep": self.ranks,
+                "tp": 1,
+                "requests": n_requests,
+                "prompt_tokens": self.prompt_tokens,
+                "output_tokens": self.output_tokens,
+                "layers": 0,
+                "metadata": "async",
+                "depth": 2 if self.pipelined else 1,
+                "device_phases": self.device_phases,
+                "seed": 0,
+            },
         }
 
 
