@@ -30,7 +30,7 @@ test: $(STAMP) browser
 	$(BIN)/python -m pytest -q
 
 bench: $(STAMP)
-	@for script in benchmarks/*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
+	@for script in benchmarks/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -22,11 +22,12 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from child_process import run_child
 
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -46,17 +47,12 @@ def generate(directory: Path, ranks: int, steps: int, **options) -> Path:
 def analyze(run: Path, out: Path, *extra: str) -> dict:
     """Run ``dsprof analyze`` in a child process: wall seconds, CPU seconds, peak RSS, summary."""
     shutil.rmtree(out, ignore_errors=True)
-    started = time.perf_counter()
-    child = subprocess.Popen([str(DSPROF), "analyze", str(run), "-o", str(out), *extra], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    seconds = time.perf_counter() - started
-    if status != 0:
-        raise SystemExit(f"dsprof analyze {run} failed: {child.stderr.read().decode()[-2000:]}")
+    measured = run_child([str(DSPROF), "analyze", str(run), "-o", str(out), *extra])
     summary = json.loads((out / "summary.json").read_text())
     return {
-        "seconds": seconds,
-        "cpu_s": usage.ru_utime + usage.ru_stime,
-        "peak_rss_gb": usage.ru_maxrss / 1e6,
+        "seconds": measured.seconds,
+        "cpu_s": measured.cpu_s,
+        "peak_rss_gb": measured.peak_rss_mib / 1024,
         "spans": summary["inputs"]["spans"],
         "summary": summary,
     }

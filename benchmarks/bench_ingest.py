@@ -36,7 +36,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from child_process import run_child
 
 from dsprof.profiler import strace_format as fmt
 
@@ -221,19 +221,6 @@ class Timing:
         return f"min {min(self.seconds):6.2f} s  median {statistics.median(self.seconds):6.2f} s  peak RSS {max(self.rss_mib):5.0f} MiB"
 
 
-def run_child(command: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run a command to completion; its wall seconds and its own peak RSS in MiB (from wait4)."""
-    start = time.perf_counter()
-    child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(child.pid, 0)
-    seconds = time.perf_counter() - start
-    child.returncode = os.waitstatus_to_exitcode(status)
-    stderr = child.stderr.read().decode(errors="replace") if child.stderr else ""
-    if child.returncode != 0:
-        raise SystemExit(f"{' '.join(command)} failed ({child.returncode}): {stderr.strip()[-2000:]}")
-    return seconds, usage.ru_maxrss / 1024
-
-
 def tools(log: Path, work: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     """Command and environment of each tool to time on ``log``."""
     base = {k: v for k, v in os.environ.items() if k != "DSPROF_PURE_PYTHON"}
@@ -253,9 +240,9 @@ def time_log(label: str, log: Path, work: Path, repeats: int) -> dict[str, Timin
     timings = {name: Timing() for name in found}
     for _ in range(repeats):
         for name, (command, env) in found.items():
-            seconds, rss = run_child(command, env)
-            timings[name].seconds.append(seconds)
-            timings[name].rss_mib.append(rss)
+            measured = run_child(command, env)
+            timings[name].seconds.append(measured.seconds)
+            timings[name].rss_mib.append(measured.peak_rss_mib)
     print(f"\n{label}: {log.stat().st_size / 2**20:,.0f} MiB")
     for name, timing in timings.items():
         print(f"  {name:7s} {timing.line()}")

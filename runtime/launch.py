@@ -17,6 +17,7 @@ again to the caller.
 from __future__ import annotations
 
 import contextlib
+import gc
 import json
 import multiprocessing
 import os
@@ -160,6 +161,10 @@ def _rank_process(config: RuntimeConfig, rank: int, port: int, out_dir: Path, lo
     """Entry of a forked rank: dies with the launcher, joins the ranks' process group (``group`` 0: leads it),
     turns SIGTERM into an interrupt, and makes stderr the shared server.log descriptor."""
     die_with_parent(launcher_pid)
+    # The rank's collections never walk the heap it inherited from the launcher: that is not the rank's
+    # garbage (a gc_pause fault measures its own), and a launcher that forked while its other threads
+    # were mid-update (a test runner, a notebook) may have left objects the collector must not touch.
+    gc.freeze()
     with contextlib.suppress(OSError):  # the launcher sets it too, whichever comes first
         os.setpgid(0, group)
     raise_on_sigterm()
