@@ -109,6 +109,7 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
         }
     )
     con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
+    con.execute("SET enable_progress_bar = false")  # progress is the caller's (one line per stage), not bars on stderr
     con.register("spans_in_memory", trace.spans)
     if trace.span_files:
         files = ", ".join(_sql_text(str(p)) for p in trace.span_files)

@@ -31,41 +31,49 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     lanes as the thread's deepest overlap; then move runs that still overlap
     their lane's predecessor to a fresh lane until no lane holds two overlapping
     runs. Each round is vectorised and settles at least one run; real traces need none.
+    numpy only: it runs once per run of a day-long trace.
     """
-    import pandas as pd  # here, not at the top: dsprof ingest never loads pandas (test_dsprof_ingest_does_not_import_pandas)
-
-    if len(thread) == 0:
+    n = len(thread)
+    if n == 0:
         return np.zeros(0, dtype=np.int64)
-    frame = pd.DataFrame(
-        {"thread": thread, "start": start, "end": end, "slot": slot if slot is not None else np.full(len(thread), -1)}
-    ).sort_values(["thread", "start"], kind="stable")
+    order = np.lexsort((start, thread))  # by thread, then start; stable
+    t = np.asarray(thread, np.int64)[order]
+    s, e = np.asarray(start, np.int64)[order], np.asarray(end, np.int64)[order]
+    known = np.asarray(slot, np.int64)[order] if slot is not None else np.full(n, -1)
+    group_start = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
+    group = np.repeat(np.arange(len(group_start)), np.diff(np.r_[group_start, n]))
+    started = np.arange(n) - group_start[group]  # runs of the thread started before this one
     # runs in flight at each start = started before it - ended at or before it, within the thread;
     # times are dense-ranked so that (thread, time) packs into one sortable int64 key
-    times, codes = np.unique(np.concatenate([frame["start"].to_numpy(), frame["end"].to_numpy()]), return_inverse=True)
+    times, codes = np.unique(np.concatenate([s, e]), return_inverse=True)
     width = len(times) + 1
-    threads = frame["thread"].to_numpy(np.int64)
-    start_key = threads * width + codes[: len(frame)]
-    end_key = np.sort(threads * width + codes[len(frame) :])
-    ended = np.searchsorted(end_key, start_key, side="right") - np.searchsorted(end_key, threads * width, side="left")
-    started = frame.groupby("thread").cumcount().to_numpy()
-    running = pd.Series(np.maximum(started - ended, 0), index=frame.index)
-    depth = running.groupby(frame["thread"]).transform("max").to_numpy() + 1
-    slot_known = (frame["slot"] >= 0).groupby(frame["thread"]).transform("all").to_numpy()
-    frame["lane"] = np.where(slot_known, frame["slot"].to_numpy(np.int64), started % depth)
+    end_key = np.sort(t * width + codes[n:])
+    ended = np.searchsorted(end_key, t * width + codes[:n], side="right") - np.searchsorted(end_key, t * width, side="left")
+    depth = np.maximum.reduceat(np.maximum(started - ended, 0), group_start)[group] + 1
+    slot_known = np.logical_and.reduceat(known >= 0, group_start)[group]
+    lane = np.where(slot_known, known, started % depth)
     while True:
-        by_lane = frame.sort_values(["thread", "lane", "start"], kind="stable")
-        previous_end = by_lane.groupby(["thread", "lane"])["end"].shift()
-        clash = by_lane.index[(by_lane["start"] < previous_end).to_numpy()]
+        by_lane = np.lexsort((s, lane, t))
+        same_lane = np.r_[False, (t[by_lane][1:] == t[by_lane][:-1]) & (lane[by_lane][1:] == lane[by_lane][:-1])]
+        clash = by_lane[same_lane & (s[by_lane] < np.r_[0, e[by_lane][:-1]])]
         if len(clash) == 0:
             break
-        frame.loc[clash, "lane"] = frame["lane"].max() + 1
+        lane[clash] = lane.max() + 1
     # number lanes 0.. densely within each thread
-    dense = frame.groupby("thread")["lane"].rank(method="dense").astype(np.int64) - 1
-    return dense.sort_index().to_numpy()
+    by_lane = np.lexsort((lane, t))
+    new_thread = np.r_[True, t[by_lane][1:] != t[by_lane][:-1]]
+    new_lane = np.cumsum(new_thread | np.r_[True, lane[by_lane][1:] != lane[by_lane][:-1]])
+    dense = np.empty(n, np.int64)
+    dense[by_lane] = new_lane - np.maximum.accumulate(np.where(new_thread, new_lane, 0))
+    result = np.empty(n, np.int64)
+    result[order] = dense
+    return result
 
 
 def build_lanes(engine: Engine) -> None:
-    """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns)."""
+    """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns); once per engine."""
+    if engine.scalar("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'lanes'"):
+        return
     runs = engine.arrow(
         "SELECT pid, inv, tid, root_ts_ns, root_end_ns, coalesce(slot_id, -1) AS slot, "
         "dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs"
@@ -83,24 +91,34 @@ def build_lanes(engine: Engine) -> None:
                   SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM anchors GROUP BY pid""")
 
 
-def runtime_spans_sql(where: str = "TRUE") -> str:
-    """Host-clock runtime spans of the runs in the window, with rank, device, step, callable, lane, phase, identity and wall time."""
+def drawn_runs_sql(where: str = "TRUE") -> str:
+    """The runs to draw (``where``: a condition on ``runs r``), with what their spans are drawn with.
+
+    Register it as a small table before joining spans to it: the span scan
+    then probes a hash table of the runs drawn, not of every run.
+    """
+    return f"""
+    SELECT r.pid, r.inv, r.tid, r.rank, r.device, r.step, r.callable_label, l.lane, r.runner_ts_ns, r.device_wall_ns
+    FROM runs r LEFT JOIN lanes l ON l.pid = r.pid AND l.inv = r.inv WHERE {where}"""
+
+
+def runtime_spans_sql(runs: str | None = None) -> str:
+    """Host-clock runtime spans of ``runs`` (a table or subquery of :func:`drawn_runs_sql`; default every run),
+    with rank, device, step, callable, lane, phase, identity and wall time."""
     return f"""
     SELECT s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
-           r.rank, r.device, d.step, r.callable_label AS callable, l.lane, {PHASE_SQL.replace("name", "s.name")} AS phase,
+           r.rank, r.device, r.step, r.callable_label AS callable, r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase,
            s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt, r.device_wall_ns AS run_device_wall_ns,
            s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,
            s.ts_ns + a.offset_ns AS wall_ns
-    FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
-    LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
-    LEFT JOIN lanes l ON l.pid = s.pid AND l.inv = s.inv
+    FROM spans s JOIN {runs or f"({drawn_runs_sql()})"} r ON r.pid = s.pid AND r.inv = s.inv
     LEFT JOIN anchor_offsets a ON a.pid = s.pid
-    WHERE {runtime_row("s")} AND s.clk <> '{fmt.CLK_DEVICE}' AND ({where})
+    WHERE {runtime_row("s")} AND s.clk <> '{fmt.CLK_DEVICE}'
     """
 
 
-def device_spans_sql() -> str:
-    """Device-clock spans (``clk=dev``) of the runs in the window, placed on the host axis at their run's launch.
+def device_spans_sql(runs: str | None = None) -> str:
+    """Device-clock spans (``clk=dev``) of ``runs`` (as :func:`runtime_spans_sql`), placed on the host axis at their run's launch.
 
     A device span's ``ts`` is an offset on a per-invocation device clock whose
     origin is the program's launch; the launch happens inside runner_run, just
@@ -109,11 +127,9 @@ def device_spans_sql() -> str:
     as :func:`runtime_spans_sql` has them that a drawing needs, with the run's thread.
     """
     return f"""
-    SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, d.step,
-           l.lane, {PHASE_SQL.replace("name", "s.name")} AS phase
-    FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
-    LEFT JOIN decode d ON d.pid = s.pid AND d.inv = s.inv
-    LEFT JOIN lanes l ON l.pid = s.pid AND l.inv = s.inv
+    SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, r.step,
+           r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase
+    FROM spans s JOIN {runs or f"({drawn_runs_sql()})"} r ON r.pid = s.pid AND r.inv = s.inv
     WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
     """
 

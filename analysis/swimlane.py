@@ -74,15 +74,16 @@ def build_swimlane(engine: Engine, invocations: pa.Table | None = None) -> Swiml
     processes, conflicts = _processes(engine)
     engine.con.register("callable_labels", pa.table({"hid": list(labels), "label": list(labels.values())}, schema=_LABELS))
     engine.con.register("processes", pa.Table.from_pylist(processes, schema=_PROCESSES))
+    numbering = _number_steps(engine, decode_label)
     engine.run(
         """CREATE OR REPLACE TABLE runs AS
-           SELECT w.*, p.rank, p.device, coalesce(c.label, 'hid:' || w.hid) AS callable_label
-           FROM windowed w JOIN processes p USING (pid) LEFT JOIN callable_labels c USING (hid)"""
+           SELECT w.*, p.rank, p.device, coalesce(c.label, 'hid:' || w.hid) AS callable_label,
+                  coalesce(coalesce(c.label, 'hid:' || w.hid) = ?, FALSE) AS is_decode, s.position, s.step
+           FROM windowed w JOIN processes p USING (pid) LEFT JOIN callable_labels c USING (hid)
+           LEFT JOIN decode_steps s ON s.pid = w.pid AND s.inv = w.inv""",
+        [decode_label],
     )
-    engine.run(
-        "ALTER TABLE runs ADD COLUMN is_decode BOOLEAN; UPDATE runs SET is_decode = coalesce(callable_label = ?, FALSE)", [decode_label]
-    )
-    numbering = _number_steps(engine)
+    engine.run("CREATE OR REPLACE VIEW decode AS SELECT * FROM runs WHERE is_decode")
     callables = dict(engine.rows("SELECT callable_label, count(*) FROM runs GROUP BY 1 ORDER BY 2 DESC, 1"))
     anchored = {row[0] for row in engine.rows("SELECT DISTINCT pid FROM anchors")}
     return Swimlane(
@@ -173,22 +174,29 @@ def _processes(engine: Engine) -> tuple[list[dict], list[dict]]:
     return processes, conflicts
 
 
-def _number_steps(engine: Engine) -> str:
-    """Create the ``decode`` table (one row per rank and step) and say which numbering it uses."""
+def _number_steps(engine: Engine, decode_label: str | None) -> str:
+    """Create ``decode_steps`` (pid, inv, position, step of every decode run) and say which numbering it uses.
+
+    Narrow on purpose: the window sorts four columns, not the whole run; ``runs``
+    takes position and step from it, and ``decode`` is the view of its decode runs.
+    """
     engine.run(
-        """CREATE OR REPLACE TABLE decode AS
-           SELECT *, CAST(row_number() OVER (PARTITION BY rank ORDER BY root_ts_ns, pid, inv) - 1 AS BIGINT) AS position
-           FROM runs WHERE is_decode"""
+        """CREATE OR REPLACE TEMP TABLE decode_steps AS
+           SELECT w.pid, w.inv, p.rank, w.step_attr,
+                  CAST(row_number() OVER (PARTITION BY p.rank ORDER BY w.root_ts_ns, w.pid, w.inv) - 1 AS BIGINT) AS position
+           FROM windowed w JOIN processes p USING (pid) LEFT JOIN callable_labels c USING (hid)
+           WHERE coalesce(coalesce(c.label, 'hid:' || w.hid) = ?, FALSE)""",
+        [decode_label],
     )
     producer = engine.scalar(
         """SELECT count(*) > 0
                   AND bool_and(step_attr IS NOT NULL)
-                  AND (SELECT bool_and(lo = hi) FROM (SELECT min(step_attr) lo, max(step_attr) hi FROM decode GROUP BY position))
+                  AND (SELECT bool_and(lo = hi) FROM (SELECT min(step_attr) lo, max(step_attr) hi FROM decode_steps GROUP BY position))
                   AND (SELECT bool_and(increasing) FROM (
                          SELECT step_attr > lag(step_attr) OVER (PARTITION BY rank ORDER BY position)
-                                OR lag(step_attr) OVER (PARTITION BY rank ORDER BY position) IS NULL AS increasing FROM decode))
-           FROM decode"""
+                                OR lag(step_attr) OVER (PARTITION BY rank ORDER BY position) IS NULL AS increasing FROM decode_steps))
+           FROM decode_steps"""
     )
     step = "step_attr" if producer else "position"
-    engine.run(f"ALTER TABLE decode ADD COLUMN step BIGINT; UPDATE decode SET step = {step}")
+    engine.run(f"ALTER TABLE decode_steps ADD COLUMN step BIGINT; UPDATE decode_steps SET step = {step}")
     return STEP_NUMBERING_PRODUCER if producer else STEP_NUMBERING_POSITION

@@ -410,6 +410,17 @@ def test_pftrace_draws_run_queue_wait_per_rank_where_spans_carry_it(tmp_path):
     assert by_process == {f"rank {r} · npu:{r}": [float(rq[(r, s)]) for s in range(3)] for r in range(2)}
 
 
+def test_combined_swimlane_draws_run_queue_wait_only_for_the_steps_it_draws(tmp_path):
+    rq = {(r, s): 1 + r * 3 + s for r in range(2) for s in range(3)}
+    _evidence_log(tmp_path / artifacts.SERVER_LOG, rq)
+    result = analyze_paths([tmp_path], None).result
+    # 4 spans a run, 2 ranks: a budget of 8 spans draws one step in full, the first of equal skew (step 0)
+    doc = json.loads(write_chrome_trace(result, tmp_path / "t.json", span_budget=8).read_text())
+    assert doc["otherData"]["steps_left_out"] == 2
+    waits = sorted((e["pid"], e["args"]["ms"]) for e in doc["traceEvents"] if e["ph"] == "C" and e["name"] == RUN_QUEUE_COUNTER)
+    assert waits == [(700, float(rq[(0, 0)])), (701, float(rq[(1, 0)]))]
+
+
 # ---------------------------------------------------------------- Perfetto's trace processor
 
 

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import AnalysisResult
-from dsprof.analysis.layout import detailed_steps, runtime_spans_sql
+from dsprof.analysis.layout import detailed_steps, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.text import json_string, text_buffer, us_text
 from dsprof.analysis.outputs.track_layout import (
     FLOW_NAME,
@@ -46,7 +46,9 @@ from dsprof.fileio import atomic_output
 from dsprof.profiler import strace_format as fmt
 
 BATCH_ROWS = 200_000
-COMBINED_SPAN_BUDGET = 2_000_000
+# combined-swimlane.json: Perfetto UI loads a JSON trace whole into the tab; 500k spans (~190 MB) still open in
+# seconds. Steps beyond it are left out (otherData.steps_left_out); `dsprof export` writes every span.
+COMBINED_SPAN_BUDGET = 500_000
 # A span whose track is unknown (cannot happen for a run in ``runs``) lands here rather than on a real thread.
 UNKNOWN_TRACK = -1
 # host evidence columns -> the attribute names they came from
@@ -124,11 +126,11 @@ def write_chrome_trace(
     """Write the swimlane as Chrome trace JSON that Perfetto and chrome://tracing load (``.gz``: compressed)."""
     path = Path(path)
     engine = result.engine
-    layout = build_track_layout(result)
     steps, total = detailed_steps(engine, span_budget)
+    layout = build_track_layout(result, steps)
     if steps is not None:
         engine.con.register("kept_steps", pa.table({"step": pa.array(steps, pa.int64())}))
-    keep = "TRUE" if steps is None else "(d.step IS NULL OR d.step IN (SELECT step FROM kept_steps))"
+    keep = "TRUE" if steps is None else "(r.step IS NULL OR r.step IN (SELECT step FROM kept_steps))"
     other = {
         "producer": "dsprof",
         "summary_schema": result.summary.get("schema"),
@@ -143,12 +145,13 @@ def write_chrome_trace(
         writer = _Writer(out)
         writer.dicts(metadata_events(layout))
         runtime_tracks, serving_tracks = layout.runtime_track_table(), layout.serving_track_table()
-        for batch in _batches(engine, runtime_spans_sql(keep), progress, "runtime spans"):
+        engine.run(f"CREATE OR REPLACE TEMP TABLE drawn_runs AS {drawn_runs_sql(keep)}")
+        for batch in _batches(engine, runtime_spans_sql("drawn_runs"), progress, "runtime spans"):
             writer.events(_runtime_events(batch, runtime_tracks))
         for batch in _batches(engine, serving_lanes_sql(), progress, "serving spans"):
             writer.events(_serving_events(batch, serving_tracks, writer))
-        writer.events(_flow_events(flow_links(engine), runtime_tracks, serving_tracks))
-        writer.dicts(counter_events(layout))
+        writer.events(_flow_events(flow_links(engine, steps), runtime_tracks, serving_tracks))
+        writer.events(counter_events(layout))
         out.write(b"\n]}\n")
         if out is not raw:
             out.close()
@@ -179,21 +182,22 @@ def metadata_events(layout: TrackLayout) -> list[dict]:
     return events
 
 
-def counter_events(layout: TrackLayout) -> list[dict]:
+def counter_events(layout: TrackLayout) -> pa.Array:
     """One ``C`` event per counter value; global counters go to the first process (Chrome counters belong to one)."""
     home = layout.processes[0].pid if layout.processes else 0
-    return [
-        {
-            "ph": "C",
-            "name": counter.name,
-            "pid": home if counter.pid is None else counter.pid,
-            "tid": 0,
-            "ts": float(us_text(np.array([ts]))[0].as_py()),
-            "args": {"ms": value},
-        }
-        for counter in layout.counters
-        for ts, value in zip(counter.ts_ns, counter.values, strict=True)
-    ]  # one per step / run
+    return pa.concat_arrays(
+        [pa.array([], pa.string())]
+        + [
+            _join(
+                f'{{"ph":"C","name":{json.dumps(counter.name)},"pid":{home if counter.pid is None else counter.pid},"tid":0,"ts":',
+                us_text(counter.ts_ns),
+                ',"args":{"ms":',
+                pc.cast(pa.array(counter.values, pa.float64()), pa.string()),
+                "}}",
+            )
+            for counter in layout.counters  # a few: two skew counters and one per rank process
+        ]
+    )
 
 
 def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table) -> pa.Array:

@@ -45,7 +45,7 @@ from plotly.offline import get_plotlyjs
 
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.layout import device_spans_sql, runtime_spans_sql
+from dsprof.analysis.layout import device_spans_sql, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.findings import cause_text, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, serving_lanes_sql
 from dsprof.analysis.skew import PERCENTILES
@@ -143,15 +143,15 @@ def _lane_rows(layout: TrackLayout) -> tuple[dict, pa.Table, pa.Table]:
     return {"bands": bands, "rows": rows}, runtime_rows, serving_rows
 
 
-def _register_report_spans(engine: Engine, runtime_rows: pa.Table, serving_rows: pa.Table) -> None:
-    """The table ``report_spans``: every span to draw with its row, level, step, phase and whether it is on the device clock.
+def _register_run_rows(engine: Engine, runtime_rows: pa.Table, serving_rows: pa.Table) -> None:
+    """Tables ``step_windows`` (each decode step's span of time and position) and ``run_rows`` (each run's row and step).
 
-    Runtime spans sit at their depth, device spans one level deeper (below the
-    host phases of runner_run); serving spans at level 0 of their lane. A span
-    belongs to its run's decode step; other spans (serving, prefill) to the
-    last step that started at or before them (null before the first). A table,
-    not a view: the budget counts it, then detail and bars are read from it
-    (DuckDB keeps it under the engine's memory limit, spilling beyond it).
+    A run belongs to its decode step; another run (prefill) to the last step
+    that started at or before its root (null before the first). ``run_rows``
+    is sized by runs, not spans: the budget is counted, and the steps left out
+    are aggregated, from it (each run's spans as one bar from its root's start
+    to its end on the row of its root's thread), so only the spans drawn in
+    detail are ever read.
     """
     engine.con.register("runtime_rows", runtime_rows)
     engine.con.register("serving_rows", serving_rows)
@@ -159,44 +159,61 @@ def _register_report_spans(engine: Engine, runtime_rows: pa.Table, serving_rows:
                   SELECT step, min(root_ts_ns) AS start_ns, max(root_end_ns) AS end_ns,
                          row_number() OVER (ORDER BY min(root_ts_ns), step) - 1 AS position
                   FROM decode GROUP BY step""")
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE report_spans AS
-        WITH drawn AS (
-            SELECT r.row, s.depth AS level, s.ts_ns, s.dur_ns, s.phase, s.name, s.step AS own_step, 0 AS device
-            FROM ({runtime_spans_sql()}) s JOIN runtime_rows r USING (pid, tid, lane)
-            UNION ALL
-            SELECT r.row, s.depth + 1, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 1
-            FROM ({device_spans_sql()}) s JOIN runtime_rows r USING (pid, tid, lane)
-            UNION ALL
-            SELECT r.row, 0, s.ts_ns, s.dur_ns, '{SERVING_PHASE_PREFIX}' || coalesce(s.cat, ''), s.name, NULL, 0
-            FROM ({serving_lanes_sql()}) s JOIN serving_rows r USING (pid, tid, cat, lane))
-        SELECT d.*, coalesce(d.own_step, w.step) AS step FROM drawn d ASOF LEFT JOIN step_windows w ON d.ts_ns >= w.start_ns""")
+    engine.run("""CREATE OR REPLACE TEMP TABLE run_rows AS
+        SELECT r.pid, r.inv, rr.row, coalesce(d.step, w.step) AS step, r.root_ts_ns AS start_ns,
+               coalesce(r.root_end_ns, r.root_ts_ns) AS end_ns, r.n_spans
+        FROM runs r JOIN lanes l ON l.pid = r.pid AND l.inv = r.inv
+        JOIN runtime_rows rr ON rr.pid = r.pid AND rr.tid = r.tid AND rr.lane = l.lane
+        LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv
+        ASOF LEFT JOIN step_windows w ON r.root_ts_ns >= w.start_ns
+        WHERE r.root_ts_ns IS NOT NULL""")
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE serving_report_spans AS
+        SELECT r.row, 0 AS level, s.ts_ns, s.dur_ns, '{SERVING_PHASE_PREFIX}' || coalesce(s.cat, '') AS phase, s.name, w.step, 0 AS device
+        FROM ({serving_lanes_sql()}) s JOIN serving_rows r USING (pid, tid, cat, lane)
+        ASOF LEFT JOIN step_windows w ON s.ts_ns >= w.start_ns""")
 
 
-def _budget_steps(engine: Engine, span_budget: int, n_rows: int) -> tuple[list[int] | None, dict]:
+def _report_spans(engine: Engine, kept_sql: str) -> pa.Table:
+    """The spans drawn in detail, with row, level, step, phase and whether they are on the device clock.
+
+    Runtime spans sit at their depth, device spans one level deeper (below the
+    host phases of runner_run); serving spans at level 0 of their lane.
+    """
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE report_runs AS
+        SELECT d.* REPLACE (k.step AS step) FROM ({drawn_runs_sql()}) d
+        JOIN (SELECT pid, inv, step FROM run_rows s WHERE {kept_sql}) k ON k.pid = d.pid AND k.inv = d.inv""")
+    return engine.arrow(f"""
+        SELECT r.row, s.depth AS level, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 0 AS device
+        FROM ({runtime_spans_sql("report_runs")}) s JOIN runtime_rows r ON r.pid = s.pid AND r.tid = s.tid AND r.lane = s.lane
+        UNION ALL
+        SELECT r.row, s.depth + 1, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 1
+        FROM ({device_spans_sql("report_runs")}) s JOIN runtime_rows r ON r.pid = s.pid AND r.tid = s.tid AND r.lane = s.lane
+        UNION ALL
+        SELECT * FROM serving_report_spans s WHERE {kept_sql}
+        ORDER BY row, level, ts_ns""")
+
+
+def _budget_steps(engine: Engine, span_budget: int, n_rows: int) -> tuple[list[int | None] | None, dict]:
     """The steps drawn in full (None: all of them) and the budget's account.
 
     Steps go in order of runner-end skew, largest first, while their spans fit
     in the detail budget; spans before the first step count as one more group,
     ranked last.
     """
-    counts = engine.rows("""SELECT c.step, c.n FROM (SELECT step, count(*) AS n FROM report_spans GROUP BY step) c
-                            LEFT JOIN steps s USING (step) ORDER BY s.runner_end_skew_ns DESC NULLS LAST, c.step NULLS LAST""")
+    counts = engine.rows("""SELECT c.step, sum(c.n) AS n FROM (
+                                SELECT step, n_spans AS n FROM run_rows UNION ALL SELECT step, 1 FROM serving_report_spans) c
+                            LEFT JOIN steps s USING (step) GROUP BY c.step
+                            ORDER BY any_value(s.runner_end_skew_ns) DESC NULLS LAST, c.step NULLS LAST""")
     total = sum(n for _, n in counts)
     budget = {"total_spans": total, "span_budget": span_budget, "limited": total > span_budget}
     if total <= span_budget:
-        return None, budget | {"shown_spans": total, "aggregated_spans": 0}
+        return None, budget
     n_aggregate = max(span_budget // AGGREGATE_SHARE, n_rows)
     fits = np.cumsum([n for _, n in counts]) <= span_budget - n_aggregate
     kept = [step for (step, _), ok in zip(counts, fits, strict=True) if ok]
     n_steps = int(engine.scalar("SELECT count(*) FROM step_windows") or 0)
     bucket_steps = max(1, math.ceil(max(n_steps, 1) * n_rows / n_aggregate))
-    shown = sum(n for (_, n), ok in zip(counts, fits, strict=True) if ok)
-    return kept, budget | {
-        "shown_spans": shown,
-        "aggregated_spans": total - shown,
-        "detailed_steps": sum(s is not None for s in kept),
-        "bucket_steps": bucket_steps,
-    }
+    return kept, budget | {"detailed_steps": sum(s is not None for s in kept), "bucket_steps": bucket_steps}
 
 
 def _columns(table: pa.Table, origin_ns: int) -> tuple[dict, list[str], list[str]]:
@@ -225,23 +242,28 @@ def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET
     engine = result.engine
     layout = build_track_layout(result)
     lanes, runtime_rows, serving_rows = _lane_rows(layout)
-    _register_report_spans(engine, runtime_rows, serving_rows)
+    _register_run_rows(engine, runtime_rows, serving_rows)
     kept, budget = _budget_steps(engine, span_budget, len(lanes["rows"]["band"]))
-    origin_ns = int(engine.scalar("SELECT min(ts_ns) FROM report_spans") or 0)
+    origin_ns = int(engine.scalar("SELECT least((SELECT min(start_ns) FROM run_rows), (SELECT min(ts_ns) FROM serving_report_spans))") or 0)
     if kept is None:
-        detailed = engine.arrow("SELECT * FROM report_spans ORDER BY row, level, ts_ns")
+        detailed = _report_spans(engine, "TRUE")
         aggregate = None
+        budget |= {"shown_spans": detailed.num_rows, "aggregated_spans": 0}
     else:
         engine.con.register("kept_steps", pa.table({"step": pa.array([s for s in kept if s is not None], pa.int64())}))
         kept_sql = f"(coalesce(s.step IN (SELECT step FROM kept_steps), FALSE) OR (s.step IS NULL AND {None in kept}))"
-        detailed = engine.arrow(f"SELECT * FROM report_spans s WHERE {kept_sql} ORDER BY row, level, ts_ns")
+        detailed = _report_spans(engine, kept_sql)
         aggregate = engine.arrow(f"""
-            SELECT s.row, min(s.ts_ns) AS start_ns, max(s.ts_ns + s.dur_ns) AS end_ns, min(s.step) AS step_lo, max(s.step) AS step_hi,
-                   count(*) AS spans
-            FROM report_spans s LEFT JOIN step_windows w USING (step)
+            SELECT s.row, min(s.start_ns) AS start_ns, max(s.end_ns) AS end_ns, min(s.step) AS step_lo, max(s.step) AS step_hi,
+                   sum(s.n)::BIGINT AS spans
+            FROM (SELECT row, start_ns, end_ns, step, n_spans AS n FROM run_rows
+                  UNION ALL SELECT row, ts_ns, ts_ns + dur_ns, step, 1 FROM serving_report_spans) s
+            LEFT JOIN step_windows w USING (step)
             WHERE NOT {kept_sql}
             GROUP BY s.row, coalesce(w.position // {budget["bucket_steps"]}, -1) ORDER BY s.row, start_ns""")
-        budget["aggregate_bars"] = aggregate.num_rows
+        aggregated = int(pc.sum(aggregate.column("spans")).as_py() or 0)
+        budget |= {"shown_spans": detailed.num_rows, "aggregated_spans": aggregated, "aggregate_bars": aggregate.num_rows}
+        budget["total_spans"] = detailed.num_rows + aggregated
     spans, names, phases = _columns(detailed, origin_ns)
     windows = engine.arrow("SELECT step, start_ns, end_ns FROM step_windows ORDER BY position")
     data: dict[str, object] = {

@@ -29,6 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
@@ -151,14 +152,16 @@ def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None
 
 def _register_counters(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
     """``counter_values`` (t, track, value): every counter value, to be ordered with the slices."""
-    tracks = [uuid for counter, uuid in zip(layout.counters, uuids.counter, strict=True) for _ in counter.ts_ns]
+    counters = list(zip(layout.counters, uuids.counter, strict=True))
     engine.con.register(
         "counter_values",
         pa.table(
             {
-                "t": pa.array([t for counter in layout.counters for t in counter.ts_ns], pa.int64()),
-                "track": pa.array(tracks, pa.int64()),
-                "value": pa.array([v for counter in layout.counters for v in counter.values], pa.float64()),
+                "t": pa.array(np.concatenate([c.ts_ns for c, _ in counters] + [np.zeros(0, np.int64)]), pa.int64()),
+                "track": pa.array(
+                    np.concatenate([np.full(len(c.ts_ns), uuid, np.int64) for c, uuid in counters] + [np.zeros(0, np.int64)])
+                ),
+                "value": pa.array(np.concatenate([c.values for c, _ in counters] + [np.zeros(0)]), pa.float64()),
             }
         ),
     )

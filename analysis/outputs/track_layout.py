@@ -29,13 +29,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 import pyarrow as pa
 
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
 from dsprof.analysis.layout import assign_lanes, build_lanes, serving_spans_sql
-from dsprof.analysis.skew import ns_to_ms
 
 TRACK_TID_BASE = 1 << 30
 SERVING_PROCESS_SORT = 0
@@ -69,14 +69,14 @@ class Thread:
     sort_index: int
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Counter:
     """One counter track: values (ms) at host times (ns); ``pid`` is the process it belongs to (None: global)."""
 
     name: str
     pid: int | None
-    ts_ns: list[int]
-    values: list[float]
+    ts_ns: np.ndarray  # int64, ascending
+    values: np.ndarray  # float64
 
 
 @dataclass
@@ -116,8 +116,8 @@ class TrackLayout:
         )
 
 
-def build_track_layout(result: AnalysisResult) -> TrackLayout:
-    """Processes, tracks and counters of ``result``'s trace.
+def build_track_layout(result: AnalysisResult, steps: list[int] | None = None) -> TrackLayout:
+    """Processes, tracks and counters of ``result``'s trace; ``steps``: the decode steps drawn (None: all).
 
     Creates the engine's ``lanes`` (runs) and ``serving_lanes`` (``file, line, lane`` of every serving
     span; :func:`serving_lanes_sql` is the serving spans with their lane).
@@ -132,7 +132,7 @@ def build_track_layout(result: AnalysisResult) -> TrackLayout:
         processes=_processes(result, pids),
         runtime=runtime,
         serving=serving,
-        counters=_skew_counters(engine, result.summary.get("per_step") or []) + _run_queue_counters(engine),
+        counters=_skew_counters(engine, result.summary.get("per_step") or []) + _run_queue_counters(engine, steps),
     )
 
 
@@ -198,51 +198,74 @@ def _skew_counters(engine: Engine, per_step: list[dict]) -> list[Counter]:
     if not per_step:
         return []
     starts = dict(engine.rows("SELECT step, min_start_ns FROM steps"))
-    placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)
+    placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)  # one per step
+    ts = np.array([ts for ts, _ in placed], np.int64)
     return [
-        Counter(name, None, [ts for ts, _ in placed], [float(row[key]) for _, row in placed])
+        Counter(name, None, ts, np.array([float(row[key]) for _, row in placed], np.float64))
         for name, key in ((START_SKEW_COUNTER, "runner_start_skew_ms"), (END_SKEW_COUNTER, "runner_end_skew_ms"))
     ]
 
 
-def _run_queue_counters(engine: Engine) -> list[Counter]:
-    """Per rank process: the run-queue wait its host thread saw during each run (root ``os.rq_ns``, else its phases')."""
-    rows = engine.arrow("""
-        SELECT pid, list(root_ts_ns ORDER BY root_ts_ns) AS ts, list(rq ORDER BY root_ts_ns) AS rq FROM (
-            SELECT pid, root_ts_ns, coalesce(root_rq_ns, CASE WHEN coalesce(bind_rq_ns, runner_rq_ns, validate_rq_ns) IS NOT NULL
-                   THEN coalesce(bind_rq_ns, 0) + coalesce(runner_rq_ns, 0) + coalesce(validate_rq_ns, 0) END) AS rq
-            FROM runs) WHERE rq IS NOT NULL GROUP BY pid ORDER BY pid""").to_pylist()
-    return [Counter(RUN_QUEUE_COUNTER, row["pid"], row["ts"], [ns_to_ms(v) for v in row["rq"]]) for row in rows]
+def _drawn_runs(engine: Engine, steps: list[int] | None) -> str:
+    """SQL condition on ``runs r`` left-joined to ``decode d``: the run is drawn (``steps``: the decode steps drawn; None: all)."""
+    if steps is None:
+        return "TRUE"
+    engine.con.register("drawn_steps", pa.table({"step": pa.array(steps, pa.int64())}))
+    return "(d.step IS NULL OR d.step IN (SELECT step FROM drawn_steps))"
 
 
-def flow_links(engine: Engine) -> pa.Table:
+def _run_queue_counters(engine: Engine, steps: list[int] | None) -> list[Counter]:
+    """Per rank process: the run-queue wait its host thread saw during each run drawn (root ``os.rq_ns``, else its phases')."""
+    drawn = _drawn_runs(engine, steps)
+    table = engine.arrow(f"""
+        SELECT r.pid, r.root_ts_ns AS ts, coalesce(r.root_rq_ns,
+               CASE WHEN coalesce(r.bind_rq_ns, r.runner_rq_ns, r.validate_rq_ns) IS NOT NULL
+                    THEN coalesce(r.bind_rq_ns, 0) + coalesce(r.runner_rq_ns, 0) + coalesce(r.validate_rq_ns, 0) END) AS rq
+        FROM runs r LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv
+        WHERE rq IS NOT NULL AND {drawn} ORDER BY r.pid, ts""")
+    pid, ts = table.column("pid").to_numpy(), table.column("ts").to_numpy()
+    rq_ms = table.column("rq").to_numpy() / 1e6
+    bounds = np.concatenate([[0], np.flatnonzero(np.diff(pid)) + 1, [len(pid)]])
+    return [Counter(RUN_QUEUE_COUNTER, int(pid[a]), ts[a:b], rq_ms[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+
+
+def flow_links(engine: Engine, steps: list[int] | None = None) -> pa.Table:
     """One row per arrow: a serving dispatch span -> the root it started (``src_*`` -> ``dst_*``).
 
     The source is the span at ``src_file``/``src_line`` (on ``src_pid``/``src_tid``, category ``src_cat``, lane
     ``src_lane``, at ``src_ts``); the
-    destination the root of run ``dst_pid``/``dst_inv`` (on ``dst_tid``, lane ``dst_lane``, at ``dst_ts``).
+    destination the root of run ``dst_pid``/``dst_inv`` (on ``dst_tid``, lane ``dst_lane``, at ``dst_ts``),
+    among the runs drawn (``steps``: the decode steps drawn; None: all).
 
     A span links by the first identity it carries: ``dispatch_id`` (non-zero),
     else ``run_id``, else — a scheduler span in a rank process — ``step``. A
     span in a rank process only links to roots of that process, so one
     scheduler step of rank r starts rank r's run, not every rank's; a span of
     a process without runs (a central scheduler) links by dispatch_id or run_id.
+    The three ways exclude each other, so each is its own (hash) join.
     """
+    same_process = "(NOT d.in_rank_process OR r.pid = d.pid)"
     return engine.arrow(f"""
         WITH roots AS (SELECT r.pid, r.tid, l.lane, r.inv, r.root_ts_ns, r.dispatch_id, r.run_id, r.step_attr
-                       FROM runs r JOIN lanes l USING (pid, inv)),
-             dispatch AS (SELECT s.file, s.line, s.pid, s.tid, s.ts_ns, s.cat, s.lane, s.dispatch_id, s.run_id, s.step,
-                                 s.pid IN (SELECT pid FROM runs) AS in_rank_process
+                       FROM runs r JOIN lanes l ON l.pid = r.pid AND l.inv = r.inv
+                       LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv WHERE {_drawn_runs(engine, steps)}),
+             dispatch AS (SELECT s.file, s.line, s.pid, s.tid, s.ts_ns, s.cat, s.lane, coalesce(s.dispatch_id, 0) AS dispatch_id,
+                                 s.run_id, s.step, s.pid IN (SELECT pid FROM runs) AS in_rank_process
                           FROM ({serving_lanes_sql()}) s WHERE s.ph = 'X'
                             AND (coalesce(s.dispatch_id, 0) <> 0 OR s.run_id IS NOT NULL
-                                 OR (s.cat = '{STEP_LINK_CATEGORY}' AND s.step IS NOT NULL)))
-        SELECT d.file AS src_file, d.line AS src_line, d.pid AS src_pid, d.tid AS src_tid, d.cat AS src_cat, d.lane AS src_lane,
-               d.ts_ns AS src_ts, r.pid AS dst_pid, r.tid AS dst_tid,
-               r.lane AS dst_lane, r.inv AS dst_inv, r.root_ts_ns AS dst_ts
-        FROM dispatch d JOIN roots r ON
-             (NOT d.in_rank_process OR r.pid = d.pid) AND (
-               (coalesce(d.dispatch_id, 0) <> 0 AND r.dispatch_id = d.dispatch_id)
-               OR (coalesce(d.dispatch_id, 0) = 0 AND d.run_id IS NOT NULL AND r.run_id = d.run_id)
-               OR (d.in_rank_process AND coalesce(d.dispatch_id, 0) = 0 AND d.run_id IS NULL AND d.cat = '{STEP_LINK_CATEGORY}'
-                   AND r.step_attr = d.step))
-        ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts""")
+                                 OR (s.cat = '{STEP_LINK_CATEGORY}' AND s.step IS NOT NULL))),
+             links AS (
+                SELECT d.*, r.pid AS dst_pid, r.tid AS dst_tid, r.lane AS dst_lane, r.inv AS dst_inv, r.root_ts_ns AS dst_ts
+                FROM dispatch d JOIN roots r ON r.dispatch_id = d.dispatch_id
+                WHERE d.dispatch_id <> 0 AND {same_process}
+                UNION ALL
+                SELECT d.*, r.pid, r.tid, r.lane, r.inv, r.root_ts_ns
+                FROM dispatch d JOIN roots r ON r.run_id = d.run_id
+                WHERE d.dispatch_id = 0 AND {same_process}
+                UNION ALL
+                SELECT d.*, r.pid, r.tid, r.lane, r.inv, r.root_ts_ns
+                FROM dispatch d JOIN roots r ON r.pid = d.pid AND r.step_attr = d.step
+                WHERE d.in_rank_process AND d.dispatch_id = 0 AND d.run_id IS NULL AND d.cat = '{STEP_LINK_CATEGORY}')
+        SELECT file AS src_file, line AS src_line, pid AS src_pid, tid AS src_tid, cat AS src_cat, lane AS src_lane,
+               ts_ns AS src_ts, dst_pid, dst_tid, dst_lane, dst_inv, dst_ts
+        FROM links ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts""")
