@@ -23,6 +23,10 @@ PHASE_SQL = (
 )
 
 
+# Runs laid out per numpy pass (~15 int64 arrays of this length live at once).
+LANE_CHUNK_RUNS = 1_000_000
+
+
 def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: np.ndarray | None) -> np.ndarray:
     """Pipeline-slot lane per run within its thread, such that overlapping runs never share a lane.
 
@@ -74,21 +78,44 @@ def build_lanes(engine: Engine) -> None:
     """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns); once per engine."""
     if engine.scalar("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'lanes'"):
         return
-    runs = engine.arrow(
-        "SELECT pid, inv, tid, root_ts_ns, root_end_ns, coalesce(slot_id, -1) AS slot, "
-        "dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs"
+    engine.run(
+        "CREATE OR REPLACE TEMP TABLE lane_runs AS SELECT pid, inv, root_ts_ns, root_end_ns, "
+        "coalesce(slot_id, -1) AS slot, dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs"
     )
-    lanes = assign_lanes(
-        runs.column("thread").to_numpy(),
-        runs.column("root_ts_ns").to_numpy(),
-        runs.column("root_end_ns").to_numpy(),
-        runs.column("slot").to_numpy(),
-    )
-    engine.con.register("lanes_in", pa.table({"pid": runs.column("pid"), "inv": runs.column("inv"), "lane": pa.array(lanes)}))
-    engine.run("CREATE OR REPLACE TABLE lanes AS SELECT * FROM lanes_in")
+    engine.run("CREATE OR REPLACE TABLE lanes AS SELECT pid, inv, 0::BIGINT AS lane FROM lane_runs LIMIT 0")
+    for first, last in _thread_chunks(engine):
+        runs = engine.arrow("SELECT * FROM lane_runs WHERE thread BETWEEN ? AND ?", [first, last])
+        lanes = assign_lanes(
+            runs.column("thread").to_numpy(),
+            runs.column("root_ts_ns").to_numpy(),
+            runs.column("root_end_ns").to_numpy(),
+            runs.column("slot").to_numpy(),
+        )
+        chunk = pa.table({"pid": runs.column("pid"), "inv": runs.column("inv"), "lane": pa.array(lanes)})
+        engine.con.register("lanes_in", chunk)
+        engine.run("INSERT INTO lanes SELECT pid, inv, lane FROM lanes_in")
+        engine.con.unregister("lanes_in")
+    engine.run("DROP TABLE lane_runs")
     # the serving stack keeps the last anchor of a process; so does dsprof
     engine.run("""CREATE OR REPLACE TABLE anchor_offsets AS
                   SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM anchors GROUP BY pid""")
+
+
+def _thread_chunks(engine: Engine) -> list[tuple[int, int]]:
+    """Ranges of whole threads holding about LANE_CHUNK_RUNS runs each: threads are independent, so memory stays bounded."""
+    counts = engine.rows("SELECT thread, count(*) FROM lane_runs GROUP BY thread ORDER BY thread")
+    chunks: list[tuple[int, int]] = []
+    first, held = None, 0
+    for thread, n in counts:
+        if first is None:
+            first = thread
+        held += n
+        if held >= LANE_CHUNK_RUNS:
+            chunks.append((first, thread))
+            first, held = None, 0
+    if first is not None:
+        chunks.append((first, counts[-1][0]))
+    return chunks
 
 
 def drawn_runs_sql(where: str = "TRUE") -> str:

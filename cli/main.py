@@ -19,7 +19,7 @@ from pathlib import Path
 import click
 
 from dsprof import __version__
-from dsprof.analysis.engine import parse_memory_limit
+from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.commands.analyze import ENGINES, analyze_paths
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
@@ -262,7 +262,7 @@ def run(
     "--memory-limit",
     default=None,
     metavar="SIZE",
-    show_default="12.5% of RAM",
+    show_default=f"{DEFAULT_MEMORY_SHARE:.0%} of RAM",
     help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25%.",
 )
 @click.option(

@@ -74,6 +74,20 @@ def test_lanes_never_hold_overlapping_roots(messy):
     assert [row[0] for row in engine.rows("SELECT DISTINCT lane FROM lanes ORDER BY 1")] == [0, 1]  # depth 2: two slot lanes
 
 
+def test_lanes_are_the_same_when_laid_out_a_few_threads_at_a_time(messy, monkeypatch):
+    from dsprof.analysis import layout
+
+    _, outcome, _ = messy
+    engine = outcome.result.engine
+    build_lanes(engine)
+    whole = engine.rows("SELECT pid, inv, lane FROM lanes ORDER BY pid, inv")
+    engine.run("DROP TABLE lanes")
+    monkeypatch.setattr(layout, "LANE_CHUNK_RUNS", 7)  # fewer runs than one thread holds: one thread per pass
+    build_lanes(engine)
+    assert engine.rows("SELECT pid, inv, lane FROM lanes ORDER BY pid, inv") == whole
+    assert len(whole) == engine.scalar("SELECT count(*) FROM runs")
+
+
 def test_ranks_from_device_order_and_decode_from_biggest_bucket_without_root_attributes(tmp_path):
     run = SyntheticRun(ranks=12, steps=6, root_attrs=False, sa_profile=False, performance_summary=False)
     run.write(tmp_path / "run")
