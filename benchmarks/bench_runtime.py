@@ -274,8 +274,7 @@ def faults(args, tmp: Path) -> None:
 
 def cadence(args, tmp: Path) -> None:
     try:
-        from dsprof.analysis.pipeline import pipeline_figures
-        from dsprof.analysis.swimlane import build_swimlane
+        from dsprof.analysis.analyze import analyze_trace
     except ImportError as error:
         print(f"cadence: skipped, the analysis does not import on this branch ({error})")
         return
@@ -285,7 +284,9 @@ def cadence(args, tmp: Path) -> None:
         for path in ("host-shared", "device-resident"):  # alternating, so that load changes hit both alike
             out = tmp / f"{path}-{i}"
             summary, wall, _ = run(RuntimeConfig.from_preset(args.preset, metadata=path), out)
-            figures = pipeline_figures(build_swimlane(read_paths([out / artifacts.SERVER_LOG])).roots)
+            result = analyze_trace(read_paths([out / artifacts.SERVER_LOG]))
+            figures = result.summary["pipeline"]
+            result.engine.close()
             per_rank = {rank: block["p50"] for rank, block in sorted(figures["cadence_ms"].items(), key=lambda kv: int(kv[0]))}
             medians[path] = statistics.median(per_rank.values())
             print(
