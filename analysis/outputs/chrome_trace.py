@@ -276,32 +276,19 @@ def _flow_events(links: pa.Table, runtime_tracks: pa.Table, serving_tracks: pa.T
     if links.num_rows == 0:
         return pa.array([], pa.string())
     links = pa.RecordBatch.from_struct_array(links.to_struct_array().combine_chunks())  # plain arrays, one chunk
-    flow_id = _ints(pa.array(np.arange(1, links.num_rows + 1)))
     sources = pa.table(
         {"pid": links.column("src_pid"), "tid": links.column("src_tid"), "cat": links.column("src_cat"), "lane": links.column("src_lane")}
     )
     targets = pa.table({"pid": links.column("dst_pid"), "tid": links.column("dst_tid"), "lane": links.column("dst_lane")})
     src_track, dst_track = pa.array(_track_ids(sources, serving_tracks)), pa.array(_track_ids(targets, runtime_tracks))
-    start = _join(
-        f'{{"ph":"s","name":"{FLOW_NAME}","cat":"flow","id":',
-        flow_id,
-        ',"ts":',
-        us_text(links.column("src_ts").to_numpy()),
-        ',"pid":',
-        _ints(links.column("src_pid")),
-        ',"tid":',
-        _ints(src_track),
-        "}",
-    )
-    finish = _join(
-        f'{{"ph":"f","bp":"e","name":"{FLOW_NAME}","cat":"flow","id":',
-        flow_id,
-        ',"ts":',
-        us_text(links.column("dst_ts").to_numpy()),
-        ',"pid":',
-        _ints(links.column("dst_pid")),
-        ',"tid":',
-        _ints(dst_track),
-        "}",
-    )
+    flow_id = _ints(pa.array(np.arange(1, links.num_rows + 1)))
+
+    def flow_end(head: str, side: str, track: pa.Array) -> pa.Array:
+        ts, pid = us_text(links.column(f"{side}_ts").to_numpy()), _ints(links.column(f"{side}_pid"))
+        return _join(
+            f'{{{head},"name":"{FLOW_NAME}","cat":"flow","id":', flow_id, ',"ts":', ts, ',"pid":', pid, ',"tid":', _ints(track), "}"
+        )
+
+    start = flow_end('"ph":"s"', "src", src_track)
+    finish = flow_end('"ph":"f","bp":"e"', "dst", dst_track)
     return pa.concat_arrays([start, finish])
