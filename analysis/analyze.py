@@ -16,15 +16,18 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 
-from dsprof.analysis.causes import diagnose
+from dsprof.analysis.causes import diagnose, tail_block
 from dsprof.analysis.engine import Engine, open_engine
 from dsprof.analysis.pipeline import pipeline_figures
 from dsprof.analysis.serving import serving_figures
-from dsprof.analysis.skew import skew_figures
+from dsprof.analysis.skew import ns_to_ms, skew_figures
+from dsprof.analysis.slow_steps import critical_path, slow_step_items, step_intervals
 from dsprof.analysis.spans import Trace
+from dsprof.analysis.straggler import straggler_verdict
 from dsprof.analysis.summary import Summary, build_summary
 from dsprof.analysis.swimlane import Swimlane, build_swimlane
 from dsprof.analysis.validation import validate
+from dsprof.analysis.what_if import own_causes, tail_cost, what_if_section
 from dsprof.errors import DsprofError
 
 DEFAULT_THRESHOLD_MS = 5.0
@@ -66,9 +69,16 @@ def analyze_trace(
         progress("swimlane: invocations, ranks, decode steps")
     swimlane = build_swimlane(engine, invocations)
     if progress:
-        progress("figures: skew, causes, pipeline, serving")
+        progress("figures: skew, step intervals, causes, what-if replay, pipeline, serving")
     figures, per_step = skew_figures(engine)
+    intervals = step_intervals(engine, threshold_ms)
+    figures["step_interval_ms"] = intervals["step_interval_ms"]
+    critical_path(engine)
     diagnosis = diagnose(engine, threshold_ms)
+    slow = slow_step_items(engine, threshold_ms)
+    what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))
+    devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
+    flagged = [*(t for t in diagnosis.tail_steps), *slow]
     summary = build_summary(
         inputs={
             "files": list(trace.files),
@@ -80,14 +90,22 @@ def analyze_trace(
         performance_summary=trace.performance_summary,
         validation=validate(engine, swimlane, expect_ranks=expect_ranks),
         figures=figures,
-        per_step=per_step,
-        late_starts=diagnosis.late_starts,
-        tail_steps=diagnosis.tail_steps,
-        tail_cost=diagnosis.tail_cost,
+        per_step=_with_intervals(per_step, engine),
+        late_starts={"threshold_ms": threshold_ms, "count": len(diagnosis.late_starts), "items": diagnosis.late_starts},
+        tail_steps=tail_block(diagnosis.tail_steps, threshold_ms, straggler_verdict(what_if, flagged, len(per_step), devices)),
+        slow_steps={"threshold_ms": threshold_ms, "median_interval_ms": intervals["median_interval_ms"], "count": len(slow), "items": slow},
+        what_if=what_if,
+        tail_cost=tail_cost(engine),
         pipeline=pipeline_figures(engine),
         serving=serving_figures(engine, trace),
     )
     return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)
+
+
+def _with_intervals(per_step: list[dict], engine: Engine) -> list[dict]:
+    """Each per-step row with its step interval (ms; null for the first step)."""
+    intervals = dict(engine.rows("SELECT step, interval_ns FROM step_intervals"))
+    return [row | {"interval_ms": None if intervals.get(row["step"]) is None else ns_to_ms(intervals[row["step"]])} for row in per_step]
 
 
 def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = None) -> AnalysisResult:

@@ -42,30 +42,16 @@ evidence; with no device-phase markers at all, ``unattributed`` says so.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
+from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
-# Plain words for each mechanism, for one-line verdicts.
-MECHANISM_WORDS = {
-    fmt.MECH_DEVICE: "device work",
-    fmt.MECH_HOST_CPU: "host CPU work",
-    fmt.MECH_RUN_QUEUE: "run-queue wait (CPU contention)",
-    fmt.MECH_GC: "garbage collection",
-    fmt.MECH_CARRIED_OVER: "lateness carried over from earlier steps",
-    fmt.MECH_PEER_WAIT: "waiting on a peer rank",
-    fmt.MECH_UNATTRIBUTED: "unattributed time",
-}
+# a quantity explains a lateness when it accounts for at least this share of it
 EXPLAINS_SHARE = 0.5
-STRAGGLER_SHARE_OF_FLAGGED = 0.5
-STRAGGLER_SHARE_OF_STEPS = 0.10
-STRAGGLER_SIGNIFICANCE = 0.01
 PHASE_BEFORE_BIND = "before bind"
-# Mechanisms that say what happened to a run rather than what the rank did wrong
-_CONSEQUENCES = (fmt.MECH_CARRIED_OVER, fmt.MECH_UNATTRIBUTED)
 PHASE_LAUNCH = "launch"
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).
@@ -158,7 +144,8 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
     here however long it is.
     """
     engine.run(f"""CREATE OR REPLACE TEMP TABLE cells AS
-        WITH flagged AS (SELECT step FROM steps WHERE runner_start_skew_ns > {threshold_ns} OR runner_end_skew_ns > {threshold_ns}),
+        WITH flagged AS (SELECT step FROM steps WHERE runner_start_skew_ns > {threshold_ns} OR runner_end_skew_ns > {threshold_ns}
+                         UNION SELECT step FROM step_intervals WHERE slow),
              wanted AS (SELECT DISTINCT d.step FROM (SELECT DISTINCT step, position FROM decode) d
                         JOIN (SELECT DISTINCT position FROM decode WHERE step IN (SELECT step FROM flagged)) f
                         ON d.position BETWEEN f.position - 2 AND f.position)
@@ -478,43 +465,24 @@ def _chain_origins(engine: Engine) -> None:
 
 @dataclass
 class Diagnosis:
-    """The ``late_starts``, ``tail_steps`` and ``tail_cost`` blocks of summary.json."""
+    """Every late start and every tail step's late ranks, with their causes (summary.json items)."""
 
-    late_starts: dict
-    tail_steps: dict
-    tail_cost: dict
+    late_starts: list[dict]
+    tail_steps: list[dict]
 
 
+@stage("causes", reads=("decode", "steps", "step_intervals", "gc", "spans"), writes=("diagnosed",))
 def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
-    """Every late start and tail step with its causes, the straggler verdict and the tail cost."""
+    """Decide the cause of every run of a flagged step (late start, tail or slow step) and list the late ones."""
     threshold_ns = int(round(threshold_ms * 1e6))
     _build_cells(engine, threshold_ns)
     _decide(engine, threshold_ns)
     _deepest_device_phase(engine)
     _chain_origins(engine)
-    late = _late_start_items(engine)
-    tails = _tail_items(engine)
-    ranks = int(engine.scalar("SELECT count(DISTINCT rank) FROM decode") or 0)
-    steps = int(engine.scalar("SELECT count(*) FROM steps") or 0)
-    straggler = straggler_verdict(late, tails, steps, ranks)
-    devices: dict[str, int] = {}
-    for item in tails:
-        devices[item["device"]] = devices.get(item["device"], 0) + 1
-    return Diagnosis(
-        late_starts={"threshold_ms": threshold_ms, "count": len(late), "items": late},
-        tail_steps={
-            "threshold_ms": threshold_ms,
-            "count": len(tails),
-            "items": tails,
-            "same_device": None if not tails else len(devices) == 1,
-            "devices": devices,
-            "straggler": straggler,
-        },
-        tail_cost=_tail_cost(engine),
-    )
+    return Diagnosis(late_starts=_late_start_items(engine), tail_steps=_tail_items(engine))
 
 
-def _cause(row: dict, which: str, late_rank: int, late_device: str) -> dict:
+def cause_item(row: dict, which: str, late_rank: int, late_device: str) -> dict:
     """One cause, as summary.json items carry it; a victim names its culprit as ``rank``."""
     mechanism = row[f"{which}_mechanism"]
     evidence_ms = ns_to_ms(max(0.0, row[f"{which}_evidence_ns"] or 0.0))
@@ -552,7 +520,7 @@ def _late_start_items(engine: Engine) -> list[dict]:
     rows = engine.arrow(f"SELECT {_ITEM_COLUMNS} FROM diagnosed d {_PEER_JOIN} WHERE late_start ORDER BY step, d.rank").to_pylist()
     items = []
     for row in rows:  # one per late start: the output items themselves
-        cause = _cause(row, "start", row["rank"], row["device"])
+        cause = cause_item(row, "start", row["rank"], row["device"])
         items.append({"step": row["step"], **cause, "excess_ms": ns_to_ms(row["start_excess_ns"])})
     return items
 
@@ -562,7 +530,7 @@ def _tail_items(engine: Engine) -> list[dict]:
                             ORDER BY step, end_ns DESC, d.rank""").to_pylist()
     items: list[dict] = []
     for row in rows:  # one per late rank of a tail step
-        late = {**_cause(row, "end", row["rank"], row["device"]), "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0))}
+        late = {**cause_item(row, "end", row["rank"], row["device"]), "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0))}
         if items and items[-1]["step"] == row["step"]:
             items[-1]["ranks"].append(late)
             continue
@@ -580,83 +548,16 @@ def _tail_items(engine: Engine) -> list[dict]:
     return items
 
 
-def binomial_upper_tail(successes: int, trials: int, probability: float) -> float:
-    """P(X >= successes) for X ~ Binomial(trials, probability), summed in log space."""
-    if successes <= 0:
-        return 1.0
-    if probability <= 0.0:
-        return 0.0
-    if probability >= 1.0:
-        return 1.0
-    log_p, log_q = math.log(probability), math.log1p(-probability)
-    log_terms = [
-        math.lgamma(trials + 1) - math.lgamma(k + 1) - math.lgamma(trials - k + 1) + k * log_p + (trials - k) * log_q
-        for k in range(successes, trials + 1)  # at most one term per step of the run
-    ]
-    peak = max(log_terms)
-    return min(1.0, math.exp(peak) * sum(math.exp(t - peak) for t in log_terms))
-
-
-def straggler_verdict(late: list[dict], tails: list[dict], total_steps: int, ranks: int) -> dict:
-    """Name a rank that is the culprit in most flagged steps, a real share of all steps, beyond chance.
-
-    Flagged (step, rank) pairs are the culprit cells of late starts and of the
-    late ranks of tail steps (victims are not counted). If lateness fell on
-    ranks at random, each flagged step would flag a rank with probability
-    pairs / (flagged steps x ranks); the top rank's count must be that unlikely
-    (one-sided binomial test, Bonferroni-corrected over ranks, p < 0.01). The
-    verdict names the rank's dominant mechanism (by evidence), so CPU
-    contention on a shared host reads differently from a slow device.
-    """
-    cells: dict[tuple[int, int], dict] = {}
-    causes = [(item["step"], item) for item in late] + [(tail["step"], cause) for tail in tails for cause in tail["ranks"]]
-    for step, cause in causes:  # a cell late at both start and end counts once, by its own mechanism where it has one
-        if cause["role"] != "culprit":
-            continue
-        known = cells.get((step, cause["rank"]))
-        if known is None or (known["mechanism"] in _CONSEQUENCES and cause["mechanism"] not in _CONSEQUENCES):
-            cells[(step, cause["rank"])] = cause
-    flagged_steps = len({step for step, _ in cells})
-    empty = {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None, "mechanism": None, "ms_per_step": None}
-    if flagged_steps == 0 or total_steps == 0:
-        return empty
-    per_rank: dict[int, list[dict]] = {}
-    for (_, rank), cause in cells.items():
-        per_rank.setdefault(rank, []).append(cause)
-    top_rank = max(per_rank, key=lambda r: (len(per_rank[r]), -r))
-    top_steps = len(per_rank[top_rank])
-    share = top_steps / total_steps
-    chance = len(cells) / (flagged_steps * max(ranks, 1))
-    p_value = min(1.0, binomial_upper_tail(top_steps, flagged_steps, chance) * max(ranks, 1))
-    verdict = {**empty, "share": round(share, 4), "p_value": round(p_value, 6)}
-    if top_steps >= STRAGGLER_SHARE_OF_FLAGGED * flagged_steps and share >= STRAGGLER_SHARE_OF_STEPS and p_value < STRAGGLER_SIGNIFICANCE:
-        evidence: dict[str, float] = {}
-        for cause in per_rank[top_rank]:
-            evidence[cause["mechanism"]] = evidence.get(cause["mechanism"], 0.0) + cause["evidence_ms"]
-        explained = {m: v for m, v in evidence.items() if m not in _CONSEQUENCES} or evidence
-        mechanism = max(explained, key=lambda m: (explained[m], m))
-        device = per_rank[top_rank][0]["device"]
-        per_step = round(evidence[mechanism] / total_steps, 3)
-        verdict.update(
-            rank=top_rank,
-            device=device,
-            mechanism=mechanism,
-            ms_per_step=per_step,
-            verdict=f"rank {top_rank} ({device}) loses {per_step:.3f} ms a step to {MECHANISM_WORDS[mechanism]}",
-        )
-    return verdict
-
-
-def _tail_cost(engine: Engine) -> dict:
-    """Σ_s (max_r end − median_r end) of runner_run, and its share of the decode wall time (SPEC §3)."""
-    row = engine.rows("""SELECT sum(max_end - median_end), (SELECT max(root_end_ns) - min(root_ts_ns) FROM decode)
-                         FROM (SELECT max(runner_end_ns) AS max_end, median(runner_end_ns) AS median_end FROM decode
-                               WHERE runner_ts_ns IS NOT NULL GROUP BY step)""")[0]
-    total_ns, wall_ns = row
-    if total_ns is None:
-        return {"total_ms": None, "share_of_decode_wall": None, "decode_wall_ms": None}
+def tail_block(tails: list[dict], threshold_ms: float, straggler: dict) -> dict:
+    """The ``tail_steps`` block of summary.json: the items, which devices they fall on, and the straggler verdict."""
+    devices: dict[str, int] = {}
+    for item in tails:  # one per tail step
+        devices[item["device"]] = devices.get(item["device"], 0) + 1
     return {
-        "total_ms": ns_to_ms(total_ns),
-        "share_of_decode_wall": round(total_ns / wall_ns, 4) if wall_ns else None,
-        "decode_wall_ms": ns_to_ms(wall_ns),
+        "threshold_ms": threshold_ms,
+        "count": len(tails),
+        "items": tails,
+        "same_device": None if not tails else len(devices) == 1,
+        "devices": devices,
+        "straggler": straggler,
     }

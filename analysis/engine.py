@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import duckdb
@@ -71,12 +71,18 @@ def parse_memory_limit(text: str) -> int:
         raise DsprofError(f"bad memory limit {text!r} (expected e.g. 4GB, 512MiB or 25%)") from None
 
 
+# The relations every engine starts with; the analysis stages (analysis/stages.py) add the rest.
+ENGINE_TABLES = ("spans", "spans_in_memory", "anchors", "chip_devices")
+
+
 @dataclass
 class Engine:
     """A DuckDB connection with the trace's tables registered: ``spans``, ``anchors``, ``chip_devices``."""
 
     con: duckdb.DuckDBPyConnection
     trace: Trace
+    # table -> the stage that wrote it (analysis/stages.py keeps this)
+    written: dict[str, str] = field(default_factory=dict)
 
     def run(self, query: str, params: list | None = None) -> None:
         """Execute a statement (or several) to completion."""
@@ -95,6 +101,21 @@ class Engine:
     def scalar(self, query: str, params: list | None = None):
         rows = self.con.execute(query, params or []).fetchall()
         return rows[0][0] if rows else None
+
+    def relations(self) -> set[str]:
+        """Names of every table and view (registered Arrow tables included) on the connection."""
+        rows = self.rows("SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal")
+        return {row[0] for row in rows}
+
+    def drop(self, name: str) -> None:
+        """Remove one relation, whatever kind it is."""
+        quoted = '"' + name.replace('"', '""') + '"'
+        if self.scalar("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]):
+            self.run(f"DROP TABLE {quoted}")
+            return
+        self.con.unregister(name)  # a registered Arrow table; nothing otherwise
+        if self.scalar("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]):
+            self.run(f"DROP VIEW {quoted}")
 
     def close(self) -> None:
         self.con.close()

@@ -14,9 +14,11 @@ generation``, and per phase the earliest span of that name:
 ``bind_ts_ns/bind_end_ns, runner_ts_ns/runner_end_ns, fence_ts_ns/fence_end_ns,
 claim_ts_ns, validate_ts_ns/validate_end_ns``; host evidence ``<phase>_cpu_ns,
 <phase>_rq_ns`` for root, bind, runner, fence and validate; on the device
-clock ``device_wall_ns`` (duration), the executor's ``device_cpu_ns,
-device_rq_ns`` where the device is a host thread, ``device_wait_ns`` (device
-spans below device_wall whose name ends in ``_wait``: waiting on peers) and
+clock ``device_ts_ns`` (offset from the launch) and ``device_wall_ns``
+(duration), the executor's ``device_cpu_ns, device_rq_ns`` where the device is
+a host thread, ``device_wait_ns`` (device spans below device_wall whose name
+ends in ``_wait``: waiting on peers), ``device_waits`` (those spans in start
+order: ``ts_ns`` offset, ``dur_ns``, ``name``, ``peer`` attribute) and
 ``device_markers`` (depth-2-or-deeper runner spans: 0 when the run switched
 device-phase markers off).
 """
@@ -62,6 +64,8 @@ _ROOT_COLUMNS = (
     ("os_rq_ns", "root_rq_ns"),
 )
 _DEVICE = f"clk = '{fmt.CLK_DEVICE}'"
+# a device-clock wait on peers inside the device program (a collective such as the MoE all-to-all)
+_COLLECTIVE_WAIT = f"{_DEVICE} AND starts_with(name, '{fmt.DEVICE_WALL}.') AND ends_with(name, '{fmt.WAIT_SUFFIX}')"
 
 
 def _earliest(alias: str, where: str, fields: dict[str, str]) -> str:
@@ -93,7 +97,7 @@ def _parts() -> list[tuple[str, str, list[str]]]:
         (
             "device",
             _earliest("device", f"{_DEVICE} AND name = '{fmt.DEVICE_WALL}'", {"dur": "dur_ns", "cpu": "os_cpu_ns", "rq": "os_rq_ns"}),
-            ["device.dur AS device_wall_ns", "device.cpu AS device_cpu_ns", "device.rq AS device_rq_ns"],
+            ["device.ts AS device_ts_ns", "device.dur AS device_wall_ns", "device.cpu AS device_cpu_ns", "device.rq AS device_rq_ns"],
         )
     )
     return parts
@@ -102,8 +106,10 @@ def _parts() -> list[tuple[str, str, list[str]]]:
 def _base(having: str) -> str:
     """Every invocation, with what is counted or summed over all its rows."""
     return f"""(SELECT pid, inv, count(*) FILTER (WHERE {_HOST_ROOT}) AS n_roots, count(*) AS n_spans,
-                       sum(dur_ns) FILTER (WHERE {_DEVICE} AND starts_with(name, '{fmt.DEVICE_WALL}.')
-                                           AND ends_with(name, '{fmt.WAIT_SUFFIX}')) AS device_wait_ns,
+                       sum(dur_ns) FILTER (WHERE {_COLLECTIVE_WAIT}) AS device_wait_ns,
+                       list(struct_pack(ts_ns := ts_ns, dur_ns := dur_ns, name := name,
+                                        peer := TRY_CAST(attrs['{fmt.PEER_ATTR}'] AS BIGINT)) ORDER BY ts_ns, name)
+                           FILTER (WHERE {_COLLECTIVE_WAIT}) AS device_waits,
                        count(*) FILTER (WHERE depth >= 2 AND starts_with(name, '{fmt.RUNNER_RUN}.')) AS device_markers
                 FROM runtime GROUP BY pid, inv HAVING {having})"""
 
@@ -112,7 +118,16 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
     """SQL for the invocation table of the runtime rows of ``spans`` that satisfy ``where`` (groups: ``having``)."""
     parts = _parts()
     joins = " ".join(f"LEFT JOIN {subquery} USING (pid, inv)" for _, subquery, _ in parts)
-    columns = ["pid", "inv", "n_roots", "n_spans", *(c for _, _, cs in parts for c in cs), "device_wait_ns", "device_markers"]
+    columns = [
+        "pid",
+        "inv",
+        "n_roots",
+        "n_spans",
+        *(c for _, _, cs in parts for c in cs),
+        "device_wait_ns",
+        "device_waits",
+        "device_markers",
+    ]
     return (
         f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM spans WHERE {runtime_row()} AND ({where})) "
         f"SELECT {', '.join(columns)} FROM {_base(having)} {joins}"

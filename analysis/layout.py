@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import runtime_row, serving_row
+from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
 # SQL of the phase label of a runtime span name (strace_format.phase_of, vectorised).
@@ -74,9 +75,10 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     return result
 
 
+@stage("layout", reads=("runs", "anchors"), writes=("lanes", "anchor_offsets"))
 def build_lanes(engine: Engine) -> None:
     """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns); once per engine."""
-    if engine.scalar("SELECT count(*) FROM duckdb_tables() WHERE table_name = 'lanes'"):
+    if "lanes" in engine.relations():
         return
     engine.run(
         "CREATE OR REPLACE TEMP TABLE lane_runs AS SELECT pid, inv, root_ts_ns, root_end_ns, "

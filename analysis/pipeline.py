@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms, percentile_blocks
+from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
 FIRST_VIOLATIONS = 10
@@ -76,6 +77,7 @@ def _violation_reason() -> str:
         CASE WHEN {unordered} THEN 'launch order is not monotonic in sequence' END)"""
 
 
+@stage("pipeline", reads=("spans", "invocations", "processes", "runs", "decode"))
 def pipeline_figures(engine: Engine) -> dict:
     """The ``pipeline`` block of summary.json."""
     identity = bool(engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY})"))

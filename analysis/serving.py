@@ -22,6 +22,7 @@ import math
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.spans import Trace
+from dsprof.analysis.stages import stage
 
 FIGURES = ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate", "requests")
 # performance_summary.json field names, dsprof's own first; (name, factor to the figure's unit)
@@ -104,6 +105,7 @@ def _from_request_spans(engine: Engine) -> dict[str, tuple[float, str]]:
     return found
 
 
+@stage("serving", reads=("spans",))
 def serving_figures(engine: Engine, trace: Trace) -> dict:
     """The ``serving`` block of summary.json, with ``sources``."""
     found = _from_request_spans(engine)

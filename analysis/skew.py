@@ -8,6 +8,7 @@ nanosecond values — reported in ms with three decimals.
 from __future__ import annotations
 
 from dsprof.analysis.engine import Engine
+from dsprof.analysis.stages import stage
 
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
 
@@ -60,6 +61,7 @@ GROUP BY step
 """
 
 
+@stage("skew", reads=("decode",), writes=("steps",))
 def skew_figures(engine: Engine) -> tuple[dict, list[dict]]:
     """The ``figures`` block and the ``per_step`` list of summary.json; leaves the ``steps`` table in the engine."""
     engine.run(f"CREATE OR REPLACE TABLE steps AS {STEPS_SQL}")

@@ -89,6 +89,8 @@ class Summary(TypedDict, total=False):
     per_step: list[dict[str, Any]]
     late_starts: dict[str, Any]
     tail_steps: dict[str, Any]
+    slow_steps: dict[str, Any]
+    what_if: dict[str, Any]
     tail_cost: dict[str, Any]
     pipeline: dict[str, Any]
     serving: dict[str, Any]
@@ -119,6 +121,8 @@ def build_summary(
     per_step: list,
     late_starts: dict,
     tail_steps: dict,
+    slow_steps: dict,
+    what_if: dict,
     tail_cost: dict,
     pipeline: dict,
     serving: dict,
@@ -138,6 +142,8 @@ def build_summary(
         per_step=per_step,
         late_starts=late_starts,
         tail_steps=tail_steps,
+        slow_steps=slow_steps,
+        what_if=what_if,
         tail_cost=tail_cost,
         pipeline=pipeline,
         serving=serving,

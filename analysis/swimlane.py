@@ -26,6 +26,7 @@ import pyarrow as pa
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import gc_query, invocation_query, serving_row
+from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
 STEP_NUMBERING_PRODUCER = "producer"
@@ -49,6 +50,7 @@ class Swimlane:
     serving_spans: int = 0
 
 
+@stage("swimlane", reads=("spans", "anchors", "chip_devices"), writes=("invocations", "gc", "processes", "runs", "decode"))
 def build_swimlane(engine: Engine, invocations: pa.Table | None = None) -> Swimlane:
     """Create ``invocations``, ``runs``, ``decode`` and ``gc`` in the engine; return the structure's facts.
 

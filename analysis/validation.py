@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
+from dsprof.analysis.stages import stage
 from dsprof.analysis.swimlane import Swimlane
 
 # SA_PROFILE categories a serving trace must have (SPEC §1 level e2e)
@@ -29,6 +30,7 @@ def _ranges(numbers: list[int]) -> str:
     return ", ".join(map(str, numbers[:20])) + (f" and {len(numbers) - 20} more" if len(numbers) > 20 else "")
 
 
+@stage("validation", reads=("spans", "decode"))
 def validate(engine: Engine, swimlane: Swimlane, *, expect_ranks: int | None = None) -> dict:
     """The ``validation`` block of summary.json."""
     checks = _Checks()

@@ -1,0 +1,183 @@
+"""Step intervals, slow steps and their critical path (docs/FIGURES.md "Slow steps").
+
+A straggler in expert-parallel decode need not leave skew: every rank meets
+every other at the MoE all-to-all inside the device program, so a rank that
+reaches it late holds them all, and every rank ends late together. What the
+user sees is the time between two steps' tokens, the **step interval**:
+``max_r end(validate(s)) − max_r end(validate(s−1))``. A step is **slow** when
+its interval exceeds the median interval by more than the threshold.
+
+The **critical path** of a slow step names the rank the others waited for. At
+each collective (a device-clock ``*_wait`` span) every rank is released by the
+last arrival; that rank is the wait's ``peer`` attribute where the producer
+wrote one. Without it, arrival order is read on the aligned device axis: all
+ranks leave a collective together, so the rank that waited least arrived last.
+The collective that held the other ranks longest (their median wait) carries
+the step's delay; where no collective held them for at least half the excess,
+the step waited for its latest rank at the end (the last validate). Only the
+slow steps' collective waits are unpacked, so a healthy soak costs one grouped
+pass over ``decode``.
+"""
+
+from __future__ import annotations
+
+from dsprof.analysis.causes import cause_item
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.skew import ns_to_ms, percentile_blocks
+from dsprof.analysis.stages import stage
+from dsprof.profiler import strace_format as fmt
+
+# the critical path goes through a collective when the ranks it held waited at least this share of the excess
+COLLECTIVE_SHARE = 0.5
+VIA_STEP_END = "step end"
+SOURCE_PEER = "peer"
+SOURCE_ARRIVAL = "arrival order"
+SOURCE_LATEST = "latest rank"
+
+
+@stage("intervals", reads=("decode",), writes=("step_intervals",))
+def step_intervals(engine: Engine, threshold_ms: float) -> dict:
+    """``step_intervals`` (step, token_ns, interval_ns, excess_ns, slow) and the ``step_interval_ms`` percentiles."""
+    threshold_ns = int(round(threshold_ms * 1e6))
+    engine.run("""CREATE OR REPLACE TABLE step_intervals AS
+        SELECT step, token_ns, token_ns - lag(token_ns) OVER (ORDER BY step) AS interval_ns
+        FROM (SELECT step, max(validate_end_ns) AS token_ns FROM decode GROUP BY step)""")
+    median = engine.scalar("SELECT median(interval_ns) FROM step_intervals")
+    engine.run(f"""ALTER TABLE step_intervals ADD COLUMN excess_ns BIGINT; ALTER TABLE step_intervals ADD COLUMN slow BOOLEAN;
+        UPDATE step_intervals SET excess_ns = CAST(interval_ns - {float(median or 0)} AS BIGINT),
+                                  slow = coalesce(interval_ns - {float(median or 0)} > {threshold_ns}, FALSE)""")
+    return {
+        "step_interval_ms": percentile_blocks(engine, "step_intervals", {"step_interval_ms": "interval_ns"})["step_interval_ms"],
+        "median_interval_ms": None if median is None else ns_to_ms(median),
+    }
+
+
+def collective_waits_sql(where: str = "TRUE") -> str:
+    """Every collective wait of the decode runs meeting ``where``: which collective (name, occurrence), who waited how long, peer."""
+    return f"""
+        SELECT step, rank, position, w.name, w.ts_ns AS offset_ns, w.dur_ns AS wait_ns, w.peer,
+               CAST(row_number() OVER (PARTITION BY step, rank, w.name ORDER BY w.ts_ns) AS BIGINT) AS occurrence
+        FROM (SELECT step, rank, position, unnest(device_waits) AS w FROM decode WHERE device_waits IS NOT NULL AND ({where}))
+    """
+
+
+@stage("critical_path", reads=("decode", "step_intervals"), writes=("critical_path", "collective_waits"))
+def critical_path(engine: Engine) -> None:
+    """``critical_path``: per slow step, the rank the others waited for, through which collective, and how it was known.
+
+    ``collective_waits`` keeps each rank's wait at the step's critical
+    collective (the victims' evidence).
+    """
+    engine.run(f"CREATE OR REPLACE TEMP TABLE waits AS {collective_waits_sql('step IN (SELECT step FROM step_intervals WHERE slow)')}")
+    # per collective: the last arrival (peer where written, else the rank that waited least) and how long it held the others
+    engine.run("""CREATE OR REPLACE TEMP TABLE collectives AS
+        SELECT step, name, occurrence,
+               coalesce(mode(peer), arg_min(rank, (wait_ns, rank))) AS last_rank,
+               CASE WHEN count(peer) > 0 THEN 'peer' ELSE 'arrival order' END AS source
+        FROM waits GROUP BY step, name, occurrence""")
+    engine.run("""CREATE OR REPLACE TEMP TABLE held AS
+        SELECT c.step, c.name, c.occurrence, c.last_rank, c.source, coalesce(median(w.wait_ns), 0) AS held_ns
+        FROM collectives c LEFT JOIN waits w ON w.step = c.step AND w.name = c.name AND w.occurrence = c.occurrence
+                                            AND w.rank <> c.last_rank
+        GROUP BY ALL""")
+    engine.run(f"""CREATE OR REPLACE TABLE critical_path AS
+        WITH top AS (SELECT step, arg_max(struct_pack(name, occurrence, last_rank, source, held_ns),
+                                          (held_ns, -occurrence, name)) AS c
+                     FROM held GROUP BY step),
+             latest AS (SELECT step, arg_max(rank, (validate_end_ns, -rank)) AS rank FROM decode GROUP BY step)
+        SELECT i.step, i.interval_ns, i.excess_ns,
+               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns THEN t.c.last_rank ELSE l.rank END AS culprit_rank,
+               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns THEN t.c.name ELSE '{VIA_STEP_END}' END AS via,
+               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns THEN t.c.occurrence END AS occurrence,
+               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns
+                    THEN CASE WHEN t.c.source = 'peer' THEN '{SOURCE_PEER}' ELSE '{SOURCE_ARRIVAL}' END
+                    ELSE '{SOURCE_LATEST}' END AS source,
+               coalesce(t.c.held_ns, 0) AS held_ns,
+               (SELECT count(*) FROM waits w WHERE w.step = i.step) > 0 AS has_waits
+        FROM step_intervals i LEFT JOIN top t USING (step) LEFT JOIN latest l USING (step)
+        WHERE i.slow""")
+    engine.run("""CREATE OR REPLACE TABLE collective_waits AS
+        SELECT w.step, w.rank, w.name, w.wait_ns, p.culprit_rank
+        FROM waits w JOIN critical_path p ON p.step = w.step AND p.via = w.name AND p.occurrence = w.occurrence
+        WHERE w.rank <> p.culprit_rank""")
+
+
+@stage("slow_step_causes", reads=("decode", "diagnosed", "critical_path", "collective_waits"))
+def slow_step_items(engine: Engine, threshold_ms: float) -> list[dict]:
+    """One item per slow step, worst first: the culprit on the critical path, why it was late, and its victims."""
+    rows = engine.arrow("""SELECT p.step AS slow_step, p.interval_ns, p.excess_ns AS slow_excess_ns, p.culprit_rank, p.via,
+                                  p.source, p.has_waits, r.device AS culprit_device, d.*, NULL AS peer_device
+                           FROM critical_path p
+                           LEFT JOIN (SELECT DISTINCT rank, device FROM decode) r ON r.rank = p.culprit_rank
+                           LEFT JOIN diagnosed d ON d.step = p.step AND d.rank = p.culprit_rank
+                           ORDER BY p.excess_ns DESC, p.step""").to_pylist()
+    devices = dict(engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank"))
+    victims: dict[int, list[dict]] = {}
+    for step, rank, name, wait_ns, culprit in engine.rows(
+        """SELECT w.step, w.rank, w.name, w.wait_ns, w.culprit_rank FROM collective_waits w ORDER BY w.step, w.wait_ns DESC, w.rank"""
+    ):  # one row per victim rank of a slow step
+        victims.setdefault(step, []).append(_victim(devices, rank, name, wait_ns, culprit))
+    items = []
+    for row in rows:  # one per slow step: the output items themselves
+        cause = _culprit_cause(row, threshold_ms)
+        items.append(
+            {
+                "step": row["slow_step"],
+                "interval_ms": ns_to_ms(row["interval_ns"]),
+                "excess_ms": ns_to_ms(row["slow_excess_ns"]),
+                **cause,
+                "critical_path": {"via": _phase_of(row["via"]), "source": row["source"]},
+                "ranks": [cause, *victims.get(row["slow_step"], [])],
+            }
+        )
+    return items
+
+
+def _phase_of(span_name: str) -> str:
+    """``device_wall.forward.a2a_wait`` for a device span name; other names unchanged."""
+    prefix = fmt.RUNNER_RUN + "."
+    return span_name[len(prefix) :] if span_name.startswith(prefix) else span_name
+
+
+def _culprit_cause(row: dict, threshold_ms: float) -> dict:
+    """Why the culprit was late: its end's cause, else its start's; ``unattributed`` names what was missing."""
+    rank, device = row["culprit_rank"], row["culprit_device"]
+    late = {"rank": rank, "device": device, "role": "culprit"}
+    if row.get("end_mechanism") is None:
+        return late | {
+            "phase": fmt.PHASE_RUNNER,
+            "mechanism": fmt.MECH_UNATTRIBUTED,
+            "evidence_ms": ns_to_ms(row["slow_excess_ns"]),
+            "detail": "the culprit's run lacks the phases needed to say why",
+        }
+    which = "end"
+    if row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
+        which = "start" if (row["start_excess_ns"] or 0) > threshold_ms * 1e6 else "end"
+    if which == "end" and row["end_mechanism"] == fmt.MECH_PEER_WAIT:
+        return late | {
+            "phase": fmt.PHASE_DEVICE_WALL,
+            "mechanism": fmt.MECH_UNATTRIBUTED,
+            "evidence_ms": ns_to_ms(row["slow_excess_ns"]),
+            "detail": "the last rank at the collective also waited at another; no single rank held the step",
+        }
+    cause = cause_item(row, which, rank, device)
+    if cause["mechanism"] == fmt.MECH_UNATTRIBUTED and not row["has_waits"]:
+        cause["detail"] += f"; no collective {fmt.WAIT_SUFFIX} spans to follow the critical path"
+    cause.pop("late_rank", None)
+    return cause
+
+
+def _victim(devices: dict, rank: int, name: str, wait_ns: int, culprit: int) -> dict:
+    """A rank that only waited at the critical collective for the culprit."""
+    device, culprit_device = devices.get(rank), devices.get(culprit)
+    wait_ms = ns_to_ms(wait_ns)
+    return {
+        "rank": rank,
+        "device": device,
+        "role": "victim",
+        "phase": _phase_of(name),
+        "mechanism": fmt.MECH_PEER_WAIT,
+        "evidence_ms": wait_ms,
+        "detail": f"waited {wait_ms:.3f} ms for rank {culprit} ({culprit_device}) at {_phase_of(name)}",
+        "peer": culprit,
+    }

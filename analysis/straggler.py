@@ -1,0 +1,106 @@
+"""The straggler verdict: a rank whose own causes cost the run a material share of its decode time.
+
+Counting late steps is not enough: on a shared host every rank is late now
+and then (scheduling noise), and a rank that is late rarely but badly (a
+collection every few steps) can cost more than one that is late often by a
+little. So the verdict weighs effect, not counts: a rank is a straggler when
+removing its own causes would save at least :data:`MATERIAL_SHARE` of the
+decode wall time in the what-if replay, and its causes recur over the run
+(:data:`MIN_STEPS` steps or more). A rank behind most of the flagged steps
+(tails and slow steps) is named whatever its fault rate when their excess is
+that material, even where the replay saves little (runs paced by a clock, not
+by their dependencies, recover from a late step by themselves).
+The verdict names the mechanism that saves the most on that rank.
+"""
+
+from __future__ import annotations
+
+from dsprof.profiler import strace_format as fmt
+
+MATERIAL_SHARE = 0.05
+# a rank behind more than this share of the flagged steps: their excess is its effect
+BEHIND_MOST = 0.5
+MIN_STEPS = 3
+
+# Plain words for each mechanism, for the one-line verdict.
+MECHANISM_WORDS = {
+    fmt.MECH_DEVICE: "device work",
+    fmt.MECH_HOST_CPU: "host CPU work",
+    fmt.MECH_RUN_QUEUE: "run-queue wait (CPU contention)",
+    fmt.MECH_GC: "garbage collection",
+    fmt.MECH_CARRIED_OVER: "lateness carried over from earlier steps",
+    fmt.MECH_PEER_WAIT: "waiting on a peer rank",
+    fmt.MECH_UNATTRIBUTED: "unattributed time",
+}
+
+
+def straggler_verdict(what_if: dict, flagged: list[dict], total_steps: int, devices: dict[int, str]) -> dict:
+    """The ``straggler`` block: which rank, its device, its share of the decode wall, mechanism and ms per step.
+
+    ``flagged`` are the culprit causes of tail and slow steps (one per step);
+    ``what_if`` is the what-if block (``by_rank`` savings and per-cause items).
+    """
+    verdict: dict = {
+        "verdict": "none",
+        "rank": None,
+        "device": None,
+        "share": 0.0,
+        "mechanism": None,
+        "ms_per_step": None,
+        "saved_ms": None,
+        "steps": 0,
+    }
+    wall = what_if.get("decode_wall_ms") or 0.0
+    by_rank = {int(r): float(ms) for r, ms in (what_if.get("by_rank") or {}).items()}
+    if not wall or not total_steps or not (by_rank or flagged):
+        return verdict
+    late_ms = _late_ms_per_rank(flagged)
+    candidates = set(by_rank) | set(late_ms)
+    rank = max(candidates, key=lambda r: (max(by_rank.get(r, 0.0), _behind(flagged, r, late_ms)), -r))
+    saved = by_rank.get(rank, 0.0)
+    effect = min(wall, max(saved, _behind(flagged, rank, late_ms)))
+    items = [i for i in what_if.get("items", []) if i["rank"] == rank]
+    steps = len({i["step"] for i in items} | {c["step"] for c in flagged if c.get("rank") == rank})
+    verdict.update(share=round(effect / wall, 4), steps=steps)
+    if steps < MIN_STEPS or effect / wall < MATERIAL_SHARE:
+        return verdict
+    mechanism = _dominant_mechanism(items, [c for c in flagged if c.get("rank") == rank])
+    device = devices.get(rank)
+    per_step = round(effect / total_steps, 3)
+    where = f" ({device})" if device else ""
+    verdict.update(
+        rank=rank,
+        device=device,
+        mechanism=mechanism,
+        ms_per_step=per_step,
+        saved_ms=round(saved, 3),
+        verdict=f"rank {rank}{where} costs {effect / wall:.1%} of the decode time ({per_step:.3f} ms a step), by {MECHANISM_WORDS[mechanism]}",
+    )
+    return verdict
+
+
+def _late_ms_per_rank(flagged: list[dict]) -> dict[int, float]:
+    """Per culprit rank, the summed excess of the flagged steps it was behind."""
+    late: dict[int, float] = {}
+    for cause in flagged:  # one per flagged step
+        if cause.get("rank") is not None and cause.get("mechanism") not in (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT):
+            late[cause["rank"]] = late.get(cause["rank"], 0.0) + float(cause.get("excess_ms") or 0.0)
+    return late
+
+
+def _behind(flagged: list[dict], rank: int, late_ms: dict[int, float]) -> float:
+    """The excess of the flagged steps behind ``rank`` where it is behind most of them, else 0."""
+    count = sum(1 for cause in flagged if cause.get("rank") == rank)
+    return late_ms.get(rank, 0.0) if flagged and count > BEHIND_MOST * len(flagged) else 0.0
+
+
+def _dominant_mechanism(items: list[dict], causes: list[dict]) -> str:
+    """The mechanism that saves the most in the replay; by evidence where the replay saves nothing."""
+    weight: dict[str, float] = {}
+    for item in items:
+        weight[item["mechanism"]] = weight.get(item["mechanism"], 0.0) + item["saved_ms"]
+    if not any(weight.values()):
+        for cause in causes:
+            weight[cause["mechanism"]] = weight.get(cause["mechanism"], 0.0) + float(cause.get("evidence_ms") or 0.0)
+    own = {m: w for m, w in weight.items() if m not in (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT)} or weight
+    return max(own, key=lambda m: (own[m], m)) if own else fmt.MECH_UNATTRIBUTED

@@ -1,0 +1,301 @@
+"""What the late steps cost: the what-if saving of every cause, and the tail cost (docs/FIGURES.md "What-if").
+
+Each cause found (culprit rank, step, mechanism, evidence) says which phase of
+which run took longer than it should have. The replay
+(:mod:`dsprof.analysis.replay`) takes that excess off the phase — a host
+phase's own time, or the device work segments that grew, in proportion to how
+much each grew over the other ranks — and lets every later event move as far
+as its dependencies allow. The saving is how much earlier the last token
+would have come. Per cause, each is removed alone; per mechanism, per rank and
+in total, all of them together (two faults in one step on two ranks save
+little alone and much together, as in a real A/B run).
+
+Tail cost (SPEC's older figure) stays beside it: Σ_s (max_r end − median_r end)
+of runner_run, which cannot see a slowdown that every rank shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.replay import (
+    BIND_END,
+    BIND_TS,
+    FENCE_TS,
+    HOST_EVENTS,
+    RUNNER_END,
+    RUNNER_TS,
+    VALIDATE_END,
+    VALIDATE_TS,
+    DecodeRuns,
+    Removal,
+    Replayer,
+)
+from dsprof.analysis.skew import ns_to_ms
+from dsprof.analysis.stages import stage
+from dsprof.profiler import strace_format as fmt
+
+# causes that are another cause's consequence: removing them alone changes nothing the replay does not already see
+_NOT_OWN = (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT)
+_HOST_TARGET = {
+    fmt.PHASE_BIND: BIND_END,
+    "before bind": BIND_TS,
+    "launch": RUNNER_TS,
+    fmt.PHASE_FENCE_WAIT: RUNNER_END,
+    fmt.PHASE_RUNNER: RUNNER_END,
+    fmt.PHASE_VALIDATE: VALIDATE_END,
+}
+_CAUSES_PER_BATCH = 64
+
+
+@dataclass(frozen=True)
+class OwnCause:
+    """One culprit cause the replay can take away."""
+
+    step: int
+    rank: int
+    phase: str
+    mechanism: str
+    evidence_ns: float
+
+
+def own_causes(late_starts: list[dict], tail_steps: list[dict], slow_steps: list[dict]) -> list[OwnCause]:
+    """Every culprit cause of the run, each counted once: per (step, rank, phase) the largest evidence."""
+    found: dict[tuple[int, int, str], OwnCause] = {}
+    causes = [*late_starts, *({**c, "step": t["step"]} for t in tail_steps for c in t.get("ranks", [])), *slow_steps]
+    for cause in causes:  # one per late item: the findings themselves
+        if cause.get("role") != "culprit" or cause.get("mechanism") in _NOT_OWN or cause.get("rank") is None:
+            continue
+        phase = str(cause.get("phase") or "")
+        phase = fmt.PHASE_DEVICE_WALL if phase.startswith(fmt.PHASE_DEVICE_WALL) else phase
+        item = OwnCause(int(cause["step"]), int(cause["rank"]), phase, str(cause["mechanism"]), float(cause.get("evidence_ms") or 0) * 1e6)
+        key = (item.step, item.rank, item.phase)
+        if item.evidence_ns > 0 and (key not in found or item.evidence_ns > found[key].evidence_ns):
+            found[key] = item
+    return sorted(found.values(), key=lambda c: (c.step, c.rank, c.phase))
+
+
+def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray]:
+    """The decode runs as replay arrays, with the rank and step values of each index."""
+    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, device_ts_ns, device_wall_ns, device_waits,
+                                    {", ".join(f"{e}_ns" for e in HOST_EVENTS)}
+                             FROM decode ORDER BY rank, step""")
+    rank_values, rank_index = np.unique(table.column("rank").to_numpy(zero_copy_only=False), return_inverse=True)
+    step_values, step_index = np.unique(table.column("step").to_numpy(zero_copy_only=False), return_inverse=True)
+    shape = (len(rank_values), len(step_values))
+
+    def grid(values: np.ndarray) -> np.ndarray:
+        out = np.full(shape, np.nan)
+        out[rank_index, step_index] = values
+        return out
+
+    def column(name: str) -> np.ndarray:
+        return table.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy()
+
+    host = np.stack([grid(column(f"{e}_ns")) for e in HOST_EVENTS], axis=2)
+    device_start = grid(column("runner_ts_ns") + column("device_ts_ns"))
+    device_end = device_start + grid(column("device_wall_ns"))
+    wait_start, wait_ns = _waits(table, rank_index, step_index, shape, column("runner_ts_ns"))
+    slot = np.zeros(shape, np.int64)
+    slot[rank_index, step_index] = table.column("slot").fill_null(0).to_numpy()
+    runs = DecodeRuns(host, device_start, device_end, wait_start, wait_ns, slot)
+    return runs, rank_values, step_values
+
+
+def _waits(table: pa.Table, rank_index: np.ndarray, step_index: np.ndarray, shape: tuple[int, int], runner_ts: np.ndarray):
+    """[rank, step, k] arrival (host axis) and duration of each run's k-th collective wait."""
+    waits = table.column("device_waits").combine_chunks()
+    lengths = pc.list_value_length(waits).fill_null(0).to_numpy()
+    count = int(lengths.max(initial=0))
+    start = np.full((*shape, count), np.nan)
+    duration = np.full((*shape, count), np.nan)
+    if count:
+        flat = pc.list_flatten(waits)
+        row = pc.list_parent_indices(waits).to_numpy()
+        k = np.arange(len(row)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+        offsets = flat.field("ts_ns").to_numpy(zero_copy_only=False).astype(float)
+        start[rank_index[row], step_index[row], k] = runner_ts[row] + offsets
+        duration[rank_index[row], step_index[row], k] = flat.field("dur_ns").to_numpy(zero_copy_only=False).astype(float)
+    return start, duration
+
+
+def _segments(runs: DecodeRuns) -> tuple[np.ndarray, np.ndarray]:
+    """[rank, step, k]: the device work before collective k (the last: after the last collective), and where it starts."""
+    waits = runs.wait_ns.shape[2]
+    starts = np.concatenate([runs.device_start[:, :, None], runs.wait_start + runs.wait_ns], axis=2)
+    ends = np.concatenate([runs.wait_start, runs.device_end[:, :, None]], axis=2)
+    segments = ends - starts
+    # a run with fewer waits: its last segment is after its own last wait
+    count = (~np.isnan(runs.wait_ns)).sum(axis=2)
+    last_start = np.take_along_axis(starts, count[:, :, None], axis=2)[:, :, 0]
+    segments[:, :, waits] = np.nan
+    np.put_along_axis(segments, count[:, :, None], (runs.device_end - last_start)[:, :, None], axis=2)
+    return segments, starts
+
+
+class WhatIf:
+    """Removals of causes from one run's replay model."""
+
+    def __init__(self, runs: DecodeRuns, rank_values: np.ndarray, step_values: np.ndarray):
+        self.runs = runs
+        self.replayer = Replayer(runs)
+        self.rank_of = {int(r): i for i, r in enumerate(rank_values)}
+        self.step_of = {int(s): j for j, s in enumerate(step_values)}
+        self.segments, self.segment_starts = _segments(runs)
+        self.collections: dict[int, np.ndarray] = {}  # rank index -> [n, 2] GC start and end (ns)
+        self._collections_taken: dict[int, set[tuple[int, float]]] = {}  # per scenario column, while building its removals
+
+    def segment_excess(self, r: int, j: int) -> np.ndarray:
+        """How much longer each device work segment of run (r, j) took than the median of the other ranks'."""
+        others = np.delete(self.segments[:, j], r, axis=0)
+        if not len(others):
+            return np.zeros(self.segments.shape[2])
+        with np.errstate(all="ignore"):
+            typical = np.nanmedian(others, axis=0)
+        return np.clip(np.nan_to_num(self.segments[r, j] - typical), 0, None)
+
+    def removals(self, cause: OwnCause, column: int) -> list[Removal]:
+        """The removals that take ``cause``'s excess away (none when its run is not in the model)."""
+        r, j = self.rank_of.get(cause.rank), self.step_of.get(cause.step)
+        if r is None or j is None:
+            return []
+        has_device = bool(self.replayer.has_device[r, j])
+        if cause.mechanism == fmt.MECH_GC and r in self.collections:
+            found = self._collection_removals(r, j, cause, column)
+            if found:
+                return found
+        if cause.phase == fmt.PHASE_DEVICE_WALL and has_device:
+            excess = self.segment_excess(r, j)
+            total = float(excess.sum())
+            if total <= 0:
+                return []
+            amount = min(cause.evidence_ns, total)
+            return [Removal(column, r, j, "device", amount * e / total, k) for k, e in enumerate(excess) if e > 0]
+        target = _HOST_TARGET.get(cause.phase, RUNNER_END)
+        return [Removal(column, r, j, target, min(cause.evidence_ns, self.replayer.lag(r, j, target)))]
+
+    def add_collections(self, ranks: np.ndarray, windows: np.ndarray) -> None:
+        """The garbage collections of each rank's process: ``windows[i]`` = (start, end) ns on ``ranks[i]``."""
+        for rank, index in self.rank_of.items():  # one per rank
+            self.collections[index] = windows[ranks == rank]
+
+    def _phase_window(self, r: int, j: int, phase: str) -> tuple[float, float]:
+        """Where on the host axis the cause's phase of run (r, j) lay."""
+        host = self.runs.host[r, j]
+        windows = {
+            fmt.PHASE_BIND: (host[BIND_TS], host[BIND_END]),
+            "before bind": (host[BIND_TS] - self.replayer.lag(r, j, BIND_TS), host[BIND_TS]),
+            "launch": (host[BIND_END], host[RUNNER_TS]),
+            fmt.PHASE_FENCE_WAIT: (host[FENCE_TS], host[RUNNER_END]),
+            fmt.PHASE_DEVICE_WALL: (self.runs.device_start[r, j], self.runs.device_end[r, j]),
+            fmt.PHASE_VALIDATE: (host[VALIDATE_TS], host[VALIDATE_END]),
+        }
+        return windows.get(phase, (host[RUNNER_TS], host[RUNNER_END]))
+
+    def _collection_removals(self, r: int, j: int, cause: OwnCause, column: int) -> list[Removal]:
+        """Take the cause's collections away wherever they held the rank: its host thread and its device programs.
+
+        A collection stops every thread of the process (it holds the GIL), so
+        one collection can lengthen a host phase of one run and the device
+        work of the next; removing it removes it from both.
+        """
+        lo, hi = self._phase_window(r, j, cause.phase)
+        gcs = self.collections[r]
+        hit = gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo)]
+        removals: list[Removal] = []
+        chains = self.replayer.chains
+        m = chains.length[r]
+        t, kind, step, lag = chains.t[r, :m], chains.kind[r, :m], chains.step[r, :m], chains.lag[r, :m]
+        taken = self._collections_taken.setdefault(column, set())
+        for g0, g1 in hit:  # the few collections of one cause
+            if (r, g0) in taken:  # one collection is removed once, however many causes cite it
+                continue
+            taken.add((r, g0))
+            overlap = np.minimum(t, g1) - np.maximum(t - lag, g0)
+            for i in np.flatnonzero(overlap > 0):
+                removals.append(Removal(column, r, int(step[i]), int(kind[i]), float(overlap[i])))
+            seg_start = self.segment_starts[r]
+            seg_overlap = np.minimum(seg_start + self.segments[r], g1) - np.maximum(seg_start, g0)
+            for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
+                removals.append(Removal(column, r, int(jj), "device", float(seg_overlap[jj, k]), int(k)))
+        return removals
+
+    def saved_ns(self, scenarios: list[list[OwnCause]]) -> np.ndarray:
+        """Per scenario (a set of causes removed together), the decode wall time saved."""
+        self._collections_taken = {}
+        removals = [removal for column, causes in enumerate(scenarios) for c in causes for removal in self.removals(c, column)]
+        steps = [removal.step for removal in removals]
+        first = max(0, min(steps, default=0) - 2)
+        return -self.replayer.replay(removals, len(scenarios), first).end_shift_ns
+
+
+@stage("what_if", reads=("decode", "gc", "processes"))
+def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
+    """The ``what_if`` block of summary.json."""
+    wall_ns = engine.scalar("SELECT max(root_end_ns) - min(root_ts_ns) FROM decode")
+    if not wall_ns:
+        return {
+            "decode_wall_ms": None,
+            "replayed_wall_ms": None,
+            "total_saved_ms": None,
+            "share_of_decode_wall": None,
+            "by_mechanism": {},
+            "by_rank": {},
+            "items": [],
+        }
+    model = WhatIf(*load_decode_runs(engine))
+    gcs = engine.arrow("SELECT p.rank, g.gc_ts_ns, g.gc_end_ns FROM gc g JOIN processes p USING (pid) ORDER BY p.rank, g.gc_ts_ns")
+    model.add_collections(
+        gcs.column("rank").to_numpy(), np.stack([gcs.column(c).to_numpy().astype(float) for c in ("gc_ts_ns", "gc_end_ns")], axis=1)
+    )
+    mechanisms = sorted({c.mechanism for c in causes})
+    ranks = sorted({c.rank for c in causes})
+    joint = [
+        [],
+        causes,
+        *([c for c in causes if c.mechanism == m] for m in mechanisms),
+        *([c for c in causes if c.rank == r] for r in ranks),
+    ]
+    saved = model.saved_ns(joint)
+    alone = np.concatenate(
+        [model.saved_ns([[c] for c in causes[i : i + _CAUSES_PER_BATCH]]) for i in range(0, len(causes), _CAUSES_PER_BATCH)]
+        or [np.zeros(0)]
+    )
+    items = [
+        {"step": c.step, "rank": c.rank, "mechanism": c.mechanism, "phase": c.phase, "saved_ms": _ms(s)}
+        for c, s in sorted(zip(causes, alone, strict=True), key=lambda pair: (-pair[1], pair[0].step, pair[0].rank))
+    ]
+    return {
+        "decode_wall_ms": ns_to_ms(wall_ns),
+        "replayed_wall_ms": ns_to_ms(wall_ns - saved[0]),
+        "total_saved_ms": _ms(saved[1]),
+        "share_of_decode_wall": round(max(0.0, float(saved[1])) / wall_ns, 4),
+        "by_mechanism": {m: _ms(s) for m, s in zip(mechanisms, saved[2 : 2 + len(mechanisms)], strict=True)},
+        "by_rank": {str(r): _ms(s) for r, s in zip(ranks, saved[2 + len(mechanisms) :], strict=True)},
+        "items": items,
+    }
+
+
+def _ms(saved_ns: float) -> float:
+    return ns_to_ms(max(0.0, float(saved_ns)))
+
+
+@stage("tail_cost", reads=("decode",))
+def tail_cost(engine: Engine) -> dict:
+    """Σ_s (max_r end − median_r end) of runner_run, and its share of the decode wall time (docs/FIGURES.md)."""
+    row = engine.rows("""SELECT sum(max_end - median_end), (SELECT max(root_end_ns) - min(root_ts_ns) FROM decode)
+                         FROM (SELECT max(runner_end_ns) AS max_end, median(runner_end_ns) AS median_end FROM decode
+                               WHERE runner_ts_ns IS NOT NULL GROUP BY step)""")[0]
+    total_ns, wall_ns = row
+    if total_ns is None:
+        return {"total_ms": None, "share_of_decode_wall": None, "decode_wall_ms": None}
+    return {
+        "total_ms": ns_to_ms(total_ns),
+        "share_of_decode_wall": round(total_ns / wall_ns, 4) if wall_ns else None,
+        "decode_wall_ms": ns_to_ms(wall_ns),
+    }
