@@ -66,6 +66,7 @@ _COMPARED = (
     "runner_ns",
     "fence_ns",
     "drain_lag_ns",
+    "signal_lag_ns",
     "device_wall_ns",
     "device_wait_ns",
     "device_work_ns",
@@ -92,6 +93,7 @@ def _cells_sql() -> str:
            runner_end_ns - runner_ts_ns AS runner_ns,
            fence_end_ns - fence_ts_ns AS fence_ns,
            fence_ts_ns - runner_ts_ns AS drain_lag_ns,
+           runner_end_ns - (runner_ts_ns + device_ts_ns + device_wall_ns) AS signal_lag_ns,
            device_wall_ns,
            CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
            device_wall_ns - coalesce(device_wait_ns, 0) AS device_work_ns,
@@ -347,6 +349,56 @@ def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     ]
 
 
+def _own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, str]]:
+    """A run's own cause, beside what was carried over to it: evidence in its own phases above the threshold.
+
+    Used where the run was also held back by an earlier one, so that a fault
+    of its own is named rather than hidden behind the carry-over.
+    """
+    material = lambda value: f"coalesce({value} > {threshold_ns}, FALSE)"  # noqa: E731
+    bind = [
+        (material("gc_bind"), fmt.PHASE_BIND, fmt.MECH_GC, "gc_bind", f"'collection in {fmt.PHASE_BIND}'"),
+        (
+            material(_work("bind_cpu_ns", "bind_rq_ns")),
+            fmt.PHASE_BIND,
+            fmt.MECH_HOST_CPU,
+            _excess("bind_cpu_ns"),
+            "'more host CPU in bind'",
+        ),
+    ]
+    if which == "start":
+        return bind
+    work = _excess("device_work_ns")
+    signal = _excess("signal_lag_ns")
+    return [
+        *bind,
+        (material("gc_fence"), fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
+        (
+            f"{material(work)} AND {_half('gc_run', work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
+        ),
+        (
+            f"{material(work)} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            _contention("device_rq_ns", "device_cpu_ns"),
+            "'the device thread was runnable but waiting for a CPU'",
+        ),
+        (material(work), fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        (
+            f"{material(signal)} AND {_half(_contention('fence_rq_ns', 'fence_cpu_ns'), signal)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_RUN_QUEUE,
+            _contention("fence_rq_ns", "fence_cpu_ns"),
+            "'woke from the fence but waited for a CPU'",
+        ),
+        (material(signal), fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, signal, "'the completion fence was signalled late'"),
+    ]
+
+
 def _case(rules: list[tuple[str, str, str, str, str]], field: int) -> str:
     whens = " ".join(f"WHEN {rule[0]} THEN {_literal(rule[field]) if field in (1, 2) else rule[field]}" for rule in rules)
     return f"CASE {whens} END"
@@ -368,6 +420,14 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
             f"CAST({_case(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns",
             f"{_case(rules, 4)} AS {prefix}_detail",
         ]
+    for prefix in ("start", "end"):
+        own = _own_rules(threshold_ns, prefix)
+        columns += [
+            f"{_case(own, 1)} AS {prefix}_own_phase",
+            f"{_case(own, 2)} AS {prefix}_own_mechanism",
+            f"CAST({_case(own, 3)} AS DOUBLE) AS {prefix}_own_evidence_ns",
+            f"{_case(own, 4)} AS {prefix}_own_detail",
+        ]
     engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
         SELECT c.*, {", ".join(columns)},
                c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
@@ -384,9 +444,20 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
         JOIN decided o ON o.step = d.step AND o.rank <> d.rank GROUP BY d.step, d.rank""")
     engine.run("""CREATE OR REPLACE TEMP TABLE decided AS
         SELECT d.*, p.last_arrival_rank FROM decided d LEFT JOIN peers p USING (step, rank)""")
+    _own_over_carried(engine)
     engine.run(f"""ALTER TABLE decided ADD COLUMN late_start BOOLEAN; ALTER TABLE decided ADD COLUMN late_end BOOLEAN;
         UPDATE decided SET late_start = start_excess_ns > {threshold_ns},
                            late_end = end_skew_ns > {threshold_ns} AND (rank = latest_end_rank OR end_excess_ns > {threshold_ns})""")
+
+
+def _own_over_carried(engine: Engine) -> None:
+    """A carried-over start or end with a material cause of its own names that cause; the carried part is kept beside it."""
+    for w in ("start", "end"):
+        engine.run(f"""ALTER TABLE decided ADD COLUMN {w}_carried_ns DOUBLE;
+            UPDATE decided SET {w}_carried_ns = {w}_evidence_ns WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}';
+            UPDATE decided SET {w}_phase = {w}_own_phase, {w}_mechanism = {w}_own_mechanism,
+                               {w}_evidence_ns = {w}_own_evidence_ns, {w}_detail = {w}_own_detail
+            WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}' AND {w}_own_mechanism IS NOT NULL""")
 
 
 def _deepest_device_phase(engine: Engine) -> None:
@@ -426,7 +497,7 @@ def _deepest_device_phase(engine: Engine) -> None:
                    WHERE decided.step = deepest.step AND decided.rank = deepest.rank AND decided.end_phase = '{fmt.PHASE_DEVICE_WALL}'""")
 
 
-def _chain_origins(engine: Engine) -> None:
+def _chain_origins(engine: Engine, threshold_ns: int) -> None:
     """``start_from_step`` / ``end_from_step``: for carried_over causes, the step where the chain began.
 
     A carried-over start or end points at what held it back on its rank: the
@@ -439,23 +510,31 @@ def _chain_origins(engine: Engine) -> None:
     """
     claim = "previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns)"
     carried = f"= '{fmt.MECH_CARRIED_OVER}'"
+    half = f"{threshold_ns} / 2"
+    # a link leaves every start or end that was held back; a chain passes only through one that was late for no reason
+    # of its own (still carried over, and late by a material amount: a start held back by microseconds is not late)
     engine.run(f"""CREATE OR REPLACE TEMP TABLE links AS
         SELECT rank, step, 'start' AS kind, CASE WHEN {claim} THEN previous_step ELSE slot_step END AS next_step,
-               CASE WHEN {claim} THEN 'start' ELSE 'end' END AS next_kind
-        FROM decided WHERE start_mechanism {carried}
+               CASE WHEN {claim} THEN 'start' ELSE 'end' END AS next_kind,
+               coalesce(start_mechanism {carried} AND {_excess("start_ns")} > {half}, FALSE) AS through
+        FROM decided WHERE start_carried_ns IS NOT NULL
         UNION ALL
         SELECT rank, step, 'end',
                CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step WHEN {claim} THEN previous_step ELSE slot_step END,
-               CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN 'end' WHEN {claim} THEN 'start' ELSE 'end' END
-        FROM decided WHERE end_mechanism {carried}""")
+               CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN 'end' WHEN {claim} THEN 'start' ELSE 'end' END,
+               coalesce(end_mechanism {carried} AND end_excess_ns > {half}, FALSE)
+        FROM decided WHERE end_carried_ns IS NOT NULL""")
     engine.run(
         """CREATE OR REPLACE TEMP TABLE ancestor AS SELECT rank, step, kind, next_step AS anc_step, next_kind AS anc_kind FROM links"""
     )
-    jump = """FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind"""
-    while engine.scalar(f"SELECT count(*) {jump}"):
-        engine.run("""CREATE OR REPLACE TEMP TABLE ancestor AS
-            SELECT a.rank, a.step, a.kind, coalesce(p.anc_step, a.anc_step) AS anc_step, coalesce(p.anc_kind, a.anc_kind) AS anc_kind
-            FROM ancestor a LEFT JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind""")
+    engine.run("CREATE OR REPLACE TEMP TABLE passable AS SELECT rank, step, kind FROM links WHERE through")
+    jump = """FROM ancestor a JOIN ancestor p ON p.rank = a.rank AND p.step = a.anc_step AND p.kind = a.anc_kind
+              JOIN passable t ON t.rank = a.rank AND t.step = a.anc_step AND t.kind = a.anc_kind"""
+    while engine.scalar(f"SELECT count(*) {jump} WHERE p.anc_step IS DISTINCT FROM a.anc_step OR p.anc_kind IS DISTINCT FROM a.anc_kind"):
+        engine.run(f"""CREATE OR REPLACE TEMP TABLE ancestor AS
+            SELECT a.rank, a.step, a.kind, coalesce(j.anc_step, a.anc_step) AS anc_step, coalesce(j.anc_kind, a.anc_kind) AS anc_kind
+            FROM ancestor a LEFT JOIN (SELECT a.rank, a.step, a.kind, p.anc_step, p.anc_kind {jump}) j
+                 ON j.rank = a.rank AND j.step = a.step AND j.kind = a.kind""")
     engine.run("""CREATE OR REPLACE TEMP TABLE diagnosed AS
         SELECT d.*, s.anc_step AS start_from_step, e.anc_step AS end_from_step
         FROM decided d
@@ -478,7 +557,7 @@ def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
     _build_cells(engine, threshold_ns)
     _decide(engine, threshold_ns)
     _deepest_device_phase(engine)
-    _chain_origins(engine)
+    _chain_origins(engine, threshold_ns)
     return Diagnosis(late_starts=_late_start_items(engine), tail_steps=_tail_items(engine))
 
 
@@ -497,6 +576,9 @@ def cause_item(row: dict, which: str, late_rank: int, late_device: str) -> dict:
     }
     if mechanism == fmt.MECH_CARRIED_OVER:
         item["from_step"] = row[f"{which}_from_step"]
+    elif row.get(f"{which}_carried_ns") is not None and row.get(f"{which}_from_step") is not None:
+        # its own cause, and lateness carried over from an earlier step beside it
+        item["carried_over"] = {"from_step": row[f"{which}_from_step"], "evidence_ms": ns_to_ms(max(0.0, row[f"{which}_carried_ns"]))}
     if mechanism == fmt.MECH_PEER_WAIT:
         peer = row["last_arrival_rank"]
         item.update(

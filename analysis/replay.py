@@ -43,6 +43,8 @@ _IS_END = np.array([name.endswith("_end") for name in HOST_EVENTS])
 # a run whose bind starts this long after anything on its thread was not held by the thread: it keeps its time
 PIN_GAP_NS = 1_000_000_000
 _FREE = np.inf  # the slack of a dependency that did not exist
+# a rank's exit from a collective this long before the last arrival still counts as after it (clock noise)
+ALIGNMENT_TOLERANCE_NS = 50_000
 _RING = 4  # runs of a rank whose events later events may still depend on (depth 2, plus margin)
 
 
@@ -67,8 +69,9 @@ class DecodeRuns:
 class Removal:
     """Take ``ns`` off one event of one run in one scenario column.
 
-    ``target`` is a host event kind, or ``device`` with ``segment`` the device
-    work segment (0 = before the first collective; the last = after the last).
+    ``target`` is a host event kind, ``device`` with ``segment`` the device
+    work segment (0 = before the first collective; the last = after the last),
+    or ``exit`` with ``segment`` the collective whose exit the rank was late to.
     """
 
     column: int
@@ -189,13 +192,31 @@ class Replayer:
         latest = np.fmax(runner, previous_end)
         self.device_slack_launch = np.where(np.isnan(runner), _FREE, latest - runner)
         self.device_slack_previous = np.where(np.isnan(previous_end), _FREE, latest - previous_end)
-        waits = runs.wait_ns
-        # collective k of a step couples the ranks that all have it; arrival slack: how much earlier than the last arrival
-        present = ~np.isnan(waits)
-        self.coupled = present.all(axis=0)  # [steps, waits]
-        least = np.nanmin(np.where(present, waits, np.inf), axis=0, initial=np.inf)
-        self.arrival_slack = np.where(present, waits - least[None], _FREE)
+        self._collective_slacks(runs)
         self.has_device = ~np.isnan(start) & ~np.isnan(end)
+
+    def _collective_slacks(self, runs: DecodeRuns) -> None:
+        """How much earlier than the last arrival each rank reached each collective, and when its exit began.
+
+        Where the device clocks are aligned with the host (every rank left after
+        the last one arrived), arrivals are read on the host axis, and a rank
+        that left late (its thread stalled after the release) keeps that as its
+        own exit lag. Otherwise all ranks are taken to leave together, and a rank
+        that waited w less arrived w later.
+        """
+        arrival, wait = runs.wait_start, runs.wait_ns
+        present = ~np.isnan(wait)
+        self.coupled = present.all(axis=0)  # [steps, waits]: a collective couples the ranks that all have it
+        with np.errstate(all="ignore"):
+            last_arrival = np.nanmax(arrival, axis=0)
+            first_exit = np.nanmin(arrival + wait, axis=0)
+            least_wait = np.nanmin(wait, axis=0)
+        aligned = first_exit - last_arrival >= -ALIGNMENT_TOLERANCE_NS
+        host_slack = last_arrival[None] - arrival
+        wait_slack = wait - least_wait[None]
+        self.arrival_slack = np.where(present, np.where(aligned[None], host_slack, wait_slack), _FREE)
+        # the part of each wait after the release, on ranks whose exit can be told apart from the others'
+        self.exit_start = np.where(aligned[None] & present, np.fmax(last_arrival[None], arrival), np.nan)
 
     def lag(self, rank: int, step: int, kind: int) -> float:
         """The measured lag of one host event after its latest dependency (0 where the event is absent)."""
@@ -274,7 +295,7 @@ class Replayer:
             delta = delta - plan.device_removed(j, k)
             if k < waits and self.coupled[j, k]:
                 released = np.max(delta - self.arrival_slack[:, j, k, None], axis=0)
-                delta = np.broadcast_to(released, delta.shape).copy()
+                delta = np.broadcast_to(released, delta.shape) - plan.exit_removed(j, k)
         has = self.has_device[:, j]
         state.device_end[:, slot] = np.where(has[:, None], delta, state.device_end[:, slot])
         state.device_written[has, slot] = j
@@ -333,10 +354,12 @@ class _RemovalPlan:
         self.columns = columns
         self.host: dict[tuple[int, int, int], np.ndarray] = {}
         self.device: dict[tuple[int, int], np.ndarray] = {}
+        self.exit: dict[tuple[int, int], np.ndarray] = {}
         self.last_step = np.full(columns, -1, np.int64)
         for removal in removals:  # one entry per cause and scenario: a few per flagged step
-            if removal.target == "device":
-                amounts = self.device.setdefault((removal.step, removal.segment), np.zeros((ranks, columns)))
+            if removal.target in ("device", "exit"):
+                table = self.device if removal.target == "device" else self.exit
+                amounts = table.setdefault((removal.step, removal.segment), np.zeros((ranks, columns)))
                 amounts[removal.rank, removal.column] += removal.ns
             else:
                 key = (removal.rank, removal.step, int(removal.target))
@@ -356,3 +379,6 @@ class _RemovalPlan:
 
     def device_removed(self, step: int, segment: int) -> np.ndarray:
         return self.device.get((step, segment), self._zero)
+
+    def exit_removed(self, step: int, collective: int) -> np.ndarray:
+        return self.exit.get((step, collective), self._zero)

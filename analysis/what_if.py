@@ -223,6 +223,10 @@ class WhatIf:
             seg_overlap = np.minimum(seg_start + self.segments[r], g1) - np.maximum(seg_start, g0)
             for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
                 removals.append(Removal(column, r, int(jj), "device", float(seg_overlap[jj, k]), int(k)))
+            exit_start = self.replayer.exit_start[r]
+            exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], g1) - np.maximum(exit_start, g0)
+            for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
+                removals.append(Removal(column, r, int(jj), "exit", float(exit_overlap[jj, k]), int(k)))
         return removals
 
     def saved_ns(self, scenarios: list[list[OwnCause]]) -> np.ndarray:
