@@ -313,13 +313,19 @@ def plan_faults(shape: Shape, spacing: int = 7) -> list[Fault]:
 
 
 def chain_scenario(seed: int = 3, ranks: int = 8) -> Scenario:
-    """Two long fence delays whose runs were each held back 150 us by the slot's previous run (a nudge, not a fault).
+    """Three long faults, each on a run held back 150 us by its slot's previous run (a nudge, not a fault).
 
-    Each delay starts a carry-over chain on its rank; the chain began at the
-    delayed step, not at the nudge two steps before it.
+    Each fault starts a carry-over chain on its rank. The chain began at the
+    faulty run — the one whose lateness has a cause of its own — not at the
+    nudge before it, and (for the slow bind) not at the run before it that the
+    bind held up on the same host thread.
     """
     shape = Shape(ranks=ranks, steps=60, layers=3, seed=seed, peer=True)
-    faults = [Fault(20, 3 % ranks, "fence", 42 * MS), Fault(40, 6 % ranks, "fence", 36 * MS)]
+    faults = [
+        Fault(20, 3 % ranks, "fence", 42 * MS),
+        Fault(32, 5 % ranks, "gc_bind", 38 * MS),
+        Fault(44, 6 % ranks, "fence", 36 * MS),
+    ]
     nudges = [(f.step - 2, f.rank, 150 * US) for f in faults]
     return Scenario(shape, faults, nudges)
 
@@ -379,6 +385,11 @@ def known_answers(scenario: Scenario) -> dict:
         "median_interval_ms": round(float(np.median(intervals)) / MS, 3),
         "faults": faults,
         "nudges": [{"step": s, "rank": r, "held_back_ms": ns / MS} for s, r, ns in scenario.nudges],
+        "chains": [
+            {"rank": f["rank"], "origin_step": f["step"], "carried": [(i["section"], i["step"]) for i in carried]}
+            for f in faults
+            if (carried := [i for i in f["flags"] if i["mechanism"] == "carried_over"])
+        ],
         "unexplained": [{"section": sec, "step": s, "rank": r} for sec, s, r in sorted(seen - explained, key=lambda i: (i[1], i[0]))],
     }
 
