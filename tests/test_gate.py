@@ -13,18 +13,18 @@ from click.testing import CliRunner
 from hostile_summaries import any_summary
 from hypothesis import given, settings
 
-from dsprof.analysis.gate import (
+from dsprof.analysis.gate_rules import MAX_NESTING, load_rules
+from dsprof.analysis.outputs.gate_outputs import (
     _github_data,
     _github_property,
-    figure_unit,
     format_step_summary,
     format_verdict,
-    gate,
     github_annotations,
-    load_rules,
-    load_summary,
     write_junit,
 )
+from dsprof.analysis.summary import figure_unit
+from dsprof.analysis.summary import summary_with_path as load_summary
+from dsprof.commands.gate import gate, gate_command
 from dsprof.cli.main import cli
 from dsprof.errors import InputError
 
