@@ -51,9 +51,10 @@ import pyarrow.parquet as pq
 from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output, atomic_write_text
+from dsprof.profiler import artifacts
 
 DATASET_SCHEMA = "dsprof.span_dataset/1"
-MANIFEST = "dataset.json"
+MANIFEST = artifacts.SPAN_DATASET_MANIFEST
 WINDOW_DIR = "time_window="
 PART_FILE = "{prefix}-{n}.parquet"
 # 2**34 ns ≈ 17 s: far longer than any root, short enough that a window of a

@@ -33,7 +33,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from dsprof.analysis.gate import Unavailable, UnknownFigure, figure_unit, is_number, load_summary, resolve
+from dsprof.analysis.summary import Unavailable, UnknownFigure, figure_unit, is_number, resolve, summary_with_path
 from dsprof.textsafe import terminal_safe
 
 # Sections whose leaves are run identity or raw counts of inputs, not figures.
@@ -291,8 +291,8 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
     Each side is a summary dict, a ``summary.json`` path or artifact dir, or a
     sequence of those (repeated runs of the same configuration).
     """
-    a_loaded = [load_summary(s) for s in _as_list(a)]
-    b_loaded = [load_summary(s) for s in _as_list(b)]
+    a_loaded = [summary_with_path(s) for s in _as_list(a)]
+    b_loaded = [summary_with_path(s) for s in _as_list(b)]
     if not a_loaded or not b_loaded:
         raise ValueError("each side of a diff needs at least one summary")
     a_flat = [flatten_figures(s, per_rank=per_rank) for s, _ in a_loaded]

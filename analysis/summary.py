@@ -238,3 +238,178 @@ def _bounded_int(text: str) -> int:
     if digits > 308:
         raise ValueError(f"an integer of {digits} digits is beyond the range of a figure")
     return int(text)
+
+
+# =========================================================================== figure lookup
+# Finding figures in a summary by dotted path, for the gate and diff: one path
+# (``runner_end_skew_ms.p99``, ``figures.per_rank.*.bind_ms.p95``) gives the
+# concrete figures it names, a figure the run did not produce, or a mistake in
+# the path (with the closest paths the summary does have). Kept as one block, its
+# imports with it, so that it merges apart from the model above (move them up then).
+
+import difflib  # noqa: E402
+import itertools  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+
+from dsprof.textsafe import terminal_safe  # noqa: E402
+
+# Blocks of the summary whose keys are the run's own (ranks, devices, drop reasons,
+# workload settings): a key one of them lacks is a figure this run did not
+# produce. Every other block has the same keys in every summary (null when not
+# measured), so a path missing there is a mistake in the rules. Lists (items,
+# per_step) are run-dependent as well: an index past the end was not produced.
+RUN_KEYED_BLOCKS = frozenset(
+    {
+        "workload",
+        "inputs.dropped",
+        "validation.dropped",
+        "validation.steps_per_rank",
+        "figures.per_rank",
+        "tail_steps.devices",
+        "pipeline.cadence_ms",
+        "pipeline.achieved_depth",
+    }
+)
+
+# Units by figure-name suffix, longest first (``_tok_s`` before ``_s``).
+_UNITS = (("_tok_s", "tok/s"), ("_ms", "ms"), ("_us", "us"), ("_ns", "ns"), ("_s", "s"))
+
+
+def summary_with_path(summary_or_dir: str | os.PathLike | dict) -> tuple[dict, str | None]:
+    """A summary dict as given, or the summary of a ``summary.json`` path or artifact dir, with its path."""
+    if isinstance(summary_or_dir, dict):
+        return summary_or_dir, None
+    return dict(load_summary(summary_or_dir)), str(summary_path(summary_or_dir))
+
+
+def is_number(value: Any) -> bool:
+    """A finite int or float, not a bool: what the gate can compare and the diff can average."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:  # an int beyond the float range
+        return False
+
+
+@dataclass(frozen=True)
+class Unavailable:
+    """A figure of the summary's schema that this run did not produce; ``reason`` says why."""
+
+    reason: str
+
+
+class UnknownFigure(Exception):
+    """A path the summary does not have: a mistake in the rules, not a property of the run."""
+
+    def __init__(self, path: str, missing_at: str, suggestions: list[str]):
+        self.path = path
+        self.missing_at = missing_at
+        self.suggestions = suggestions
+        super().__init__(path)
+
+    def describe(self) -> str:
+        """``"x.y" is not a figure of this summary (no "x.y"); did you mean ...?"``"""
+        text = f"{terminal_safe(self.path)} is not a figure of this summary"
+        if self.missing_at != self.path:
+            text += f" (it has no {terminal_safe(self.missing_at)})"
+        if self.suggestions:
+            text += "; did you mean " + " or ".join(terminal_safe(s) for s in self.suggestions) + "?"
+        return text
+
+
+def _figure_paths(summary: dict, limit: int = 20_000) -> Iterator[str]:
+    """Leaf paths of a summary for suggestions: every fixed key, and ``*`` for run keys and list items (the first one's keys)."""
+    stack: list[tuple[list[str], Any]] = [([], summary)]
+    produced = 0
+    while stack and produced < limit:
+        prefix, node = stack.pop()
+        if isinstance(node, dict):
+            keyed = ".".join(prefix) in RUN_KEYED_BLOCKS
+            children = itertools.islice(node.items(), 1) if keyed else node.items()
+            stack.extend(([*prefix, "*" if keyed else str(k)], v) for k, v in children)
+        elif isinstance(node, list):
+            if node:
+                stack.append(([*prefix, "*"], node[0]))
+        elif prefix:
+            produced += 1
+            path = ".".join(prefix)
+            yield path
+            if prefix[0] == "figures" and len(prefix) > 1:
+                yield path.removeprefix("figures.")
+
+
+def _closest(path: str, candidates: Iterator[str], cutoff: float = 0.6, band: float = 0.05) -> list[str]:
+    """Up to three paths most like ``path`` (difflib ratio), only those about as close as the best one."""
+    scored = []
+    for candidate in dict.fromkeys(candidates):
+        matcher = difflib.SequenceMatcher(None, path, candidate)
+        if matcher.real_quick_ratio() >= cutoff and matcher.quick_ratio() >= cutoff and matcher.ratio() >= cutoff:
+            scored.append((-matcher.ratio(), candidate))
+    scored.sort()
+    return [candidate for score, candidate in scored[:3] if -score >= -scored[0][0] - band]
+
+
+def _unknown(summary: dict, path: str, missing_at: str) -> UnknownFigure:
+    return UnknownFigure(path, missing_at, _closest(path, _figure_paths(summary)))
+
+
+def resolve(summary: dict, path: str) -> list[tuple[str, Any]]:
+    """Concrete ``(path, value)`` pairs for a dotted path.
+
+    A path not found from the top is tried under ``figures.``; a ``*`` segment
+    matches every key of the dict (or index of the list) at that level. A value
+    the run did not produce (under a null block, a rank or item it does not
+    have, every rank of an empty per-rank block) comes back as
+    :class:`Unavailable`; a wildcard over an empty list matches nothing (no
+    items: nothing to check). A path the summary's schema does not have raises
+    :class:`UnknownFigure`.
+    """
+    parts = path.split(".")
+    if parts[0] not in summary and isinstance(summary.get("figures"), dict) and parts[0] in summary["figures"]:
+        parts = ["figures", *parts]
+    matches: list[tuple[list[str], Any]] = [([], summary)]
+    for part in parts:
+        expanded: list[tuple[list[str], Any]] = []
+        for prefix, node in matches:
+            where = ".".join(prefix)
+            if isinstance(node, Unavailable):
+                expanded.append(([*prefix, part], node))
+            elif node is None:
+                expanded.append(([*prefix, part], Unavailable(f"{where} is null in this run")))
+            elif part == "*" and isinstance(node, dict):
+                if not node:
+                    expanded.append(([*prefix, part], Unavailable(f"{where} is empty in this run")))
+                expanded.extend(([*prefix, str(k)], v) for k, v in node.items())
+            elif part == "*" and isinstance(node, list):
+                expanded.extend(([*prefix, str(i)], v) for i, v in enumerate(node))
+            elif isinstance(node, dict) and part in node:
+                expanded.append(([*prefix, part], node[part]))
+            elif isinstance(node, dict) and where in RUN_KEYED_BLOCKS:
+                expanded.append(([*prefix, part], Unavailable(f"{where} has no {part} in this run")))
+            elif isinstance(node, list) and part.isascii() and part.isdecimal():  # '٥' is not an index
+                if int(part) < len(node):
+                    expanded.append(([*prefix, part], node[int(part)]))
+                else:
+                    expanded.append(([*prefix, part], Unavailable(f"{where} has {len(node)} item(s) in this run")))
+            else:
+                raise _unknown(summary, path, ".".join([*prefix, part]))
+        matches = expanded
+    return [(".".join(p), v) for p, v in matches]
+
+
+def figure_unit(path: str) -> str:
+    """The unit a figure's name declares: ``_ms`` ms, ``_s`` seconds, ``_tok_s`` tok/s; '' when none.
+
+    The last segment with a unit suffix decides, so ``runner_end_skew_ms.p99``
+    and ``pipeline.cadence_ms.3.p50`` are ms.
+    """
+    for segment in reversed(path.split(".")):
+        for suffix, unit in _UNITS:
+            if segment.endswith(suffix):
+                return unit
+    return ""
+
+
+# =========================================================================== end of figure lookup

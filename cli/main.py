@@ -1,7 +1,8 @@
 """The ``dsprof`` command.
 
-Each command parses its options and calls one library function, so everything
-here can also be done from Python. Errors the user can act on
+Each command parses its options and calls one function of :mod:`dsprof.commands`,
+so everything here can also be done from Python; of dsprof, this module imports
+only those and :mod:`dsprof.errors`. Errors the user can act on
 (:class:`~dsprof.errors.DsprofError`, and files that cannot be read or written)
 print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 ``--debug`` shows the traceback instead. Progress goes to stderr.
@@ -9,24 +10,21 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 
 from __future__ import annotations
 
-import gc
-import os
 import shutil
 import sys
-import time
 from pathlib import Path
 
 import click
 
-from dsprof import __version__
-from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
-from dsprof.analysis.outputs.console import format_console_summary
-from dsprof.commands.analyze import ENGINES, analyze_paths
+from dsprof.commands import __version__
+from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
+from dsprof.commands.diff import diff_command
+from dsprof.commands.gate import gate_command
+from dsprof.commands.ingest import ingest_command
+from dsprof.commands.merge import merge_command
+from dsprof.commands.printing import error_line, os_error_message
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
 from dsprof.errors import DsprofError
-from dsprof.fileio import atomic_append_text
-from dsprof.profiler import artifacts
-from dsprof.textsafe import terminal_safe
 
 _DEBUG_KEY = "dsprof.debug"
 _PROGRESS_KEY = "dsprof.progress"
@@ -40,14 +38,7 @@ class UserError(click.ClickException):
         self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; this error's own status
 
     def show(self, file=None) -> None:
-        # messages quote file names and file contents: nothing in them may drive the terminal
-        click.echo(f"dsprof: error: {terminal_safe(self.format_message())}", err=True)
-
-
-def _os_error_message(exc: OSError) -> str:
-    where = exc.filename if exc.filename is not None else ""
-    reason = exc.strerror or str(exc)
-    return f"{where}: {reason}" if where else reason
+        click.echo(error_line(self.format_message()), err=True)
 
 
 def _usage_error_message(exc: click.UsageError) -> str:
@@ -72,7 +63,7 @@ class DsprofGroup(click.Group):
                 raise
             if isinstance(exc, DsprofError):
                 raise UserError(str(exc), exc.exit_code) from exc
-            raise UserError(_os_error_message(exc)) from exc
+            raise UserError(os_error_message(exc)) from exc
 
 
 class ProgressPrinter:
@@ -118,6 +109,24 @@ def _progress() -> ProgressPrinter:
     printer = ProgressPrinter()
     click.get_current_context().meta[_PROGRESS_KEY] = printer
     return printer
+
+
+def _end_progress() -> None:
+    printer = click.get_current_context().meta.get(_PROGRESS_KEY)
+    if printer is not None:
+        printer.done()
+
+
+def _out(line: str) -> None:
+    """A line of the command's printout (stdout), after any progress line."""
+    _end_progress()
+    click.echo(line)
+
+
+def _err(line: str) -> None:
+    """A note of the command (stderr), after any progress line."""
+    _end_progress()
+    click.echo(line, err=True)
 
 
 _PRESET = "the preset's"
@@ -204,12 +213,12 @@ def run(
     runtime failed or the swimlane is not valid (what was written is still
     analysed, e.g. after an injected crash).
     """
-    # imported here, not at the top: it loads torch, which the other commands never need
-    from dsprof.commands.run import profile_run
-    from dsprof.runtime.config import RuntimeConfig
+    # Imported here, not at the top: dsprof.commands.run loads torch (the runtime), which no other
+    # command needs, so that the CLI starts without it. Not a cycle: nothing imports the CLI.
+    from dsprof.commands.run import run_command
 
-    config = RuntimeConfig.from_preset(  # None means "the preset's value"
-        preset,
+    exit_code = run_command(
+        preset,  # None below means "the preset's value"
         ranks=ranks,
         tp=tp,
         requests=requests,
@@ -225,21 +234,13 @@ def run(
         host_evidence=host_evidence,
         seed=seed,
         inject=list(inject) or None,
+        threshold_ms=threshold_ms,
+        out_dir=out_dir,
+        progress=_progress(),
+        out=_out,
+        err=_err,
     )
-    if out_dir is None:
-        out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
-    progress = _progress()
-    result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
-    progress.done()
-    if result.summary is not None:
-        click.echo(format_console_summary(result.summary))
-    for line in result.problems:
-        click.echo(f"dsprof: {terminal_safe(line)}", err=True)
-    report = result.output(artifacts.REPORT_HTML)
-    if report is not None:
-        click.echo(f"report: {report}")
-    click.echo(f"artifacts: {result.out_dir}")
-    click.get_current_context().exit(result.exit_code)
+    click.get_current_context().exit(exit_code)
 
 
 # --------------------------------------------------------------------------- analyze / ingest / merge
@@ -262,7 +263,7 @@ def run(
     "--memory-limit",
     default=None,
     metavar="SIZE",
-    show_default=f"{DEFAULT_MEMORY_SHARE:.0%} of RAM",
+    show_default=MEMORY_LIMIT_DEFAULT,
     help="Memory the query engine may use before spilling to disk, e.g. 4GB or 25%.",
 )
 @click.option(
@@ -288,26 +289,18 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
     Writes summary.json, summary.md, combined-swimlane.json and report.html,
     and prints the findings (docs/CLI.md).
     """
-    if out_dir is None:
-        out_dir = (
-            paths[0] if len(paths) == 1 and paths[0].is_dir() and not (paths[0] / "dataset.json").exists() else Path("dsprof-analysis")
-        )
-    progress = _progress()
-    outcome = analyze_paths(
-        list(paths),
+    analyze_command(
+        paths,
         out_dir,
         threshold_ms=threshold_ms,
         expect_ranks=expect_ranks,
-        memory_limit=None if memory_limit is None else parse_memory_limit(memory_limit),
+        memory_limit=memory_limit,
         spans_dir=spans_dir,
         engine=engine,
         address=address,
-        progress=progress,
+        progress=_progress(),
+        out=_out,
     )
-    progress.done()
-    click.echo(format_console_summary(outcome.summary))
-    for name, path in outcome.outputs.items():
-        click.echo(f"{name}: {path}")
 
 
 @cli.command()
@@ -325,16 +318,7 @@ def ingest(paths, output) -> None:
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
-    # The readers make no reference cycles worth collecting; the cyclic collector would only take CPU from them.
-    gc.disable()
-    from dsprof.commands import ingest as command
-
-    command.keep_pandas_out()
-    progress = _progress()
-    trace = command.ingest_paths(list(paths), output, progress=progress)
-    progress.done()
-    click.echo(command.format_ingest_report(trace))
-    click.echo(command.output_description(output, trace))
+    ingest_command(paths, output, progress=_progress(), out=_out)
 
 
 @cli.command()
@@ -346,15 +330,7 @@ def merge(output) -> None:
     OUTPUT is the SA_PROFILE output: a directory, or a path ending in .json.
     Torn or malformed lines are skipped and counted.
     """
-    from dsprof.profiler.sa_profile import merge_fragments
-
-    progress = _progress()
-    result = merge_fragments(output, progress=progress, require_fragments=True)
-    progress.done()
-    click.echo(
-        f"merged {result.events} events from {result.fragments} fragment(s) into {result.path}"
-        f" ({result.skipped_lines} malformed line(s) skipped)"
-    )
+    merge_command(output, progress=_progress(), out=_out)
 
 
 # --------------------------------------------------------------------------- report / export
@@ -441,24 +417,15 @@ def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
     rule: status, rule name, figure, value vs limit. On GitHub Actions
     (GITHUB_ACTIONS=true) failures also become ::error annotations titled by
     the rule, and a table of every rule's outcome is appended to
-    $GITHUB_STEP_SUMMARY.
+    $GITHUB_STEP_SUMMARY; a rules or summary error gets an annotation and a
+    step-summary line too.
 
     Exit status: 0 every rule passed, 1 a rule failed or its figure was not
     produced by the run, 2 the rules or the summary could not be read (a figure
     path the summary does not have is a rules error).
     """
-    from dsprof.analysis.gate import format_step_summary, format_verdict, github_annotations
-    from dsprof.analysis.gate import gate as run_gate
-
-    verdict = run_gate(summary, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path)
-    click.echo(format_verdict(verdict))
-    if os.environ.get("GITHUB_ACTIONS") == "true":
-        for annotation in github_annotations(verdict):
-            click.echo(annotation)
-        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
-        if step_summary:
-            atomic_append_text(step_summary, format_step_summary(verdict))
-    click.get_current_context().exit(verdict.exit_code)
+    exit_code = gate_command(summary, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=_out)
+    click.get_current_context().exit(exit_code)
 
 
 def _runs(spec: str, name: str) -> list[Path]:
@@ -492,17 +459,10 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
     Exit status: 0, or 1 with --fail-on-regression when something got worse
     beyond noise; 2 when a summary cannot be read.
     """
-    from dsprof.analysis.diff import diff_summaries, format_diff
-
-    result = diff_summaries(_runs(a, "A"), _runs(b, "B"), per_rank=per_rank)
-    if fail_on_regression and not result.has_noise_estimate:
-        raise click.UsageError(
-            "--fail-on-regression needs repeated runs on at least one side (A1,A2,A3) to tell a regression from run-to-run noise"
-        )
-    click.echo(format_diff(result, show_all=show_all))
-    if fail_on_regression and result.regressions:
-        click.echo(f"regression: {len(result.regressions)} verdict(s) or figure(s) worse beyond noise")
-        click.get_current_context().exit(1)
+    exit_code = diff_command(
+        _runs(a, "A"), _runs(b, "B"), per_rank=per_rank, show_all=show_all, fail_on_regression=fail_on_regression, out=_out
+    )
+    click.get_current_context().exit(exit_code)
 
 
 def main() -> None:

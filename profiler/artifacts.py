@@ -34,7 +34,7 @@ COMBINED_SWIMLANE = "combined-swimlane.json"
 REPORT_HTML = "report.html"
 PERFETTO_JSON = "perfetto-trace.json"
 PERFETTO_PROTO = "perfetto-trace.pftrace"
-GATE_VERDICT = "gate-verdict.json"
+SPAN_DATASET_MANIFEST = "dataset.json"  # the manifest of a span dataset directory (dsprof ingest, analyze --spans)
 
 # Schemas of the JSON side files (bumped when a field changes meaning).
 PERFORMANCE_SUMMARY_SCHEMA = "dsprof.performance_summary/1"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import io
 import json
 import subprocess
@@ -16,6 +17,7 @@ from dsprof.cli.main import ProgressPrinter, cli
 from dsprof.errors import DsprofError
 
 DSPROF = Path(sys.executable).with_name("dsprof")
+REPO = Path(__file__).resolve().parents[1]
 COMMANDS = ("analyze", "diff", "export", "gate", "ingest", "merge", "report", "run")
 
 
@@ -283,3 +285,27 @@ def test_a_threshold_that_is_not_a_finite_number_is_one_line(tmp_path, value):
     result = CliRunner().invoke(cli, ["analyze", str(run_dir), "--threshold-ms", value, "-o", str(tmp_path / "out")])
     assert result.exit_code == 2 and result.output.count("\n") == 1, result.output
     assert not (tmp_path / "out").exists()
+
+
+def _dsprof_imports(path: Path) -> list[tuple[int, str]]:
+    """Every ``dsprof`` module a source file imports, at any level (top, inside functions), with its line."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found.extend((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}:{node.lineno}: a relative import"
+            found.append((node.lineno, node.module or ""))
+    return [(line, name) for line, name in found if name == "dsprof" or name.startswith("dsprof.")]
+
+
+def test_the_cli_imports_only_the_commands_and_the_errors():
+    imports = _dsprof_imports(REPO / "cli" / "main.py")
+    allowed = [name for _, name in imports if name in ("dsprof.commands", "dsprof.errors") or name.startswith("dsprof.commands.")]
+    assert {"dsprof.commands.run", "dsprof.commands.gate", "dsprof.errors"} <= set(allowed)  # the walk sees lazy imports too
+    assert [f"cli/main.py:{line}: {name}" for line, name in imports if name not in allowed] == []
+
+
+def test_the_cli_starts_without_torch():
+    code = "import sys, dsprof.cli.main; sys.exit(1 if 'torch' in sys.modules else 0)"
+    assert subprocess.run([sys.executable, "-c", code], timeout=120, check=False).returncode == 0

@@ -13,19 +13,18 @@ from click.testing import CliRunner
 from hostile_summaries import any_summary
 from hypothesis import given, settings
 
-from dsprof.analysis.gate import (
+from dsprof.analysis.gate_rules import MAX_NESTING, load_rules
+from dsprof.analysis.outputs.gate_outputs import (
     _github_data,
     _github_property,
-    figure_unit,
     format_step_summary,
     format_verdict,
-    gate,
     github_annotations,
-    load_rules,
-    load_summary,
     write_junit,
 )
+from dsprof.analysis.summary import UnknownFigure, figure_unit, resolve, summary_with_path
 from dsprof.cli.main import cli
+from dsprof.commands.gate import gate, gate_command
 from dsprof.errors import InputError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -489,6 +488,13 @@ slack = 1.0
         ("[rules]\n", "unknown top-level key"),
         ("", "no rules"),
         ("[[rule]\n", "not valid TOML"),
+        # digits of other scripts are not digits of a rule
+        ('[[rule]]\ncheck = "exit_status == \u0665"\n', "cannot read '\u0665'"),  # ARABIC-INDIC DIGIT FIVE
+        ('[[rule]]\ncheck = "root_ms.p50 <= \uff15"\n', "cannot read '\uff15'"),  # FULLWIDTH DIGIT FIVE
+        ('[[rule]]\ncheck = "root_ms.p50 <= 1\u0660"\n', "cannot read '\u0660'"),  # 1 then ARABIC-INDIC ZERO: not 10
+        ('[[rule]]\ncheck = "root_ms.p50 <= 2 * bind_ms.p\u0665\u0660"\n', "cannot read"),
+        ('[[relative]]\nfigure = "root_ms.p50"\nmax_increase = "\u0665%"\n', "not a number or percentage"),
+        ('[[relative]]\nfigure = "late_starts.items.\u0665.excess_ms"\nmax_increase = "5%"\n', "dotted figure path"),
     ],
 )
 def test_bad_rules_raise_input_error_naming_the_file(tmp_path, rules_text, message):
@@ -523,6 +529,43 @@ def test_nan_or_infinite_limits_and_tolerances_are_rules_errors(tmp_path, rules_
     assert "finite" in str(excinfo.value) and str(excinfo.value).startswith(str(rules))
 
 
+@pytest.mark.parametrize(
+    "value",
+    ["[" * 500 + "]" * 500, "{a = " * 500 + "1" + "}" * 500, "[" * 100_000, "[{x = [" * 200 + "]}]" * 200],
+    ids=["arrays", "inline-tables", "unclosed", "mixed"],
+)
+def test_rules_nested_deep_are_one_clear_error_not_a_recursion_error(tmp_path, value):
+    rules = _write(tmp_path, "deep.toml", '[[rule]]\ncheck = "exit_status == 0"\n[[rule]]\ncheck = ' + value + "\n")
+    with pytest.raises(InputError) as excinfo:
+        load_rules(rules)
+    assert str(excinfo.value) == f"{rules}:4: nested more than {MAX_NESTING} levels deep (expected a flat rules file)"
+    result = CliRunner().invoke(cli, ["gate", str(_summary_file(tmp_path, HEALTHY)), "--rules", str(rules)], env=NOT_ON_GITHUB)
+    assert result.exit_code == 2 and result.output.count("\n") == 1 and "nested more than" in result.output
+    assert "Traceback" not in result.output and "RecursionError" not in result.output
+
+
+def test_brackets_in_strings_and_comments_are_not_nesting(tmp_path):
+    deep = "[" * 200 + "{" * 200
+    rules = _write(
+        tmp_path,
+        "rules.toml",
+        f"# {deep}\n[[rule]]\nname = '{deep}'\ncheck = \"exit_status == 0\"  # {deep}\n"
+        f'[[rule]]\nname = """{deep}\n{deep}"""\ncheck = "validation.valid == true"\n'
+        f'[[rule]]\nname = "\\"{deep}"\ncheck = \'exit_status != 1\'\n',
+    )
+    assert [rule.name for rule in load_rules(rules)] == [deep, f"{deep}\n{deep}", f'"{deep}']
+    assert gate(HEALTHY, rules).passed
+
+
+def test_figure_lookup_reads_only_ascii_list_indexes():
+    summary = copy.deepcopy(HEALTHY)
+    summary["late_starts"]["items"] = [{"step": i, "excess_ms": float(i)} for i in range(6)]
+    assert resolve(summary, "late_starts.items.5.excess_ms") == [("late_starts.items.5.excess_ms", 5.0)]
+    for index in ("\u0665", "\uff15"):
+        with pytest.raises(UnknownFigure):
+            resolve(summary, f"late_starts.items.{index}.excess_ms")
+
+
 # --------------------------------------------------------------------------- summaries that cannot be compared
 
 
@@ -540,7 +583,7 @@ def test_nan_or_infinite_limits_and_tolerances_are_rules_errors(tmp_path, rules_
 def test_summaries_with_numbers_beyond_comparison_are_one_clear_error(tmp_path, text, fragment):
     path = _write(tmp_path, "summary.json", text)
     with pytest.raises(InputError) as excinfo:
-        load_summary(path)
+        summary_with_path(path)
     assert fragment in str(excinfo.value) and str(excinfo.value).startswith(str(path))
     rules = _write(tmp_path, "rules.toml", '[[rule]]\ncheck = "exit_status == 0"\n')
     result = CliRunner().invoke(cli, ["gate", str(path), "--rules", str(rules)], env=NOT_ON_GITHUB)
@@ -730,6 +773,48 @@ check = "late_starts.items.*.excess_ms < 20"
     # a second gate step appends its own table after the first one
     CliRunner().invoke(cli, ["gate", str(summary), "--rules", str(rules)], env=env)
     assert step_summary.read_text().count("### dsprof gate FAILED") == 2
+
+
+@pytest.mark.parametrize(
+    "rules_text, summary_name, message",
+    [
+        ('[[rule]]\ncheck = "exit_status <== 0"\n', "summary.json", "cannot read"),
+        ('[[rule]]\ncheck = "root_ms.p05 <= 1"\n', "summary.json", "did you mean"),
+        ('[[rule]]\ncheck = "exit_status == 0"\n', "absent.json", "not found"),
+        ("[[rule]]\ncheck = " + "[" * 500 + "]" * 500 + "\n", "summary.json", "nested more than"),
+    ],
+)
+def test_on_github_actions_a_gate_that_cannot_judge_says_so_in_an_annotation_and_the_step_summary(
+    tmp_path, rules_text, summary_name, message
+):
+    rules = _write(tmp_path, "rules.toml", rules_text)
+    _summary_file(tmp_path, HEALTHY)
+    step_summary = _write(tmp_path, "step-summary.md", "## earlier step\n")
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(step_summary)}
+    result = CliRunner().invoke(cli, ["gate", str(tmp_path / summary_name), "--rules", str(rules)], env=env)
+    assert result.exit_code == 2
+    (annotation,) = result.stdout.splitlines()
+    assert annotation.startswith("::error title=dsprof gate%3A rules error::") and message in annotation
+    (error,) = result.stderr.splitlines()
+    assert error.startswith("dsprof: error: ") and message in error
+    text = step_summary.read_text()
+    assert text.startswith("## earlier step\n### dsprof gate ERROR: ") and message in text
+
+
+def test_a_rules_error_reaches_python_callers_after_the_github_report(tmp_path):
+    rules = _write(tmp_path, "rules.toml", '[[rule]]\nname = "a | b\\nc"\ncheck = "validation.valid =="\n')
+    step_summary = tmp_path / "step-summary.md"
+    printed: list[str] = []
+    environ = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(step_summary)}
+    with pytest.raises(InputError) as excinfo:
+        gate_command(_summary_file(tmp_path, HEALTHY), rules, out=printed.append, environ=environ)
+    assert printed == ["::error title=dsprof gate%3A rules error::" + str(excinfo.value).replace("\n", "%0A")]
+    assert step_summary.read_text().count("\n") == 2  # one line, then the blank line that ends it
+    assert "|" not in step_summary.read_text().replace("&#124;", "")  # no table cell breaks from the rule's name
+    printed.clear()
+    with pytest.raises(InputError):
+        gate_command(_summary_file(tmp_path, HEALTHY), rules, out=printed.append, environ={"GITHUB_ACTIONS": "false"})
+    assert printed == []
 
 
 def test_elsewhere_the_output_is_plain_text_and_no_step_summary_is_written(tmp_path):

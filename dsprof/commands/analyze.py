@@ -18,13 +18,16 @@ from pathlib import Path
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
 from dsprof.analysis.cluster import read_and_aggregate
 from dsprof.analysis.dataset import open_dataset
+from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
+from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
 from dsprof.commands.ingest import ingest_paths
+from dsprof.commands.printing import Printer
 from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
@@ -32,6 +35,8 @@ Progress = Callable[[str], None] | None
 # Inputs bigger than this are analysed out of core (a span dataset on disk).
 SPILL_BYTES = 256 << 20
 ENGINES = ("embedded", "ray")
+MEMORY_LIMIT_DEFAULT = f"{DEFAULT_MEMORY_SHARE:.0%} of RAM"  # what the engine takes without --memory-limit
+FALLBACK_OUT_DIR = Path("dsprof-analysis")
 
 
 @dataclass
@@ -44,6 +49,52 @@ class AnalyzeOutcome:
     @property
     def summary(self):
         return self.result.summary
+
+
+def analyze_command(
+    paths: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike | None = None,
+    *,
+    threshold_ms: float = DEFAULT_THRESHOLD_MS,
+    expect_ranks: int | None = None,
+    memory_limit: str | None = None,
+    spans_dir: str | os.PathLike | None = None,
+    engine: str = "embedded",
+    address: str | None = None,
+    progress: Progress = None,
+    out: Printer = print,
+) -> None:
+    """``dsprof analyze``: analyse ``paths`` into ``out_dir`` (default: :func:`default_out_dir`), print the findings and the files.
+
+    ``memory_limit`` is the option's text (``4GB``, ``25%``), checked before any input is read.
+    """
+    limit = None if memory_limit is None else parse_memory_limit(memory_limit)
+    outcome = analyze_paths(
+        paths,
+        default_out_dir(paths) if out_dir is None else out_dir,
+        threshold_ms=threshold_ms,
+        expect_ranks=expect_ranks,
+        memory_limit=limit,
+        spans_dir=spans_dir,
+        engine=engine,
+        address=address,
+        progress=progress,
+    )
+    out(format_console_summary(outcome.summary))
+    for name, path in outcome.outputs.items():
+        out(f"{name}: {path}")
+
+
+def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
+    """Where outputs go without ``-o``: beside the inputs when one artifact directory is given, else ``./dsprof-analysis``.
+
+    A span dataset is not an artifact directory: its outputs would mix with its parts.
+    """
+    if len(paths) == 1:
+        only = Path(paths[0])
+        if only.is_dir() and not (only / artifacts.SPAN_DATASET_MANIFEST).exists():
+            return only
+    return FALLBACK_OUT_DIR
 
 
 def analyze_paths(
@@ -99,7 +150,7 @@ def read_inputs(
     paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None, progress: Progress = None
 ) -> tuple[Trace, Path | None]:
     """Read ``paths``; big text logs go to a span dataset (``spans_dir``, else a temporary one returned for removal)."""
-    if len(paths) == 1 and (Path(paths[0]) / "dataset.json").is_file():
+    if len(paths) == 1 and (Path(paths[0]) / artifacts.SPAN_DATASET_MANIFEST).is_file():
         return open_dataset(paths[0]), None
     temporary = None
     if spans_dir is None and _text_bytes(paths) > SPILL_BYTES:

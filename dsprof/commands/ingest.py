@@ -10,6 +10,7 @@ Chrome), which read whole files, are written after them.
 
 from __future__ import annotations
 
+import gc
 import importlib.abc
 import os
 import sys
@@ -24,6 +25,7 @@ from dsprof.analysis.dataset import MANIFEST, SpanDatasetWriter
 from dsprof.analysis.ingest import Progress, read_paths
 from dsprof.analysis.outputs.span_table import SpanTableWriter
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace
+from dsprof.commands.printing import Printer
 
 
 class _Writer(Protocol):
@@ -45,6 +47,22 @@ def is_dataset_output(output: str | os.PathLike) -> bool:
     """
     text = os.fspath(output)
     return text.endswith(("/", os.sep)) or Path(text).is_dir() or not Path(text).suffix
+
+
+def ingest_command(
+    paths: Sequence[str | os.PathLike], output: str | os.PathLike, *, progress: Progress = None, out: Printer = print
+) -> None:
+    """``dsprof ingest``: write the spans of ``paths`` to ``output`` and print what was read, kept and dropped.
+
+    Made for a process of its own (the CLI's): it turns the cyclic garbage
+    collector off (the readers make no reference cycles worth collecting, and
+    it would only take CPU from them) and keeps pandas out.
+    """
+    gc.disable()
+    keep_pandas_out()
+    trace = ingest_paths(paths, output, progress=progress)
+    out(format_ingest_report(trace))
+    out(output_description(output, trace))
 
 
 def ingest_paths(paths: Sequence[str | os.PathLike], output: str | os.PathLike, progress: Progress = None) -> Trace:

@@ -8,13 +8,18 @@ toolkit is to explain bad runs, not only good ones.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.summary import Summary
 from dsprof.commands.analyze import AnalyzeOutcome, analyze_paths
+from dsprof.commands.printing import Printer, note_line, print_err
 from dsprof.errors import DsprofError
+from dsprof.profiler import artifacts
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.launch import RunOutcome, run_workload
 
@@ -70,3 +75,34 @@ def profile_run(config: RuntimeConfig, out_dir: str | Path, *, threshold_ms: flo
     if not validation.get("valid"):
         problems.append("swimlane not valid: " + ("; ".join(validation.get("problems", [])) or "see summary.md"))
     return ProfileRunResult(out_dir, outcome, analysis, problems)
+
+
+def run_command(
+    preset: str = "demo",
+    *,
+    out_dir: str | Path | None = None,
+    threshold_ms: float = 5.0,
+    progress: Progress = None,
+    out: Printer = print,
+    err: Printer = print_err,
+    **settings: Any,
+) -> int:
+    """``dsprof run``: profile a run of ``preset`` with ``settings`` (RuntimeConfig fields, None: the preset's) and print what came of it.
+
+    Prints the findings, what went wrong (on ``err``), the report and the
+    artifact directory (default ``runs/<preset>-<timestamp>``); returns the
+    exit status (:attr:`ProfileRunResult.exit_code`).
+    """
+    config = RuntimeConfig.from_preset(preset, **settings)
+    if out_dir is None:
+        out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
+    if result.summary is not None:
+        out(format_console_summary(result.summary))
+    for line in result.problems:
+        err(note_line(line))
+    report = result.output(artifacts.REPORT_HTML)
+    if report is not None:
+        out(f"report: {report}")
+    out(f"artifacts: {result.out_dir}")
+    return result.exit_code
