@@ -53,6 +53,8 @@ from dsprof.profiler import strace_format as fmt
 EXPLAINS_SHARE = 0.5
 PHASE_BEFORE_BIND = "before bind"
 PHASE_LAUNCH = "launch"
+# the end of run N held by the bind of run N+1 on the same thread; items name it as that run's bind
+PHASE_NEXT_BIND = "next bind"
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).
 _COMPARED = (
@@ -67,6 +69,9 @@ _COMPARED = (
     "fence_ns",
     "drain_lag_ns",
     "signal_lag_ns",
+    "next_bind_ns",
+    "next_bind_cpu_ns",
+    "next_bind_rq_ns",
     "device_wall_ns",
     "device_wait_ns",
     "device_work_ns",
@@ -93,12 +98,16 @@ def _cells_sql() -> str:
            runner_end_ns - runner_ts_ns AS runner_ns,
            fence_end_ns - fence_ts_ns AS fence_ns,
            fence_ts_ns - runner_ts_ns AS drain_lag_ns,
-           runner_end_ns - (runner_ts_ns + device_ts_ns + device_wall_ns) AS signal_lag_ns,
+           runner_end_ns - greatest(fence_ts_ns, runner_ts_ns + device_ts_ns + device_wall_ns) AS signal_lag_ns,
            device_wall_ns,
            CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
            device_wall_ns - coalesce(device_wait_ns, 0) AS device_work_ns,
            device_markers,
            bind_rq_ns, bind_cpu_ns, runner_rq_ns, runner_cpu_ns, fence_rq_ns, fence_cpu_ns, device_rq_ns, device_cpu_ns,
+           lead(step) OVER by_rank AS next_step,
+           lead(bind_ts_ns) OVER by_rank AS next_bind_ts_ns, lead(bind_end_ns) OVER by_rank AS next_bind_end_ns,
+           lead(bind_end_ns - bind_ts_ns) OVER by_rank AS next_bind_ns,
+           lead(bind_cpu_ns) OVER by_rank AS next_bind_cpu_ns, lead(bind_rq_ns) OVER by_rank AS next_bind_rq_ns,
            lag(claim_ts_ns) OVER by_rank AS previous_claim_ns,
            lag(step) OVER by_rank AS previous_step,
            lag(root_end_ns) OVER by_rank AS drain_after_ns,
@@ -159,6 +168,7 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
     gc_windows = {
         "gc_bind": ("bind_ts_ns", "bind_end_ns"),
         "gc_fence": ("fence_ts_ns", "fence_end_ns"),
+        "gc_next_bind": ("next_bind_ts_ns", "next_bind_end_ns"),
         "gc_run": ("start_ns", "end_ns"),
         "gc_gap": ("bind_end_ns", "start_ns"),
         "gc_before": ("root_typ_ns", "root_ts_ns"),
@@ -263,6 +273,7 @@ def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     drain = _excess("drain_after_ns")
     markers = "device_markers > 0"
     work = _excess("device_work_ns")
+    next_bind = _excess("next_bind_ns")
     # ... and more than the host waited on the completion fence beyond the device (a late fence signal)
     slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= {fence} - {device}, FALSE)"
     return [
@@ -339,6 +350,17 @@ def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
             fence,
             "'the completion fence was signalled late'",
         ),
+        # the thread binds the next run before it drains this one (depth 2): a slow next bind holds this run's end
+        *[
+            (
+                f"coalesce(next_bind_ts_ns < end_ns, FALSE) AND {_half(next_bind, runner_x)} AND {cond}",
+                PHASE_NEXT_BIND,
+                mech,
+                ev,
+                detail.replace(PHASE_NEXT_BIND, "the bind of the next run"),
+            )
+            for cond, _, mech, ev, detail in _host(PHASE_NEXT_BIND, "gc_next_bind", "next_bind_rq_ns", "next_bind_cpu_ns", next_bind)[:3]
+        ],
         *[
             (f"{markers} AND {cond}", phase, mech, ev, detail)
             for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
@@ -445,6 +467,8 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
     engine.run("""CREATE OR REPLACE TEMP TABLE decided AS
         SELECT d.*, p.last_arrival_rank FROM decided d LEFT JOIN peers p USING (step, rank)""")
     _own_over_carried(engine)
+    engine.run(f"""ALTER TABLE decided ADD COLUMN end_evidence_step BIGINT;
+        UPDATE decided SET end_evidence_step = next_step, end_phase = '{fmt.PHASE_BIND}' WHERE end_phase = '{PHASE_NEXT_BIND}'""")
     engine.run(f"""ALTER TABLE decided ADD COLUMN late_start BOOLEAN; ALTER TABLE decided ADD COLUMN late_end BOOLEAN;
         UPDATE decided SET late_start = start_excess_ns > {threshold_ns},
                            late_end = end_skew_ns > {threshold_ns} AND (rank = latest_end_rank OR end_excess_ns > {threshold_ns})""")
@@ -453,8 +477,9 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
 def _own_over_carried(engine: Engine) -> None:
     """A carried-over start or end with a material cause of its own names that cause; the carried part is kept beside it."""
     for w in ("start", "end"):
-        engine.run(f"""ALTER TABLE decided ADD COLUMN {w}_carried_ns DOUBLE;
-            UPDATE decided SET {w}_carried_ns = {w}_evidence_ns WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}';
+        engine.run(f"""ALTER TABLE decided ADD COLUMN {w}_carried_ns DOUBLE; ALTER TABLE decided ADD COLUMN {w}_carried_phase VARCHAR;
+            UPDATE decided SET {w}_carried_ns = {w}_evidence_ns, {w}_carried_phase = {w}_phase
+            WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}';
             UPDATE decided SET {w}_phase = {w}_own_phase, {w}_mechanism = {w}_own_mechanism,
                                {w}_evidence_ns = {w}_own_evidence_ns, {w}_detail = {w}_own_detail
             WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}' AND {w}_own_mechanism IS NOT NULL""")
@@ -520,8 +545,8 @@ def _chain_origins(engine: Engine, threshold_ns: int) -> None:
         FROM decided WHERE start_carried_ns IS NOT NULL
         UNION ALL
         SELECT rank, step, 'end',
-               CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN previous_step WHEN {claim} THEN previous_step ELSE slot_step END,
-               CASE WHEN end_phase = '{fmt.PHASE_RUNNER}' THEN 'end' WHEN {claim} THEN 'start' ELSE 'end' END,
+               CASE WHEN end_carried_phase = '{fmt.PHASE_RUNNER}' THEN previous_step WHEN {claim} THEN previous_step ELSE slot_step END,
+               CASE WHEN end_carried_phase = '{fmt.PHASE_RUNNER}' THEN 'end' WHEN {claim} THEN 'start' ELSE 'end' END,
                coalesce(end_mechanism {carried} AND end_excess_ns > {half}, FALSE)
         FROM decided WHERE end_carried_ns IS NOT NULL""")
     engine.run(
@@ -535,11 +560,16 @@ def _chain_origins(engine: Engine, threshold_ns: int) -> None:
             SELECT a.rank, a.step, a.kind, coalesce(j.anc_step, a.anc_step) AS anc_step, coalesce(j.anc_kind, a.anc_kind) AS anc_kind
             FROM ancestor a LEFT JOIN (SELECT a.rank, a.step, a.kind, p.anc_step, p.anc_kind {jump}) j
                  ON j.rank = a.rank AND j.step = a.step AND j.kind = a.kind""")
+    # a chain that stops at an end held by the next run's bind began at that run
+    engine.run("""CREATE OR REPLACE TEMP TABLE origins AS
+        SELECT a.rank, a.step, a.kind, CASE WHEN a.anc_kind = 'end' THEN coalesce(o.end_evidence_step, a.anc_step) ELSE a.anc_step END
+               AS origin_step
+        FROM ancestor a LEFT JOIN decided o ON o.rank = a.rank AND o.step = a.anc_step""")
     engine.run("""CREATE OR REPLACE TEMP TABLE diagnosed AS
-        SELECT d.*, s.anc_step AS start_from_step, e.anc_step AS end_from_step
+        SELECT d.*, s.origin_step AS start_from_step, e.origin_step AS end_from_step
         FROM decided d
-        LEFT JOIN ancestor s ON s.rank = d.rank AND s.step = d.step AND s.kind = 'start'
-        LEFT JOIN ancestor e ON e.rank = d.rank AND e.step = d.step AND e.kind = 'end'""")
+        LEFT JOIN origins s ON s.rank = d.rank AND s.step = d.step AND s.kind = 'start'
+        LEFT JOIN origins e ON e.rank = d.rank AND e.step = d.step AND e.kind = 'end'""")
 
 
 @dataclass
@@ -574,6 +604,8 @@ def cause_item(row: dict, which: str, late_rank: int, late_device: str) -> dict:
         "detail": row[f"{which}_detail"],
         "role": "culprit",
     }
+    if which == "end" and row.get("end_evidence_step") is not None:
+        item["evidence_step"] = row["end_evidence_step"]  # the run whose phase holds the evidence
     if mechanism == fmt.MECH_CARRIED_OVER:
         item["from_step"] = row[f"{which}_from_step"]
     elif row.get(f"{which}_carried_ns") is not None and row.get(f"{which}_from_step") is not None:

@@ -73,7 +73,8 @@ def own_causes(late_starts: list[dict], tail_steps: list[dict], slow_steps: list
             continue
         phase = str(cause.get("phase") or "")
         phase = fmt.PHASE_DEVICE_WALL if phase.startswith(fmt.PHASE_DEVICE_WALL) else phase
-        item = OwnCause(int(cause["step"]), int(cause["rank"]), phase, str(cause["mechanism"]), float(cause.get("evidence_ms") or 0) * 1e6)
+        step = cause.get("evidence_step", cause["step"])
+        item = OwnCause(int(step), int(cause["rank"]), phase, str(cause["mechanism"]), float(cause.get("evidence_ms") or 0) * 1e6)
         key = (item.step, item.rank, item.phase)
         if item.evidence_ns > 0 and (key not in found or item.evidence_ns > found[key].evidence_ns):
             found[key] = item
@@ -184,6 +185,23 @@ class WhatIf:
         for rank, index in self.rank_of.items():  # one per rank
             self.collections[index] = windows[ranks == rank]
 
+    def once_per_collection(self, causes: list[OwnCause]) -> list[OwnCause]:
+        """Causes that cite one collection (a bind's GC is late start s and tail s-1) count once, at the earliest step."""
+        seen: set[tuple[int, float]] = set()
+        kept = []
+        for cause in sorted(causes, key=lambda c: (c.step, c.rank, c.phase)):  # one per cause
+            r, j = self.rank_of.get(cause.rank), self.step_of.get(cause.step)
+            if cause.mechanism != fmt.MECH_GC or r is None or j is None or r not in self.collections:
+                kept.append(cause)
+                continue
+            lo, hi = self._phase_window(r, j, cause.phase)
+            gcs = self.collections[r]
+            cited = {(r, float(g0)) for g0 in gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo), 0]}
+            if not cited or not cited <= seen:
+                kept.append(cause)
+            seen |= cited
+        return kept
+
     def _phase_window(self, r: int, j: int, phase: str) -> tuple[float, float]:
         """Where on the host axis the cause's phase of run (r, j) lay."""
         host = self.runs.host[r, j]
@@ -257,6 +275,7 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
     model.add_collections(
         gcs.column("rank").to_numpy(), np.stack([gcs.column(c).to_numpy().astype(float) for c in ("gc_ts_ns", "gc_end_ns")], axis=1)
     )
+    causes = model.once_per_collection(causes)
     mechanisms = sorted({c.mechanism for c in causes})
     ranks = sorted({c.rank for c in causes})
     joint = [
