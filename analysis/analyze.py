@@ -78,7 +78,8 @@ def analyze_trace(
     slow = slow_step_items(engine, threshold_ms)
     what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))
     devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
-    flagged = [*(t for t in diagnosis.tail_steps), *slow]
+    tail_steps = {t["step"] for t in diagnosis.tail_steps}
+    flagged = [*diagnosis.tail_steps, *(item for item in slow if item["step"] not in tail_steps)]  # one cause per flagged step
     summary = build_summary(
         inputs={
             "files": list(trace.files),

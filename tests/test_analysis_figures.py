@@ -180,16 +180,16 @@ def test_persistent_straggler_is_named(tmp_path):
     SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=device, pipelined=False).write(tmp_path / "run")
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert tails["count"] == 8
-    assert {k: v for k, v in tails["straggler"].items() if k != "p_value"} == {
-        "verdict": "rank 2 (npu:2) loses 2.100 ms a step to device work",
-        "rank": 2,
-        "device": "npu:2",
-        "share": 0.35,
-        "mechanism": "device",
-        "ms_per_step": 2.1,
-    }  # 7 steps x 6 ms over 20 steps
-    # 8 flagged steps, 8 flagged pairs, 4 ranks: P(X >= 7 | n=8, p=1/4) x 4
-    assert tails["straggler"]["p_value"] == pytest.approx(4 * (8 * 0.25**7 * 0.75 + 0.25**8), abs=1e-6)
+    summary = analyze([tmp_path / "run"]).summary
+    # paced by the clock, a late step does not delay the next: the replay saves ~nothing, yet rank 2 is behind
+    # 7 of the 8 tails, and their excess is a material share of the decode wall time
+    late_ms = sum(i["excess_ms"] for i in tails["items"] if i["rank"] == 2)
+    wall_ms = summary["what_if"]["decode_wall_ms"]
+    straggler = tails["straggler"]
+    assert (straggler["rank"], straggler["device"], straggler["mechanism"], straggler["steps"]) == (2, "npu:2", "device", 7)
+    assert straggler["share"] == pytest.approx(late_ms / wall_ms, abs=1e-4)
+    assert straggler["ms_per_step"] == pytest.approx(late_ms / 20, abs=1e-3)
+    assert straggler["verdict"] == f"rank 2 (npu:2) costs {late_ms / wall_ms:.1%} of the decode time ({late_ms / 20:.3f} ms a step), by device work"
     assert tails["devices"] == {"npu:2": 7, "npu:0": 1}
 
 
@@ -222,13 +222,5 @@ def test_two_chance_tails_on_one_rank_name_no_straggler(tmp_path):
     SyntheticRun(ranks=4, steps=20, fence_wait_ns=fence, device_wall_ns=fence, pipelined=False).write(tmp_path / "run")
     tails = analyze([tmp_path / "run"]).summary["tail_steps"]
     assert [(i["step"], i["rank"]) for i in tails["items"]] == [(6, 1), (13, 1)]
-    # P(X >= 2 | n=2, p=1/4) x 4 ranks = 0.25, far above the 1% bar
-    assert tails["straggler"] == {
-        "verdict": "none",
-        "rank": None,
-        "device": None,
-        "share": 0.1,
-        "p_value": 0.25,
-        "mechanism": None,
-        "ms_per_step": None,
-    }
+    # late at two steps only: not a rank that recurs, whatever those two cost
+    assert (tails["straggler"]["verdict"], tails["straggler"]["rank"], tails["straggler"]["steps"]) == ("none", None, 2)
