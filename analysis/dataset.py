@@ -48,7 +48,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, SPAN_SCHEMA, Trace
+from dsprof.analysis.ingest.compiled import compiled_module
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, DICTIONARY_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output, atomic_write_text
 
@@ -81,9 +82,6 @@ PARQUET_OPTIONS: dict = {
     "write_statistics": _INTEGER_COLUMNS,
     "store_schema": False,
 }
-# The columns written as dictionaries whatever the reader gave (one value per file: no hashing when built so).
-DICTIONARY_TYPE = pa.dictionary(pa.int32(), pa.string())
-PARQUET_SCHEMA = pa.schema([f.with_type(DICTIONARY_TYPE) if f.name in ("source", "file", "cat", "ph") else f for f in SPAN_SCHEMA])
 
 
 def parquet_table(table: pa.Table) -> pa.Table:
@@ -194,8 +192,6 @@ def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.
     Done by the compiled helper where it is built, else with an Arrow group-by:
     the same numbers either way.
     """
-    from dsprof.analysis.ingest.strace_log import compiled_module  # the ingest package imports this module
-
     n = table.num_rows
     has_inv = table.column("inv").is_valid()
     module = compiled_module()

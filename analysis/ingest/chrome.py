@@ -51,7 +51,7 @@ import hashlib
 import os
 import re
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from decimal import ROUND_HALF_EVEN, Decimal
 from pathlib import Path
 from typing import Any
@@ -63,7 +63,7 @@ import pyarrow.compute as pc
 from pyarrow import ipc
 
 from dsprof.analysis.ingest.json_stream import ChromeDocument
-from dsprof.analysis.ingest.strace_log import SpanSink
+from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
 from dsprof.profiler.chrome_json import (
     DEFAULT_LIMITS,
@@ -78,8 +78,6 @@ from dsprof.profiler.chrome_json import (
     json_text,
     string_delimiters,
 )
-
-Progress = Callable[[str], None] | None
 
 _MAX_US = INT64_MAX // 1000  # the largest integer µs whose ns fit int64
 _PHASE_CODES = {"X": 0, "B": 1, "E": 2, "i": 3, "I": 3, "M": 4}
