@@ -1,4 +1,4 @@
-"""Reader for SA_PROFILE serving traces (SPEC §1): fragment JSONL files and the merged trace.json.
+"""Reader for SA_PROFILE serving traces (docs/FORMATS.md, "SA_PROFILE"): fragment JSONL files and the merged trace.json.
 
 What a path may be, and what is read:
 
