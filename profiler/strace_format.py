@@ -36,8 +36,8 @@ VALUE_FIELDS = REQUIRED_FIELDS[1:]
 # What each field's value is: KIND_VERSION the version's digits; KIND_I64 -?digits
 # that fit int64; KIND_N64 digits that fit int64; KIND_U64 digits that fit uint64;
 # KIND_TOKEN one or more token characters (encoded text, see encode_value);
-# KIND_TOKEN0 possibly none. (The compiled scanner knows the same kind names;
-# tests/test_strace_vocabulary.py checks its copy.)
+# KIND_TOKEN0 possibly none. (The compiled scanner _strace_scan.c keeps a copy of the
+# kind names: tests/test_strace_vocabulary.py::test_the_compiled_scanner_keeps_the_format_grammar.)
 KIND_VERSION, KIND_I64, KIND_N64, KIND_U64, KIND_TOKEN, KIND_TOKEN0 = "version", "i64", "n64", "u64", "token", "token0"
 FIELD_KINDS = {
     VERSION_FIELD: KIND_VERSION,
@@ -51,7 +51,8 @@ FIELD_KINDS = {
     DUR_FIELD: KIND_I64,
 }
 # Characters that end a token besides ASCII space and control characters (so
-# encode_value escapes them, with '%' itself).
+# encode_value escapes them, with '%' itself). _strace_scan.c keeps a copy:
+# tests/test_strace_vocabulary.py::test_the_compiled_scanner_keeps_the_format_grammar.
 TOKEN_SEPARATORS = "[]="
 # The fields of a clock anchor and of a chip_process line, in this order.
 ANCHOR_FIELDS = (VERSION_FIELD, "pid", "mono_ns", "wall_ns")
