@@ -36,11 +36,11 @@ from dsprof.analysis.spans import (
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler.strace_format import FIELD_KINDS, REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, VALUE_FIELDS
 
-_BUILT: ModuleType | None
 try:
-    from dsprof.analysis.ingest import _strace_scan as _BUILT  # type: ignore[attr-defined]
+    from dsprof.analysis.ingest import _strace_scan  # type: ignore[attr-defined]
 except ImportError:  # not built here (no C compiler at install time): the Python reader does all
-    _BUILT = None
+    _strace_scan = None
+_BUILT: ModuleType | None = _strace_scan
 
 # Set to 1 to read with the Python code only (tests compare the two; benchmarks time both).
 PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
