@@ -28,6 +28,7 @@ read in bounded memory.
 from __future__ import annotations
 
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -128,7 +129,15 @@ def _is_sa_profile_merge(path: Path) -> bool:
 
 
 def _starts_with_gzip_magic(path: Path) -> bool:
+    """Whether a regular file opens with gzip's magic bytes.
+
+    A pipe, FIFO or device (``/dev/stdin``) is never looked into: what this
+    read would be gone for the reader. It is read as a text log unless its name
+    says JSON.
+    """
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
         with path.open("rb") as handle:
             return handle.read(2) == GZIP_MAGIC
     except OSError as exc:
