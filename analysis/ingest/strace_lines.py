@@ -76,7 +76,7 @@ class Chunk(NamedTuple):
 def parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> Chunk:
     """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
     n_bytes = len(data)
-    text, binary_at = _as_utf8(data)
+    text, binary_at = as_utf8(data)
     log = _Log(text)
     record_drops = sum(dropped.values())
     # each batch becomes typed Arrow columns at once, so the text of its fields never piles up
@@ -126,7 +126,7 @@ def _batches(log: _Log, file: str, line_base: int) -> list[tuple[int, int]]:
     return ranges
 
 
-def _as_utf8(data: memoryview) -> tuple[memoryview | bytes, int | None]:
+def as_utf8(data: memoryview) -> tuple[memoryview | bytes, int | None]:
     """Valid UTF-8 for Arrow's string kernels, and the 1-based line of the first binary byte (or None).
 
     Invalid bytes become U+FFFD so that the rest of a partly damaged log is still read.

@@ -50,10 +50,13 @@ import pyarrow as pa
 from dsprof.analysis.ingest import strace_pieces
 from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module, compiled_scanner, scanned_pieces
 from dsprof.analysis.ingest.sink import Progress, SpanSink
-from dsprof.analysis.ingest.strace_lines import Chunk, parse_chunk
-from dsprof.analysis.ingest.strace_pieces import Piece, log_pieces, map_file, mapped_pieces
+from dsprof.analysis.ingest.strace_lines import Chunk, as_utf8, parse_chunk
+from dsprof.analysis.ingest.strace_pieces import HEAD_BYTES, HeadThenRest, Piece, log_pieces, map_file, mapped_pieces, read_head
 from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
+from dsprof.profiler.strace_format import ANCHOR_MARKER, CHIP_READY_MARKER, STRACE_MARKER
+
+_MARKERS = tuple(marker.encode() for marker in (STRACE_MARKER, ANCHOR_MARKER, CHIP_READY_MARKER))
 
 __all__ = ["PURE_PYTHON_ENV", "SpanSink", "compiled_module", "compiled_scanner", "parse_strace_bytes", "read_strace_log"]
 
@@ -70,9 +73,12 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
         with path.open("rb") as log_file:
             size = os.fstat(log_file.fileno()).st_size
             mapped = map_file(log_file)
-            if mapped is None:  # a pipe, or empty
-                return _parse_chunks(log_pieces(log_file), str(path), size, progress, sink)
+            if mapped is None:  # a pipe, a device, or empty
+                head = read_head(log_file)
+                refuse_binary(head, str(path))
+                return _parse_chunks(log_pieces(HeadThenRest(head, log_file)), str(path), size, progress, sink)
             try:
+                refuse_binary(mapped[:HEAD_BYTES], str(path))
                 return _parse_chunks(mapped_pieces(mapped), str(path), size, progress, sink)
             finally:
                 with contextlib.suppress(BufferError):  # a view still held: the map goes with it
@@ -83,7 +89,20 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
 
 def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Trace:
     """Parse a whole log held in memory; ``file`` names it in rows and errors."""
+    refuse_binary(data[:HEAD_BYTES], file)
     return _parse_chunks(mapped_pieces(data), file, len(data), progress, None)
+
+
+def refuse_binary(head: bytes, file: str) -> None:
+    """Refuse a file whose head holds a NUL byte and no record: binary, not a log (/dev/zero, an image).
+
+    Said at once, before a binary file of any size (or an endless device) is
+    read through; a log damaged further on is still read for what it holds.
+    """
+    if b"\0" not in head or any(marker in head for marker in _MARKERS):
+        return
+    _, line = as_utf8(memoryview(head))
+    raise InputError(file, "binary data, not a text log", line=line, expected="a text log with [STRACE] records")
 
 
 def _parse_chunks(chunks: Iterable[Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:

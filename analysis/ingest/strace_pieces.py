@@ -19,6 +19,9 @@ CHUNK_BYTES = 64 << 20
 # as ``overlong_line``, and reading goes on, so memory stays bounded whatever the input.
 MAX_LINE_BYTES = 1 << 20
 
+# Bytes at the head of a log looked at before it is parsed (a binary file is refused from them).
+HEAD_BYTES = 1 << 20
+
 # What the splitters yield: a piece of the log, or the number of lines it skipped as overlong.
 Piece = memoryview | int
 
@@ -140,3 +143,32 @@ def _drop_pages(mapped: mmap.mmap, done: int, upto: int) -> int:
     if upto > done:
         mapped.madvise(mmap.MADV_DONTNEED, done, upto - done)
     return max(done, upto)
+
+
+def read_head(log_file: io.BufferedIOBase) -> bytes:
+    """The first HEAD_BYTES of a stream (fewer only at its end)."""
+    parts, got = [], 0
+    while got < HEAD_BYTES and (part := log_file.read(HEAD_BYTES - got)):
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+class HeadThenRest(io.RawIOBase):
+    """A stream whose head was already read (:func:`read_head`): that head, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: io.BufferedIOBase):
+        super().__init__()
+        self._head, self._at, self._rest = head, 0, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+        if self._at < len(self._head):
+            with memoryview(buffer) as view:
+                n = min(len(view), len(self._head) - self._at)
+                view[:n] = self._head[self._at : self._at + n]
+            self._at += n
+            return n
+        return self._rest.readinto(buffer)
