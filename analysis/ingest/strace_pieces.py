@@ -11,7 +11,7 @@ from __future__ import annotations
 import io
 import mmap
 from collections.abc import Iterator
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 # Bytes parsed at a time (cut at a line boundary); bounds the temporaries of a big log.
 CHUNK_BYTES = 64 << 20
@@ -36,7 +36,7 @@ def map_file(log_file: BinaryIO) -> mmap.mmap | None:
     return mapped
 
 
-def log_pieces(log_file: io.BufferedIOBase) -> Iterator[Piece]:
+def log_pieces(log_file: io.BufferedIOBase | io.RawIOBase) -> Iterator[Piece]:
     """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
 
     No record spans such a cut: a record only ever continues onto a line that
@@ -164,7 +164,7 @@ class HeadThenRest(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:  # type: ignore[no-untyped-def,override]
+    def readinto(self, buffer: Any) -> int:
         if self._at < len(self._head):
             with memoryview(buffer) as view:
                 n = min(len(view), len(self._head) - self._at)
