@@ -35,6 +35,7 @@ incomplete and is refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import deque
@@ -105,8 +106,12 @@ class SpanParquetFile:
         self.min_ts_ns: int | None = None
         self.max_ts_ns: int | None = None
         self._stack = ExitStack()
-        handle = self._stack.enter_context(atomic_output(self.path))
-        self._writer = pq.ParquetWriter(handle, PARQUET_SCHEMA, **PARQUET_OPTIONS)
+        try:
+            handle = self._stack.enter_context(atomic_output(self.path))
+            self._writer = pq.ParquetWriter(handle, PARQUET_SCHEMA, **PARQUET_OPTIONS)
+        except BaseException:  # an interrupt included: no temporary file is left behind
+            self._stack.close()
+            raise
 
     def write(self, table: pa.Table) -> None:
         if not table.num_rows:
@@ -148,14 +153,16 @@ class BackgroundWrites:
 
     def run(self, job: Callable[..., None], *args: object) -> None:
         while len(self._pending) >= MAX_PENDING_WRITES:
-            self._pending.popleft().result()
+            self._pending[0].result()  # an interrupted wait leaves the job in the queue, for stop() to wait on
+            self._pending.popleft()
         self._pending.append(self._pool.submit(job, *args))
 
     def wait(self) -> None:
         """Wait for every job; raises the first error."""
         try:
             while self._pending:
-                self._pending.popleft().result()
+                self._pending[0].result()
+                self._pending.popleft()
         finally:
             self._pool.shutdown()
 
@@ -256,6 +263,7 @@ class SpanDatasetWriter:
         self._open: dict[int, tuple[str, SpanParquetFile]] = {}
         self._closed: list[tuple[int, str, SpanParquetFile]] = []
         self._jobs = BackgroundWrites()
+        self._made_directory = not self.directory.exists()  # removed again by abort()
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
         for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=part_prefix, n='*')}"):
@@ -331,11 +339,23 @@ class SpanDatasetWriter:
         return [self.directory / f["path"] for f in self.files]
 
     def abort(self) -> None:
-        """Stop after an error: files still open are discarded, no manifest is written."""
+        """Stop after an error or an interrupt: no part of this run and no manifest is left.
+
+        Files still open are discarded, the parts already closed are removed
+        (the dataset they belonged to is incomplete), and so are the window
+        folders and the dataset folder where this writer made them and they are
+        empty now.
+        """
         self._jobs.stop()
         for _, part in self._open.values():
             part.discard()
         self._open.clear()
+        for _, relative, _part in self._closed:
+            (self.directory / relative).unlink(missing_ok=True)
+        self._closed.clear()
+        for folder in [*self.directory.glob(f"{WINDOW_DIR}*"), *([self.directory] if self._made_directory else [])]:
+            with contextlib.suppress(OSError):  # not empty: something else is kept there
+                folder.rmdir()
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:

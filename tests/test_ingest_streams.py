@@ -5,14 +5,18 @@ Each case runs on both STRACE readers (the compiled scanner and the Python reade
 
 from __future__ import annotations
 
+import os
 import pickle
 import random
+import signal
 import subprocess
 import sys
 
 import pytest
 
-from dsprof.analysis.ingest import read_paths
+from dsprof.analysis import dataset
+from dsprof.analysis.ingest import read_paths, strace_pieces
+from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix
 from dsprof.testing.strace_readers import READERS, select_reader
@@ -22,7 +26,9 @@ PREFIX = format_prefix(1, 1, "INFO", "f").encode()
 # Reads /dev/stdin as dsprof analyze would, and hands back what it read.
 READ_STDIN = """
 import pickle, sys
-from dsprof.analysis.ingest import read_paths
+from dsprof.analysis import dataset
+from dsprof.analysis.ingest import read_paths, strace_pieces
+from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix
 trace = read_paths(["/dev/stdin"])
@@ -91,3 +97,24 @@ def test_a_record_in_the_head_keeps_a_damaged_log_readable(reader, tmp_path):
     path.write_bytes(record + bytes(3 << 20) + b"\n" + record)
     trace = read_paths([path])
     assert trace.spans.column("line").to_pylist() == [1, 3]
+
+
+@pytest.mark.parametrize("interrupt_at", [1, 6])
+def test_an_interrupted_ingest_leaves_no_output(reader, tmp_path, monkeypatch, interrupt_at):
+    """SIGINT while a log is read (the first piece, or after time windows were closed): nothing of the dataset stays."""
+    log = tmp_path / "server.log"
+    SyntheticRun(ranks=2, steps=3000, period_ns=50_000_000).write_server_log(log)  # 150 s: about 9 time windows
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 1 << 20)  # many pieces, a progress line after each
+    messages: list[str] = []
+
+    def progress(message: str) -> None:
+        messages.append(message)
+        if len(messages) == interrupt_at + 1:  # "reading ...", then one line per piece
+            os.kill(os.getpid(), signal.SIGINT)
+
+    output = tmp_path / "spans"
+    with pytest.raises(KeyboardInterrupt):
+        ingest_paths([log], output, progress=progress)
+    assert not output.exists()
+    ingest_paths([log], output)  # the same ingest, uninterrupted, completes
+    assert (output / dataset.MANIFEST).is_file() and len(list(output.glob("*/*.parquet"))) > 6
