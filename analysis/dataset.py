@@ -263,7 +263,8 @@ class SpanDatasetWriter:
         self._open: dict[int, tuple[str, SpanParquetFile]] = {}
         self._closed: list[tuple[int, str, SpanParquetFile]] = []
         self._jobs = BackgroundWrites()
-        self._made_directory = not self.directory.exists()  # removed again by abort()
+        # folders this writer makes, removed again by abort() where empty
+        self._made_folders = [] if self.directory.exists() else [self.directory]
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
         for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=part_prefix, n='*')}"):
@@ -286,6 +287,9 @@ class SpanDatasetWriter:
         if window not in self._open:
             relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
             self._parts += 1
+            folder = (self.directory / relative).parent
+            if not folder.exists():
+                self._made_folders.append(folder)
             self._open[window] = (relative, SpanParquetFile(self.directory / relative))
         return self._open[window][1]
 
@@ -342,9 +346,8 @@ class SpanDatasetWriter:
         """Stop after an error or an interrupt: no part of this run and no manifest is left.
 
         Files still open are discarded, the parts already closed are removed
-        (the dataset they belonged to is incomplete), and so are the window
-        folders and the dataset folder where this writer made them and they are
-        empty now.
+        (the dataset they belonged to is incomplete), and so are the folders
+        this writer made, where they are empty now.
         """
         self._jobs.stop()
         for _, part in self._open.values():
@@ -353,8 +356,8 @@ class SpanDatasetWriter:
         for _, relative, _part in self._closed:
             (self.directory / relative).unlink(missing_ok=True)
         self._closed.clear()
-        for folder in [*self.directory.glob(f"{WINDOW_DIR}*"), *([self.directory] if self._made_directory else [])]:
-            with contextlib.suppress(OSError):  # not empty: something else is kept there
+        for folder in reversed(self._made_folders):  # the window folders, then the dataset's
+            with contextlib.suppress(OSError):  # not empty: another writer's or the user's files are kept there
                 folder.rmdir()
 
 
