@@ -111,6 +111,9 @@ def _read_ahead(items: Iterator[_T]) -> Iterator[_T]:
 
     The scanner releases the GIL, so reading and scanning piece k+1 overlaps
     with building and writing the rows of piece k; one piece is in flight.
+    The scanner never runs on the main thread: a SIGINT interrupts the main
+    thread's wait here at once, and leaving the pool waits only for the piece
+    in flight (tests/test_ingest_streams.py).
     """
     with ThreadPoolExecutor(1, thread_name_prefix="strace-scan") as pool:
         pending = pool.submit(next, items, None)
