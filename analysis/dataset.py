@@ -35,6 +35,7 @@ incomplete and is refused.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections import deque
@@ -48,7 +49,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, SPAN_SCHEMA, Trace
+from dsprof.analysis.ingest.compiled import compiled_module
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, DICTIONARY_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output, atomic_write_text
 from dsprof.profiler import artifacts
@@ -82,9 +84,6 @@ PARQUET_OPTIONS: dict = {
     "write_statistics": _INTEGER_COLUMNS,
     "store_schema": False,
 }
-# The columns written as dictionaries whatever the reader gave (one value per file: no hashing when built so).
-DICTIONARY_TYPE = pa.dictionary(pa.int32(), pa.string())
-PARQUET_SCHEMA = pa.schema([f.with_type(DICTIONARY_TYPE) if f.name in ("source", "file", "cat", "ph") else f for f in SPAN_SCHEMA])
 
 
 def parquet_table(table: pa.Table) -> pa.Table:
@@ -108,8 +107,12 @@ class SpanParquetFile:
         self.min_ts_ns: int | None = None
         self.max_ts_ns: int | None = None
         self._stack = ExitStack()
-        handle = self._stack.enter_context(atomic_output(self.path))
-        self._writer = pq.ParquetWriter(handle, PARQUET_SCHEMA, **PARQUET_OPTIONS)
+        try:
+            handle = self._stack.enter_context(atomic_output(self.path))
+            self._writer = pq.ParquetWriter(handle, PARQUET_SCHEMA, **PARQUET_OPTIONS)
+        except BaseException:  # an interrupt included: no temporary file is left behind
+            self._stack.close()
+            raise
 
     def write(self, table: pa.Table) -> None:
         if not table.num_rows:
@@ -151,14 +154,16 @@ class BackgroundWrites:
 
     def run(self, job: Callable[..., None], *args: object) -> None:
         while len(self._pending) >= MAX_PENDING_WRITES:
-            self._pending.popleft().result()
+            self._pending[0].result()  # an interrupted wait leaves the job in the queue, for stop() to wait on
+            self._pending.popleft()
         self._pending.append(self._pool.submit(job, *args))
 
     def wait(self) -> None:
         """Wait for every job; raises the first error."""
         try:
             while self._pending:
-                self._pending.popleft().result()
+                self._pending[0].result()
+                self._pending.popleft()
         finally:
             self._pool.shutdown()
 
@@ -195,8 +200,6 @@ def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.
     Done by the compiled helper where it is built, else with an Arrow group-by:
     the same numbers either way.
     """
-    from dsprof.analysis.ingest.strace_log import compiled_module  # the ingest package imports this module
-
     n = table.num_rows
     has_inv = table.column("inv").is_valid()
     module = compiled_module()
@@ -261,6 +264,8 @@ class SpanDatasetWriter:
         self._open: dict[int, tuple[str, SpanParquetFile]] = {}
         self._closed: list[tuple[int, str, SpanParquetFile]] = []
         self._jobs = BackgroundWrites()
+        # folders this writer makes, removed again by abort() where empty
+        self._made_folders = [] if self.directory.exists() else [self.directory]
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
         for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=part_prefix, n='*')}"):
@@ -283,6 +288,9 @@ class SpanDatasetWriter:
         if window not in self._open:
             relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
             self._parts += 1
+            folder = (self.directory / relative).parent
+            if not folder.exists():
+                self._made_folders.append(folder)
             self._open[window] = (relative, SpanParquetFile(self.directory / relative))
         return self._open[window][1]
 
@@ -336,11 +344,22 @@ class SpanDatasetWriter:
         return [self.directory / f["path"] for f in self.files]
 
     def abort(self) -> None:
-        """Stop after an error: files still open are discarded, no manifest is written."""
+        """Stop after an error or an interrupt: no part of this run and no manifest is left.
+
+        Files still open are discarded, the parts already closed are removed
+        (the dataset they belonged to is incomplete), and so are the folders
+        this writer made, where they are empty now.
+        """
         self._jobs.stop()
         for _, part in self._open.values():
             part.discard()
         self._open.clear()
+        for _, relative, _part in self._closed:
+            (self.directory / relative).unlink(missing_ok=True)
+        self._closed.clear()
+        for folder in reversed(self._made_folders):  # the window folders, then the dataset's
+            with contextlib.suppress(OSError):  # not empty: another writer's or the user's files are kept there
+                folder.rmdir()
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:

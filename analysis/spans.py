@@ -23,7 +23,7 @@ hid      STRACE callable hash (hex text), ``""`` elsewhere
 depth    STRACE nesting depth, null elsewhere
 clk      ``host`` or ``dev``
 
-The attribute vocabulary of SPEC §2/§2.1 is promoted to typed columns, so that
+The attribute vocabulary of docs/FORMATS.md ("Root attributes", "Host evidence") is promoted to typed columns, so that
 the analysis reads them without parsing text (null where absent, or where the
 value is not an integer — the text then stays in ``attrs``):
 
@@ -60,7 +60,6 @@ PROMOTED_INT_ATTRS: dict[str, str] = {
     fmt.OS_MAJFLT: "os_majflt",
 }
 PROMOTED_TEXT_ATTRS: dict[str, str] = {fmt.DEVICE_ATTR: "device", fmt.CALLABLE_ATTR: "callable"}
-PROMOTED_COLUMNS = tuple(PROMOTED_INT_ATTRS.values()) + tuple(PROMOTED_TEXT_ATTRS.values())
 
 SPAN_SCHEMA = pa.schema(
     [
@@ -86,6 +85,12 @@ SPAN_SCHEMA = pa.schema(
 SPAN_COLUMNS = tuple(SPAN_SCHEMA.names)
 # Columns with few distinct values: dictionary-encoded in Parquet.
 DICTIONARY_COLUMNS = ("source", "file", "name", "cat", "ph", "hid", "clk", "device", "callable")
+# Columns that hold one value for all the rows a reader takes from one file: readers
+# hand them over dictionary-encoded (PARQUET_SCHEMA), nothing per row to hash or write.
+PER_FILE_COLUMNS = ("source", "file", "cat", "ph")
+DICTIONARY_TYPE = pa.dictionary(pa.int32(), pa.string())
+# SPAN_SCHEMA with PER_FILE_COLUMNS dictionary-encoded: what span Parquet writers and readers' sinks take.
+PARQUET_SCHEMA = pa.schema([f.with_type(DICTIONARY_TYPE) if f.name in PER_FILE_COLUMNS else f for f in SPAN_SCHEMA])
 
 # Integer attribute text the promoted columns take: what fits int64 without a doubt.
 _INT_TEXT = r"^-?[0-9]{1,18}$"
@@ -146,16 +151,6 @@ def attr_map_parts(attrs: pa.Array) -> tuple[np.ndarray, pa.Array, pa.Array]:
     offsets = np.asarray(attrs.offsets, np.int64)
     first, last = int(offsets[0]), int(offsets[-1])
     return offsets - first, attrs.keys.slice(first, last - first), attrs.items.slice(first, last - first)
-
-
-def with_promoted_attributes(table: pa.Table) -> pa.Table:
-    """A table whose ``attrs`` holds every attribute, in SPAN_SCHEMA form (vocabulary promoted)."""
-    offsets, keys, values = attr_map_parts(table.column("attrs"))
-    columns, rest = split_attributes(offsets, keys, values)
-    arrays = {name: table.column(name) for name in table.column_names if name != "attrs"}
-    arrays.update(columns)
-    arrays["attrs"] = rest
-    return pa.table({name: arrays[name] for name in SPAN_COLUMNS}, schema=SPAN_SCHEMA)
 
 
 def concat_spans(tables: list[pa.Table]) -> pa.Table:

@@ -1,10 +1,10 @@
 """The artifact directory: what a profiled run leaves behind, and what dsprof writes beside it.
 
-One home for every file name of the contract (docs/ARCHITECTURE.md, "Artifact
+One home for every file name of the contract (docs/FORMATS.md, "The artifact
 directory"). The runtime writes the inputs, the analysis reads them and writes
 the outputs; both import the names from here.
 
-SA_PROFILE output paths (SPEC §1): an output *directory* ``D`` keeps its
+SA_PROFILE output paths (docs/FORMATS.md, "SA_PROFILE"): an output *directory* ``D`` keeps its
 fragments in ``D/fragments/trace.<pid>.jsonl`` and its merge in
 ``D/trace.json``; an output path ``P.json`` keeps them in
 ``P.json.fragments/`` and ``P.json`` itself.

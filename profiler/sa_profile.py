@@ -1,4 +1,4 @@
-"""SA_PROFILE recorder (SPEC §1): serving-level Chrome-trace fragments, one per process.
+"""SA_PROFILE recorder (docs/FORMATS.md, "SA_PROFILE"): serving-level Chrome-trace fragments, one per process.
 
 Switched on by ``SA_PROFILE_OUTPUT`` / ``SA_PROFILE_LEVEL`` (read at import) or
 by :func:`configure`. Each process appends JSON lines to
@@ -245,7 +245,7 @@ def configure(
 
 
 def _remove_stale_fragments(directory: Path) -> None:
-    """Delete an earlier run's fragments, so that a merge never mixes two runs (SPEC §1)."""
+    """Delete an earlier run's fragments, so that a merge never mixes two runs (docs/FORMATS.md, "SA_PROFILE")."""
     if not directory.is_dir():
         return
     for entry in directory.iterdir():
@@ -266,7 +266,7 @@ _perf_counter_ns = time.perf_counter_ns
 
 
 def _now_us() -> int:
-    """SPEC §1 timestamps: integer µs of the host monotonic clock that STRACE uses in ns."""
+    """Timestamps as docs/FORMATS.md ("SA_PROFILE") has them: integer µs of the host monotonic clock that STRACE uses in ns."""
     return _perf_counter_ns() // 1000
 
 

@@ -1,4 +1,4 @@
-"""STRACE emitter (SPEC §2): host-span records written to the process log.
+"""STRACE emitter (docs/FORMATS.md, "STRACE"): host-span records written to the process log.
 
 A record is written once, when its span closes, with a single ``os.write`` of
 at most PIPE_BUF bytes, so forked rank processes that share one captured stderr
@@ -18,7 +18,7 @@ first, read through the module so that enable/disable are seen::
     if strace.ENABLED:
         strace.record(...)
 
-Host evidence (SPEC §2.1). While on (the default; :func:`set_host_evidence`,
+Host evidence (docs/FORMATS.md, "Host evidence"). While on (the default; :func:`set_host_evidence`,
 or ``DSPROF_HOST_EVIDENCE=0`` at import, turns it off) every :func:`span`
 carries what the OS saw of its thread between open and close: ``os.cpu_ns``,
 ``os.rq_ns``, ``os.nivcsw``, ``os.majflt``. Code that records spans after the
@@ -29,7 +29,7 @@ thread, read with ``pread``) for the run-queue wait, and
 ``getrusage(RUSAGE_THREAD)``; where schedstat is missing (non-Linux, no
 schedstats) ``os.rq_ns`` is omitted.
 
-Garbage collections (SPEC §2.1): :func:`enable` also hooks ``gc.callbacks``, so
+Garbage collections (docs/FORMATS.md, "Host evidence"): :func:`enable` also hooks ``gc.callbacks``, so
 every collection becomes a ``host.gc`` record (its own invocation, depth 0,
 ``hid=0``, ``gen``, ``collected``, host evidence) written by the collecting
 thread. A process that never collects pays nothing.
@@ -204,7 +204,7 @@ def is_enabled() -> bool:
 
 
 def set_host_evidence(on: bool) -> None:
-    """Switch host evidence (SPEC §2.1) on or off for every later span and sample of this process."""
+    """Switch host evidence (docs/FORMATS.md, "Host evidence") on or off for every later span and sample of this process."""
     global _evidence_wanted
     _evidence_wanted = on
     _update_sampling()
@@ -300,7 +300,7 @@ def host_sample() -> Sample | None:
 
 
 def evidence(start: Sample | None, end: Sample | None) -> dict[str, int]:
-    """The SPEC §2.1 attributes of the span between two samples of one thread ({} when either is missing).
+    """The host-evidence attributes (docs/FORMATS.md) of the span between two samples of one thread ({} when either is missing).
 
     ``os.rq_ns`` is left out where the thread had no schedstat, and the rusage
     counts where there is no RUSAGE_THREAD.

@@ -1,14 +1,18 @@
-"""The STRACE text format (SPEC §2, §2.1): the one place that defines it.
+"""The STRACE text format (docs/FORMATS.md, "STRACE"): the one place that defines it.
 
 Every producer (the live emitter :mod:`dsprof.profiler.strace`, the synthetic
 generator :mod:`dsprof.testing.synthetic`) builds records with
-:func:`format_record` / :func:`format_strace_payload`, and every reader takes
-the marker, the version, the span names and the attribute names from here, so
-the grammar, the escaping and the vocabulary cannot drift apart.
+:func:`format_prefix` and :func:`format_strace_payload` (clock anchors and
+chip_process lines with their own ``format_*`` functions), and every reader
+takes the markers, the version, the field list, the span names and the
+attribute names from here, so the grammar, the escaping and the vocabulary
+cannot drift apart.
 
 The vocabulary is the serving stack's. ``tests/test_strace_vocabulary.py``
-checks it against SPEC's span tree and attribute tables (as written in
-``docs/FORMATS.md``), so a name changed here and not there fails a test.
+checks it against the span tree and attribute tables of ``docs/FORMATS.md``,
+so a name changed here and not there fails a test. The compiled scanner
+(``analysis/ingest/_strace_scan.c``) keeps its own copy of the field kinds and
+of the token separators; the same test file checks them against this module.
 """
 
 from __future__ import annotations
@@ -23,8 +27,38 @@ STRACE_VERSION = 1
 ANCHOR_MARKER = "[CLOCK_ANCHOR]"
 ANCHOR_VERSION = 1
 CHIP_READY_MARKER = "[chip_process "
+CHIP_READY_END = "] ready"
 # The fields every record has, in this order, before its free ``k=v`` attributes.
-REQUIRED_FIELDS = ("v", "pid", "tid", "inv", "hid", "depth", "name", "ts", "dur")
+VERSION_FIELD, TS_FIELD, DUR_FIELD = "v", "ts", "dur"
+REQUIRED_FIELDS = (VERSION_FIELD, "pid", "tid", "inv", "hid", "depth", "name", TS_FIELD, DUR_FIELD)
+# The fields after the version, which every record of a version has in this order.
+VALUE_FIELDS = REQUIRED_FIELDS[1:]
+# What each field's value is: KIND_VERSION the version's digits; KIND_I64 -?digits
+# that fit int64; KIND_N64 digits that fit int64; KIND_U64 digits that fit uint64;
+# KIND_TOKEN one or more token characters (encoded text, see encode_value);
+# KIND_TOKEN0 possibly none. (The compiled scanner _strace_scan.c keeps a copy of the
+# kind names: tests/test_strace_vocabulary.py::test_the_compiled_scanner_keeps_the_format_grammar.)
+KIND_VERSION, KIND_I64, KIND_N64, KIND_U64, KIND_TOKEN, KIND_TOKEN0 = "version", "i64", "n64", "u64", "token", "token0"
+FIELD_KINDS = {
+    VERSION_FIELD: KIND_VERSION,
+    "pid": KIND_I64,
+    "tid": KIND_I64,
+    "inv": KIND_U64,
+    "hid": KIND_TOKEN,
+    "depth": KIND_N64,
+    "name": KIND_TOKEN0,
+    TS_FIELD: KIND_I64,
+    DUR_FIELD: KIND_I64,
+}
+# Characters that end a token besides ASCII space and control characters (so
+# encode_value escapes them, with '%' itself). _strace_scan.c keeps a copy:
+# tests/test_strace_vocabulary.py::test_the_compiled_scanner_keeps_the_format_grammar.
+TOKEN_SEPARATORS = "[]="
+# The fields of a clock anchor and of a chip_process line, in this order.
+ANCHOR_FIELDS = (VERSION_FIELD, "pid", "mono_ns", "wall_ns")
+CHIP_READY_FIELDS = ("pid", "dev")
+# The log prefix (format_prefix): ``[<PREFIX_CLOCK>=<ns>][<PREFIX_THREAD><hex>][<level>] <func>: ``.
+PREFIX_CLOCK, PREFIX_THREAD = "mono_ns", "T0x"
 # Linux guarantees a single write() of at most PIPE_BUF bytes to a pipe is not
 # interleaved with writes of other processes sharing it.
 PIPE_BUF = 4096
@@ -36,7 +70,7 @@ VALUE_CAP_MARK = "~"
 ANCHOR_FUNC = "clock_anchor"
 ANCHOR_LEVEL = "TIMING"
 
-# -- span names (SPEC §2 span tree) -----------------------------------------------------
+# -- span names (docs/FORMATS.md, "The span tree of one rank's part of one run") ---------
 
 ROOT = "chip.run"
 BIND = "chip.run.bind"
@@ -47,7 +81,7 @@ FENCE_WAIT = "chip.run.runner_run.native_fence_wait"
 DEVICE_WALL = "chip.run.runner_run.device_wall"
 CLAIM_RELEASE = "chip.run.claim_release"
 VALIDATE = "chip.run.validate"
-# One Python garbage collection (SPEC §2.1): its own invocation, depth 0, hid 0.
+# One Python garbage collection (docs/FORMATS.md, "Host evidence"): its own invocation, depth 0, hid 0.
 GC = "host.gc"
 GC_HID = "0"
 # Spans of other producers: ``ext.<producer>.<span>``; never runtime spans.
@@ -76,8 +110,6 @@ PHASE_BIND = "bind"
 PHASE_RUNNER = "runner_run"
 PHASE_FENCE_WAIT = "native_fence_wait"
 PHASE_DEVICE_WALL = "device_wall"
-PHASE_CLAIM = "claim_release"
-PHASE_VALIDATE = "validate"
 
 
 def phase_of(name: str) -> str:
@@ -97,7 +129,7 @@ CLK_HOST = "host"
 IDENTITY_ATTRS = ("run_id", "dispatch_id", "run_epoch", "slot_id", "generation")
 # Further root attributes: where and what the run was.
 RANK_ATTR, DEVICE_ATTR, CALLABLE_ATTR, STEP_ATTR = "rank", "device", "callable", "step"
-# Host evidence (SPEC §2.1): deltas over the span of what the OS saw of the emitting thread.
+# Host evidence (docs/FORMATS.md, "Host evidence"): deltas over the span of what the OS saw of the emitting thread.
 OS_CPU_NS, OS_RQ_NS, OS_NIVCSW, OS_MAJFLT = "os.cpu_ns", "os.rq_ns", "os.nivcsw", "os.majflt"
 HOST_EVIDENCE_ATTRS = (OS_CPU_NS, OS_RQ_NS, OS_NIVCSW, OS_MAJFLT)
 # host.gc attributes
@@ -105,7 +137,7 @@ GC_GEN_ATTR, GC_COLLECTED_ATTR = "gen", "collected"
 # The ``callable`` of a decode root: the fused decode program.
 DECODE_CALLABLE = "decode.main+verify+mtp"
 
-# -- diagnosis vocabulary (SPEC §3, "cause of a late start or tail") ----------------------
+# -- diagnosis vocabulary (docs/FIGURES.md, "Causes") -----------------------------------
 # The mechanisms an analysis names for a late (rank, step), and the runtime's
 # faults.json records as ground truth for each injected fault.
 MECH_DEVICE, MECH_HOST_CPU, MECH_RUN_QUEUE, MECH_GC = "device", "host_cpu", "run_queue", "gc"
@@ -115,7 +147,7 @@ MECHANISMS = (MECH_DEVICE, MECH_HOST_CPU, MECH_RUN_QUEUE, MECH_GC, MECH_CARRIED_
 # -- escaping -------------------------------------------------------------------------
 
 # Bytes that would break the space-separated k=v grammar or the log prefix.
-_NEEDS_ESCAPE = re.compile(r"[\x00-\x20\x7f\[\]%=]")
+_NEEDS_ESCAPE = re.compile(r"[\x00-\x20\x7f%" + re.escape(TOKEN_SEPARATORS) + "]")
 
 
 def encode_value(value: object, cap: int = MAX_VALUE_CHARS) -> str:
@@ -145,7 +177,7 @@ def decode_value(text: str) -> str:
 
 def format_prefix(mono_ns: int, thread_ident: int, level: str, func: str) -> str:
     """The log-record prefix every line of the native runtime's log starts with."""
-    return f"[mono_ns={mono_ns}][T0x{thread_ident:x}][{level}] {func}: "
+    return f"[{PREFIX_CLOCK}={mono_ns}][{PREFIX_THREAD}{thread_ident:x}][{level}] {func}: "
 
 
 # The payload's fixed start; the required fields follow as `` key=value`` in REQUIRED_FIELDS order.
@@ -186,7 +218,8 @@ def format_strace_payload(
 
 
 def format_anchor_payload(pid: int, mono_ns: int, wall_ns: int) -> str:
-    return f"{ANCHOR_MARKER} v={ANCHOR_VERSION} pid={pid} mono_ns={mono_ns} wall_ns={wall_ns}"
+    values = (ANCHOR_VERSION, pid, mono_ns, wall_ns)
+    return ANCHOR_MARKER + "".join(f" {key}={value}" for key, value in zip(ANCHOR_FIELDS, values, strict=True))
 
 
 def format_anchor_record(pid: int, mono_ns: int, wall_ns: int, thread_ident: int) -> str:
@@ -195,7 +228,8 @@ def format_anchor_record(pid: int, mono_ns: int, wall_ns: int, thread_ident: int
 
 
 def format_chip_ready_payload(pid: int, device: str) -> str:
-    return f"{CHIP_READY_MARKER}pid={pid} dev={encode_value(device)}] ready"
+    pid_key, device_key = CHIP_READY_FIELDS
+    return f"{CHIP_READY_MARKER}{pid_key}={pid} {device_key}={encode_value(device)}{CHIP_READY_END}"
 
 
 def fit_record(line: str, limit: int = PIPE_BUF) -> str:

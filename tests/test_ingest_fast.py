@@ -25,8 +25,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-import dsprof.analysis.ingest as ingest_package
-from dsprof.analysis.ingest import strace_log
+from dsprof.analysis.ingest import compiled as compiled_helpers
+from dsprof.analysis.ingest import strace_log, strace_pieces
 from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS
 from dsprof.profiler import strace_format as fmt
 from dsprof.testing.strace_readers import outcome, select_reader
@@ -193,9 +193,9 @@ def logs(draw) -> bytes:
     part_bytes=st.sampled_from([1, 50, 400, 1 << 20]),
 )
 def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypatch, data, chunk_bytes, threads, part_bytes):
-    monkeypatch.setattr(strace_log, "CHUNK_BYTES", chunk_bytes)
-    monkeypatch.setattr(strace_log, "SCAN_THREADS", threads)
-    monkeypatch.setattr(strace_log, "SCAN_MIN_PART_BYTES", part_bytes)
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(compiled_helpers, "SCAN_THREADS", threads)
+    monkeypatch.setattr(compiled_helpers, "SCAN_MIN_PART_BYTES", part_bytes)
     fast, slow = both_readers(data, monkeypatch)
     assert fast == slow
 
@@ -208,10 +208,10 @@ def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypat
 )
 def test_the_mapped_log_is_cut_into_the_pieces_the_stream_is_cut_into(monkeypatch, data, chunk_bytes, max_line):
     """Files are read memory-mapped (no copy); the pieces, overlong lines skipped included, are those of the streaming reader."""
-    monkeypatch.setattr(strace_log, "CHUNK_BYTES", chunk_bytes)
-    monkeypatch.setattr(strace_log, "MAX_LINE_BYTES", max_line)
-    streamed = [p if isinstance(p, int) else bytes(p) for p in strace_log._chunks(io.BytesIO(data))]
-    assert [p if isinstance(p, int) else bytes(p) for p in strace_log._mapped_chunks(data)] == streamed
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(strace_pieces, "MAX_LINE_BYTES", max_line)
+    streamed = [p if isinstance(p, int) else bytes(p) for p in strace_pieces.log_pieces(io.BytesIO(data))]
+    assert [p if isinstance(p, int) else bytes(p) for p in strace_pieces.mapped_pieces(data)] == streamed
 
 
 def test_reading_again_reuses_memory_and_reads_the_same(compiled, tmp_path):
@@ -254,22 +254,31 @@ def test_a_large_log_shared_out_to_threads_reads_as_in_python(compiled, monkeypa
             )
         lines.append(record)
     data = ("\n".join(lines) + "\n").encode()
-    monkeypatch.setattr(strace_log, "CHUNK_BYTES", 150_000)
-    monkeypatch.setattr(strace_log, "SCAN_THREADS", 3)
-    monkeypatch.setattr(strace_log, "SCAN_MIN_PART_BYTES", 10_000)
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 150_000)
+    monkeypatch.setattr(compiled_helpers, "SCAN_THREADS", 3)
+    monkeypatch.setattr(compiled_helpers, "SCAN_MIN_PART_BYTES", 10_000)
     fast, slow = both_readers(data, monkeypatch)
     assert fast == slow
     assert len(fast[1]) > 5000 and fast[4]  # rows were read, and some records dropped
 
 
-def test_the_reader_falls_back_to_python_without_the_compiled_module(monkeypatch, tmp_path):
+NOT_BUILT_RUN = textwrap.dedent(
+    """
+    import sys
+    sys.modules["dsprof.analysis.ingest._strace_scan"] = None  # as if it was never built
+    from dsprof.analysis.ingest import compiled, strace_log
+    from dsprof.testing.strace_readers import outcome
+    assert compiled.compiled_module() is None and strace_log.compiled_scanner() is None
+    print(outcome(sys.stdin.buffer.read())[1][0]["name"])
+    """
+)
+
+
+def test_the_reader_falls_back_to_python_without_the_compiled_module(monkeypatch):
     data = (fmt.format_strace_payload(pid=1, tid=2, inv=3, hid="a", depth=0, name="n", ts_ns=1, dur_ns=2) + "\n").encode()
-    monkeypatch.delenv(strace_log.PURE_PYTHON_ENV, raising=False)
-    monkeypatch.setitem(sys.modules, "dsprof.analysis.ingest._strace_scan", None)  # as if it was never built
-    monkeypatch.delattr(ingest_package, "_strace_scan", raising=False)
-    assert strace_log.compiled_scanner() is None
-    assert outcome(data)[1][0]["name"] == "n"
-    monkeypatch.delitem(sys.modules, "dsprof.analysis.ingest._strace_scan")
+    env = {k: v for k, v in os.environ.items() if k != strace_log.PURE_PYTHON_ENV}
+    run = subprocess.run([sys.executable, "-c", NOT_BUILT_RUN], input=data, capture_output=True, env=env, check=True)
+    assert run.stdout.decode().strip() == "n"
     monkeypatch.setenv(strace_log.PURE_PYTHON_ENV, "1")
     assert strace_log.compiled_scanner() is None
 
@@ -317,22 +326,22 @@ def test_the_scanner_takes_its_vocabulary_from_the_format(compiled):
 SANITIZED_RUN = textwrap.dedent(
     """
     import importlib.util, pickle, sys
-    from dsprof.analysis.ingest import strace_log
+    from dsprof.analysis.ingest import compiled, strace_log, strace_pieces
     from dsprof.testing.strace_readers import outcome
     spec = importlib.util.spec_from_file_location("_strace_scan", sys.argv[1])
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    scanner = strace_log._scanner_of(module)
+    scanner = compiled.scanner_of(module)
     corpus, expected = pickle.load(open(sys.argv[2], "rb"))
     for data in corpus:  # exact-size copies, cut anywhere: a read past the end is caught
         for cut in (len(data), len(data.rstrip(b"\\n")), len(data) // 2, len(data) // 3):
             for threads, part in ((1, 1 << 20), (3, 1), (4, 64)):
                 scanner.scan(bytes(data[:cut]), 0, threads, part)
     strace_log.compiled_scanner = lambda: scanner
-    strace_log.SCAN_MIN_PART_BYTES = 64
+    compiled.SCAN_MIN_PART_BYTES = 64
     for data, want in zip(corpus, expected):
         for chunk in (64 << 20, 4096):
-            strace_log.CHUNK_BYTES = chunk
+            strace_pieces.CHUNK_BYTES = chunk
             assert outcome(data) == want
     print("sanitized scans:", len(corpus))
     """

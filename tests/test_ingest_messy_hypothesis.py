@@ -15,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsprof.analysis.ingest import strace_log
+from dsprof.analysis.ingest import strace_pieces
 from dsprof.analysis.ingest.strace_log import parse_strace_bytes
 from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
@@ -189,10 +189,10 @@ def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(reader, plan, e
         at = int(where * len(data))
         data[at : at + len(insert) // 2] = insert
     whole = outcome(bytes(data), "chunked.log")
-    saved = strace_log.CHUNK_BYTES
-    strace_log.CHUNK_BYTES = chunk_bytes  # many pieces, cut wherever a line opens with '['
+    saved = strace_pieces.CHUNK_BYTES
+    strace_pieces.CHUNK_BYTES = chunk_bytes  # many pieces, cut wherever a line opens with '['
     try:
         chunked = outcome(bytes(data), "chunked.log")
     finally:
-        strace_log.CHUNK_BYTES = saved
+        strace_pieces.CHUNK_BYTES = saved
     assert chunked == whole

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from dsprof.analysis.ingest import read_paths, read_strace_log
+from dsprof.analysis.ingest import read_paths, read_strace_log, strace_pieces
 from dsprof.analysis.spans import SPAN_COLUMNS, SPAN_SCHEMA
 from dsprof.commands.ingest import format_ingest_report
 from dsprof.errors import InputError
@@ -354,15 +354,13 @@ def test_empty_directory_is_an_input_error(tmp_path):
 
 
 def test_log_read_in_pieces_numbers_lines_across_them_and_reports_progress(tmp_path, monkeypatch):
-    from dsprof.analysis.ingest import strace_log
-
     lines = []
     for i in range(40):
         lines.append(PREFIX + payload(inv=2**64 - 1 - i, ts_ns=i, attrs={"step": i, "device": "npu:0"}))
         lines.append("unrelated text" if i % 3 else "[x] garbage [STRACE] v=1 pid=1")  # a torn record every third step
     lines.insert(7, format_anchor_record(4242, 10, 20, 1))
     path = write(tmp_path, lines)
-    monkeypatch.setattr(strace_log, "CHUNK_BYTES", 500)  # many pieces
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 500)  # many pieces
     messages = []
     trace = read_strace_log(path, progress=messages.append)
     assert len(messages) > 10 and messages[-1].startswith(f"{path}: ") and f"{len(lines):,} lines" in messages[-1]
@@ -378,15 +376,13 @@ def test_log_pieces_still_referred_to_are_never_overwritten(monkeypatch):
 
     import numpy as np
 
-    from dsprof.analysis.ingest import strace_log
-
-    monkeypatch.setattr(strace_log, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 64)
     data = b"".join(f"[{i}] line {i}\n".encode() + (b"  more of it\n" if i % 4 == 0 else b"") for i in range(60))
-    held = [np.frombuffer(piece, np.uint8) for piece in strace_log._chunks(io.BytesIO(data))]  # each keeps its piece alive
+    held = [np.frombuffer(piece, np.uint8) for piece in strace_pieces.log_pieces(io.BytesIO(data))]  # each keeps its piece alive
     assert b"".join(h.tobytes() for h in held) == data and len(held) > 10
     assert all(h.tobytes().startswith(b"[") and h.tobytes().endswith(b"\n") for h in held)
     texts, buffers = [], set()
-    for piece in strace_log._chunks(io.BytesIO(data)):
+    for piece in strace_pieces.log_pieces(io.BytesIO(data)):
         texts.append(bytes(piece))
         buffers.add(id(piece.obj))
         del piece  # nothing refers to it any more: the next piece reuses its buffer

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from dsprof.profiler import strace_format as fmt
 
-FORMATS = (Path(__file__).resolve().parents[1] / "docs" / "FORMATS.md").read_text()
+ROOT = Path(__file__).resolve().parents[1]
+FORMATS = (ROOT / "docs" / "FORMATS.md").read_text()
+SCANNER_C = (ROOT / "analysis" / "ingest" / "_strace_scan.c").read_text()
 
 
 def _table_after(heading: str) -> list[list[str]]:
@@ -71,3 +73,26 @@ def test_phase_labels():
     assert fmt.phase_of(fmt.FENCE_WAIT) == fmt.PHASE_FENCE_WAIT
     assert fmt.phase_of(fmt.DEVICE_WALL + ".verify") == "device_wall.verify"
     assert fmt.phase_of(fmt.BIND_ARGS) == "bind.args"
+
+
+def _c_functions(name: str) -> list[str]:
+    """The bodies of every definition of C function ``name`` in the scanner (SSE2 and portable)."""
+    return re.findall(r"static inline uint32_t " + name + r"\(.*?\n\}", SCANNER_C, re.S)
+
+
+def test_the_compiled_scanner_keeps_the_format_grammar():
+    """_strace_scan.c has its own grammar; where it copies names from strace_format, the copies agree."""
+    kinds = re.search(r"KIND_NAMES\[\] = \{([^}]*)\}", SCANNER_C)
+    assert kinds is not None
+    c_kinds = re.findall(r'"(\w+)"', kinds.group(1))
+    assert c_kinds == [fmt.KIND_VERSION, fmt.KIND_I64, fmt.KIND_N64, fmt.KIND_U64, fmt.KIND_TOKEN, fmt.KIND_TOKEN0]
+    assert set(fmt.FIELD_KINDS.values()) <= set(c_kinds) and list(fmt.FIELD_KINDS) == list(fmt.REQUIRED_FIELDS)
+    stops, special = _c_functions("stops"), _c_functions("special_bytes")
+    assert len(stops) == len(special) == 2  # the SSE2 and the portable version
+    for body in stops:  # the token separators (the percent sign is found for decoding, not as a separator)
+        assert set(re.findall(r"'(.)'", body)) - {"%"} == set(fmt.TOKEN_SEPARATORS)
+    for body in special:  # a line is searched for markers at '[' only
+        assert set(re.findall(r"'(.)'", body)) == {"["}
+    assert {marker[0] for marker in (fmt.STRACE_MARKER, fmt.ANCHOR_MARKER, fmt.CHIP_READY_MARKER)} == {"["}
+    for char in fmt.TOKEN_SEPARATORS + "%":
+        assert fmt.encode_value(char) == f"%{ord(char):02X}"

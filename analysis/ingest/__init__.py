@@ -21,29 +21,30 @@
 * any other file is a text log searched for STRACE records.
 
 With a ``sink``, text logs hand their span tables to it chunk by chunk (see
-:class:`~dsprof.analysis.ingest.strace_log.SpanSink`), so a log of any size is
+:class:`~dsprof.analysis.ingest.sink.SpanSink`), so a log of any size is
 read in bounded memory.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+import stat
+from collections.abc import Sequence
 from pathlib import Path
 
 from dsprof.analysis.ingest.chrome import read_chrome_trace
 from dsprof.analysis.ingest.json_stream import GZIP_MAGIC
 from dsprof.analysis.ingest.sa_profile import read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
-from dsprof.analysis.ingest.strace_log import SpanSink, read_strace_log
+from dsprof.analysis.ingest.sink import Progress, SpanSink
+from dsprof.analysis.ingest.strace_log import read_strace_log
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
 
-__all__ = ["read_paths", "SpanSink"]
+__all__ = ["Progress", "SpanSink", "is_text_log", "read_paths", "read_strace_log"]
 
-Progress = Callable[[str], None] | None
 SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
 
 
@@ -128,7 +129,15 @@ def _is_sa_profile_merge(path: Path) -> bool:
 
 
 def _starts_with_gzip_magic(path: Path) -> bool:
+    """Whether a regular file opens with gzip's magic bytes.
+
+    A pipe, FIFO or device (``/dev/stdin``) is never looked into: what this
+    read would be gone for the reader. It is read as a text log unless its name
+    says JSON.
+    """
     try:
+        if not stat.S_ISREG(path.stat().st_mode):
+            return False
         with path.open("rb") as handle:
             return handle.read(2) == GZIP_MAGIC
     except OSError as exc:

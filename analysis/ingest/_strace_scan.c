@@ -334,7 +334,10 @@ typedef struct {
  * 16-byte blocks as bit masks (bit i: byte i). `special`: the bytes a line scan
  * must look at ('[', control bytes, bytes >= 0x80); `stops`: the bytes that
  * end a token (space, control bytes, '[', ']', '=') and, in *percent, the '%'.
- * SSE2 where the compiler has it, a portable loop elsewhere.
+ * SSE2 where the compiler has it, a portable loop elsewhere. The token
+ * separators are copies of strace_format.TOKEN_SEPARATORS, and '[' opens every
+ * marker: tests/test_strace_vocabulary.py::test_the_compiled_scanner_keeps_the_format_grammar
+ * checks both versions against profiler/strace_format.py.
  */
 #ifdef __SSE2__
 static inline uint32_t special_bytes(const uint8_t *p)
@@ -1256,6 +1259,8 @@ static void config_finish(Config *C)
     }
 }
 
+/* The field kinds of profiler/strace_format.py (KIND_*, FIELD_KINDS), in this order;
+ * tests/test_strace_vocabulary.py::test_the_compiled_scanner_keeps_the_format_grammar checks the copy. */
 static const char *const KIND_NAMES[] = {"version", "i64", "n64", "u64", "token", "token0"};
 
 static int scanner_init(ScannerObject *self, PyObject *args, PyObject *kwds)

@@ -1,4 +1,4 @@
-"""Reader for SA_PROFILE serving traces (SPEC §1): fragment JSONL files and the merged trace.json.
+"""Reader for SA_PROFILE serving traces (docs/FORMATS.md, "SA_PROFILE"): fragment JSONL files and the merged trace.json.
 
 What a path may be, and what is read:
 
@@ -38,7 +38,6 @@ dsprof, the lines its merge skipped are counted as if read here.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -47,7 +46,7 @@ import numpy as np
 
 from dsprof.analysis.ingest.chrome import SpanBuilder, read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
-from dsprof.analysis.ingest.strace_log import SpanSink
+from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
@@ -67,8 +66,6 @@ from dsprof.profiler.chrome_json import (
 )
 
 SOURCE = "sa_profile"
-
-Progress = Callable[[str], None] | None
 
 
 def read_sa_profile(

@@ -1,0 +1,174 @@
+"""A text log cut into pieces that each parse on their own (the STRACE reader's unit of work).
+
+A file is memory-mapped and its pieces are views of it (:func:`mapped_pieces`);
+a pipe is read into a reused buffer (:func:`log_pieces`), with the same cuts.
+Either way the reader's memory stays bounded by a few pieces whatever the
+log's size.
+"""
+
+from __future__ import annotations
+
+import io
+import mmap
+from collections.abc import Iterator
+from typing import Any, BinaryIO
+
+# Bytes parsed at a time (cut at a line boundary); bounds the temporaries of a big log.
+CHUNK_BYTES = 64 << 20
+# Longest line kept: a longer one (a binary blob, /dev/zero) is skipped and counted
+# as ``overlong_line``, and reading goes on, so memory stays bounded whatever the input.
+MAX_LINE_BYTES = 1 << 20
+
+# Bytes at the head of a log looked at before it is parsed (a binary file is refused from them).
+HEAD_BYTES = 1 << 20
+
+# What the splitters yield: a piece of the log, or the number of lines it skipped as overlong.
+Piece = memoryview | int
+
+
+def map_file(log_file: BinaryIO) -> mmap.mmap | None:
+    """The file mapped into memory (read-only, read ahead), or None where it cannot be."""
+    try:
+        mapped = mmap.mmap(log_file.fileno(), 0, access=mmap.ACCESS_READ)
+    except (OSError, ValueError):
+        return None
+    mapped.madvise(mmap.MADV_SEQUENTIAL)
+    return mapped
+
+
+def log_pieces(log_file: io.BufferedIOBase | io.RawIOBase) -> Iterator[Piece]:
+    """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
+
+    No record spans such a cut: a record only ever continues onto a line that
+    does not open with '[' (a log prefix or a new marker), and the rest of a
+    marker cut by a newline (``ACE] v=1``) does not open with '[' either. So
+    every piece parses on its own exactly as it would within the whole log.
+    A piece without such a line grows by at most MAX_LINE_BYTES; then it is cut
+    at its last newline, and a line longer than that is skipped (an ``int``
+    is yielded for it), so the buffer never outgrows CHUNK_BYTES + MAX_LINE_BYTES.
+
+    Pieces are read into one buffer, reused as long as nothing parsed from
+    the previous piece still refers to it (the rows are copies), which saves
+    faulting in fresh memory for every piece.
+    """
+    limit = CHUNK_BYTES + MAX_LINE_BYTES
+    piece, kept = bytearray(CHUNK_BYTES), 0  # kept: bytes after the last cut, moved to the front
+    skipping = False  # inside an overlong line: drop bytes up to its newline
+    while True:
+        if kept == len(piece):  # no cut in the whole buffer yet: make room for more
+            piece.extend(bytes(min(CHUNK_BYTES, limit - len(piece))))
+        with memoryview(piece) as whole, whole[kept:] as free:
+            got = log_file.readinto(free)
+        if not got:
+            if kept and not skipping:
+                yield memoryview(piece)[:kept]
+            return
+        filled = kept + got
+        if skipping:
+            newline = piece.find(b"\n", 0, filled)
+            if newline < 0:
+                kept = 0
+                continue
+            skipping = False
+            piece[: filled - newline - 1] = piece[newline + 1 : filled]
+            kept = filled - newline - 1
+            continue
+        cut = piece.rfind(b"\n[", 0, filled) + 1
+        if cut == 0 and filled >= limit:
+            cut = piece.rfind(b"\n", 0, filled) + 1
+            if cut == 0:  # one line fills the whole buffer
+                yield 1
+                skipping, kept = True, 0
+                continue
+        if cut == 0:
+            kept = filled
+            continue
+        view = memoryview(piece)[:cut]
+        yield view
+        del view
+        try:
+            piece.append(piece.pop())  # a resize: refused while anything still refers to the piece
+        except BufferError:  # leave the piece to what refers to it
+            old, piece = piece, bytearray(len(piece))
+            piece[: filled - cut] = old[cut:filled]
+        else:
+            piece[: filled - cut] = piece[cut:filled]
+        kept = filled - cut
+
+
+def mapped_pieces(data: mmap.mmap | bytes) -> Iterator[Piece]:
+    """The pieces :func:`log_pieces` cuts the same log into, as views of the log mapped in memory: no copy.
+
+    The same steps as log_pieces, on offsets: the buffer is the stretch of the
+    log from ``start``, ``kept`` bytes of it already "read", at most
+    ``capacity`` bytes (grown as log_pieces grows its buffer). Pages of a mapped
+    file behind the reader are dropped, so its memory stays bounded.
+    """
+    view, size = memoryview(data), len(data)
+    limit = CHUNK_BYTES + MAX_LINE_BYTES
+    capacity, start, kept, skipping, dropped = CHUNK_BYTES, 0, 0, False, 0
+    while True:
+        if kept == capacity:
+            capacity += min(CHUNK_BYTES, limit - capacity)
+        got = min(capacity - kept, size - start - kept)
+        if got <= 0:
+            if kept and not skipping:
+                yield view[start : start + kept]
+            return
+        filled = kept + got
+        if skipping:
+            newline = data.find(b"\n", start, start + filled)
+            skipping = newline < 0
+            start, kept = (start + filled, 0) if skipping else (newline + 1, start + filled - newline - 1)
+            continue
+        cut = data.rfind(b"\n[", start, start + filled) + 1
+        if cut == 0 and filled >= limit:
+            cut = data.rfind(b"\n", start, start + filled) + 1
+            if cut == 0:
+                yield 1
+                skipping, start, kept = True, start + filled, 0
+                continue
+        if cut == 0:
+            kept = filled
+            continue
+        yield view[start:cut]
+        if isinstance(data, mmap.mmap):
+            dropped = _drop_pages(data, dropped, cut)
+        start, kept = cut, start + filled - cut
+
+
+def _drop_pages(mapped: mmap.mmap, done: int, upto: int) -> int:
+    """Let the pages of [done, upto) go from this process's memory (they are read again from the file if needed)."""
+    upto -= upto % mmap.PAGESIZE
+    if upto > done:
+        mapped.madvise(mmap.MADV_DONTNEED, done, upto - done)
+    return max(done, upto)
+
+
+def read_head(log_file: io.BufferedIOBase) -> bytes:
+    """The first HEAD_BYTES of a stream (fewer only at its end)."""
+    parts, got = [], 0
+    while got < HEAD_BYTES and (part := log_file.read(HEAD_BYTES - got)):
+        parts.append(part)
+        got += len(part)
+    return b"".join(parts)
+
+
+class HeadThenRest(io.RawIOBase):
+    """A stream whose head was already read (:func:`read_head`): that head, then the rest of the stream."""
+
+    def __init__(self, head: bytes, rest: io.BufferedIOBase):
+        super().__init__()
+        self._head, self._at, self._rest = head, 0, rest
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self._at < len(self._head):
+            with memoryview(buffer) as view:
+                n = min(len(view), len(self._head) - self._at)
+                view[:n] = self._head[self._at : self._at + n]
+            self._at += n
+            return n
+        return self._rest.readinto(buffer)
