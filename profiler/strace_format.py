@@ -110,6 +110,7 @@ PHASE_BIND = "bind"
 PHASE_RUNNER = "runner_run"
 PHASE_FENCE_WAIT = "native_fence_wait"
 PHASE_DEVICE_WALL = "device_wall"
+PHASE_VALIDATE = "validate"
 
 
 def phase_of(name: str) -> str:
