@@ -43,6 +43,7 @@ _IS_END = np.array([name.endswith("_end") for name in HOST_EVENTS])
 # a run whose bind starts this long after anything on its thread was not held by the thread: it keeps its time
 PIN_GAP_NS = 1_000_000_000
 _FREE = np.inf  # the slack of a dependency that did not exist
+_PINNED = 1e13  # stands for an infinite slack inside the running sums (10,000 s: far beyond any lag, exact in float64)
 # a rank's exit from a collective this long before the last arrival still counts as after it (clock noise)
 ALIGNMENT_TOLERANCE_NS = 50_000
 _RING = 4  # runs of a rank whose events later events may still depend on (depth 2, plus margin)
@@ -95,6 +96,10 @@ class _HostChains:
     lag: np.ndarray  # [ranks, n] how long after its latest dependency the event happened (what a removal can take)
     runner_index: np.ndarray  # [ranks, steps] index of each run's runner_run start in its chain (-1: absent)
     length: np.ndarray  # [ranks]
+    event_index: np.ndarray  # [ranks, steps, kinds]: where each event sits in its chain (-1: absent)
+
+    def position_of(self, rank: int, step: int, kind: int) -> int:
+        return int(self.event_index[rank, step, kind])
 
 
 @dataclass
@@ -127,6 +132,7 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
         lag=np.zeros((ranks, n)),
         runner_index=np.full((ranks, steps), -1, np.int64),
         length=np.array([len(c[0]) for c in chains], np.int64),
+        event_index=np.full((ranks, steps, len(HOST_EVENTS)), -1, np.int32),
     )
     for r, (t, kind, step) in enumerate(chains):
         _chain_slacks(out, r, t, kind, step, runs)
@@ -150,6 +156,7 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     extra_step[binds] = slot_previous[step[binds]]
     extra[binds] = runs.host[r, extra_step[binds], VALIDATE_END]
     extra[extra > t] = np.nan  # a dependency that had not happened yet did not hold the event
+    extra[extra == previous] = np.nan  # the thread's previous event itself: already a dependency
     extra_step[np.isnan(extra)] = -1
     latest = np.fmax(previous, extra)
     pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & np.isnan(extra)
@@ -159,6 +166,7 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     out.lag[r, :m] = np.where(np.isnan(latest) | pinned, 0.0, t - latest)
     runner = np.flatnonzero(kind == RUNNER_TS)
     out.runner_index[r, step[runner]] = runner
+    out.event_index[r, step, kind] = np.arange(m)
 
 
 def _slot_predecessor(slot: np.ndarray) -> np.ndarray:
@@ -220,13 +228,12 @@ class Replayer:
 
     def lag(self, rank: int, step: int, kind: int) -> float:
         """The measured lag of one host event after its latest dependency (0 where the event is absent)."""
-        m = self.chains.length[rank]
-        where = np.flatnonzero((self.chains.step[rank, :m] == step) & (self.chains.kind[rank, :m] == kind))
-        return float(self.chains.lag[rank, where[0]]) if len(where) else 0.0
+        where = self.chains.position_of(rank, step, kind)
+        return float(self.chains.lag[rank, where]) if where >= 0 else 0.0
 
     def replay(self, removals: list[Removal], columns: int, first_step: int = 0) -> ReplayResult:
         """How far the decode wall's end moves in each column with its removals applied."""
-        plan = _RemovalPlan(removals, columns, self.ranks, self.steps, self.runs.wait_ns.shape[2] + 1)
+        plan = _RemovalPlan(removals, columns, self.chains, self.ranks)
         state = _State(self.ranks, columns)
         # before first_step nothing has moved: start each chain just before that step's first event
         position = self._start_positions(first_step)
@@ -253,35 +260,60 @@ class Replayer:
         return position
 
     def _advance_host(self, state: _State, position: np.ndarray, target: np.ndarray, plan: _RemovalPlan) -> None:
-        """Process each rank's host events after ``position`` up to ``target`` (inclusive), in thread order."""
+        """Process each rank's host events after ``position`` up to ``target`` (inclusive), in thread order.
+
+        Along a thread ``Δ_i = max(Δ_{i-1} − a_i, b_i)`` (a: slack on the
+        previous event plus what is removed at i; b: the extra dependency's Δ
+        less its slack, less the removal), which unrolls to
+        ``Δ_i = max(Δ_0, max_{k<=i}(b_k + A_k)) − A_i`` with A the running sum
+        of a: one scan over the whole segment instead of a loop over its events.
+        """
         chains = self.chains
-        count = np.where(target >= 0, target - position, 0)
-        for offset in range(1, int(count.max(initial=0)) + 1):
-            active = np.flatnonzero(count >= offset)
-            index = position[active] + offset
-            kind, step = chains.kind[active, index], chains.step[active, index]
-            from_previous = state.host_last[active] - chains.slack_pred[active, index][:, None]
-            extra_step = chains.extra_step[active, index]
-            extra = np.full_like(from_previous, -np.inf)
-            device_dep = (kind == RUNNER_END) & (extra_step >= 0)
-            slot_dep = (kind == BIND_TS) & (extra_step >= 0)
-            if device_dep.any():
-                rows = active[device_dep]
-                extra[device_dep] = state.device_end[rows, extra_step[device_dep] % _RING]
-            if slot_dep.any():
-                rows = active[slot_dep]
-                extra[slot_dep] = state.validate_end[rows, extra_step[slot_dep] % _RING]
-            extra -= chains.slack_extra[active, index][:, None]
-            delta = np.maximum(from_previous, extra)
-            delta[np.isneginf(delta)] = 0.0  # the chain's first event, or a pinned start: keeps its time
-            delta -= plan.host_removed(active, step, kind)
-            state.host_last[active] = delta
-            runner = kind == RUNNER_TS
-            state.runner_start[active[runner], step[runner] % _RING] = delta[runner]
-            validate = kind == VALIDATE_END
-            state.validate_end[active[validate], step[validate] % _RING] = delta[validate]
-            state.validate_written[active[validate], step[validate] % _RING] = step[validate]
+        count = np.where(target >= 0, np.maximum(target - position, 0), 0)
+        width = int(count.max(initial=0))
+        if not width:
+            return
+        offsets = np.arange(1, width + 1)
+        valid = offsets[None, :] <= count[:, None]
+        rows = np.broadcast_to(np.arange(self.ranks)[:, None], valid.shape)
+        index = np.where(valid, position[:, None] + offsets[None, :], 0)
+        kind, step = chains.kind[rows, index], chains.step[rows, index]
+        slack = np.where(valid, chains.slack_pred[rows, index], 0.0)
+        pinned = np.isinf(slack)
+        extra = self._extra_deltas(state, rows, index, kind, valid)
+        extra = np.where(pinned[:, :, None] & np.isneginf(extra), 0.0, extra)  # a pinned start keeps its time
+        removed = plan.host_removed(rows, index, valid)
+        a = np.where(pinned, _PINNED, slack)[:, :, None] + removed
+        A = np.cumsum(a, axis=1)
+        reach = np.maximum.accumulate(extra - removed + A, axis=1)
+        delta = np.maximum(state.host_last[:, None, :], reach) - A
+        last = np.maximum(count - 1, 0)
+        moved = count > 0
+        state.host_last[moved] = delta[moved, last[moved]]
+        for kind_of, ring, written in ((RUNNER_TS, state.runner_start, None), (VALIDATE_END, state.validate_end, state.validate_written)):
+            r, i = np.nonzero(valid & (kind == kind_of))
+            ring[r, step[r, i] % _RING] = delta[r, i]
+            if written is not None:
+                written[r, step[r, i] % _RING] = step[r, i]
         position[:] = np.where(target >= 0, np.maximum(position, target), position)
+
+    def _extra_deltas(self, state: _State, rows: np.ndarray, index: np.ndarray, kind: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """Δ − slack of each event's extra dependency (the device end of its run, or its slot's previous validate); −inf if none."""
+        chains = self.chains
+        extra_step = np.where(valid, chains.extra_step[rows, index], -1)
+        out = np.full((*kind.shape, state.host_last.shape[1]), -np.inf)
+        for kind_of, ring, written in (
+            (RUNNER_END, state.device_end, state.device_written),
+            (BIND_TS, state.validate_end, state.validate_written),
+        ):
+            r, i = np.nonzero((kind == kind_of) & (extra_step >= 0))
+            if not len(r):
+                continue
+            slot = extra_step[r, i] % _RING
+            known = written[r, slot] == extra_step[r, i]  # a dependency not yet replayed here has not moved
+            values = np.where(known[:, None], ring[r, slot], 0.0)
+            out[r, i] = values - chains.slack_extra[r, index[r, i]][:, None]
+        return out
 
     def _device(self, state: _State, j: int, plan: _RemovalPlan) -> None:
         """The device programs of step ``j`` on every rank, coupled at their collectives."""
@@ -348,34 +380,35 @@ class _State:
 
 
 class _RemovalPlan:
-    """The removals, indexed for the replay loop: per host event and per device segment."""
+    """The removals, indexed for the replay loop: per host event (by chain position) and per device segment."""
 
-    def __init__(self, removals: list[Removal], columns: int, ranks: int, steps: int, segments: int):
+    def __init__(self, removals: list[Removal], columns: int, chains: _HostChains, ranks: int):
         self.columns = columns
-        self.host: dict[tuple[int, int, int], np.ndarray] = {}
         self.device: dict[tuple[int, int], np.ndarray] = {}
         self.exit: dict[tuple[int, int], np.ndarray] = {}
         self.last_step = np.full(columns, -1, np.int64)
+        host: dict[tuple[int, int], np.ndarray] = {}
         for removal in removals:  # one entry per cause and scenario: a few per flagged step
             if removal.target in ("device", "exit"):
                 table = self.device if removal.target == "device" else self.exit
                 amounts = table.setdefault((removal.step, removal.segment), np.zeros((ranks, columns)))
                 amounts[removal.rank, removal.column] += removal.ns
             else:
-                key = (removal.rank, removal.step, int(removal.target))
-                self.host.setdefault(key, np.zeros(columns))[removal.column] += removal.ns
+                where = chains.position_of(removal.rank, removal.step, int(removal.target))
+                if where >= 0:
+                    host.setdefault((removal.rank, where), np.zeros(columns))[removal.column] += removal.ns
             self.last_step[removal.column] = max(self.last_step[removal.column], removal.step)
+        # chain position -> row of the amounts (0: nothing removed)
+        self.host_row = np.zeros(chains.kind.shape, np.int64)
+        self.host_amounts = np.zeros((len(host) + 1, columns))
+        for row, ((rank, where), amounts) in enumerate(host.items(), start=1):  # one per removed host event
+            self.host_row[rank, where] = row
+            self.host_amounts[row] = amounts
         self._zero = np.zeros((ranks, columns))
 
-    def host_removed(self, ranks: np.ndarray, steps: np.ndarray, kinds: np.ndarray) -> np.ndarray:
-        out = np.zeros((len(ranks), self.columns))
-        if not self.host:
-            return out
-        for i, key in enumerate(zip(ranks.tolist(), steps.tolist(), kinds.tolist(), strict=True)):  # ranks at one chain offset
-            amounts = self.host.get(key)
-            if amounts is not None:
-                out[i] = amounts
-        return out
+    def host_removed(self, rows: np.ndarray, index: np.ndarray, valid: np.ndarray) -> np.ndarray:
+        """[ranks, events, columns]: what is taken off each event of a segment."""
+        return self.host_amounts[np.where(valid, self.host_row[rows, index], 0)]
 
     def device_removed(self, step: int, segment: int) -> np.ndarray:
         return self.device.get((step, segment), self._zero)
