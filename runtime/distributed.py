@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -18,8 +19,10 @@ import torch
 import torch.distributed as dist
 
 from dsprof.errors import DsprofError
-from dsprof.profiler.strace_format import A2A_WAIT, ALLREDUCE_WAIT
-from dsprof.runtime.device import device_wait
+from dsprof.profiler.strace_format import A2A_WAIT, ALLREDUCE_WAIT, PEER_ATTR
+from dsprof.runtime.device import device_wait, running_on_cuda
+
+_STAMP_BYTES = 8  # one int64 arrival stamp (CLOCK_MONOTONIC ns: one clock for every rank of a host)
 
 
 def free_port() -> int:
@@ -57,10 +60,19 @@ class ParallelContext:
         return self.rank // self.tp
 
     def all_reduce_tp(self, tensor: torch.Tensor) -> torch.Tensor:
-        """Sum over the TP group; inside a device program it is timed as an ``allreduce_wait`` phase."""
+        """Sum over the TP group; inside a device program it is timed as an ``allreduce_wait`` phase.
+
+        A sum cannot carry the arrival stamps, so they follow in one small int64 all-gather
+        (everyone has arrived by then: it costs a round trip, not a wait).
+        """
         if self.tp > 1:
-            with device_wait(ALLREDUCE_WAIT):
+            with device_wait(ALLREDUCE_WAIT) as attrs:
+                arrived_ns = time.monotonic_ns()
                 dist.all_reduce(tensor, group=self.tp_group)
+                if not running_on_cuda():
+                    stamps = [torch.zeros(1, dtype=torch.int64) for _ in range(self.tp)]
+                    dist.all_gather(stamps, torch.tensor([arrived_ns], dtype=torch.int64), group=self.tp_group)
+                    attrs[PEER_ATTR] = self.rank - self.tp_rank + last_arrival([int(stamp) for stamp in stamps])
         return tensor
 
     def wait_global_predecessor(self) -> None:
@@ -73,10 +85,35 @@ class ParallelContext:
         The call returns when the slowest peer has sent its share, so its length
         on a rank that was on time is how long it waited for the others.
         """
-        recv = torch.empty_like(send)
-        with device_wait(A2A_WAIT):
-            dist.all_to_all_single(recv, send)
+        with device_wait(A2A_WAIT) as attrs:
+            if running_on_cuda():  # a host stamp says when the host enqueued, not when the stream arrived
+                recv = torch.empty_like(send)
+                dist.all_to_all_single(recv, send)
+                return recv
+            recv, stamps = self._all_to_all_stamped(send, time.monotonic_ns())
+            attrs[PEER_ATTR] = last_arrival(stamps)
         return recv
+
+    def _all_to_all_stamped(self, send: torch.Tensor, arrived_ns: int) -> tuple[torch.Tensor, list[int]]:
+        """The all-to-all with this rank's arrival stamp appended to every share: (received, each source's stamp).
+
+        The stamp travels in the payload (as bytes after each destination's rows), so
+        knowing who arrived last costs no extra collective.
+        """
+        world = self.world
+        payload = send.contiguous().view(world, -1).view(torch.uint8)
+        stamp = torch.tensor([arrived_ns], dtype=torch.int64).view(torch.uint8).expand(world, _STAMP_BYTES)
+        combined = torch.cat([payload, stamp.to(payload.device)], dim=1)
+        received = torch.empty_like(combined)
+        dist.all_to_all_single(received, combined)
+        recv = received[:, :-_STAMP_BYTES].contiguous().view(send.dtype).view(send.shape)
+        stamps = received[:, -_STAMP_BYTES:].contiguous().view(torch.int64).flatten().tolist()
+        return recv, stamps
+
+
+def last_arrival(stamps: list[int]) -> int:
+    """Index of the latest arrival stamp; a tie goes to the lowest index (SPEC §2.1 ``peer``)."""
+    return max(range(len(stamps)), key=lambda index: (stamps[index], -index))
 
 
 def init_distributed(

@@ -2,11 +2,16 @@
 
 Grammar (one spec per ``--inject``; see docs/RUNTIME.md)::
 
-    fence_tail:p=<0..1>,ms=<delay>               per decode step with probability p, one random rank's completion fence is late
+    fence_tail:[rank=<r>,]p=<0..1>,ms=<delay>    per decode step with probability p, one rank's completion fence is late
     straggler:rank=<r>,ms=<work>                 rank r's device does <work> ms more work every decode step
     slow_bind:rank=<r>,ms=<work>[,step=K]        rank r's bind does <work> ms more host CPU work (every step, or only step K)
-    cpu_contention:[rank=<r>,]p=<0..1>,ms=<burn> per step with probability p, a neighbour process burns the rank's CPU
-    gc_pause:[rank=<r>,]p=<0..1>,ms=<pause>      per step with probability p, a garbage collection of about <pause> ms
+    cpu_contention:[rank=<r>,]p=<0..1>,ms=<burn>[,at=device]
+                                                 per step with probability p, a neighbour process burns the rank's CPU
+                                                 while its device program runs
+    gc_pause:[rank=<r>,]p=<0..1>,ms=<pause>[,at=host|device]
+                                                 per step with probability p, a garbage collection of about <pause> ms,
+                                                 on the host thread as it waits for the program (host, the default)
+                                                 or inside the device program before its first all-to-all (device)
     crash:rank=<r>,step=<K>                      rank r dies at decode step K
 
 Steps are measured decode steps, numbered as the root's ``step`` attribute (the
@@ -14,7 +19,8 @@ number the analysis reports): warm-up rounds are excluded, and never perturbed.
 Where ``rank`` is optional and left out, each event picks a seeded random rank.
 Every rank derives the same plan from the seed; each event a rank applies is
 reported to the launcher, which writes them to ``faults.json`` with the
-mechanism and phase an analysis should name for it (SPEC §3).
+mechanism and phase an analysis should name for it (SPEC §3) and what the
+ranks measured of it: who lost how much time (``measured``).
 """
 
 from __future__ import annotations
@@ -29,17 +35,25 @@ from dsprof.profiler import strace_format as fmt
 FENCE_DELAY, STRAGGLER, SLOW_BIND = "fence_delay", "straggler", "slow_bind"
 CPU_CONTENTION, GC_PAUSE, CRASH = "cpu_contention", "gc_pause", "crash"
 
+# Where a fault strikes (``at=``): the host thread's path, or inside the device program.
+AT_HOST, AT_DEVICE = "host", "device"
+
 # spec kind -> (required keys, optional keys)
 _GRAMMAR: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "fence_tail": (("p", "ms"), ()),
+    "fence_tail": (("p", "ms"), ("rank",)),
     STRAGGLER: (("rank", "ms"), ()),
     SLOW_BIND: (("rank", "ms"), ("step",)),
-    CPU_CONTENTION: (("p", "ms"), ("rank",)),
-    GC_PAUSE: (("p", "ms"), ("rank",)),
+    CPU_CONTENTION: (("p", "ms"), ("rank", "at")),
+    GC_PAUSE: (("p", "ms"), ("rank", "at")),
     CRASH: (("rank", "step"), ()),
 }
 _EVENT_KIND = {"fence_tail": FENCE_DELAY}  # spec kinds whose events are named otherwise
 _INT_KEYS = {"rank", "step"}
+# spec kind -> the targets ``at=`` may name, the default first. A CPU neighbour starves every
+# thread of the rank's CPU, the device executor with the host thread, and in the depth-2
+# pipeline the executor always runs a program while the host works: it cannot strike the
+# host path alone, so cpu_contention strikes the device program only.
+_TARGETS: dict[str, tuple[str, ...]] = {CPU_CONTENTION: (AT_DEVICE,), GC_PAUSE: (AT_HOST, AT_DEVICE)}
 
 # What an analysis should find for each event: (mechanism, phase). A fence that
 # fires late keeps the host in native_fence_wait although the device is done; a
@@ -48,14 +62,17 @@ _INT_KEYS = {"rank", "step"}
 # thread waits in the run queue during device_wall; the gc pause runs on the
 # host thread inside native_fence_wait (and holds the GIL, so the CPU executor
 # stalls with it). A crash has no mechanism: the rank is gone.
-GROUND_TRUTH: dict[str, tuple[str | None, str | None]] = {
-    FENCE_DELAY: (fmt.MECH_DEVICE, fmt.PHASE_FENCE_WAIT),
-    STRAGGLER: (fmt.MECH_DEVICE, fmt.PHASE_DEVICE_WALL),
-    SLOW_BIND: (fmt.MECH_HOST_CPU, fmt.PHASE_BIND),
-    CPU_CONTENTION: (fmt.MECH_RUN_QUEUE, fmt.PHASE_DEVICE_WALL),
-    GC_PAUSE: (fmt.MECH_GC, fmt.PHASE_FENCE_WAIT),
-    CRASH: (None, None),
+GROUND_TRUTH: dict[tuple[str, str | None], tuple[str | None, str | None]] = {
+    (FENCE_DELAY, None): (fmt.MECH_DEVICE, fmt.PHASE_FENCE_WAIT),
+    (STRAGGLER, None): (fmt.MECH_DEVICE, fmt.PHASE_DEVICE_WALL),
+    (SLOW_BIND, None): (fmt.MECH_HOST_CPU, fmt.PHASE_BIND),
+    (CPU_CONTENTION, AT_DEVICE): (fmt.MECH_RUN_QUEUE, fmt.PHASE_DEVICE_WALL),
+    (GC_PAUSE, AT_HOST): (fmt.MECH_GC, fmt.PHASE_FENCE_WAIT),
+    (GC_PAUSE, AT_DEVICE): (fmt.MECH_GC, fmt.PHASE_DEVICE_WALL),
+    (CRASH, None): (None, None),
 }
+# A fault whose measured loss is below this share of its delay_ms cost (almost) nothing: faults.json says so.
+EFFECTIVE_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,7 @@ class FaultSpec:
     step: int | None = None
     ms: float | None = None
     p: float | None = None
+    at: str | None = None  # AT_HOST / AT_DEVICE for the kinds that take it (their default when left out)
 
 
 @dataclass(frozen=True)
@@ -75,10 +93,12 @@ class FaultEvent:
     rank: int
     step: int
     ms: float | None
+    at: str | None = None
 
     def to_json(self, details: dict | None = None) -> dict:
         """The faults.json entry: where it was injected, how much, what an analysis should name, and ``details``."""
-        mechanism, phase = GROUND_TRUTH[self.kind]
+        mechanism, phase = GROUND_TRUTH[(self.kind, self.at)]
+        target = {"at": self.at} if self.at is not None else {}
         return {
             "kind": self.kind,
             "rank": self.rank,
@@ -86,8 +106,60 @@ class FaultEvent:
             "delay_ms": self.ms,
             "mechanism": mechanism,
             "phase": phase,
+            **target,
             **(details or {}),
         }
+
+
+# One rank's device program of one step: (start ns, end ns) on CLOCK_MONOTONIC, the executor's
+# run-queue wait over it, and the most any thread of the rank but the host thread waited (ns)
+ProgramWindow = tuple[int, int, int, int]
+
+
+def contention_loss(entry: dict, found: dict[int, dict], programs: dict[tuple[int, int], ProgramWindow]) -> dict[int, dict]:
+    """What each rank pinned to the contended CPU lost to a cpu_contention event (faults.json ``measured``).
+
+    The struck rank says when the burn started (``burn_start_ns``); every rank on that
+    CPU sent the windows of its programs near the step (``programs``: (rank, step) ->
+    window). A rank's loss is the run-queue wait of its programs that overlapped
+    [start, start + delay_ms]: the struck rank's own program, and a CPU mate's,
+    whichever step that mate was running then (``steps``). ``rq_ms`` is the
+    executor's wait; ``loss_ms`` the most any device-side thread waited (a rank
+    blocked in an all-to-all loses its time in the collective's I/O thread).
+    """
+    burn = found.get(entry["rank"], {})
+    start = burn.get("burn_start_ns")
+    if start is None:
+        return found
+    end = start + int(entry["delay_ms"] * 1e6)
+    near = {entry["step"] - 1, entry["step"], entry["step"] + 1}
+    losses: dict[int, dict] = {}
+    for (rank, step), (p_start, p_end, rq_ns, threads_rq_ns) in sorted(programs.items()):
+        if step in near and p_start < end and p_end > start:
+            loss = losses.setdefault(rank, {"loss_ms": 0.0, "rq_ms": 0.0, "steps": []})
+            loss["rq_ms"] = round(loss["rq_ms"] + rq_ns / 1e6, 3)
+            loss["loss_ms"] = round(loss["loss_ms"] + max(rq_ns, threads_rq_ns) / 1e6, 3)
+            loss["steps"].append(step)
+    losses.setdefault(entry["rank"], {"loss_ms": 0.0, "rq_ms": 0.0, "steps": []})["struck"] = burn.get("struck", False)
+    return losses
+
+
+def with_measured(entry: dict, measured: dict[int, dict]) -> dict:
+    """The faults.json entry with what the ranks measured of it (rank -> {"loss_ms", ...}).
+
+    ``lost_ms`` is the largest loss any rank measured; ``effective`` is false where
+    it is below EFFECTIVE_SHARE of ``delay_ms`` (the fault struck, but cost next to
+    nothing: e.g. a late fence the host reached later still). A crash has no loss.
+    """
+    if entry["delay_ms"] is None:
+        return entry
+    lost = max((m["loss_ms"] for m in measured.values()), default=0.0)
+    return {
+        **entry,
+        "measured": {str(rank): measured[rank] for rank in sorted(measured)},
+        "lost_ms": round(lost, 3),
+        "effective": lost >= EFFECTIVE_SHARE * entry["delay_ms"],
+    }
 
 
 def parse_fault(text: str, ranks: int) -> FaultSpec:
@@ -100,13 +172,18 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
     if kind not in _GRAMMAR:
         raise bad(f"unknown fault kind {kind!r} (expected one of {', '.join(_GRAMMAR)})")
     required, optional = _GRAMMAR[kind]
-    values: dict[str, float | int] = {}
+    values: dict[str, float | int | str] = {}
     for item in filter(None, (part.strip() for part in body.split(","))) if sep else ():
         key, eq, raw = item.partition("=")
         if not eq or key not in required + optional:
             raise bad(f"unexpected {item!r} (keys for {kind}: {', '.join(required + optional)})")
         if key in values:
             raise bad(f"{key} given twice")
+        if key == "at":
+            if raw not in _TARGETS[kind]:
+                raise bad(f"at={raw!r} (expected {' or '.join(_TARGETS[kind])})")
+            values[key] = raw
+            continue
         try:
             values[key] = int(raw) if key in _INT_KEYS else float(raw)
         except ValueError:
@@ -122,6 +199,8 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
         raise bad("ms must be > 0")
     if "p" in values and not 0 < values["p"] <= 1:
         raise bad("p must be in (0, 1]")
+    if kind in _TARGETS:
+        values.setdefault("at", _TARGETS[kind][0])
     return FaultSpec(kind=kind, **values)  # type: ignore[arg-type]
 
 
@@ -135,9 +214,9 @@ class StepFaults:
 
     events: tuple[FaultEvent, ...]
 
-    def ms(self, kind: str) -> float:
-        """Total ms of the events of ``kind`` (two specs of one kind add up)."""
-        return sum(event.ms or 0.0 for event in self.events if event.kind == kind)
+    def ms(self, kind: str, at: str | None = None) -> float:
+        """Total ms of the events of ``kind`` (aimed ``at`` that target, if given; two specs of one kind add up)."""
+        return sum(event.ms or 0.0 for event in self.events if event.kind == kind and at in (None, event.at))
 
     @property
     def crash(self) -> bool:
@@ -160,6 +239,10 @@ class FaultPlan:
         """The most ``ms`` the specs of ``spec_kind`` can inject into one step of ``rank`` (0: none can hit it)."""
         return sum(spec.ms or 0.0 for spec in self.specs if spec.kind == spec_kind and spec.rank in (None, rank))
 
+    def contention_at(self, step: int, ranks: set[int]) -> list[FaultEvent]:
+        """The cpu_contention events at ``step`` of any of ``ranks`` (those pinned to one CPU: each of them loses time)."""
+        return [event for rank in sorted(ranks) for event in self.at(rank, step).events if event.kind == CPU_CONTENTION]
+
     def _target(self, index: int, step: int) -> int | None:
         """The rank spec ``index`` hits at ``step``, or None."""
         spec = self.specs[index]
@@ -176,7 +259,7 @@ class FaultPlan:
         """The events ``rank`` applies at measured decode step ``step``, in spec order."""
         return StepFaults(
             tuple(
-                FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms)
+                FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms, spec.at)
                 for index, spec in enumerate(self.specs)
                 if self._target(index, step) == rank
             )

@@ -78,8 +78,9 @@ class Run:
     validate_start: Mark = _UNSET
     validate_end: Mark = _UNSET
     fence: Fence | None = None
-    # host work done while waiting on the fence (the gc_pause fault), before the wait itself
-    in_fence_wait: Callable[[], object] | None = None
+    # host work done as the host starts to wait on the fence, while the program still runs
+    # (faults that strike during this step's device program: a gc pause, waking a CPU neighbour)
+    at_fence_wait: Callable[[Fence], object] | None = None
     drained: bool = False
     attrs: dict = field(default_factory=dict)
 
@@ -132,10 +133,12 @@ class ChipRunLane:
         run.bind_end = mark()
         return run
 
-    def launch(self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0) -> None:
+    def launch(
+        self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0, measure_rq: bool = False
+    ) -> None:
         """runner_run starts: queue the program on the device stream, then release the launch claim."""
         run.runner_start = mark()
-        run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s)
+        run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s, measure_rq=measure_rq)
         run.claim_start = mark()
         self._in_flight.append(run)  # the successor may launch from here on
         run.claim_end = mark()
@@ -146,10 +149,8 @@ class ChipRunLane:
             return
         assert run.fence is not None, "drained before it was launched"
         run.fence_start = mark()
-        if run.in_fence_wait is not None:
-            # the device is done: a collection now delays only the host's notice of the completion
-            run.fence.wait()
-            run.in_fence_wait()
+        if run.at_fence_wait is not None:
+            run.at_fence_wait(run.fence)
         run.fence.wait()
         run.fence_end = mark()
         run.drained = True
@@ -207,7 +208,14 @@ class ChipRunLane:
         strace.record(
             fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur, clk=fmt.CLK_DEVICE, **fence.evidence()
         )
-        for path, offset, dur in fence.phases():
+        for path, offset, dur, attrs in fence.phases():
             strace.record(
-                fmt.device_phase_name(path), inv=run.inv, hid=hid, depth=3 + path.count("."), ts_ns=offset, dur_ns=dur, clk=fmt.CLK_DEVICE
+                fmt.device_phase_name(path),
+                inv=run.inv,
+                hid=hid,
+                depth=3 + path.count("."),
+                ts_ns=offset,
+                dur_ns=dur,
+                clk=fmt.CLK_DEVICE,
+                **attrs,
             )

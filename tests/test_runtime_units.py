@@ -262,8 +262,8 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
         strace.disable()
         os.close(fd)
     phases = fence.phases()
-    assert [path for path, _, _ in phases] == ["forward", "forward.a2a_wait", "forward.a2a_wait", "mtp"]
-    (_, fwd_start, fwd_dur), (_, w1_start, w1_dur), (_, w2_start, w2_dur), (_, mtp_start, _) = phases
+    assert [path for path, _, _, _ in phases] == ["forward", "forward.a2a_wait", "forward.a2a_wait", "mtp"]
+    (_, fwd_start, fwd_dur, _), (_, w1_start, w1_dur, _), (_, w2_start, w2_dur, _), (_, mtp_start, _, _) = phases
     assert w1_dur >= 20e6 and w2_dur >= 10e6 and fwd_dur >= w1_dur + w2_dur + 5e6
     assert fwd_start <= w1_start < w2_start and w2_start + w2_dur <= fwd_start + fwd_dur <= mtp_start
     wall_start, wall_dur = fence.wall()
