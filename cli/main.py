@@ -170,6 +170,17 @@ _THRESHOLD = click.option(
     "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.",
 )
 @click.option("--seed", type=int, show_default=_PRESET, help="Random seed of the workload and injected faults.")
+@click.option(
+    "--ab",
+    "ab_pairs",
+    type=click.IntRange(min=1),
+    is_flag=False,
+    flag_value=3,
+    default=None,
+    metavar="[N]",
+    help="A/B verification: N interleaved pairs (default 3) of runs with and without the --inject faults; "
+    "compares the predicted saving with the measured one and writes ab.json.",
+)
 @_THRESHOLD
 @click.option(
     "-o",
@@ -195,6 +206,7 @@ def run(
     host_evidence,
     inject,
     seed,
+    ab_pairs,
     threshold_ms,
     out_dir,
 ) -> None:
@@ -229,6 +241,16 @@ def run(
     if out_dir is None:
         out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
     progress = _progress()
+    if ab_pairs is not None:
+        from dsprof.commands.ab import format_ab, run_ab
+
+        ab = run_ab(config, out_dir, pairs=ab_pairs, threshold_ms=threshold_ms, progress=progress)
+        progress.done()
+        click.echo(format_ab(ab))
+        for line in ab.problems:
+            click.echo(f"dsprof: {terminal_safe(line)}", err=True)
+        click.echo(f"artifacts: {out_dir}")
+        click.get_current_context().exit(0 if ab.ok else 1)
     result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
     progress.done()
     if result.summary is not None:

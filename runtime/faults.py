@@ -235,9 +235,9 @@ class FaultPlan:
         """Whether any spec is of ``spec_kind`` (a rank prepares the mechanism once, at start-up)."""
         return any(spec.kind == spec_kind for spec in self.specs)
 
-    def most_ms(self, spec_kind: str, rank: int) -> float:
-        """The most ``ms`` the specs of ``spec_kind`` can inject into one step of ``rank`` (0: none can hit it)."""
-        return sum(spec.ms or 0.0 for spec in self.specs if spec.kind == spec_kind and spec.rank in (None, rank))
+    def most_ms(self, spec_kind: str, rank: int, at: str | None = None) -> float:
+        """The most ``ms`` the specs of ``spec_kind`` (aimed ``at`` that target, if given) can inject into one step of ``rank``."""
+        return sum(spec.ms or 0.0 for spec in self.specs if spec.kind == spec_kind and spec.rank in (None, rank) and at in (None, spec.at))
 
     def contention_at(self, step: int, ranks: set[int]) -> list[FaultEvent]:
         """The cpu_contention events at ``step`` of any of ``ranks`` (those pinned to one CPU: each of them loses time)."""

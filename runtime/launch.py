@@ -134,9 +134,8 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         worker = DistributedWorker(rank, device)
         serving = plan_serving(config)
         with sa_profile.span("worker.init", "worker", rank=rank):
-            longest_gc_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank)
-            gc_pause = GcPause(longest_gc_ms) if longest_gc_ms else None
-            server = RankServer(config, par, device, worker, serving, sink, Injectors(plan, neighbour, gc_pause, cpu_mates))
+            gc_pauses = _prepare_gc_pauses(plan, rank, device)
+            server = RankServer(config, par, device, worker, serving, sink, Injectors(plan, neighbour, *gc_pauses, cpu_mates))
         sink.send("up", rank, device.name, os.getpid())
         dist.barrier()
         sink.send("start", rank, time.perf_counter_ns())
@@ -151,6 +150,17 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         if neighbour is not None:
             neighbour.close()
         sa_profile.flush()
+
+
+def _prepare_gc_pauses(plan: FaultPlan, rank: int, device) -> tuple[GcPause | None, GcPause | None]:
+    """The gc pauses this rank can inject, (on the host thread, inside the device program), each
+    calibrated on the thread that will collect (each thread has its own heap arena)."""
+    host_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank, fault_kinds.AT_HOST)
+    device_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank, fault_kinds.AT_DEVICE)
+    on_device: list[GcPause] = []
+    if device_ms:
+        device.submit(lambda _clock: on_device.append(GcPause(device_ms))).wait()
+    return (GcPause(host_ms) if host_ms else None), (on_device[0] if on_device else None)
 
 
 def _prepare_cpu_contention(plan: FaultPlan, rank: int) -> CpuNeighbour | None:

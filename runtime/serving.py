@@ -22,7 +22,7 @@ from dsprof.profiler import sa_profile
 from dsprof.profiler.strace_format import DEVICE_FORWARD, DEVICE_MTP, DEVICE_VERIFY
 from dsprof.runtime import faults as fault_kinds
 from dsprof.runtime.config import RuntimeConfig
-from dsprof.runtime.device import Fence, PhaseClock
+from dsprof.runtime.device import Fence, PhaseClock, running_on_cuda
 from dsprof.runtime.distributed import ParallelContext
 from dsprof.runtime.faults import FaultPlan, StepFaults
 from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu
@@ -91,7 +91,8 @@ class Injectors:
 
     plan: FaultPlan
     neighbour: CpuNeighbour | None = None  # cpu_contention
-    gc_pause: GcPause | None = None  # gc_pause
+    gc_pause: GcPause | None = None  # gc_pause at=host, calibrated on the host thread
+    gc_pause_device: GcPause | None = None  # gc_pause at=device, calibrated on the executor thread
     cpu_mates: frozenset[int] = frozenset()  # the ranks pinned to this rank's CPU, itself included (cpu_contention)
 
 
@@ -433,14 +434,15 @@ class RankServer:
         """
         contention_ms = faults.ms(fault_kinds.CPU_CONTENTION, fault_kinds.AT_DEVICE)
         gc_ms = faults.ms(fault_kinds.GC_PAUSE, fault_kinds.AT_DEVICE)
-        neighbour, pauser = self.injectors.neighbour, self.injectors.gc_pause
+        neighbour, pauser = self.injectors.neighbour, self.injectors.gc_pause_device
         assert neighbour is not None or not contention_ms, "cpu_contention planned on a rank without its neighbour"
         assert pauser is not None or not gc_ms, "gc_pause planned on a rank that did not calibrate it"
         if not contention_ms and not gc_ms:
             return None
 
         def strike() -> None:
-            struck = host_waits.wait(_HOST_WAIT_LIMIT_S)
+            # on CUDA the program is enqueued by the host thread itself: there is nothing to wait for
+            struck = running_on_cuda() or host_waits.wait(_HOST_WAIT_LIMIT_S)
             if contention_ms and neighbour is not None:
                 started_ns = neighbour.burn(contention_ms, after_sleeps=self.host_tid if struck else 0)
                 # struck False: the host never came to wait (it failed)
