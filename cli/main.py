@@ -165,9 +165,9 @@ _THRESHOLD = click.option(
     "inject",
     multiple=True,
     metavar="SPEC",
-    help="Inject a fault (repeatable): fence_tail:p=P,ms=X | straggler:rank=R,ms=X | "
-    "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X | "
-    "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.",
+    help="Inject a fault (repeatable): fence_tail:[rank=R,]p=P,ms=X | straggler:rank=R,ms=X | "
+    "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X[,at=device] | "
+    "gc_pause:[rank=R,]p=P,ms=X[,at=host|device] | crash:rank=R,step=K.",
 )
 @click.option("--seed", type=int, show_default=_PRESET, help="Random seed of the workload and injected faults.")
 @click.option(
