@@ -151,9 +151,10 @@ def test_gc_pause_is_a_host_gc_span_inside_the_fence_wait_of_its_step(gc_run):
         # machine the span also waits for a CPU, and lasts longer)
         assert FAULT_MS / 3 * MS <= int(attrs[OS_CPU_NS]) <= 3 * FAULT_MS * MS and OS_RQ_NS in attrs, attrs
         assert int(run[FENCE_WAIT][2][OS_CPU_NS]) >= int(attrs[OS_CPU_NS])  # inside the fence wait, on its thread
-        # faults.json has what was measured: the collection's wall time is the host.gc span
+        # faults.json has what was measured: the collection's wall time holds the host.gc span (the
+        # collector's callbacks run inside it), and building the garbage comes on top
         found = next(f["measured"][str(rank)] for f in truth if (f["rank"], f["step"]) == (rank, step))
-        assert found["gc_ms"] == pytest.approx(dur / MS, abs=1) and found["loss_ms"] >= found["gc_ms"]
+        assert dur / MS - 0.5 <= found["gc_ms"] <= found["loss_ms"], (found, dur)
     # no pause of that size anywhere else in the decode loop
     for key, run in runs.items():
         if key not in hit:
@@ -176,7 +177,7 @@ def test_a_gc_pause_aimed_at_the_device_collects_in_the_program_before_its_all_t
         ]
         # one collection, by the executor inside this step's program, before its first all-to-all
         assert len(inside) == 1 and inside[0][1] >= FAULT_MS / 2 * MS, (fault, inside)
-        assert fault["measured"]["1"]["gc_ms"] == pytest.approx(inside[0][1] / MS, abs=1)
+        assert inside[0][1] / MS - 0.5 <= fault["measured"]["1"]["gc_ms"] <= fault["measured"]["1"]["loss_ms"]
         # the peer reached the all-to-all in time and waited for rank 1 there
         wait = max(waits(runs[(0, fault["step"])]), key=lambda w: w[1])
         assert wait[2] == "1" and wait[1] >= FAULT_MS / 3 * MS, (fault, wait)
@@ -188,10 +189,9 @@ def test_a_late_fence_on_one_rank_delays_its_host_not_the_stream(tmp_path):
     for fault in truth:
         step, found = fault["step"], fault["measured"]["1"]
         wait = runs[(1, step)][FENCE_WAIT]
-        # measured: how long the host waited after the program ended, at most the delay
-        assert 0 <= found["loss_ms"] <= FAULT_MS + 2 and fault["effective"] is (found["loss_ms"] >= FAULT_MS / 3)
-        if fault["effective"]:
-            assert wait[1] - wait[0] >= found["loss_ms"] * MS
+        # measured: how long the host waited after the program ended (a sleep: on a loaded machine it may
+        # wake late), all of it inside the fence wait
+        assert 0 <= found["loss_ms"] * MS <= wait[1] - wait[0] and fault["effective"] is (found["loss_ms"] >= FAULT_MS / 3)
         if (1, step + 1) in runs:  # the next program did not wait for the late signal
             assert program_start_ns(runs[(1, step + 1)]) < wait[1]
     assert sum(f["effective"] for f in truth) >= len(isolated(truth)) * 0.5
