@@ -116,16 +116,23 @@ class FaultEvent:
 ProgramWindow = tuple[int, int, int, int]
 
 
-def contention_loss(entry: dict, found: dict[int, dict], programs: dict[tuple[int, int], ProgramWindow]) -> dict[int, dict]:
+# One rank's own stretches of the host thread in one run: (start ns, end ns, run-queue ns) each
+HostPhases = list[tuple[int, int, int]]
+
+
+def contention_loss(
+    entry: dict, found: dict[int, dict], programs: dict[tuple[int, int], ProgramWindow], host: dict[tuple[int, int], HostPhases]
+) -> dict[int, dict]:
     """What each rank pinned to the contended CPU lost to a cpu_contention event (faults.json ``measured``).
 
     The struck rank says when the burn started (``burn_start_ns``); every rank on that
-    CPU sent the windows of its programs near the step (``programs``: (rank, step) ->
-    window). A rank's loss is the run-queue wait of its programs that overlapped
-    [start, start + delay_ms]: the struck rank's own program, and a CPU mate's,
-    whichever step that mate was running then (``steps``). ``rq_ms`` is the
-    executor's wait; ``loss_ms`` the most any device-side thread waited (a rank
-    blocked in an all-to-all loses its time in the collective's I/O thread).
+    CPU sent, for the steps near it, its device programs' windows (``programs``) and its
+    host thread's stretches (``host``), keyed by (rank, step). What overlapped
+    [start, start + delay_ms] lost its run-queue wait: ``device_ms`` the most any thread
+    of the rank but the host thread waited (a rank blocked in an all-to-all loses its
+    time in the collective's I/O thread; ``rq_ms`` the executor's own), ``host_ms`` the
+    host thread's (a CPU mate's host thread is not spared), ``steps`` the loss per step
+    (a CPU mate may lose it in the step before), ``loss_ms`` the larger of the two.
     """
     burn = found.get(entry["rank"], {})
     start = burn.get("burn_start_ns")
@@ -133,14 +140,32 @@ def contention_loss(entry: dict, found: dict[int, dict], programs: dict[tuple[in
         return found
     end = start + int(entry["delay_ms"] * 1e6)
     near = {entry["step"] - 1, entry["step"], entry["step"] + 1}
-    losses: dict[int, dict] = {}
-    for (rank, step), (p_start, p_end, rq_ns, threads_rq_ns) in sorted(programs.items()):
+    device: dict[int, dict[int, tuple[int, int]]] = {}
+    for (rank, step), (p_start, p_end, rq_ns, threads_rq_ns) in programs.items():
         if step in near and p_start < end and p_end > start:
-            loss = losses.setdefault(rank, {"loss_ms": 0.0, "rq_ms": 0.0, "steps": []})
-            loss["rq_ms"] = round(loss["rq_ms"] + rq_ns / 1e6, 3)
-            loss["loss_ms"] = round(loss["loss_ms"] + max(rq_ns, threads_rq_ns) / 1e6, 3)
-            loss["steps"].append(step)
-    losses.setdefault(entry["rank"], {"loss_ms": 0.0, "rq_ms": 0.0, "steps": []})["struck"] = burn.get("struck", False)
+            device.setdefault(rank, {})[step] = (rq_ns, max(rq_ns, threads_rq_ns))
+    on_host: dict[int, dict[int, int]] = {}
+    for (rank, step), phases in host.items():
+        waited = sum(rq_ns for p_start, p_end, rq_ns in phases if p_start < end and p_end > start) if step in near else 0
+        if waited > 0:
+            on_host.setdefault(rank, {})[step] = waited
+    losses: dict[int, dict] = {}
+    for rank in sorted(device.keys() | on_host.keys()):
+        programs_of, host_of = device.get(rank, {}), on_host.get(rank, {})
+        device_ms, host_ms = sum(lost for _, lost in programs_of.values()) / 1e6, sum(host_of.values()) / 1e6
+        by_step = {
+            step: max(programs_of.get(step, (0, 0))[1], host_of.get(step, 0)) / 1e6 for step in sorted(programs_of.keys() | host_of.keys())
+        }
+        losses[rank] = {
+            "loss_ms": round(max(device_ms, host_ms), 3),
+            "device_ms": round(device_ms, 3),
+            "rq_ms": round(sum(rq for rq, _ in programs_of.values()) / 1e6, 3),
+            "host_ms": round(host_ms, 3),
+            "steps": {str(step): round(ms, 3) for step, ms in by_step.items()},
+        }
+    losses.setdefault(entry["rank"], {"loss_ms": 0.0, "device_ms": 0.0, "rq_ms": 0.0, "host_ms": 0.0, "steps": {}})["struck"] = burn.get(
+        "struck", False
+    )
     return losses
 
 

@@ -257,6 +257,7 @@ class _Collector:
         self.faults: list[dict] = []
         self.measured: dict[tuple[str, int, int], dict[int, dict]] = {}  # (kind, rank, step) -> measuring rank -> found
         self.programs: dict[tuple[int, int], fault_kinds.ProgramWindow] = {}  # (rank, step) -> window
+        self.host_phases: dict[tuple[int, int], fault_kinds.HostPhases] = {}  # (rank, step) -> host stretches
         self.tokens: dict[int, list[int]] = {rid: [] for rid in range(config.requests)}
         self.last_token_ns: dict[int, int] = {}
         self.verified: dict[int, int] = {}
@@ -283,6 +284,8 @@ class _Collector:
             self.measured.setdefault(message[1], {})[message[2]] = message[3]
         elif kind == "program":  # a device program's window near a cpu_contention step
             self.programs[(message[1], message[2])] = message[3:]
+        elif kind == "host_phases":  # the host thread's stretches of a run near a cpu_contention step
+            self.host_phases[(message[1], message[2])] = message[3]
         elif kind == "up":
             self.devices[message[1]] = message[2]
             self._report(f"ranks up {len(self.devices)}/{self.config.ranks}", force=len(self.devices) == self.config.ranks)
@@ -499,7 +502,7 @@ def _with_measured(fault: dict, collector: _Collector) -> dict:
     """A faults.json entry with what the ranks measured of it."""
     found = collector.measured.get((fault["kind"], fault["rank"], fault["step"]), {})
     if fault["kind"] == fault_kinds.CPU_CONTENTION:
-        found = fault_kinds.contention_loss(fault, found, collector.programs)
+        found = fault_kinds.contention_loss(fault, found, collector.programs, collector.host_phases)
     return fault_kinds.with_measured(fault, found)
 
 

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from dsprof.profiler import strace
 from dsprof.profiler import strace_format as fmt
 from dsprof.runtime.device import Fence, PhaseClock
+from dsprof.runtime.injectors import thread_run_queue_ns
 from dsprof.runtime.task_args import TaskArgs
 
 PREFILL_CALLABLE = "prefill.main+mtp"
@@ -47,10 +48,12 @@ class Mark(NamedTuple):
 
     ns: int
     sample: strace.Sample | None
+    rq_ns: int = -1  # the thread's run-queue wait so far, where the lane measures it (cpu_contention ground truth)
 
 
-def mark() -> Mark:
-    return Mark(time.monotonic_ns(), strace.host_sample())  # one sample serves the span ending and the one starting here
+def mark(rq: bool = False) -> Mark:
+    # one sample serves the span ending and the one starting here
+    return Mark(time.monotonic_ns(), strace.host_sample(), thread_run_queue_ns() if rq else -1)
 
 
 _UNSET = Mark(0, None)
@@ -88,9 +91,13 @@ class Run:
 class ChipRunLane:
     """One rank's chip-run lane with ``len(slots)`` ping-pong TaskArgs slots."""
 
-    def __init__(self, rank: int, device, slots: list[TaskArgs], *, device_phases: bool, serialize_metadata: bool):
-        """``serialize_metadata`` (device-resident metadata): bind waits for the previous dispatch to drain."""
+    def __init__(
+        self, rank: int, device, slots: list[TaskArgs], *, device_phases: bool, serialize_metadata: bool, measure_host_rq: bool = False
+    ):
+        """``serialize_metadata`` (device-resident metadata): bind waits for the previous dispatch to drain;
+        ``measure_host_rq``: every phase boundary also reads the host thread's run-queue wait."""
         self.rank = rank
+        self.measure_host_rq = measure_host_rq
         self.device = device
         self.slots = slots
         self.serialize_metadata = serialize_metadata
@@ -126,44 +133,51 @@ class ChipRunLane:
             generation=slot.generation,
         )
         self._epoch += 1
-        run.bind_start = mark()
+        run.bind_start = mark(self.measure_host_rq)
         stage_args(slot)
-        run.args_end = mark()
+        run.args_end = mark(self.measure_host_rq)
         bind_prebuilt(slot)
-        run.bind_end = mark()
+        run.bind_end = mark(self.measure_host_rq)
         return run
 
     def launch(
         self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0, measure_rq: bool = False
     ) -> None:
         """runner_run starts: queue the program on the device stream, then release the launch claim."""
-        run.runner_start = mark()
+        run.runner_start = mark(self.measure_host_rq)
         run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s, measure_rq=measure_rq)
-        run.claim_start = mark()
+        run.claim_start = mark(self.measure_host_rq)
         self._in_flight.append(run)  # the successor may launch from here on
-        run.claim_end = mark()
+        run.claim_end = mark(self.measure_host_rq)
 
     def drain(self, run: Run) -> None:
         """Wait on the run's completion fence; runner_run ends here."""
         if run.drained:
             return
         assert run.fence is not None, "drained before it was launched"
-        run.fence_start = mark()
+        run.fence_start = mark(self.measure_host_rq)
         if run.at_fence_wait is not None:
             run.at_fence_wait(run.fence)
         run.fence.wait()
-        run.fence_end = mark()
+        run.fence_end = mark(self.measure_host_rq)
         run.drained = True
         self._in_flight.remove(run)
 
     def finish(self, run: Run, validate: Callable[[Run], None]) -> None:
         """Drain (if still in flight), validate, and write the run's spans."""
         self.drain(run)
-        run.validate_start = mark()
+        run.validate_start = mark(self.measure_host_rq)
         validate(run)
-        run.validate_end = mark()
+        run.validate_end = mark(self.measure_host_rq)
         if run.profiled:
             self._emit(run)
+
+    @staticmethod
+    def host_phases(run: Run) -> list[tuple[int, int, int]]:
+        """The run's own stretches of the host thread (bind, launch, fence wait, validate) as (start ns, end ns,
+        run-queue ns): disjoint, unlike the run's spans (runner_run holds the next run's bind)."""
+        bounds = ((run.bind_start, run.bind_end), (run.runner_start, run.claim_end), (run.fence_start, run.fence_end))
+        return [(start.ns, end.ns, end.rq_ns - start.rq_ns) for start, end in (*bounds, (run.validate_start, run.validate_end))]
 
     def _emit(self, run: Run) -> None:
         hid = callable_hid(run.callable)

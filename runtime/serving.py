@@ -129,7 +129,12 @@ class RankServer:
         self.slots = [self._slot(i, placement, DECODE_TOKENS, mb) for i in range(config.depth)]
         self.prefill_slot = self._slot(0, placement, config.prompt_tokens, mb, prompt=True)
         self.lane = ChipRunLane(
-            par.rank, device, self.slots, device_phases=config.device_phases, serialize_metadata=config.metadata == "device-resident"
+            par.rank,
+            device,
+            self.slots,
+            device_phases=config.device_phases,
+            serialize_metadata=config.metadata == "device-resident",
+            measure_host_rq=bool(injectors.cpu_mates),
         )
         # host view of each request, as of the last validated run
         self.ctx_known = [0] * B
@@ -485,8 +490,10 @@ class RankServer:
                 self.sink.measured(event, rank, {"loss_ms": round(fence.late_ns / 1e6, 3)})
             elif event.kind in probe:
                 self.sink.measured(event, rank, probe[event.kind])
-        if fence.rq_ns >= 0:
+        if fence.rq_ns >= 0:  # measured near a cpu_contention step on this rank's CPU
             self.sink.send("program", rank, step, fence.start_ns, fence.end_ns, fence.rq_ns, fence.threads_rq_ns)
+            if self.lane.measure_host_rq:
+                self.sink.send("host_phases", rank, step, self.lane.host_phases(run))
 
 
 def _span(on: bool, name: str, cat: str, **args):

@@ -117,7 +117,7 @@ def test_cpu_contention_is_run_queue_wait_of_the_device_on_its_rank(contention_r
         for rank, step in alone:
             # the SCHED_FIFO neighbour took the CPU from the executor for about FAULT_MS, in this step's program ...
             assert FAULT_MS / 2 <= rq_ms[(rank, step)] <= 5 * FAULT_MS, (step, rq_ms[(rank, step)])
-            assert measured[step][str(rank)]["steps"] == [step] and measured[step][str(rank)]["struck"]
+            assert list(measured[step][str(rank)]["steps"]) == [str(step)] and measured[step][str(rank)]["struck"]
             assert measured[step][str(rank)]["rq_ms"] == pytest.approx(rq_ms[(rank, step)], abs=2)
             # ... before it reached the all-to-all: the peer, on time, waited for it there, naming it, the culprit hardly at all
             victim, culprit = peer_wait_ns(runs[(1 - rank, step)]), peer_wait_ns(runs[(rank, step)])

@@ -189,7 +189,7 @@ def test_measured_loss_says_whether_a_fault_cost_anything():
     assert with_measured(crash, {}) == crash
 
 
-def test_contention_loss_adds_up_the_programs_that_overlapped_the_burn():
+def test_contention_loss_adds_up_what_overlapped_the_burn():
     ms = 1_000_000
     entry = {"kind": "cpu_contention", "rank": 0, "step": 10, "delay_ms": 30.0}
     burn = {0: {"struck": True, "burn_start_ns": 1000 * ms}}
@@ -200,10 +200,14 @@ def test_contention_loss_adds_up_the_programs_that_overlapped_the_burn():
         (2, 10): (1012 * ms, 1050 * ms, 4 * ms, 4 * ms),
         (2, 12): (1020 * ms, 1060 * ms, 9 * ms, 9 * ms),  # not near the step
     }
-    losses = contention_loss(entry, burn, programs)
-    assert losses[0] == {"loss_ms": 32.0, "rq_ms": 31.0, "steps": [10], "struck": True}
-    assert losses[2] == {"loss_ms": 29.0, "rq_ms": 16.0, "steps": [9, 10]}
-    assert contention_loss(entry, {}, programs) == {}  # the struck rank never reported its burn
+    host = {
+        (0, 10): [(960 * ms, 962 * ms, 1 * ms), (996 * ms, 1041 * ms, 0)],  # asleep on the fence meanwhile
+        (2, 11): [(1005 * ms, 1020 * ms, 14 * ms), (1040 * ms, 1050 * ms, 3 * ms)],  # a mate binding its next step
+    }
+    losses = contention_loss(entry, burn, programs, host)
+    assert losses[0] == {"loss_ms": 32.0, "device_ms": 32.0, "rq_ms": 31.0, "host_ms": 0.0, "steps": {"10": 32.0}, "struck": True}
+    assert losses[2] == {"loss_ms": 29.0, "device_ms": 29.0, "rq_ms": 16.0, "host_ms": 14.0, "steps": {"9": 25.0, "10": 4.0, "11": 14.0}}
+    assert contention_loss(entry, {}, programs, host) == {}  # the struck rank never reported its burn
 
 
 def test_the_last_arrival_is_the_peer_ties_to_the_lowest_rank():
