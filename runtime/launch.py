@@ -121,7 +121,15 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         sa_profile.shutdown()
     device = None
     try:
-        par = init_distributed(rank, world, config.tp, master_addr, master_port, metadata_group=config.metadata == "device-resident")
+        par = init_distributed(
+            rank,
+            world,
+            config.tp,
+            master_addr,
+            master_port,
+            metadata_group=config.metadata == "device-resident",
+            peer_source=config.peer_source,
+        )
 
         def on_device_thread_start() -> None:
             torch.set_num_threads(1)

@@ -92,12 +92,24 @@ class ChipRunLane:
     """One rank's chip-run lane with ``len(slots)`` ping-pong TaskArgs slots."""
 
     def __init__(
-        self, rank: int, device, slots: list[TaskArgs], *, device_phases: bool, serialize_metadata: bool, measure_host_rq: bool = False
+        self,
+        rank: int,
+        device,
+        slots: list[TaskArgs],
+        *,
+        device_phases: bool,
+        serialize_metadata: bool,
+        measure_host_rq: bool = False,
+        exchange_waits: Callable[[list[tuple[str, int]]], Any] | None = None,
     ):
         """``serialize_metadata`` (device-resident metadata): bind waits for the previous dispatch to drain;
-        ``measure_host_rq``: every phase boundary also reads the host thread's run-queue wait."""
+        ``measure_host_rq``: every phase boundary also reads the host thread's run-queue wait;
+        ``exchange_waits``: the collective waits learn their ``peer`` from every rank's wait lengths
+        (ParallelContext.exchange_waits), so a run's spans are written once that exchange is done."""
         self.rank = rank
         self.measure_host_rq = measure_host_rq
+        self.exchange_waits = exchange_waits if device_phases else None
+        self._unwritten: list[tuple[Run, Any]] = []  # validated runs waiting for their exchange, oldest first
         self.device = device
         self.slots = slots
         self.serialize_metadata = serialize_metadata
@@ -169,8 +181,26 @@ class ChipRunLane:
         run.validate_start = mark(self.measure_host_rq)
         validate(run)
         run.validate_end = mark(self.measure_host_rq)
-        if run.profiled:
+        if not run.profiled:
+            return
+        if self.exchange_waits is None:
             self._emit(run)
+            return
+        assert run.fence is not None
+        waits = [(path, dur) for path, _, dur, _ in run.fence.clock.resolve() if path.endswith(fmt.WAIT_SUFFIX)]
+        self._unwritten.append((run, self.exchange_waits(waits)))
+        self._write_exchanged(wait=False)
+
+    def close(self) -> None:
+        """Write the runs still waiting for their peers' wait lengths (every rank calls it: it waits for them)."""
+        self._write_exchanged(wait=True)
+
+    def _write_exchanged(self, wait: bool) -> None:
+        while self._unwritten and (wait or self._unwritten[0][1].ready()):
+            run, exchange = self._unwritten.pop(0)
+            assert run.fence is not None
+            waits = [(path, offset) for path, offset, _, _ in run.fence.clock.resolve() if path.endswith(fmt.WAIT_SUFFIX)]
+            self._emit(run, dict(zip(waits, exchange.peers(), strict=True)))
 
     @staticmethod
     def host_phases(run: Run) -> list[tuple[int, int, int]]:
@@ -179,7 +209,8 @@ class ChipRunLane:
         bounds = ((run.bind_start, run.bind_end), (run.runner_start, run.claim_end), (run.fence_start, run.fence_end))
         return [(start.ns, end.ns, end.rq_ns - start.rq_ns) for start, end in (*bounds, (run.validate_start, run.validate_end))]
 
-    def _emit(self, run: Run) -> None:
+    def _emit(self, run: Run, peers: dict[tuple[str, int], int] | None = None) -> None:
+        """Write the run's spans; ``peers``: (wait path, offset) -> its peer, where the waits were exchanged."""
         hid = callable_hid(run.callable)
         inv = run.inv
 
@@ -193,7 +224,7 @@ class ChipRunLane:
         host(fmt.RUNNER_RUN, 1, run.runner_start, run.fence_end)
         if self.device_phases:
             host(fmt.FENCE_WAIT, 2, run.fence_start, run.fence_end)
-            self._emit_device_phases(run, hid)
+            self._emit_device_phases(run, hid, peers or {})
         host(fmt.CLAIM_RELEASE, 1, run.claim_start, run.claim_end)
         host(fmt.VALIDATE, 1, run.validate_start, run.validate_end)
         # finish() validates after the drain, so validate's end is the run's end
@@ -214,7 +245,7 @@ class ChipRunLane:
             **run.attrs,
         )
 
-    def _emit_device_phases(self, run: Run, hid: str) -> None:
+    def _emit_device_phases(self, run: Run, hid: str, peers: dict[tuple[str, int], int]) -> None:
         """device_wall (with the executor thread's evidence) and every phase below it, on the device clock."""
         fence = run.fence
         assert fence is not None
@@ -223,6 +254,8 @@ class ChipRunLane:
             fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur, clk=fmt.CLK_DEVICE, **fence.evidence()
         )
         for path, offset, dur, attrs in fence.phases():
+            if (path, offset) in peers:
+                attrs = {**attrs, fmt.PEER_ATTR: peers[(path, offset)]}
             strace.record(
                 fmt.device_phase_name(path),
                 inv=run.inv,

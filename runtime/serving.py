@@ -135,6 +135,7 @@ class RankServer:
             device_phases=config.device_phases,
             serialize_metadata=config.metadata == "device-resident",
             measure_host_rq=bool(injectors.cpu_mates),
+            exchange_waits=None if par.stamps_arrivals else par.exchange_waits,
         )
         # host view of each request, as of the last validated run
         self.ctx_known = [0] * B
@@ -391,6 +392,7 @@ class RankServer:
             run, probe = runs.pop(step)
             self.lane.finish(run, self._validate)
             self._report_measured(run, probe)
+        self.lane.close()
 
     def _fault_details(self, kind: str) -> dict:
         """What faults.json should also know of an event on this rank: whether the CPU neighbour ran realtime."""

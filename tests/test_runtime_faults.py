@@ -197,8 +197,11 @@ def test_a_late_fence_on_one_rank_delays_its_host_not_the_stream(tmp_path):
     assert sum(f["effective"] for f in truth) >= len(isolated(truth)) * 0.5
 
 
-def test_a_straggler_does_more_device_work_every_step(tmp_path):
-    config = RuntimeConfig.from_preset("demo", ranks=2, tp=2, requests=4, output_tokens=16, inject=["straggler:rank=1,ms=20"])
+@pytest.mark.parametrize("peer_source", ["auto", "waits"])  # on CPU: arrival stamps; the exchange of wait lengths (CUDA's)
+def test_a_straggler_does_more_device_work_every_step(tmp_path, peer_source):
+    config = RuntimeConfig.from_preset(
+        "demo", ranks=2, tp=2, requests=4, output_tokens=16, inject=["straggler:rank=1,ms=20"], peer_source=peer_source
+    )
     outcome = run_workload(config, tmp_path)
     assert outcome.exit_status == 0, outcome.message
     truth = json.loads((tmp_path / "faults.json").read_text())["faults"]

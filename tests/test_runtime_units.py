@@ -373,3 +373,9 @@ def test_cpu_neighbour_takes_the_cpu_it_is_pinned_to():
     assert started <= burn_started <= started + took
     with pytest.raises(ChildProcessError):
         os.waitpid(neighbour.pid, os.WNOHANG)  # reaped: gone
+
+
+def test_peer_source_is_checked():
+    RuntimeConfig.from_preset("demo", peer_source="waits").validate()
+    with pytest.raises(DsprofError, match="peer_source must be one of auto, stamps, waits"):
+        RuntimeConfig.from_preset("demo", peer_source="guess").validate()
