@@ -197,17 +197,20 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
     if kind not in _GRAMMAR:
         raise bad(f"unknown fault kind {kind!r} (expected one of {', '.join(_GRAMMAR)})")
     required, optional = _GRAMMAR[kind]
-    values: dict[str, float | int | str] = {}
+    values: dict[str, float | int] = {}
+    at = _TARGETS[kind][0] if kind in _TARGETS else None  # the default target
+    seen: set[str] = set()
     for item in filter(None, (part.strip() for part in body.split(","))) if sep else ():
         key, eq, raw = item.partition("=")
         if not eq or key not in required + optional:
             raise bad(f"unexpected {item!r} (keys for {kind}: {', '.join(required + optional)})")
-        if key in values:
+        if key in seen:
             raise bad(f"{key} given twice")
+        seen.add(key)
         if key == "at":
             if raw not in _TARGETS[kind]:
                 raise bad(f"at={raw!r} (expected {' or '.join(_TARGETS[kind])})")
-            values[key] = raw
+            at = raw
             continue
         try:
             values[key] = int(raw) if key in _INT_KEYS else float(raw)
@@ -224,9 +227,7 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
         raise bad("ms must be > 0")
     if "p" in values and not 0 < values["p"] <= 1:
         raise bad("p must be in (0, 1]")
-    if kind in _TARGETS:
-        values.setdefault("at", _TARGETS[kind][0])
-    return FaultSpec(kind=kind, **values)  # type: ignore[arg-type]
+    return FaultSpec(kind=kind, at=at, **values)  # type: ignore[arg-type]
 
 
 def parse_faults(texts: list[str], ranks: int) -> list[FaultSpec]:

@@ -103,6 +103,7 @@ def test_fault_grammar():
         ("cpu_contention:rank=4,p=1,ms=1", "outside 0..3"),
         ("cpu_contention:p=1,ms=1,at=host", "expected device"),  # a CPU neighbour cannot spare the executor
         ("gc_pause:p=1,ms=1,at=gpu", "expected host or device"),
+        ("gc_pause:p=1,ms=1,at=host,at=device", "given twice"),
         ("straggler:rank=1,ms=3,at=host", "unexpected"),
         ("fence_tail:rank=4,p=1,ms=1", "outside 0..3"),
     ]:
