@@ -32,17 +32,53 @@ def burn_cpu(ms: float) -> float:
     return (time.monotonic_ns() - started) / 1e6
 
 
+def _libc_holding_the_gil():
+    """libc's open / read / close called without releasing the GIL (None where ctypes cannot reach them).
+
+    A measurement must not change what it measures: Python's own file calls release
+    the GIL, and the host thread would hand it to the CPU executor and wait for it
+    back (up to the interpreter's 5 ms switch interval). Reading a proc file does not block.
+    """
+    try:
+        libc = ctypes.PyDLL(None)
+        calls = libc.open, libc.read, libc.close
+    except (OSError, AttributeError):
+        return None
+    calls[0].argtypes, calls[0].restype = (ctypes.c_char_p, ctypes.c_int), ctypes.c_int
+    calls[1].argtypes, calls[1].restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t), ctypes.c_ssize_t
+    calls[2].argtypes, calls[2].restype = (ctypes.c_int,), ctypes.c_int
+    return calls
+
+
+_LIBC = _libc_holding_the_gil()
+_SCHEDSTAT_BYTES = 128
+
+
+def _run_queue_ns(path: str) -> int:
+    """Field 2 (run-queue wait, ns) of a schedstat file; -1 where it cannot be read."""
+    try:
+        if _LIBC is None:
+            with open(path, "rb") as schedstat:
+                return int(schedstat.read().split()[1])
+        libc_open, libc_read, libc_close = _LIBC
+        fd = libc_open(path.encode(), os.O_RDONLY | os.O_CLOEXEC)
+        if fd < 0:
+            return -1
+        buf = ctypes.create_string_buffer(_SCHEDSTAT_BYTES)
+        size = libc_read(fd, buf, _SCHEDSTAT_BYTES)
+        libc_close(fd)
+        return int(buf.raw[: max(size, 0)].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def thread_run_queue_ns() -> int:
     """How long the calling thread has waited in the run queue so far (schedstat field 2); -1 where there is none.
 
     The ground truth of cpu_contention is measured with it whether or not the
     profiler's host evidence is on.
     """
-    try:
-        with open("/proc/thread-self/schedstat", "rb") as schedstat:
-            return int(schedstat.read().split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
+    return _run_queue_ns("/proc/thread-self/schedstat")
 
 
 def threads_run_queue_ns(but: int) -> dict[int, int]:
@@ -51,16 +87,8 @@ def threads_run_queue_ns(but: int) -> dict[int, int]:
     A CPU neighbour starves every thread of the rank's CPU: the executor, and the
     collective library's I/O threads, which a rank blocked in an all-to-all needs.
     """
-    found = {}
-    for name in os.listdir("/proc/self/task"):
-        if int(name) == but:
-            continue
-        try:
-            with open(f"/proc/self/task/{name}/schedstat", "rb") as schedstat:
-                found[int(name)] = int(schedstat.read().split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-    return found
+    found = {int(name): _run_queue_ns(f"/proc/self/task/{name}/schedstat") for name in os.listdir("/proc/self/task") if int(name) != but}
+    return {tid: rq for tid, rq in found.items() if rq >= 0}
 
 
 class CpuNeighbour:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 import pytest
@@ -29,7 +30,7 @@ from dsprof.runtime.faults import (
     parse_faults,
     with_measured,
 )
-from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu
+from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu, thread_run_queue_ns, threads_run_queue_ns
 from dsprof.runtime.kv_cache import PagedKVCache, slots_for
 from dsprof.runtime.serving import acceptance_table, plan_serving
 from dsprof.runtime.task_args import Placement, TaskArgs
@@ -380,3 +381,18 @@ def test_peer_source_is_checked():
     RuntimeConfig.from_preset("demo", peer_source="waits").validate()
     with pytest.raises(DsprofError, match="peer_source must be one of auto, stamps, waits"):
         RuntimeConfig.from_preset("demo", peer_source="guess").validate()
+
+
+def test_run_queue_waits_are_read_per_thread():
+    before = thread_run_queue_ns()
+    burn_cpu(2)
+    assert 0 <= before <= thread_run_queue_ns()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        seen = threads_run_queue_ns(but=threading.get_native_id())
+        assert other.native_id in seen and threading.get_native_id() not in seen and min(seen.values()) >= 0
+    finally:
+        stop.set()
+        other.join()
