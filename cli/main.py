@@ -174,11 +174,22 @@ _THRESHOLD = click.option(
     "inject",
     multiple=True,
     metavar="SPEC",
-    help="Inject a fault (repeatable): fence_tail:p=P,ms=X | straggler:rank=R,ms=X | "
-    "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X | "
-    "gc_pause:[rank=R,]p=P,ms=X | crash:rank=R,step=K.",
+    help="Inject a fault (repeatable): fence_tail:[rank=R,]p=P,ms=X | straggler:rank=R,ms=X | "
+    "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X[,at=device] | "
+    "gc_pause:[rank=R,]p=P,ms=X[,at=host|device] | crash:rank=R,step=K.",
 )
 @click.option("--seed", type=int, show_default=_PRESET, help="Random seed of the workload and injected faults.")
+@click.option(
+    "--ab",
+    "ab_pairs",
+    type=click.IntRange(min=1),
+    is_flag=False,
+    flag_value=3,
+    default=None,
+    metavar="[N]",
+    help="A/B verification: N interleaved pairs (default 3) of runs with and without the --inject faults; "
+    "compares the predicted saving with the measured one and writes ab.json.",
+)
 @_THRESHOLD
 @click.option(
     "-o",
@@ -204,6 +215,7 @@ def run(
     host_evidence,
     inject,
     seed,
+    ab_pairs,
     threshold_ms,
     out_dir,
 ) -> None:
@@ -215,9 +227,11 @@ def run(
     """
     # Imported here, not at the top: dsprof.commands.run loads torch (the runtime), which no other
     # command needs, so that the CLI starts without it. Not a cycle: nothing imports the CLI.
+    from dsprof.commands.ab import ab_command
     from dsprof.commands.run import run_command
 
-    exit_code = run_command(
+    command = run_command if ab_pairs is None else functools.partial(ab_command, pairs=ab_pairs)
+    exit_code = command(
         preset,  # None below means "the preset's value"
         ranks=ranks,
         tp=tp,

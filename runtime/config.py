@@ -13,6 +13,11 @@ from dsprof.errors import DsprofError
 from dsprof.runtime.faults import parse_faults
 
 METADATA_PATHS = ("host-shared", "device-resident")
+# How a collective's wait learns its ``peer`` (the last rank to arrive): "stamps" exchanges the ranks'
+# arrival times with the collective (one host clock: the CPU device); "waits" exchanges each
+# wait's length after the run (the last to arrive waited least: CUDA, where no host clock sees
+# the stream arrive); "auto" is stamps on CPU, waits on CUDA.
+PEER_SOURCES = ("auto", "stamps", "waits")
 PROFILE_LEVELS = ("e2e", "kernel", "verbose")
 PIPELINE_DEPTH = 2  # async depth of the chip-run lane (ping-pong slots)
 
@@ -45,6 +50,7 @@ class RuntimeConfig:
     # Host evidence on the STRACE spans (SPEC §2.1: os.cpu_ns, os.rq_ns, ...); its
     # cost is measured by benchmarks/bench_runtime.py and well under 5%.
     host_evidence: bool = True
+    peer_source: str = "auto"  # PEER_SOURCES
     # model shape (small on purpose: the runtime must run on a 2-core CPU)
     hidden: int = 64
     heads: int = 4
@@ -132,6 +138,7 @@ class RuntimeConfig:
             f"rounds must be a positive integer, got {self.rounds!r}",
         )
         need(isinstance(self.warmup, int) and self.warmup >= 0, f"warmup must be >= 0, got {self.warmup!r}")
+        need(self.peer_source in PEER_SOURCES, f"peer_source must be one of {', '.join(PEER_SOURCES)}, got {self.peer_source!r}")
         need(self.metadata in METADATA_PATHS, f"metadata must be one of {', '.join(METADATA_PATHS)}, got {self.metadata!r}")
         need(0.0 <= self.acceptance_rate <= 1.0, f"acceptance_rate must be in [0, 1], got {self.acceptance_rate}")
         need(self.copy_latency_ms >= 0, "copy_latency_ms must be >= 0")

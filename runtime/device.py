@@ -29,6 +29,10 @@ from typing import Any
 import torch
 
 from dsprof.profiler import strace
+from dsprof.runtime.injectors import thread_run_queue_ns, threads_run_queue_ns
+
+# A device phase: (path below device_wall, start offset from the launch ns, duration ns, attributes).
+Phase = tuple[str, int, int, dict[str, Any]]
 
 # The PhaseClock of the program running on this thread (the executor's, or CUDA's host enqueue).
 _running = threading.local()
@@ -39,29 +43,33 @@ class PhaseClock:
 
     def __init__(self, origin_ns: int):
         self.origin_ns = origin_ns
-        self.phases: list[tuple[str, int, int]] = []  # (path below device_wall, start offset ns, dur ns)
+        self.phases: list[Phase] = []  # (path below device_wall, start offset ns, dur ns, attributes)
         self._open: list[str] = []  # names of the phases open now, outermost first
 
     @contextlib.contextmanager
-    def phase(self, name: str) -> Iterator[None]:
-        """Time ``name`` inside the innermost open phase (its path is ``outer.name``)."""
+    def phase(self, name: str) -> Iterator[dict[str, Any]]:
+        """Time ``name`` inside the innermost open phase (its path is ``outer.name``).
+
+        Yields the phase's attributes: what the body learns (a collective's ``peer``) is written with the span.
+        """
         self._open.append(name)
         path = ".".join(self._open)
+        attrs: dict[str, Any] = {}
         token = self._start()
         try:
-            yield
+            yield attrs
         finally:
             self._open.pop()
-            self._finish(path, token)
+            self._finish(path, token, attrs)
 
     def _start(self) -> object:
         return time.monotonic_ns()
 
-    def _finish(self, path: str, token) -> None:
+    def _finish(self, path: str, token, attrs: dict[str, Any]) -> None:
         end = time.monotonic_ns()
-        self.phases.append((path, token - self.origin_ns, end - token))
+        self.phases.append((path, token - self.origin_ns, end - token, attrs))
 
-    def resolve(self) -> list[tuple[str, int, int]]:
+    def resolve(self) -> list[Phase]:
         return self.phases
 
 
@@ -75,13 +83,20 @@ def running(clock: PhaseClock) -> Iterator[None]:
         _running.clock = None
 
 
-def device_wait(name: str):
+def device_wait(name: str) -> contextlib.AbstractContextManager[dict[str, Any]]:
     """Time a wait of the running device program on a peer (a collective) as a nested phase.
 
-    Outside a device program (e.g. in a test calling the model directly) it times nothing.
+    Yields the phase's attributes (the caller names the ``peer`` it waited for). Outside
+    a device program (e.g. in a test calling the model directly) it times nothing, and
+    the attributes go nowhere.
     """
     clock = getattr(_running, "clock", None)
-    return clock.phase(name) if clock is not None else contextlib.nullcontext()
+    return clock.phase(name) if clock is not None else contextlib.nullcontext({})
+
+
+def running_on_cuda() -> bool:
+    """Whether the device program running on this thread is enqueued on a CUDA stream (host times mean nothing there)."""
+    return isinstance(getattr(_running, "clock", None), _CudaPhaseClock)
 
 
 class Fence:
@@ -101,6 +116,11 @@ class Fence:
         self.start_sample: strace.Sample | None = None
         self.end_sample: strace.Sample | None = None
         self.error: BaseException | None = None
+        self.signal_at_ns = 0  # a late completion fence (fault injection): signalled then, not at end_ns
+        self.late_ns = 0  # how long the host waited for that late signal after the program had ended
+        self.measure_rq = False  # take the executor's run-queue wait over the program (cpu_contention ground truth)
+        self.rq_ns = -1
+        self.threads_rq_ns = -1  # the most any thread of the rank but the host thread waited (executor, I/O threads)
         self._done = threading.Event()
 
     def wait(self, timeout: float | None = None) -> None:
@@ -108,14 +128,20 @@ class Fence:
             raise TimeoutError("device fence not signalled in time")
         if self.error is not None:
             raise RuntimeError(f"device program failed: {self.error!r}") from self.error
+        if self.signal_at_ns:
+            now = time.monotonic_ns()
+            if self.signal_at_ns > now:
+                time.sleep((self.signal_at_ns - now) / 1e9)
+                self.late_ns = time.monotonic_ns() - now
+            self.signal_at_ns = 0
 
     def done(self) -> bool:
-        return self._done.is_set()
+        return self._done.is_set() and time.monotonic_ns() >= self.signal_at_ns
 
     def wall(self) -> tuple[int, int]:
         return self.start_ns - self.launch_ns, self.end_ns - self.start_ns
 
-    def phases(self) -> list[tuple[str, int, int]]:
+    def phases(self) -> list[Phase]:
         """Nested phases in start order, a parent before the children that start with it."""
         return sorted(self.clock.resolve(), key=lambda phase: (phase[1], phase[0].count(".")))
 
@@ -135,6 +161,7 @@ class CpuDevice:
         self.copy_latency_s = copy_latency_ms / 1000.0
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._on_start = on_start
+        self._host_tid = threading.get_native_id()  # the thread that made the device: the rank's host thread
         self._thread = threading.Thread(target=self._loop, name=f"device-{self.name}", daemon=True)
         self._thread.start()
 
@@ -146,6 +173,8 @@ class CpuDevice:
             if item is None:
                 return
             fn, fence, signal_delay_s = item
+            rq_start = thread_run_queue_ns() if fence.measure_rq else -1
+            threads_start = threads_run_queue_ns(but=self._host_tid) if fence.measure_rq else {}
             fence.start_sample = strace.host_sample()
             fence.start_ns = time.monotonic_ns()
             try:
@@ -155,14 +184,23 @@ class CpuDevice:
                 fence.error = error
             fence.end_ns = time.monotonic_ns()
             fence.end_sample = strace.host_sample()
-            if signal_delay_s > 0:  # a late completion fence (fault injection)
-                time.sleep(signal_delay_s)
+            if rq_start >= 0:
+                fence.rq_ns = thread_run_queue_ns() - rq_start
+                threads_end = threads_run_queue_ns(but=self._host_tid)
+                fence.threads_rq_ns = max(threads_end[tid] - rq for tid, rq in threads_start.items() if tid in threads_end)
+            if signal_delay_s > 0:  # a late completion fence (fault injection); the stream goes on meanwhile
+                fence.signal_at_ns = fence.end_ns + int(signal_delay_s * 1e9)
             fence._done.set()
 
-    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0) -> Fence:
-        """Queue ``fn(phase_clock)`` behind earlier work; returns its completion fence."""
+    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False) -> Fence:
+        """Queue ``fn(phase_clock)`` behind earlier work; returns its completion fence.
+
+        ``signal_delay_s`` signals the fence that much after the program ends (the
+        stream runs on); ``measure_rq`` takes the executor's run-queue wait over the program.
+        """
         launch = time.monotonic_ns()
         fence = Fence(launch, PhaseClock(launch))
+        fence.measure_rq = measure_rq
         self._queue.put((fn, fence, signal_delay_s))
         return fence
 
@@ -194,21 +232,22 @@ class _CudaPhaseClock(PhaseClock):
     def __init__(self, origin_event):
         super().__init__(0)
         self.origin_event = origin_event
-        self.events: list[tuple[str, Any, Any]] = []  # (path, start event, end event)
+        self.events: list[tuple[str, Any, Any, dict[str, Any]]] = []  # (path, start event, end event, attributes)
 
     def _start(self) -> object:
         start = torch.cuda.Event(enable_timing=True)
         start.record()
         return start
 
-    def _finish(self, path: str, token) -> None:
+    def _finish(self, path: str, token, attrs: dict[str, Any]) -> None:
         end = torch.cuda.Event(enable_timing=True)
         end.record()
-        self.events.append((path, token, end))
+        self.events.append((path, token, end, attrs))
 
-    def resolve(self) -> list[tuple[str, int, int]]:
+    def resolve(self) -> list[Phase]:
         return [
-            (path, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6)) for path, start, end in self.events
+            (path, int(self.origin_event.elapsed_time(start) * 1e6), int(start.elapsed_time(end) * 1e6), attrs)
+            for path, start, end, attrs in self.events
         ]
 
 
@@ -221,7 +260,9 @@ class _CudaFence(Fence):
     def wait(self, timeout: float | None = None) -> None:
         self.end_event.synchronize()
         if self.signal_delay_s > 0 and not self._done.is_set():
+            slept = time.monotonic_ns()
             time.sleep(self.signal_delay_s)
+            self.late_ns = time.monotonic_ns() - slept
         self._done.set()
 
     def done(self) -> bool:
@@ -244,7 +285,8 @@ class CudaDevice:
         torch.cuda.set_device(self.torch_device)
         self.stream = torch.cuda.Stream(self.torch_device)
 
-    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0) -> Fence:
+    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False) -> Fence:
+        """``measure_rq`` is moot: a CUDA stream is no thread that waits for a CPU."""
         launch = time.monotonic_ns()
         with torch.cuda.stream(self.stream), torch.inference_mode():
             origin = torch.cuda.Event(enable_timing=True)

@@ -2,11 +2,16 @@
 
 Grammar (one spec per ``--inject``; see docs/RUNTIME.md)::
 
-    fence_tail:p=<0..1>,ms=<delay>               per decode step with probability p, one random rank's completion fence is late
+    fence_tail:[rank=<r>,]p=<0..1>,ms=<delay>    per decode step with probability p, one rank's completion fence is late
     straggler:rank=<r>,ms=<work>                 rank r's device does <work> ms more work every decode step
     slow_bind:rank=<r>,ms=<work>[,step=K]        rank r's bind does <work> ms more host CPU work (every step, or only step K)
-    cpu_contention:[rank=<r>,]p=<0..1>,ms=<burn> per step with probability p, a neighbour process burns the rank's CPU
-    gc_pause:[rank=<r>,]p=<0..1>,ms=<pause>      per step with probability p, a garbage collection of about <pause> ms
+    cpu_contention:[rank=<r>,]p=<0..1>,ms=<burn>[,at=device]
+                                                 per step with probability p, a neighbour process burns the rank's CPU
+                                                 while its device program runs
+    gc_pause:[rank=<r>,]p=<0..1>,ms=<pause>[,at=host|device]
+                                                 per step with probability p, a garbage collection of about <pause> ms,
+                                                 on the host thread as it waits for the program (host, the default)
+                                                 or inside the device program before its first all-to-all (device)
     crash:rank=<r>,step=<K>                      rank r dies at decode step K
 
 Steps are measured decode steps, numbered as the root's ``step`` attribute (the
@@ -14,7 +19,8 @@ number the analysis reports): warm-up rounds are excluded, and never perturbed.
 Where ``rank`` is optional and left out, each event picks a seeded random rank.
 Every rank derives the same plan from the seed; each event a rank applies is
 reported to the launcher, which writes them to ``faults.json`` with the
-mechanism and phase an analysis should name for it (SPEC §3).
+mechanism and phase an analysis should name for it (SPEC §3) and what the
+ranks measured of it: who lost how much time (``measured``).
 """
 
 from __future__ import annotations
@@ -29,17 +35,25 @@ from dsprof.profiler import strace_format as fmt
 FENCE_DELAY, STRAGGLER, SLOW_BIND = "fence_delay", "straggler", "slow_bind"
 CPU_CONTENTION, GC_PAUSE, CRASH = "cpu_contention", "gc_pause", "crash"
 
+# Where a fault strikes (``at=``): the host thread's path, or inside the device program.
+AT_HOST, AT_DEVICE = "host", "device"
+
 # spec kind -> (required keys, optional keys)
 _GRAMMAR: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
-    "fence_tail": (("p", "ms"), ()),
+    "fence_tail": (("p", "ms"), ("rank",)),
     STRAGGLER: (("rank", "ms"), ()),
     SLOW_BIND: (("rank", "ms"), ("step",)),
-    CPU_CONTENTION: (("p", "ms"), ("rank",)),
-    GC_PAUSE: (("p", "ms"), ("rank",)),
+    CPU_CONTENTION: (("p", "ms"), ("rank", "at")),
+    GC_PAUSE: (("p", "ms"), ("rank", "at")),
     CRASH: (("rank", "step"), ()),
 }
 _EVENT_KIND = {"fence_tail": FENCE_DELAY}  # spec kinds whose events are named otherwise
 _INT_KEYS = {"rank", "step"}
+# spec kind -> the targets ``at=`` may name, the default first. A CPU neighbour starves every
+# thread of the rank's CPU, the device executor with the host thread, and in the depth-2
+# pipeline the executor always runs a program while the host works: it cannot strike the
+# host path alone, so cpu_contention strikes the device program only.
+_TARGETS: dict[str, tuple[str, ...]] = {CPU_CONTENTION: (AT_DEVICE,), GC_PAUSE: (AT_HOST, AT_DEVICE)}
 
 # What an analysis should find for each event: (mechanism, phase). A fence that
 # fires late keeps the host in native_fence_wait although the device is done; a
@@ -48,14 +62,17 @@ _INT_KEYS = {"rank", "step"}
 # thread waits in the run queue during device_wall; the gc pause runs on the
 # host thread inside native_fence_wait (and holds the GIL, so the CPU executor
 # stalls with it). A crash has no mechanism: the rank is gone.
-GROUND_TRUTH: dict[str, tuple[str | None, str | None]] = {
-    FENCE_DELAY: (fmt.MECH_DEVICE, fmt.PHASE_FENCE_WAIT),
-    STRAGGLER: (fmt.MECH_DEVICE, fmt.PHASE_DEVICE_WALL),
-    SLOW_BIND: (fmt.MECH_HOST_CPU, fmt.PHASE_BIND),
-    CPU_CONTENTION: (fmt.MECH_RUN_QUEUE, fmt.PHASE_DEVICE_WALL),
-    GC_PAUSE: (fmt.MECH_GC, fmt.PHASE_FENCE_WAIT),
-    CRASH: (None, None),
+GROUND_TRUTH: dict[tuple[str, str | None], tuple[str | None, str | None]] = {
+    (FENCE_DELAY, None): (fmt.MECH_DEVICE, fmt.PHASE_FENCE_WAIT),
+    (STRAGGLER, None): (fmt.MECH_DEVICE, fmt.PHASE_DEVICE_WALL),
+    (SLOW_BIND, None): (fmt.MECH_HOST_CPU, fmt.PHASE_BIND),
+    (CPU_CONTENTION, AT_DEVICE): (fmt.MECH_RUN_QUEUE, fmt.PHASE_DEVICE_WALL),
+    (GC_PAUSE, AT_HOST): (fmt.MECH_GC, fmt.PHASE_FENCE_WAIT),
+    (GC_PAUSE, AT_DEVICE): (fmt.MECH_GC, fmt.PHASE_DEVICE_WALL),
+    (CRASH, None): (None, None),
 }
+# A fault whose measured loss is below this share of its delay_ms cost (almost) nothing: faults.json says so.
+EFFECTIVE_SHARE = 1 / 3
 
 
 @dataclass(frozen=True)
@@ -65,6 +82,7 @@ class FaultSpec:
     step: int | None = None
     ms: float | None = None
     p: float | None = None
+    at: str | None = None  # AT_HOST / AT_DEVICE for the kinds that take it (their default when left out)
 
 
 @dataclass(frozen=True)
@@ -75,10 +93,12 @@ class FaultEvent:
     rank: int
     step: int
     ms: float | None
+    at: str | None = None
 
     def to_json(self, details: dict | None = None) -> dict:
         """The faults.json entry: where it was injected, how much, what an analysis should name, and ``details``."""
-        mechanism, phase = GROUND_TRUTH[self.kind]
+        mechanism, phase = GROUND_TRUTH[(self.kind, self.at)]
+        target = {"at": self.at} if self.at is not None else {}
         return {
             "kind": self.kind,
             "rank": self.rank,
@@ -86,8 +106,85 @@ class FaultEvent:
             "delay_ms": self.ms,
             "mechanism": mechanism,
             "phase": phase,
+            **target,
             **(details or {}),
         }
+
+
+# One rank's device program of one step: (start ns, end ns) on CLOCK_MONOTONIC, the executor's
+# run-queue wait over it, and the most any thread of the rank but the host thread waited (ns)
+ProgramWindow = tuple[int, int, int, int]
+
+
+# One rank's own stretches of the host thread in one run: (start ns, end ns, run-queue ns) each
+HostPhases = list[tuple[int, int, int]]
+
+
+def contention_loss(
+    entry: dict, found: dict[int, dict], programs: dict[tuple[int, int], ProgramWindow], host: dict[tuple[int, int], HostPhases]
+) -> dict[int, dict]:
+    """What each rank pinned to the contended CPU lost to a cpu_contention event (faults.json ``measured``).
+
+    The struck rank says when the burn started (``burn_start_ns``); every rank on that
+    CPU sent, for the steps near it, its device programs' windows (``programs``) and its
+    host thread's stretches (``host``), keyed by (rank, step). What overlapped
+    [start, start + delay_ms] lost its run-queue wait: ``device_ms`` the most any thread
+    of the rank but the host thread waited (a rank blocked in an all-to-all loses its
+    time in the collective's I/O thread; ``rq_ms`` the executor's own), ``host_ms`` the
+    host thread's (a CPU mate's host thread is not spared), ``steps`` the loss per step
+    (a CPU mate may lose it in the step before), ``loss_ms`` the larger of the two.
+    """
+    burn = found.get(entry["rank"], {})
+    start = burn.get("burn_start_ns")
+    if start is None:
+        return found
+    end = start + int(entry["delay_ms"] * 1e6)
+    near = {entry["step"] - 1, entry["step"], entry["step"] + 1}
+    device: dict[int, dict[int, tuple[int, int]]] = {}
+    for (rank, step), (p_start, p_end, rq_ns, threads_rq_ns) in programs.items():
+        if step in near and p_start < end and p_end > start:
+            device.setdefault(rank, {})[step] = (rq_ns, max(rq_ns, threads_rq_ns))
+    on_host: dict[int, dict[int, int]] = {}
+    for (rank, step), phases in host.items():
+        waited = sum(rq_ns for p_start, p_end, rq_ns in phases if p_start < end and p_end > start) if step in near else 0
+        if waited > 0:
+            on_host.setdefault(rank, {})[step] = waited
+    losses: dict[int, dict] = {}
+    for rank in sorted(device.keys() | on_host.keys()):
+        programs_of, host_of = device.get(rank, {}), on_host.get(rank, {})
+        device_ms, host_ms = sum(lost for _, lost in programs_of.values()) / 1e6, sum(host_of.values()) / 1e6
+        by_step = {
+            step: max(programs_of.get(step, (0, 0))[1], host_of.get(step, 0)) / 1e6 for step in sorted(programs_of.keys() | host_of.keys())
+        }
+        losses[rank] = {
+            "loss_ms": round(max(device_ms, host_ms), 3),
+            "device_ms": round(device_ms, 3),
+            "rq_ms": round(sum(rq for rq, _ in programs_of.values()) / 1e6, 3),
+            "host_ms": round(host_ms, 3),
+            "steps": {str(step): round(ms, 3) for step, ms in by_step.items()},
+        }
+    losses.setdefault(entry["rank"], {"loss_ms": 0.0, "device_ms": 0.0, "rq_ms": 0.0, "host_ms": 0.0, "steps": {}})["struck"] = burn.get(
+        "struck", False
+    )
+    return losses
+
+
+def with_measured(entry: dict, measured: dict[int, dict]) -> dict:
+    """The faults.json entry with what the ranks measured of it (rank -> {"loss_ms", ...}).
+
+    ``lost_ms`` is the largest loss any rank measured; ``effective`` is false where
+    it is below EFFECTIVE_SHARE of ``delay_ms`` (the fault struck, but cost next to
+    nothing: e.g. a late fence the host reached later still). A crash has no loss.
+    """
+    if entry["delay_ms"] is None:
+        return entry
+    lost = max((m["loss_ms"] for m in measured.values()), default=0.0)
+    return {
+        **entry,
+        "measured": {str(rank): measured[rank] for rank in sorted(measured)},
+        "lost_ms": round(lost, 3),
+        "effective": lost >= EFFECTIVE_SHARE * entry["delay_ms"],
+    }
 
 
 def parse_fault(text: str, ranks: int) -> FaultSpec:
@@ -101,12 +198,20 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
         raise bad(f"unknown fault kind {kind!r} (expected one of {', '.join(_GRAMMAR)})")
     required, optional = _GRAMMAR[kind]
     values: dict[str, float | int] = {}
+    at = _TARGETS[kind][0] if kind in _TARGETS else None  # the default target
+    seen: set[str] = set()
     for item in filter(None, (part.strip() for part in body.split(","))) if sep else ():
         key, eq, raw = item.partition("=")
         if not eq or key not in required + optional:
             raise bad(f"unexpected {item!r} (keys for {kind}: {', '.join(required + optional)})")
-        if key in values:
+        if key in seen:
             raise bad(f"{key} given twice")
+        seen.add(key)
+        if key == "at":
+            if raw not in _TARGETS[kind]:
+                raise bad(f"at={raw!r} (expected {' or '.join(_TARGETS[kind])})")
+            at = raw
+            continue
         try:
             values[key] = int(raw) if key in _INT_KEYS else float(raw)
         except ValueError:
@@ -122,7 +227,7 @@ def parse_fault(text: str, ranks: int) -> FaultSpec:
         raise bad("ms must be > 0")
     if "p" in values and not 0 < values["p"] <= 1:
         raise bad("p must be in (0, 1]")
-    return FaultSpec(kind=kind, **values)  # type: ignore[arg-type]
+    return FaultSpec(kind=kind, at=at, **values)  # type: ignore[arg-type]
 
 
 def parse_faults(texts: list[str], ranks: int) -> list[FaultSpec]:
@@ -135,9 +240,9 @@ class StepFaults:
 
     events: tuple[FaultEvent, ...]
 
-    def ms(self, kind: str) -> float:
-        """Total ms of the events of ``kind`` (two specs of one kind add up)."""
-        return sum(event.ms or 0.0 for event in self.events if event.kind == kind)
+    def ms(self, kind: str, at: str | None = None) -> float:
+        """Total ms of the events of ``kind`` (aimed ``at`` that target, if given; two specs of one kind add up)."""
+        return sum(event.ms or 0.0 for event in self.events if event.kind == kind and at in (None, event.at))
 
     @property
     def crash(self) -> bool:
@@ -156,9 +261,13 @@ class FaultPlan:
         """Whether any spec is of ``spec_kind`` (a rank prepares the mechanism once, at start-up)."""
         return any(spec.kind == spec_kind for spec in self.specs)
 
-    def most_ms(self, spec_kind: str, rank: int) -> float:
-        """The most ``ms`` the specs of ``spec_kind`` can inject into one step of ``rank`` (0: none can hit it)."""
-        return sum(spec.ms or 0.0 for spec in self.specs if spec.kind == spec_kind and spec.rank in (None, rank))
+    def most_ms(self, spec_kind: str, rank: int, at: str | None = None) -> float:
+        """The most ``ms`` the specs of ``spec_kind`` (aimed ``at`` that target, if given) can inject into one step of ``rank``."""
+        return sum(spec.ms or 0.0 for spec in self.specs if spec.kind == spec_kind and spec.rank in (None, rank) and at in (None, spec.at))
+
+    def contention_at(self, step: int, ranks: set[int]) -> list[FaultEvent]:
+        """The cpu_contention events at ``step`` of any of ``ranks`` (those pinned to one CPU: each of them loses time)."""
+        return [event for rank in sorted(ranks) for event in self.at(rank, step).events if event.kind == CPU_CONTENTION]
 
     def _target(self, index: int, step: int) -> int | None:
         """The rank spec ``index`` hits at ``step``, or None."""
@@ -176,7 +285,7 @@ class FaultPlan:
         """The events ``rank`` applies at measured decode step ``step``, in spec order."""
         return StepFaults(
             tuple(
-                FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms)
+                FaultEvent(_EVENT_KIND.get(spec.kind, spec.kind), rank, step, spec.ms, spec.at)
                 for index, spec in enumerate(self.specs)
                 if self._target(index, step) == rank
             )

@@ -23,11 +23,72 @@ from dsprof.profiler import strace
 from dsprof.runtime.processes import die_with_parent
 
 
-def burn_cpu(ms: float) -> None:
-    """Busy work until this thread has used ``ms`` more milliseconds of CPU (not a sleep)."""
+def burn_cpu(ms: float) -> float:
+    """Busy work until this thread has used ``ms`` more milliseconds of CPU (not a sleep); the wall ms it took."""
+    started = time.monotonic_ns()
     deadline = time.thread_time_ns() + int(ms * 1e6)
     while time.thread_time_ns() < deadline:
         pass
+    return (time.monotonic_ns() - started) / 1e6
+
+
+def _libc_holding_the_gil():
+    """libc's open / read / close called without releasing the GIL (None where ctypes cannot reach them).
+
+    A measurement must not change what it measures: Python's own file calls release
+    the GIL, and the host thread would hand it to the CPU executor and wait for it
+    back (up to the interpreter's 5 ms switch interval). Reading a proc file does not block.
+    """
+    try:
+        libc = ctypes.PyDLL(None)
+        calls = libc.open, libc.read, libc.close
+    except (OSError, AttributeError):
+        return None
+    calls[0].argtypes, calls[0].restype = (ctypes.c_char_p, ctypes.c_int), ctypes.c_int
+    calls[1].argtypes, calls[1].restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t), ctypes.c_ssize_t
+    calls[2].argtypes, calls[2].restype = (ctypes.c_int,), ctypes.c_int
+    return calls
+
+
+_LIBC = _libc_holding_the_gil()
+_SCHEDSTAT_BYTES = 128
+
+
+def _run_queue_ns(path: str) -> int:
+    """Field 2 (run-queue wait, ns) of a schedstat file; -1 where it cannot be read."""
+    try:
+        if _LIBC is None:
+            with open(path, "rb") as schedstat:
+                return int(schedstat.read().split()[1])
+        libc_open, libc_read, libc_close = _LIBC
+        fd = libc_open(path.encode(), os.O_RDONLY | os.O_CLOEXEC)
+        if fd < 0:
+            return -1
+        buf = ctypes.create_string_buffer(_SCHEDSTAT_BYTES)
+        size = libc_read(fd, buf, _SCHEDSTAT_BYTES)
+        libc_close(fd)
+        return int(buf.raw[: max(size, 0)].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
+def thread_run_queue_ns() -> int:
+    """How long the calling thread has waited in the run queue so far (schedstat field 2); -1 where there is none.
+
+    The ground truth of cpu_contention is measured with it whether or not the
+    profiler's host evidence is on.
+    """
+    return _run_queue_ns("/proc/thread-self/schedstat")
+
+
+def threads_run_queue_ns(but: int) -> dict[int, int]:
+    """Run-queue wait so far of every thread of this process except thread ``but`` (tid -> ns).
+
+    A CPU neighbour starves every thread of the rank's CPU: the executor, and the
+    collective library's I/O threads, which a rank blocked in an all-to-all needs.
+    """
+    found = {int(name): _run_queue_ns(f"/proc/self/task/{name}/schedstat") for name in os.listdir("/proc/self/task") if int(name) != but}
+    return {tid: rq for tid, rq in found.items() if rq >= 0}
 
 
 class CpuNeighbour:
@@ -41,7 +102,11 @@ class CpuNeighbour:
     scheduler and the rank loses about the same CPU time over a longer window.
     """
 
-    _COMMAND = struct.Struct("<d")  # ms to burn; one atomic pipe write
+    _COMMAND = struct.Struct("<dq")  # ms to burn, the thread to let fall asleep first (0: none); one atomic pipe write
+    _STARTED = struct.Struct("<q")  # the answer: CLOCK_MONOTONIC ns at which the burn started
+    # Woken, it waits (polling, at most this long) until the rank's host thread sleeps on
+    # the device program's fence: the host thread must not be the one starved.
+    SETTLE_MAX_S = 0.02
 
     def __init__(self, cpu: int):
         commands_read, commands_write = os.pipe()
@@ -56,21 +121,30 @@ class CpuNeighbour:
         os.close(status_write)
         self.pid = pid
         self._commands = commands_write
-        with os.fdopen(status_read, "rb") as status:
-            answer = status.read(1)
+        self._status = status_read  # the start-up answer, then when each burn starts
+        answer = os.read(status_read, 1)
         if answer not in (b"R", b"N"):
             self.close()
             raise RuntimeError(f"the CPU neighbour process {pid} failed to start")
         self.realtime = answer == b"R"
 
-    def burn(self, ms: float) -> None:
-        """Wake the neighbour to burn ``ms`` of CPU time on the rank's CPU (returns at once)."""
-        os.write(self._commands, self._COMMAND.pack(ms))
+    def burn(self, ms: float, after_sleeps: int = 0) -> int:
+        """Wake the neighbour to burn ``ms`` of CPU time on the rank's CPU; returns as the burn starts (monotonic ns).
+
+        With ``after_sleeps`` (a thread id of the rank) it starts once that thread sleeps.
+        The caller is then woken by the neighbour and waits for the CPU behind it.
+        """
+        os.write(self._commands, self._COMMAND.pack(ms, after_sleeps))
+        started = os.read(self._status, self._STARTED.size)  # its clock: this thread may get the CPU back only after the burn
+        if len(started) != self._STARTED.size:
+            raise RuntimeError(f"the CPU neighbour process {self.pid} stopped")
+        return self._STARTED.unpack(started)[0]
 
     def close(self) -> None:
         """Let the neighbour end (its pipe closes) and reap it."""
         if self._commands >= 0:
             os.close(self._commands)
+            os.close(self._status)
             self._commands = -1
             os.waitpid(self.pid, 0)
 
@@ -91,14 +165,31 @@ def _neighbour_main(commands: int, status: int, parent: int, cpu: int) -> None:
         except (OSError, AttributeError):
             realtime = False
         os.write(status, b"R" if realtime else b"N")
-        os.close(status)
         size = CpuNeighbour._COMMAND.size
         while len(data := os.read(commands, size)) == size:
-            burn_cpu(CpuNeighbour._COMMAND.unpack(data)[0])
+            ms, tid = CpuNeighbour._COMMAND.unpack(data)
+            if tid:
+                _until_asleep(parent, tid, CpuNeighbour.SETTLE_MAX_S)
+            os.write(status, CpuNeighbour._STARTED.pack(time.monotonic_ns()))
+            burn_cpu(ms)
     except BaseException:
         code = 1
     finally:
         os._exit(code)
+
+
+def _until_asleep(pid: int, tid: int, longest_s: float) -> None:
+    """Poll thread ``tid`` of ``pid`` until it sleeps (state S), for at most ``longest_s``."""
+    deadline = time.monotonic() + longest_s
+    path = f"/proc/{pid}/task/{tid}/stat"
+    while time.monotonic() < deadline:
+        try:
+            with open(path, "rb") as stat:
+                if stat.read().rpartition(b")")[2].split()[0] == b"S":
+                    return
+        except (OSError, IndexError):
+            return
+        time.sleep(0.0002)
 
 
 class GcPause:
@@ -138,22 +229,31 @@ class GcPause:
     def _refs(self, ms: float) -> int:
         return max(1, round(ms * 1e6 / self.ns_per_ref / self.CHUNK)) * self.CHUNK
 
-    def pause(self, ms: float) -> float:
-        """Build and collect about ``ms`` of CPU worth of garbage; returns the collection's CPU time (ms)."""
+    def pause(self, ms: float) -> dict[str, float]:
+        """Build and collect about ``ms`` of CPU worth of garbage; what it cost this thread (ms).
+
+        ``loss_ms``: building and collecting, wall time; ``gc_ms``: the collection's
+        wall time; ``cpu_ms``: its CPU time.
+        """
+        started = time.monotonic_ns()
         refs = self._refs(ms)
-        took_ns = self._collect(refs)
+        took_ns, wall_ns = self._collect_timed(refs)
         self.ns_per_ref = (self.ns_per_ref + took_ns / refs) / 2
-        return took_ns / 1e6
+        loss_ns = time.monotonic_ns() - started
+        return {"loss_ms": round(loss_ns / 1e6, 3), "gc_ms": round(wall_ns / 1e6, 3), "cpu_ms": round(took_ns / 1e6, 3)}
 
     def _collect(self, refs: int) -> int:
-        """Make ``refs`` references of cyclic garbage and collect them; the CPU ns the collection took."""
+        return self._collect_timed(refs)[0]
+
+    def _collect_timed(self, refs: int) -> tuple[int, int]:
+        """Make ``refs`` references of cyclic garbage and collect them; the (CPU ns, wall ns) the collection took."""
         enabled = gc.isenabled()
         gc.disable()
         try:
             _make_cyclic_garbage(refs // self.CHUNK, self.CHUNK)
-            started = time.thread_time_ns()
+            started, wall_started = time.thread_time_ns(), time.monotonic_ns()
             gc.collect(0)
-            return time.thread_time_ns() - started
+            return time.thread_time_ns() - started, time.monotonic_ns() - wall_started
         finally:
             if enabled:
                 gc.enable()

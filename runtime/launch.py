@@ -84,6 +84,10 @@ class QueueSink:
     def fault(self, event: dict) -> None:
         self.channel.put(("fault", event))
 
+    def measured(self, event: fault_kinds.FaultEvent, rank: int, found: dict) -> None:
+        """What ``rank`` measured of ``event`` (its own, or a CPU neighbour's that starved it too)."""
+        self.channel.put(("measured", (event.kind, event.rank, event.step), rank, found))
+
     def send(self, *message) -> None:
         self.channel.put(message)
 
@@ -102,7 +106,11 @@ class ListSink(QueueSink):
 def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, master_port: int, out_dir: Path, sink) -> dict:
     """Body of one rank process: join the group, build the shard, prefill, decode."""
     plan = FaultPlan(parse_faults(config.inject, config.ranks), config.ranks, config.seed)
-    neighbour = _prepare_cpu_contention(plan, rank) if plan.injects(fault_kinds.CPU_CONTENTION) else None
+    cpu_mates: frozenset[int] = frozenset()
+    neighbour = None
+    if plan.injects(fault_kinds.CPU_CONTENTION):
+        cpu_mates = frozenset(r for r in range(world) if cpu_for_rank(r) == cpu_for_rank(rank))  # before pinning
+        neighbour = _prepare_cpu_contention(plan, rank)
     torch.set_num_threads(1)
     if config.profile:
         strace.set_host_evidence(config.host_evidence)
@@ -113,7 +121,15 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         sa_profile.shutdown()
     device = None
     try:
-        par = init_distributed(rank, world, config.tp, master_addr, master_port, metadata_group=config.metadata == "device-resident")
+        par = init_distributed(
+            rank,
+            world,
+            config.tp,
+            master_addr,
+            master_port,
+            metadata_group=config.metadata == "device-resident",
+            peer_source=config.peer_source,
+        )
 
         def on_device_thread_start() -> None:
             torch.set_num_threads(1)
@@ -126,9 +142,8 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         worker = DistributedWorker(rank, device)
         serving = plan_serving(config)
         with sa_profile.span("worker.init", "worker", rank=rank):
-            longest_gc_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank)
-            gc_pause = GcPause(longest_gc_ms) if longest_gc_ms else None
-            server = RankServer(config, par, device, worker, serving, sink, Injectors(plan, neighbour, gc_pause))
+            gc_pauses = _prepare_gc_pauses(plan, rank, device)
+            server = RankServer(config, par, device, worker, serving, sink, Injectors(plan, neighbour, *gc_pauses, cpu_mates))
         sink.send("up", rank, device.name, os.getpid())
         dist.barrier()
         sink.send("start", rank, time.perf_counter_ns())
@@ -143,6 +158,17 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         if neighbour is not None:
             neighbour.close()
         sa_profile.flush()
+
+
+def _prepare_gc_pauses(plan: FaultPlan, rank: int, device) -> tuple[GcPause | None, GcPause | None]:
+    """The gc pauses this rank can inject, (on the host thread, inside the device program), each
+    calibrated on the thread that will collect (each thread has its own heap arena)."""
+    host_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank, fault_kinds.AT_HOST)
+    device_ms = plan.most_ms(fault_kinds.GC_PAUSE, rank, fault_kinds.AT_DEVICE)
+    on_device: list[GcPause] = []
+    if device_ms:
+        device.submit(lambda _clock: on_device.append(GcPause(device_ms))).wait()
+    return (GcPause(host_ms) if host_ms else None), (on_device[0] if on_device else None)
 
 
 def _prepare_cpu_contention(plan: FaultPlan, rank: int) -> CpuNeighbour | None:
@@ -237,6 +263,9 @@ class _Collector:
         self.done: set[int] = set()
         self.failures: list[tuple[int, str, bool]] = []
         self.faults: list[dict] = []
+        self.measured: dict[tuple[str, int, int], dict[int, dict]] = {}  # (kind, rank, step) -> measuring rank -> found
+        self.programs: dict[tuple[int, int], fault_kinds.ProgramWindow] = {}  # (rank, step) -> window
+        self.host_phases: dict[tuple[int, int], fault_kinds.HostPhases] = {}  # (rank, step) -> host stretches
         self.tokens: dict[int, list[int]] = {rid: [] for rid in range(config.requests)}
         self.last_token_ns: dict[int, int] = {}
         self.verified: dict[int, int] = {}
@@ -259,6 +288,12 @@ class _Collector:
             self._report(f"decode step {self.step + 1}/{self.plan.decode_steps - self.plan.warmup}, tokens {self.returned}/{self.expected}")
         elif kind == "fault":
             self.faults.append(message[1])
+        elif kind == "measured":
+            self.measured.setdefault(message[1], {})[message[2]] = message[3]
+        elif kind == "program":  # a device program's window near a cpu_contention step
+            self.programs[(message[1], message[2])] = message[3:]
+        elif kind == "host_phases":  # the host thread's stretches of a run near a cpu_contention step
+            self.host_phases[(message[1], message[2])] = message[3]
         elif kind == "up":
             self.devices[message[1]] = message[2]
             self._report(f"ranks up {len(self.devices)}/{self.config.ranks}", force=len(self.devices) == self.config.ranks)
@@ -462,13 +497,21 @@ def _finish(
     }
     atomic_write_text(out / artifacts.PERFORMANCE_SUMMARY, json.dumps(summary, indent=2) + "\n")
     if config.inject:
-        faults = sorted(collector.faults, key=lambda f: (f["step"], f["rank"], f["kind"]))
+        faults = sorted((_with_measured(f, collector) for f in collector.faults), key=lambda f: (f["step"], f["rank"], f["kind"]))
         atomic_write_text(
             out / artifacts.FAULTS,
             json.dumps({"schema": artifacts.FAULTS_SCHEMA, "seed": config.seed, "specs": list(config.inject), "faults": faults}, indent=2)
             + "\n",
         )
     return RunOutcome(status, out, summary, failed_rank, message, collector.tokens)
+
+
+def _with_measured(fault: dict, collector: _Collector) -> dict:
+    """A faults.json entry with what the ranks measured of it."""
+    found = collector.measured.get((fault["kind"], fault["rank"], fault["step"]), {})
+    if fault["kind"] == fault_kinds.CPU_CONTENTION:
+        found = fault_kinds.contention_loss(fault, found, collector.programs, collector.host_phases)
+    return fault_kinds.with_measured(fault, found)
 
 
 def run_torchrun_rank(config: RuntimeConfig, out_dir: str | os.PathLike, rank: int, world: int) -> int:

@@ -31,6 +31,7 @@ from typing import Any, NamedTuple
 from dsprof.profiler import strace
 from dsprof.profiler import strace_format as fmt
 from dsprof.runtime.device import Fence, PhaseClock
+from dsprof.runtime.injectors import thread_run_queue_ns
 from dsprof.runtime.task_args import TaskArgs
 
 PREFILL_CALLABLE = "prefill.main+mtp"
@@ -47,10 +48,12 @@ class Mark(NamedTuple):
 
     ns: int
     sample: strace.Sample | None
+    rq_ns: int = -1  # the thread's run-queue wait so far, where the lane measures it (cpu_contention ground truth)
 
 
-def mark() -> Mark:
-    return Mark(time.monotonic_ns(), strace.host_sample())  # one sample serves the span ending and the one starting here
+def mark(rq: bool = False) -> Mark:
+    # one sample serves the span ending and the one starting here
+    return Mark(time.monotonic_ns(), strace.host_sample(), thread_run_queue_ns() if rq else -1)
 
 
 _UNSET = Mark(0, None)
@@ -78,8 +81,9 @@ class Run:
     validate_start: Mark = _UNSET
     validate_end: Mark = _UNSET
     fence: Fence | None = None
-    # host work done while waiting on the fence (the gc_pause fault), before the wait itself
-    in_fence_wait: Callable[[], object] | None = None
+    # host work done as the host starts to wait on the fence, while the program still runs
+    # (faults that strike during this step's device program: a gc pause, waking a CPU neighbour)
+    at_fence_wait: Callable[[Fence], object] | None = None
     drained: bool = False
     attrs: dict = field(default_factory=dict)
 
@@ -87,9 +91,25 @@ class Run:
 class ChipRunLane:
     """One rank's chip-run lane with ``len(slots)`` ping-pong TaskArgs slots."""
 
-    def __init__(self, rank: int, device, slots: list[TaskArgs], *, device_phases: bool, serialize_metadata: bool):
-        """``serialize_metadata`` (device-resident metadata): bind waits for the previous dispatch to drain."""
+    def __init__(
+        self,
+        rank: int,
+        device,
+        slots: list[TaskArgs],
+        *,
+        device_phases: bool,
+        serialize_metadata: bool,
+        measure_host_rq: bool = False,
+        exchange_waits: Callable[[list[tuple[str, int]]], Any] | None = None,
+    ):
+        """``serialize_metadata`` (device-resident metadata): bind waits for the previous dispatch to drain;
+        ``measure_host_rq``: every phase boundary also reads the host thread's run-queue wait;
+        ``exchange_waits``: the collective waits learn their ``peer`` from every rank's wait lengths
+        (ParallelContext.exchange_waits), so a run's spans are written once that exchange is done."""
         self.rank = rank
+        self.measure_host_rq = measure_host_rq
+        self.exchange_waits = exchange_waits if device_phases else None
+        self._unwritten: list[tuple[Run, Any]] = []  # validated runs waiting for their exchange, oldest first
         self.device = device
         self.slots = slots
         self.serialize_metadata = serialize_metadata
@@ -125,46 +145,72 @@ class ChipRunLane:
             generation=slot.generation,
         )
         self._epoch += 1
-        run.bind_start = mark()
+        run.bind_start = mark(self.measure_host_rq)
         stage_args(slot)
-        run.args_end = mark()
+        run.args_end = mark(self.measure_host_rq)
         bind_prebuilt(slot)
-        run.bind_end = mark()
+        run.bind_end = mark(self.measure_host_rq)
         return run
 
-    def launch(self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0) -> None:
+    def launch(
+        self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0, measure_rq: bool = False
+    ) -> None:
         """runner_run starts: queue the program on the device stream, then release the launch claim."""
-        run.runner_start = mark()
-        run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s)
-        run.claim_start = mark()
+        run.runner_start = mark(self.measure_host_rq)
+        run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s, measure_rq=measure_rq)
+        run.claim_start = mark(self.measure_host_rq)
         self._in_flight.append(run)  # the successor may launch from here on
-        run.claim_end = mark()
+        run.claim_end = mark(self.measure_host_rq)
 
     def drain(self, run: Run) -> None:
         """Wait on the run's completion fence; runner_run ends here."""
         if run.drained:
             return
         assert run.fence is not None, "drained before it was launched"
-        run.fence_start = mark()
-        if run.in_fence_wait is not None:
-            # the device is done: a collection now delays only the host's notice of the completion
-            run.fence.wait()
-            run.in_fence_wait()
+        run.fence_start = mark(self.measure_host_rq)
+        if run.at_fence_wait is not None:
+            run.at_fence_wait(run.fence)
         run.fence.wait()
-        run.fence_end = mark()
+        run.fence_end = mark(self.measure_host_rq)
         run.drained = True
         self._in_flight.remove(run)
 
     def finish(self, run: Run, validate: Callable[[Run], None]) -> None:
         """Drain (if still in flight), validate, and write the run's spans."""
         self.drain(run)
-        run.validate_start = mark()
+        run.validate_start = mark(self.measure_host_rq)
         validate(run)
-        run.validate_end = mark()
-        if run.profiled:
+        run.validate_end = mark(self.measure_host_rq)
+        if not run.profiled:
+            return
+        if self.exchange_waits is None:
             self._emit(run)
+            return
+        assert run.fence is not None
+        waits = [(path, dur) for path, _, dur, _ in run.fence.clock.resolve() if path.endswith(fmt.WAIT_SUFFIX)]
+        self._unwritten.append((run, self.exchange_waits(waits)))
+        self._write_exchanged(wait=False)
 
-    def _emit(self, run: Run) -> None:
+    def close(self) -> None:
+        """Write the runs still waiting for their peers' wait lengths (every rank calls it: it waits for them)."""
+        self._write_exchanged(wait=True)
+
+    def _write_exchanged(self, wait: bool) -> None:
+        while self._unwritten and (wait or self._unwritten[0][1].ready()):
+            run, exchange = self._unwritten.pop(0)
+            assert run.fence is not None
+            waits = [(path, offset) for path, offset, _, _ in run.fence.clock.resolve() if path.endswith(fmt.WAIT_SUFFIX)]
+            self._emit(run, dict(zip(waits, exchange.peers(), strict=True)))
+
+    @staticmethod
+    def host_phases(run: Run) -> list[tuple[int, int, int]]:
+        """The run's own stretches of the host thread (bind, launch, fence wait, validate) as (start ns, end ns,
+        run-queue ns): disjoint, unlike the run's spans (runner_run holds the next run's bind)."""
+        bounds = ((run.bind_start, run.bind_end), (run.runner_start, run.claim_end), (run.fence_start, run.fence_end))
+        return [(start.ns, end.ns, end.rq_ns - start.rq_ns) for start, end in (*bounds, (run.validate_start, run.validate_end))]
+
+    def _emit(self, run: Run, peers: dict[tuple[str, int], int] | None = None) -> None:
+        """Write the run's spans; ``peers``: (wait path, offset) -> its peer, where the waits were exchanged."""
         hid = callable_hid(run.callable)
         inv = run.inv
 
@@ -178,7 +224,7 @@ class ChipRunLane:
         host(fmt.RUNNER_RUN, 1, run.runner_start, run.fence_end)
         if self.device_phases:
             host(fmt.FENCE_WAIT, 2, run.fence_start, run.fence_end)
-            self._emit_device_phases(run, hid)
+            self._emit_device_phases(run, hid, peers or {})
         host(fmt.CLAIM_RELEASE, 1, run.claim_start, run.claim_end)
         host(fmt.VALIDATE, 1, run.validate_start, run.validate_end)
         # finish() validates after the drain, so validate's end is the run's end
@@ -199,7 +245,7 @@ class ChipRunLane:
             **run.attrs,
         )
 
-    def _emit_device_phases(self, run: Run, hid: str) -> None:
+    def _emit_device_phases(self, run: Run, hid: str, peers: dict[tuple[str, int], int]) -> None:
         """device_wall (with the executor thread's evidence) and every phase below it, on the device clock."""
         fence = run.fence
         assert fence is not None
@@ -207,7 +253,16 @@ class ChipRunLane:
         strace.record(
             fmt.DEVICE_WALL, inv=run.inv, hid=hid, depth=2, ts_ns=wall_ts, dur_ns=wall_dur, clk=fmt.CLK_DEVICE, **fence.evidence()
         )
-        for path, offset, dur in fence.phases():
+        for path, offset, dur, attrs in fence.phases():
+            if (path, offset) in peers:
+                attrs = {**attrs, fmt.PEER_ATTR: peers[(path, offset)]}
             strace.record(
-                fmt.device_phase_name(path), inv=run.inv, hid=hid, depth=3 + path.count("."), ts_ns=offset, dur_ns=dur, clk=fmt.CLK_DEVICE
+                fmt.device_phase_name(path),
+                inv=run.inv,
+                hid=hid,
+                depth=3 + path.count("."),
+                ts_ns=offset,
+                dur_ns=dur,
+                clk=fmt.CLK_DEVICE,
+                **attrs,
             )

@@ -12,6 +12,8 @@ the emitted tokens are the model's own argmax tokens.
 from __future__ import annotations
 
 import contextlib
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -20,7 +22,7 @@ from dsprof.profiler import sa_profile
 from dsprof.profiler.strace_format import DEVICE_FORWARD, DEVICE_MTP, DEVICE_VERIFY
 from dsprof.runtime import faults as fault_kinds
 from dsprof.runtime.config import RuntimeConfig
-from dsprof.runtime.device import PhaseClock
+from dsprof.runtime.device import Fence, PhaseClock, running_on_cuda
 from dsprof.runtime.distributed import ParallelContext
 from dsprof.runtime.faults import FaultPlan, StepFaults
 from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu
@@ -31,6 +33,7 @@ from dsprof.runtime.task_args import Placement, TaskArgs
 from dsprof.runtime.worker import DistributedWorker
 
 DECODE_TOKENS = 2  # last accepted token + one MTP draft
+_HOST_WAIT_LIMIT_S = 5.0  # a fault inside the program waits this long at most for the host to wait on it
 
 
 class InjectedCrash(RuntimeError):
@@ -88,7 +91,13 @@ class Injectors:
 
     plan: FaultPlan
     neighbour: CpuNeighbour | None = None  # cpu_contention
-    gc_pause: GcPause | None = None  # gc_pause
+    gc_pause: GcPause | None = None  # gc_pause at=host, calibrated on the host thread
+    gc_pause_device: GcPause | None = None  # gc_pause at=device, calibrated on the executor thread
+    cpu_mates: frozenset[int] = frozenset()  # the ranks pinned to this rank's CPU, itself included (cpu_contention)
+
+
+# What a rank measured of the faults of one run: fault kind -> {"loss_ms": ..., ...} (faults.json "measured").
+Probe = dict[str, dict]
 
 
 class RankServer:
@@ -98,6 +107,7 @@ class RankServer:
         self, config: RuntimeConfig, par: ParallelContext, device, worker: DistributedWorker, plan: ServingPlan, sink, injectors: Injectors
     ):
         self.config, self.par, self.device, self.worker = config, par, device, worker
+        self.host_tid = threading.get_native_id()  # the rank's host thread (a CPU neighbour must not starve it)
         self.plan, self.sink, self.injectors = plan, sink, injectors
         self.requests = plan.requests_of_dp[par.dp_rank]
         self.returns_tokens = par.tp_rank == 0  # one rank per DP replica answers the caller
@@ -119,7 +129,13 @@ class RankServer:
         self.slots = [self._slot(i, placement, DECODE_TOKENS, mb) for i in range(config.depth)]
         self.prefill_slot = self._slot(0, placement, config.prompt_tokens, mb, prompt=True)
         self.lane = ChipRunLane(
-            par.rank, device, self.slots, device_phases=config.device_phases, serialize_metadata=config.metadata == "device-resident"
+            par.rank,
+            device,
+            self.slots,
+            device_phases=config.device_phases,
+            serialize_metadata=config.metadata == "device-resident",
+            measure_host_rq=bool(injectors.cpu_mates),
+            exchange_waits=None if par.stamps_arrivals else par.exchange_waits,
         )
         # host view of each request, as of the last validated run
         self.ctx_known = [0] * B
@@ -238,11 +254,11 @@ class RankServer:
             return self.config.prompt_tokens, 1
         return self.ctx_known[i], self.produced_known[i]
 
-    def _stage_decode(self, step: int, slow_bind_ms: float):
+    def _stage_decode(self, step: int, slow_bind_ms: float, probe: Probe):
         def stage(slot: TaskArgs) -> None:
             with sa_profile.span("scheduler.step", "scheduler", step=step, rank=self.par.rank):
-                if slow_bind_ms:
-                    burn_cpu(slow_bind_ms)  # host CPU work, not a sleep (fault injection)
+                if slow_bind_ms:  # host CPU work, not a sleep (fault injection)
+                    probe[fault_kinds.SLOW_BIND] = {"loss_ms": round(burn_cpu(slow_bind_ms), 3)}
                 # Worst case: every unvalidated run in flight accepted its draft.
                 ahead = 2 * self.unvalidated
                 first, active = [], []
@@ -260,20 +276,18 @@ class RankServer:
 
         return stage
 
-    def _decode_program(self, step: int, faults: StepFaults):
+    def _decode_program(self, step: int, faults: StepFaults, probe: Probe, host_waits: threading.Event):
         straggle_ms = faults.ms(fault_kinds.STRAGGLER)
-        contention_ms = faults.ms(fault_kinds.CPU_CONTENTION)
-        neighbour = self.injectors.neighbour
-        assert neighbour is not None or not contention_ms, "cpu_contention planned on a rank without its neighbour"
+        strike = self._strike_in_program(faults, probe, host_waits)
         profiled = step >= self.plan.warmup
 
         def program(slot: TaskArgs, clock: PhaseClock) -> None:
-            if neighbour is not None and contention_ms:  # it takes the CPU as the device program starts (fault injection)
-                neighbour.burn(contention_ms)
             st, bs = slot.prebuilt["state"], self.config.block_size
             arg = self._arg_reader(slot)
             with _span(profiled, "executor.run", "executor", callable=DECODE_CALLABLE, step=step):
                 with clock.phase(DEVICE_FORWARD), _span(profiled, "kernel.decode_fwd", "kernel", step=step):
+                    if strike is not None:  # faults inside the program, before its first all-to-all
+                        strike()
                     active = st["produced"] < st["limit"]
                     pos_wc = arg("seq_lens") - DECODE_TOKENS
                     block_table = arg("block_table")
@@ -296,8 +310,8 @@ class RankServer:
                     counts = torch.where(active, 1 + acc.long(), torch.zeros_like(remaining))
                     next_last = torch.where(acc, argmax[:, 1], argmax[:, 0])
                     h_sel = torch.where(acc.unsqueeze(1), h[:, 1], h[:, 0])
-                    if straggle_ms:
-                        burn_cpu(straggle_ms)  # a slower device: more device work (fault injection)
+                    if straggle_ms:  # a slower device: more device work (fault injection)
+                        probe[fault_kinds.STRAGGLER] = {"loss_ms": round(burn_cpu(straggle_ms), 3)}
                 with clock.phase(DEVICE_MTP), _span(profiled, "kernel.mtp_draft", "kernel", step=step):
                     draft = self.model.mtp_draft(h_sel, next_last)
                 slot["out_tokens"][:, 0] = torch.where(acc, st["draft"], argmax[:, 0])
@@ -367,7 +381,7 @@ class RankServer:
         launched while it is on the device.
         """
         steps = self.plan.decode_steps
-        runs: dict[int, Run] = {}
+        runs: dict[int, tuple[Run, Probe]] = {}
         prefill = self._start_prefill()
         if steps:
             runs[0] = self._start_decode(0)
@@ -375,14 +389,17 @@ class RankServer:
         for step in range(steps):
             if step + 1 < steps:
                 runs[step + 1] = self._start_decode(step + 1)
-            self.lane.finish(runs.pop(step), self._validate)
+            run, probe = runs.pop(step)
+            self.lane.finish(run, self._validate)
+            self._report_measured(run, probe)
+        self.lane.close()
 
     def _fault_details(self, kind: str) -> dict:
         """What faults.json should also know of an event on this rank: whether the CPU neighbour ran realtime."""
         neighbour = self.injectors.neighbour
         return {"realtime": neighbour.realtime} if kind == fault_kinds.CPU_CONTENTION and neighbour is not None else {}
 
-    def _start_decode(self, step: int) -> Run:
+    def _start_decode(self, step: int) -> tuple[Run, Probe]:
         """Bind and launch decode step ``step`` (warm-up included), with the faults planned for it."""
         rank, measured = self.par.rank, step - self.plan.warmup
         faults = self.injectors.plan.at(rank, measured) if measured >= 0 else StepFaults(())
@@ -391,21 +408,94 @@ class RankServer:
                 self.sink.fault(event.to_json(self._fault_details(event.kind)))
         if faults.crash:
             raise InjectedCrash(f"rank {rank} crashed at decode step {measured} (injected)")
+        probe: Probe = {}
         run = self.lane.bind(
             step=measured,
             callable_name=DECODE_CALLABLE,
             dispatch_id=step + 2,
             profiled=measured >= 0,
-            stage_args=self._stage_decode(step, faults.ms(fault_kinds.SLOW_BIND)),
+            stage_args=self._stage_decode(step, faults.ms(fault_kinds.SLOW_BIND), probe),
             bind_prebuilt=self._bind_prebuilt,
         )
-        gc_ms, pauser = faults.ms(fault_kinds.GC_PAUSE), self.injectors.gc_pause
-        if gc_ms:
-            assert pauser is not None, "gc_pause planned on a rank that did not calibrate it"
-            run.in_fence_wait = lambda: pauser.pause(gc_ms)
+        host_waits = threading.Event()
+        run.at_fence_wait = self._strike_at_fence_wait(faults, probe, host_waits)
         self.unvalidated += 1
-        self.lane.launch(run, self._decode_program(step, faults), fence_delay_s=faults.ms(fault_kinds.FENCE_DELAY) / 1000.0)
-        return run
+        mates = set(self.injectors.cpu_mates)
+        contended = measured >= 0 and any(self.injectors.plan.contention_at(near, mates) for near in (measured - 1, measured, measured + 1))
+        self.lane.launch(
+            run,
+            self._decode_program(step, faults, probe, host_waits),
+            fence_delay_s=faults.ms(fault_kinds.FENCE_DELAY) / 1000.0,
+            measure_rq=contended,
+        )
+        return run, probe
+
+    def _strike_in_program(self, faults: StepFaults, probe: Probe, host_waits: threading.Event) -> Callable[[], None] | None:
+        """The faults struck inside this step's device program (``at=device``), before its first all-to-all.
+
+        They wait until the host thread waits for this program: in the depth-2
+        pipeline the host is still validating the previous step and binding the next
+        one when the program starts, and a CPU neighbour (which takes the whole CPU)
+        or a collection (which holds the GIL) would delay that work too, i.e. land on
+        other steps. Then the rank reaches the all-to-all late: its peers wait for it.
+        """
+        contention_ms = faults.ms(fault_kinds.CPU_CONTENTION, fault_kinds.AT_DEVICE)
+        gc_ms = faults.ms(fault_kinds.GC_PAUSE, fault_kinds.AT_DEVICE)
+        neighbour, pauser = self.injectors.neighbour, self.injectors.gc_pause_device
+        assert neighbour is not None or not contention_ms, "cpu_contention planned on a rank without its neighbour"
+        assert pauser is not None or not gc_ms, "gc_pause planned on a rank that did not calibrate it"
+        if not contention_ms and not gc_ms:
+            return None
+
+        def strike() -> None:
+            # on CUDA the program is enqueued by the host thread itself: there is nothing to wait for
+            struck = running_on_cuda() or host_waits.wait(_HOST_WAIT_LIMIT_S)
+            if contention_ms and neighbour is not None:
+                started_ns = neighbour.burn(contention_ms, after_sleeps=self.host_tid if struck else 0)
+                # struck False: the host never came to wait (it failed)
+                probe[fault_kinds.CPU_CONTENTION] = {"struck": struck, "burn_start_ns": started_ns}
+            if gc_ms and pauser is not None:
+                probe[fault_kinds.GC_PAUSE] = pauser.pause(gc_ms)
+
+        return strike
+
+    def _strike_at_fence_wait(self, faults: StepFaults, probe: Probe, host_waits: threading.Event) -> Callable[[Fence], None]:
+        """What the host thread does as it starts to wait for this step's program, which still runs.
+
+        It says so to the program (``host_waits``), and a gc pause aimed at the host
+        collects now: the collection overlaps this step's program (holding the GIL,
+        it stalls a CPU executor too), never the next one's.
+        """
+        gc_ms, pauser = faults.ms(fault_kinds.GC_PAUSE, fault_kinds.AT_HOST), self.injectors.gc_pause
+        assert pauser is not None or not gc_ms, "gc_pause planned on a rank that did not calibrate it"
+
+        def at_fence_wait(_fence: Fence) -> None:
+            host_waits.set()
+            if gc_ms and pauser is not None:
+                probe[fault_kinds.GC_PAUSE] = pauser.pause(gc_ms)
+
+        return at_fence_wait
+
+    def _report_measured(self, run: Run, probe: Probe) -> None:
+        """Send what this rank measured of the faults of ``run``'s step (faults.json ``measured``).
+
+        Near a cpu_contention step on its CPU, a rank also sends its program's window
+        and the executor's run-queue wait over it: the neighbour starves every rank
+        pinned to that CPU, in whichever program it runs (the launcher adds up the
+        programs that overlapped the burn, see faults.contention_loss).
+        """
+        rank, step, fence = self.par.rank, run.step, run.fence
+        if step < 0 or fence is None:
+            return
+        for event in self.injectors.plan.at(rank, step).events:
+            if event.kind == fault_kinds.FENCE_DELAY:
+                self.sink.measured(event, rank, {"loss_ms": round(fence.late_ns / 1e6, 3)})
+            elif event.kind in probe:
+                self.sink.measured(event, rank, probe[event.kind])
+        if fence.rq_ns >= 0:  # measured near a cpu_contention step on this rank's CPU
+            self.sink.send("program", rank, step, fence.start_ns, fence.end_ns, fence.rq_ns, fence.threads_rq_ns)
+            if self.lane.measure_host_rq:
+                self.sink.send("host_phases", rank, step, self.lane.host_phases(run))
 
 
 def _span(on: bool, name: str, cat: str, **args):

@@ -1,13 +1,17 @@
 """The diagnosis against the runtime's own ground truth: real faults, found on their rank with their mechanism.
 
 Each run injects one kind of fault for real (a slow device, a late completion
-fence, a CPU-burning neighbour, a real garbage collection, host CPU work in
-bind); faults.json, written before the analysis runs, says where and which
-mechanism the analysis must find. On this shared 2-core machine every run is
-noisy as well, so the checks are about the injected faults: >= 90% of those of
->= 20 ms found on their rank with their mechanism (on their step or a
-neighbour: at depth 2 a fault may surface as the previous or next run's
-lateness), and no other rank blamed with the same mechanism beside them.
+fence, a CPU-burning neighbour, a real garbage collection on the host path or
+inside the device program, host CPU work in bind); faults.json, written before
+the analysis runs, says where it struck, which mechanism the analysis must
+find, and what the ranks measured of it: who lost how much time, at which step
+(a CPU neighbour starves every rank pinned to its CPU, and a CPU mate may lose
+its time in the program it was running then). On this shared 2-core machine
+every run is noisy as well, so the checks are about the injected faults: >= 90%
+of those of >= 20 ms that measurably cost something (``effective``) found at
+their step, on a rank that measurably lost the time, with their mechanism, in
+some section (late starts, tails, slow steps); and no rank that lost nothing
+blamed with the same mechanism beside them.
 
 A random fault that follows another on the same rank within two steps is left
 out of the count: the rank is still late from the first one when the second strikes,
@@ -37,14 +41,31 @@ def _run(out: Path, *args: str) -> dict:
 
 
 def _late_cells(summary: dict) -> dict[tuple[int, int], list[dict]]:
-    """(step, late rank) -> its causes (late start and tail)."""
+    """(step, rank) -> the causes named for that rank at that step (late starts, tails, slow steps)."""
     cells: dict[tuple[int, int], list[dict]] = {}
     for item in summary["late_starts"]["items"]:
         cells.setdefault((item["step"], item["late_rank"]), []).append(item)
     for tail in summary["tail_steps"]["items"]:
         for cause in tail["ranks"]:
             cells.setdefault((tail["step"], cause["late_rank"]), []).append(cause)
+    for slow in (summary.get("slow_steps") or {}).get("items", []):
+        for cause in slow["ranks"]:
+            cells.setdefault((slow["step"], cause["rank"]), []).append(cause)
     return cells
+
+
+def losers(fault: dict) -> set[tuple[int, int]]:
+    """(step, rank) where the fault measurably cost time: a third of its delay or more.
+
+    A contention loss says per step where each rank on the CPU lost it (``steps``); any other is at the fault's step.
+    """
+    least = fault["delay_ms"] / 3
+    return {
+        (int(step), int(rank))
+        for rank, found in fault["measured"].items()
+        for step, lost in found.get("steps", {fault["step"]: found["loss_ms"]}).items()
+        if lost >= least
+    }
 
 
 @pytest.mark.parametrize(
@@ -55,6 +76,7 @@ def _late_cells(summary: dict) -> dict[tuple[int, int], list[dict]]:
         "slow_bind:rank=1,ms=30",
         "cpu_contention:rank=3,p=0.25,ms=40",
         "gc_pause:p=0.25,ms=40",
+        "gc_pause:p=0.25,ms=40,at=device",
     ],
 )
 def test_injected_faults_are_found_on_their_rank_with_their_mechanism(tmp_path, spec):
@@ -63,31 +85,28 @@ def test_injected_faults_are_found_on_their_rank_with_their_mechanism(tmp_path, 
     injected = [f for f in json.loads((tmp_path / "run" / "faults.json").read_text())["faults"] if (f["delay_ms"] or 0) >= 20]
     struck = {(f["rank"], f["step"]) for f in injected}
     persistent = "p=" not in spec  # a straggler or a slow bind strikes its rank at every step, by design
-    faults = [f for f in injected if persistent or not {(f["rank"], f["step"] - 1), (f["rank"], f["step"] - 2)} & struck]
-    assert len(faults) >= 4, f"{spec} with seed 5 injects faults of 20 ms or more"
+    alone = [f for f in injected if persistent or not {(f["rank"], f["step"] - 1), (f["rank"], f["step"] - 2)} & struck]
+    faults = [f for f in alone if f["effective"]]  # the ranks measured what it cost
+    assert len(faults) >= 4, f"{spec} with seed 5 injects faults of 20 ms or more that cost something"
+    assert len(faults) >= 0.6 * len(alone), ("most faults cost what they were asked", alone)
     cells = _late_cells(summary)
     found = [
         f
         for f in faults
-        if any(
-            c["mechanism"] == f["mechanism"] and c["role"] == "culprit"
-            for step in (f["step"] - 1, f["step"], f["step"] + 1)
-            for c in cells.get((step, f["rank"]), [])
-        )
+        if any(c["mechanism"] == f["mechanism"] and c["role"] == "culprit" for cell in losers(f) for c in cells.get(cell, []))
     ]
     assert len(found) >= 0.9 * len(faults), (len(found), len(faults), [f for f in faults if f not in found])
-    faulty = {(f["step"], f["rank"]) for f in injected}
     if persistent or faults[0]["mechanism"] == "run_queue":
         # a persistent fault is beside every step: its test is the straggler verdict (below); a CPU-burning
-        # neighbour on a 2-core host slows whichever ranks share its CPU, and they are its victims too
+        # neighbour also starves the host threads of the ranks sharing its CPU, which faults.json does not measure
         return
-    for fault in found:  # beside a random fault, nobody else is blamed for the same mechanism
-        for step in (fault["step"] - 1, fault["step"], fault["step"] + 1):
-            for (cell_step, rank), causes in cells.items():
-                if cell_step != step or rank == fault["rank"] or any((s, rank) in faulty for s in (step - 1, step, step + 1)):
-                    continue
-                blamed = [c for c in causes if c["role"] == "culprit" and c["mechanism"] == fault["mechanism"] and c["evidence_ms"] >= 20]
-                assert not blamed, (fault, step, rank, blamed)
+    lost = {cell for f in injected for cell in losers(f)}
+    for fault in found:  # beside a fault, no rank that lost nothing is blamed for the same mechanism
+        for (cell_step, rank), causes in cells.items():
+            if cell_step != fault["step"] or any((step, rank) in lost for step in (cell_step - 1, cell_step, cell_step + 1)):
+                continue
+            blamed = [c for c in causes if c["role"] == "culprit" and c["mechanism"] == fault["mechanism"] and c["evidence_ms"] >= 20]
+            assert not blamed, (fault, rank, blamed)
 
 
 def test_a_straggler_is_named_with_its_mechanism_and_its_victims_are_not(tmp_path):

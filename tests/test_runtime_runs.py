@@ -197,6 +197,8 @@ def test_span_tree_identity_evidence_and_peer_waits(production_runs):
         assert len(waits) == 2 and forward[0] == 3
         for depth, ts, dur in waits:
             assert depth == 4 and forward[1] <= ts and ts + dur <= forward[1] + forward[2]
+        # each wait names the last rank to reach the collective (SPEC §2.1 peer)
+        assert all(attrs["peer"] in ("0", "1") for name, _, _, _, attrs in run["dev"] if name.endswith("_wait"))
         assert wall[1] <= forward[1] and forward[1] + forward[2] <= wall[1] + wall[2]
     assert all(int(attrs["collected"]) >= 0 and attrs["gen"] in "012" for _, _, _, attrs in gc_spans(log))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from dsprof.profiler import strace
 from dsprof.profiler.strace_format import MECHANISMS
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.device import CpuDevice, device_wait
+from dsprof.runtime.distributed import last_arrival
 from dsprof.runtime.faults import (
     CPU_CONTENTION,
     FENCE_DELAY,
@@ -23,10 +25,12 @@ from dsprof.runtime.faults import (
     STRAGGLER,
     FaultPlan,
     FaultSpec,
+    contention_loss,
     parse_fault,
     parse_faults,
+    with_measured,
 )
-from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu
+from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu, thread_run_queue_ns, threads_run_queue_ns
 from dsprof.runtime.kv_cache import PagedKVCache, slots_for
 from dsprof.runtime.serving import acceptance_table, plan_serving
 from dsprof.runtime.task_args import Placement, TaskArgs
@@ -83,8 +87,10 @@ def test_fault_grammar():
     spec = parse_fault("slow_bind:rank=1,ms=10,step=4", ranks=4)
     assert (spec.kind, spec.rank, spec.ms, spec.step) == ("slow_bind", 1, 10.0, 4)
     assert parse_fault("fence_tail:p=0.05,ms=20", 4).p == 0.05
-    assert parse_fault("cpu_contention:p=0.1,ms=30", 4) == FaultSpec("cpu_contention", ms=30.0, p=0.1)
-    assert parse_fault("gc_pause:rank=2,p=1,ms=15", 4) == FaultSpec("gc_pause", rank=2, ms=15.0, p=1.0)
+    assert parse_fault("cpu_contention:p=0.1,ms=30", 4) == FaultSpec("cpu_contention", ms=30.0, p=0.1, at="device")
+    assert parse_fault("gc_pause:rank=2,p=1,ms=15", 4) == FaultSpec("gc_pause", rank=2, ms=15.0, p=1.0, at="host")
+    assert parse_fault("gc_pause:p=1,ms=15,at=device", 4).at == "device"
+    assert parse_fault("fence_tail:rank=3,p=0.2,ms=20", 4) == FaultSpec("fence_tail", rank=3, ms=20.0, p=0.2)
     for bad, why in [
         ("nap:rank=1", "unknown fault kind"),
         ("crash:rank=1", "missing step"),
@@ -96,6 +102,11 @@ def test_fault_grammar():
         ("gc_pause:p=0.1,ms=0", "ms must be > 0"),
         ("gc_pause:p=0.1,ms=5,step=2", "unexpected"),
         ("cpu_contention:rank=4,p=1,ms=1", "outside 0..3"),
+        ("cpu_contention:p=1,ms=1,at=host", "expected device"),  # a CPU neighbour cannot spare the executor
+        ("gc_pause:p=1,ms=1,at=gpu", "expected host or device"),
+        ("gc_pause:p=1,ms=1,at=host,at=device", "given twice"),
+        ("straggler:rank=1,ms=3,at=host", "unexpected"),
+        ("fence_tail:rank=4,p=1,ms=1", "outside 0..3"),
     ]:
         with pytest.raises(DsprofError, match=why) as info:
             parse_faults([bad], ranks=4)
@@ -134,24 +145,77 @@ def test_fault_plan_is_seeded_and_hits_the_configured_share_of_steps():
     assert plan.at(1, 0).ms(STRAGGLER) == plan.at(1, 999).ms(STRAGGLER) == 8 and plan.at(0, 5).ms(STRAGGLER) == 0
     assert plan.injects("cpu_contention") and not plan.injects("crash")
     assert plan.most_ms("gc_pause", 3) == 15 and plan.most_ms("gc_pause", 0) == 0 and plan.most_ms("cpu_contention", 0) == 30
+    assert plan.most_ms("gc_pause", 3, "host") == 15 and plan.most_ms("gc_pause", 3, "device") == 0
+    # the contention events on a set of ranks (those pinned to one CPU) at a step
+    assert plan.contention_at(7, {0, 2}) == [e for r in (0, 2) for e in plan.at(r, 7).events if e.kind == CPU_CONTENTION]
+
+
+def test_fence_tail_on_one_rank_and_faults_aimed_at_the_device_program():
+    plan = FaultPlan(parse_faults(["fence_tail:rank=1,p=0.5,ms=20", "gc_pause:rank=0,p=1,ms=10,at=device"], 2), 2, 3)
+    fences = [(r, s) for s in range(200) for r in range(2) if plan.at(r, s).ms(FENCE_DELAY)]
+    assert {r for r, _ in fences} == {1} and 60 < len(fences) < 140
+    step = plan.at(0, 5)
+    assert step.ms(GC_PAUSE) == step.ms(GC_PAUSE, "device") == 10 and step.ms(GC_PAUSE, "host") == 0
+    entry = step.events[0].to_json()
+    assert (entry["mechanism"], entry["phase"], entry["at"]) == ("gc", "device_wall", "device")
 
 
 def test_fault_events_carry_the_ground_truth_the_analysis_should_find():
     plan = FaultPlan(parse_faults(["slow_bind:rank=0,ms=5", "straggler:rank=0,ms=3", "crash:rank=0,step=2"], 2), 2, 0)
     events = {event.kind: event.to_json() for event in plan.at(0, 2).events}
     assert events["slow_bind"] == {"kind": "slow_bind", "rank": 0, "step": 2, "delay_ms": 5.0, "mechanism": "host_cpu", "phase": "bind"}
+    assert "at" not in events["slow_bind"]  # only the kinds that can be aimed say where
     assert (events["straggler"]["mechanism"], events["straggler"]["phase"]) == ("device", "device_wall")
     assert (events["crash"]["mechanism"], events["crash"]["phase"], events["crash"]["delay_ms"]) == (None, None, None)
     assert plan.at(0, 2).crash and not plan.at(0, 1).crash and not plan.at(1, 2).events
     assert GROUND_TRUTH == {
-        "fence_delay": ("device", "native_fence_wait"),
-        "straggler": ("device", "device_wall"),
-        "slow_bind": ("host_cpu", "bind"),
-        "cpu_contention": ("run_queue", "device_wall"),
-        "gc_pause": ("gc", "native_fence_wait"),
-        "crash": (None, None),
+        ("fence_delay", None): ("device", "native_fence_wait"),
+        ("straggler", None): ("device", "device_wall"),
+        ("slow_bind", None): ("host_cpu", "bind"),
+        ("cpu_contention", "device"): ("run_queue", "device_wall"),
+        ("gc_pause", "host"): ("gc", "native_fence_wait"),
+        ("gc_pause", "device"): ("gc", "device_wall"),
+        ("crash", None): (None, None),
     }
     assert {m for m, _ in GROUND_TRUTH.values() if m} <= set(MECHANISMS)
+
+
+def test_measured_loss_says_whether_a_fault_cost_anything():
+    entry = {"kind": "fence_delay", "rank": 1, "step": 4, "delay_ms": 30.0}
+    hit = with_measured(entry, {1: {"loss_ms": 27.5}})
+    assert hit["measured"] == {"1": {"loss_ms": 27.5}} and hit["lost_ms"] == 27.5 and hit["effective"]
+    missed = with_measured(entry, {1: {"loss_ms": 9.0}})  # below a third of the delay: visible as such
+    assert missed["lost_ms"] == 9.0 and not missed["effective"]
+    assert not with_measured(entry, {})["effective"]
+    crash = {"kind": "crash", "rank": 0, "step": 2, "delay_ms": None}
+    assert with_measured(crash, {}) == crash
+
+
+def test_contention_loss_adds_up_what_overlapped_the_burn():
+    ms = 1_000_000
+    entry = {"kind": "cpu_contention", "rank": 0, "step": 10, "delay_ms": 30.0}
+    burn = {0: {"struck": True, "burn_start_ns": 1000 * ms}}
+    programs = {
+        (0, 9): (950 * ms, 990 * ms, 2 * ms, 2 * ms),  # ended before the burn
+        (0, 10): (995 * ms, 1040 * ms, 31 * ms, 32 * ms),  # the struck program
+        (2, 9): (980 * ms, 1010 * ms, 12 * ms, 25 * ms),  # a CPU mate, in the step before, blocked in its all-to-all
+        (2, 10): (1012 * ms, 1050 * ms, 4 * ms, 4 * ms),
+        (2, 12): (1020 * ms, 1060 * ms, 9 * ms, 9 * ms),  # not near the step
+    }
+    host = {
+        (0, 10): [(960 * ms, 962 * ms, 1 * ms), (996 * ms, 1041 * ms, 0)],  # asleep on the fence meanwhile
+        (2, 11): [(1005 * ms, 1020 * ms, 14 * ms), (1040 * ms, 1050 * ms, 3 * ms)],  # a mate binding its next step
+    }
+    losses = contention_loss(entry, burn, programs, host)
+    assert losses[0] == {"loss_ms": 32.0, "device_ms": 32.0, "rq_ms": 31.0, "host_ms": 0.0, "steps": {"10": 32.0}, "struck": True}
+    assert losses[2] == {"loss_ms": 29.0, "device_ms": 29.0, "rq_ms": 16.0, "host_ms": 14.0, "steps": {"9": 25.0, "10": 4.0, "11": 14.0}}
+    assert contention_loss(entry, {}, programs, host) == {}  # the struck rank never reported its burn
+
+
+def test_the_last_arrival_is_the_peer_ties_to_the_lowest_rank():
+    assert last_arrival([5, 9, 7]) == 1
+    assert last_arrival([9, 3, 9]) == 0
+    assert last_arrival([4]) == 0
 
 
 def test_copy_needs_the_allocation_base(device):
@@ -249,8 +313,9 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
         def program(clock) -> None:
             with clock.phase("forward"):
                 burn_cpu(5)
-                with device_wait("a2a_wait"):
+                with device_wait("a2a_wait") as attrs:
                     time.sleep(0.02)
+                    attrs["peer"] = 3
                 with device_wait("a2a_wait"):
                     time.sleep(0.01)
             with clock.phase("mtp"):
@@ -262,8 +327,9 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
         strace.disable()
         os.close(fd)
     phases = fence.phases()
-    assert [path for path, _, _ in phases] == ["forward", "forward.a2a_wait", "forward.a2a_wait", "mtp"]
-    (_, fwd_start, fwd_dur), (_, w1_start, w1_dur), (_, w2_start, w2_dur), (_, mtp_start, _) = phases
+    assert [path for path, _, _, _ in phases] == ["forward", "forward.a2a_wait", "forward.a2a_wait", "mtp"]
+    (_, fwd_start, fwd_dur, _), (_, w1_start, w1_dur, w1), (_, w2_start, w2_dur, w2), (_, mtp_start, _, _) = phases
+    assert w1 == {"peer": 3} and w2 == {}  # what the body learnt goes with its phase
     assert w1_dur >= 20e6 and w2_dur >= 10e6 and fwd_dur >= w1_dur + w2_dur + 5e6
     assert fwd_start <= w1_start < w2_start and w2_start + w2_dur <= fwd_start + fwd_dur <= mtp_start
     wall_start, wall_dur = fence.wall()
@@ -271,8 +337,8 @@ def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_pa
     # what the OS saw of the executor thread: its CPU work, not its sleeps
     evidence = fence.evidence()
     assert 8e6 <= evidence["os.cpu_ns"] < wall_dur - 25e6 and "os.rq_ns" in evidence
-    with device_wait("a2a_wait"):  # outside a device program it times nothing
-        pass
+    with device_wait("a2a_wait") as attrs:  # outside a device program it times nothing
+        attrs["peer"] = 1
 
 
 def test_injected_gc_pause_and_cpu_work_take_about_what_they_are_asked(tmp_path):
@@ -281,9 +347,11 @@ def test_injected_gc_pause_and_cpu_work_take_about_what_they_are_asked(tmp_path)
         # CPU time: the wall time of a pause also holds whatever waits the load of this
         # shared machine adds, which the runtime's evidence reports separately (os.rq_ns)
         started = time.thread_time_ns()
-        collect_ms = pauser.pause(30)
+        took = pauser.pause(30)
+        collect_ms = took["cpu_ms"]
         cpu_ms = (time.thread_time_ns() - started) / 1e6  # building the garbage included
         assert 15 < collect_ms < 60 and collect_ms <= cpu_ms < 2 * collect_ms, (collect_ms, cpu_ms)
+        assert took["cpu_ms"] <= took["gc_ms"] <= took["loss_ms"]  # wall times: the CPU time and any wait
     started = time.thread_time_ns()
     burn_cpu(15)
     assert time.thread_time_ns() - started >= 15e6
@@ -296,7 +364,7 @@ def test_cpu_neighbour_takes_the_cpu_it_is_pinned_to():
     try:
         os.sched_setaffinity(0, {cpu})
         started = time.monotonic_ns()
-        neighbour.burn(40)
+        burn_started = neighbour.burn(40)  # returns as the burn starts, with the neighbour's clock
         burn_cpu(10)
         took = time.monotonic_ns() - started
     finally:
@@ -304,5 +372,27 @@ def test_cpu_neighbour_takes_the_cpu_it_is_pinned_to():
         neighbour.close()
     # 10 ms of our CPU work waited for the whole burn (SCHED_FIFO), or shared the CPU with it
     assert took >= (50e6 if neighbour.realtime else 15e6)
+    assert started <= burn_started <= started + took
     with pytest.raises(ChildProcessError):
         os.waitpid(neighbour.pid, os.WNOHANG)  # reaped: gone
+
+
+def test_peer_source_is_checked():
+    RuntimeConfig.from_preset("demo", peer_source="waits").validate()
+    with pytest.raises(DsprofError, match="peer_source must be one of auto, stamps, waits"):
+        RuntimeConfig.from_preset("demo", peer_source="guess").validate()
+
+
+def test_run_queue_waits_are_read_per_thread():
+    before = thread_run_queue_ns()
+    burn_cpu(2)
+    assert 0 <= before <= thread_run_queue_ns()
+    stop = threading.Event()
+    other = threading.Thread(target=stop.wait)
+    other.start()
+    try:
+        seen = threads_run_queue_ns(but=threading.get_native_id())
+        assert other.native_id in seen and threading.get_native_id() not in seen and min(seen.values()) >= 0
+    finally:
+        stop.set()
+        other.join()
