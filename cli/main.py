@@ -10,6 +10,7 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 
 from __future__ import annotations
 
+import functools
 import shutil
 import sys
 from pathlib import Path
