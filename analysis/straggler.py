@@ -56,9 +56,14 @@ def straggler_verdict(what_if: dict, flagged: list[dict], total_steps: int, devi
         return verdict
     late_ms = _late_ms_per_rank(flagged)
     candidates = set(by_rank) | set(late_ms)
-    rank = max(candidates, key=lambda r: (max(by_rank.get(r, 0.0), _behind(flagged, r, late_ms)), -r))
+    def effect_of(r: int) -> float:
+        """The replay's saving where it is material; else, for a rank behind most flagged steps, their excess."""
+        saved = by_rank.get(r, 0.0)
+        return saved if saved >= MATERIAL_SHARE * wall else min(wall, max(saved, _behind(flagged, r, late_ms)))
+
+    rank = max(candidates, key=lambda r: (effect_of(r), -r))
     saved = by_rank.get(rank, 0.0)
-    effect = min(wall, max(saved, _behind(flagged, rank, late_ms)))
+    effect = effect_of(rank)
     items = [i for i in what_if.get("items", []) if i["rank"] == rank]
     steps = len({i["step"] for i in items} | {c["step"] for c in flagged if c.get("rank") == rank})
     verdict.update(share=round(effect / wall, 4), steps=steps)
