@@ -56,6 +56,7 @@ def straggler_verdict(what_if: dict, flagged: list[dict], total_steps: int, devi
         return verdict
     late_ms = _late_ms_per_rank(flagged)
     candidates = set(by_rank) | set(late_ms)
+
     def effect_of(r: int) -> float:
         """The replay's saving where it is material; else, for a rank behind most flagged steps, their excess."""
         saved = by_rank.get(r, 0.0)
