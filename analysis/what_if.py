@@ -50,7 +50,9 @@ _HOST_TARGET = {
     fmt.PHASE_RUNNER: RUNNER_END,
     fmt.PHASE_VALIDATE: VALIDATE_END,
 }
+# per-cause replays: at most this many columns at once, over causes at most this many steps apart
 _CAUSES_PER_BATCH = 64
+_BATCH_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -285,10 +287,7 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
         *([c for c in causes if c.rank == r] for r in ranks),
     ]
     saved = model.saved_ns(joint)
-    alone = np.concatenate(
-        [model.saved_ns([[c] for c in causes[i : i + _CAUSES_PER_BATCH]]) for i in range(0, len(causes), _CAUSES_PER_BATCH)]
-        or [np.zeros(0)]
-    )
+    alone = np.concatenate([model.saved_ns([[c] for c in batch]) for batch in _batches(causes)] or [np.zeros(0)])
     items = [
         {"step": c.step, "rank": c.rank, "mechanism": c.mechanism, "phase": c.phase, "saved_ms": _ms(s)}
         for c, s in sorted(zip(causes, alone, strict=True), key=lambda pair: (-pair[1], pair[0].step, pair[0].rank))
@@ -302,6 +301,17 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
         "by_rank": {str(r): _ms(s) for r, s in zip(ranks, saved[2 + len(mechanisms) :], strict=True)},
         "items": items,
     }
+
+
+def _batches(causes: list[OwnCause]) -> list[list[OwnCause]]:
+    """Causes replayed together, one column each: neighbours in steps, so that each column is live most of the replay."""
+    batches: list[list[OwnCause]] = []
+    for cause in causes:  # in step order
+        if batches and len(batches[-1]) < _CAUSES_PER_BATCH and cause.step - batches[-1][0].step < _BATCH_STEPS:
+            batches[-1].append(cause)
+        else:
+            batches.append([cause])
+    return batches
 
 
 def _ms(saved_ns: float) -> float:
