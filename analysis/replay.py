@@ -397,17 +397,23 @@ class _RemovalPlan:
                 if where >= 0:
                     host.setdefault((removal.rank, where), np.zeros(columns))[removal.column] += removal.ns
             self.last_step[removal.column] = max(self.last_step[removal.column], removal.step)
-        # chain position -> row of the amounts (0: nothing removed)
-        self.host_row = np.zeros(chains.kind.shape, np.int64)
-        self.host_amounts = np.zeros((len(host) + 1, columns))
-        for row, ((rank, where), amounts) in enumerate(host.items(), start=1):  # one per removed host event
-            self.host_row[rank, where] = row
-            self.host_amounts[row] = amounts
+        # removed host events as sorted keys (rank * chain width + position); row 0 of the amounts: nothing removed
+        self._width = chains.kind.shape[1]
+        keys = sorted(host)
+        self.host_keys = np.array([rank * self._width + where for rank, where in keys], np.int64)
+        self.host_amounts = np.zeros((len(keys) + 1, columns))
+        for row, key in enumerate(keys, start=1):  # one per removed host event
+            self.host_amounts[row] = host[key]
         self._zero = np.zeros((ranks, columns))
 
     def host_removed(self, rows: np.ndarray, index: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """[ranks, events, columns]: what is taken off each event of a segment."""
-        return self.host_amounts[np.where(valid, self.host_row[rows, index], 0)]
+        """[events, ranks, columns]: what is taken off each event of a segment."""
+        if not len(self.host_keys):
+            return np.zeros((*rows.shape, self.columns))
+        keys = rows * self._width + index
+        found = np.minimum(np.searchsorted(self.host_keys, keys), len(self.host_keys) - 1)
+        hit = valid & (self.host_keys[found] == keys)
+        return self.host_amounts[np.where(hit, found + 1, 0)]
 
     def device_removed(self, step: int, segment: int) -> np.ndarray:
         return self.device.get((step, segment), self._zero)

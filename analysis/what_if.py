@@ -50,6 +50,8 @@ _HOST_TARGET = {
     fmt.PHASE_RUNNER: RUNNER_END,
     fmt.PHASE_VALIDATE: VALIDATE_END,
 }
+# ranks whose causes are also replayed together (the rest: the sum of their causes' savings)
+JOINT_RANKS = 8
 # per-cause replays: at most this many columns at once, over causes at most this many steps apart
 _CAUSES_PER_BATCH = 64
 _BATCH_STEPS = 16
@@ -279,7 +281,7 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
     )
     causes = model.once_per_collection(causes)
     mechanisms = sorted({c.mechanism for c in causes})
-    ranks = sorted({c.rank for c in causes})
+    ranks = _ranks_replayed_together(causes, model)
     joint = [
         [],
         causes,
@@ -298,9 +300,33 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
         "total_saved_ms": _ms(saved[1]),
         "share_of_decode_wall": round(max(0.0, float(saved[1])) / wall_ns, 4),
         "by_mechanism": {m: _ms(s) for m, s in zip(mechanisms, saved[2 : 2 + len(mechanisms)], strict=True)},
-        "by_rank": {str(r): _ms(s) for r, s in zip(ranks, saved[2 + len(mechanisms) :], strict=True)},
+        "by_rank": _by_rank(causes, alone, dict(zip(ranks, saved[2 + len(mechanisms) :], strict=True))),
         "items": items,
     }
+
+
+def _ranks_replayed_together(causes: list[OwnCause], model: WhatIf) -> list[int]:
+    """The ranks whose causes are replayed together for ``by_rank``: those that cost the most, at most :data:`JOINT_RANKS`.
+
+    A rank's causes removed together can save more (or less) than the sum of
+    each alone; the few ranks that matter get that joint figure, and the rest
+    (a long tail of single scheduling hiccups on a big job) the sum of their items.
+    """
+    ranks = sorted({c.rank for c in causes})
+    if len(ranks) <= JOINT_RANKS:
+        return ranks
+    evidence: dict[int, float] = {}
+    for cause in causes:  # one per cause
+        evidence[cause.rank] = evidence.get(cause.rank, 0.0) + cause.evidence_ns
+    return sorted(sorted(ranks, key=lambda r: (-evidence[r], r))[:JOINT_RANKS])
+
+
+def _by_rank(causes: list[OwnCause], alone: np.ndarray, together: dict[int, float]) -> dict[str, float]:
+    """Per rank: its causes replayed together where that was done, else the sum of each alone."""
+    summed: dict[int, float] = {}
+    for cause, saved in zip(causes, alone, strict=True):  # one per cause
+        summed[cause.rank] = summed.get(cause.rank, 0.0) + max(0.0, float(saved))
+    return {str(r): _ms(together.get(r, summed[r])) for r in sorted(summed)}
 
 
 def _batches(causes: list[OwnCause]) -> list[list[OwnCause]]:
