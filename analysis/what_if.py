@@ -182,7 +182,19 @@ class WhatIf:
             amount = min(cause.evidence_ns, total)
             return [Removal(column, r, j, "device", amount * e / total, k) for k, e in enumerate(excess) if e > 0]
         target = _HOST_TARGET.get(cause.phase, RUNNER_END)
-        return [Removal(column, r, j, target, min(cause.evidence_ns, self.replayer.lag(r, j, target)))]
+        return [Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.replayer.lag(r, j, target)))]
+
+    def lag_excess(self, r: int, j: int, kind: int) -> float:
+        """How much longer one host event's lag was than the other ranks' median at that step: the phase's excess.
+
+        Taking the phase back to typical, not only the evidence, is what
+        "the cause's excess were zero" means: a collection comes with the
+        allocations that provoked it, which a run without it does not do either.
+        """
+        positions = self.replayer.chains.event_index[:, j, kind]
+        lags = np.array([self.replayer.chains.lag[rank, where] for rank, where in enumerate(positions) if where >= 0 and rank != r])
+        own = self.replayer.lag(r, j, kind)
+        return max(0.0, own - float(np.median(lags))) if len(lags) else 0.0
 
     def add_collections(self, ranks: np.ndarray, windows: np.ndarray) -> None:
         """The garbage collections of each rank's process: ``windows[i]`` = (start, end) ns on ``ranks[i]``."""
@@ -240,16 +252,35 @@ class WhatIf:
             taken.add((r, g0))
             overlap = np.minimum(t, g1) - np.maximum(t - lag, g0)
             for i in np.flatnonzero(overlap > 0):
-                removals.append(Removal(column, r, int(step[i]), int(kind[i]), float(overlap[i])))
+                amount = min(max(float(overlap[i]), self.lag_excess(r, int(step[i]), int(kind[i]))), float(lag[i]))
+                removals.append(Removal(column, r, int(step[i]), int(kind[i]), amount))
             seg_start = self.segment_starts[r]
             seg_overlap = np.minimum(seg_start + self.segments[r], g1) - np.maximum(seg_start, g0)
             for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
-                removals.append(Removal(column, r, int(jj), "device", float(seg_overlap[jj, k]), int(k)))
+                amount = min(max(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k])), float(self.segments[r, jj, k]))
+                removals.append(Removal(column, r, int(jj), "device", amount, int(k)))
             exit_start = self.replayer.exit_start[r]
             exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], g1) - np.maximum(exit_start, g0)
             for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
-                removals.append(Removal(column, r, int(jj), "exit", float(exit_overlap[jj, k]), int(k)))
-        return removals
+                amount = max(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)))
+                removals.append(Removal(column, r, int(jj), "exit", amount, int(k)))
+        return removals + self._rest_of_phase(r, j, cause, column, removals)
+
+    def _exit_excess(self, r: int, j: int, k: int) -> float:
+        """How much later rank r left collective k of step j than the other ranks' median exit lag after the release."""
+        exit_lag = self.runs.wait_start[:, j, k] + self.runs.wait_ns[:, j, k] - self.replayer.exit_start[:, j, k]
+        others = np.delete(exit_lag, r)
+        others = others[~np.isnan(others)]
+        return max(0.0, float(exit_lag[r] - np.median(others))) if len(others) and not np.isnan(exit_lag[r]) else 0.0
+
+    def _rest_of_phase(self, r: int, j: int, cause: OwnCause, column: int, removals: list[Removal]) -> list[Removal]:
+        """What is left of the cause's host phase excess once its collections are gone (the allocations that provoked them)."""
+        target = _HOST_TARGET.get(cause.phase)
+        if target is None:
+            return []
+        taken = sum(x.ns for x in removals if x.step == j and x.target == target)
+        rest = min(self.lag_excess(r, j, target), self.replayer.lag(r, j, target)) - taken
+        return [Removal(column, r, j, target, rest)] if rest > 0 else []
 
     def saved_ns(self, scenarios: list[list[OwnCause]]) -> np.ndarray:
         """Per scenario (a set of causes removed together), the decode wall time saved."""
