@@ -10,7 +10,7 @@ would have come. Per cause, each is removed alone; per mechanism, per rank and
 in total, all of them together (two faults in one step on two ranks save
 little alone and much together, as in a real A/B run).
 
-Tail cost (SPEC's older figure) stays beside it: Σ_s (max_r end − median_r end)
+Tail cost (the older figure, docs/FIGURES.md) stays beside it: Σ_s (max_r end − median_r end)
 of runner_run, which cannot see a slowdown that every rank shares.
 """
 

@@ -57,7 +57,7 @@ REPORT_NAME = artifacts.REPORT_HTML
 DEFAULT_SPAN_BUDGET = 200_000
 # Over the span budget, the aggregate bars may take 1/AGGREGATE_SHARE of it; detailed steps the rest.
 AGGREGATE_SHARE = 10
-# Serving categories in the order their lanes appear in a band (SPEC §1); others follow alphabetically.
+# Serving categories in the order their lanes appear in a band (docs/FORMATS.md "SA_PROFILE"); others follow alphabetically.
 SERVING_LANE_ORDER = ("request", "serving", "scheduler", "worker", "executor", "kernel")
 SERVING_PHASE_PREFIX = "serving · "
 # Worst items of each list shown with the verdicts; the full lists are further down.
