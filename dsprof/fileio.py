@@ -25,7 +25,6 @@ from typing import BinaryIO
 
 from dsprof.errors import DsprofError
 
-
 # Random temporary names tried before giving up (a clash of 48 random bits is already unlikely).
 _NAME_TRIES = 8
 
