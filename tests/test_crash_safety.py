@@ -59,6 +59,7 @@ def old_and_new(tmp_path_factory):
     return run, old, new
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("killed", [*ANALYZE_OUTPUTS, *EXPORTS])
 def test_sigkill_inside_the_write_of_an_output_leaves_old_or_new_outputs(old_and_new, tmp_path, killed):
     run, old, new = old_and_new

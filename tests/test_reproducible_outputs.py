@@ -10,6 +10,7 @@ summary.json is the installed package's and cannot differ within one test.
 from __future__ import annotations
 
 import numpy as np
+import pytest
 from click.testing import CliRunner
 
 from dsprof.cli.main import cli
@@ -18,6 +19,8 @@ from dsprof.testing.synthetic import SyntheticRun
 ANALYZE_OUTPUTS = ("summary.json", "summary.md", "report.html", "combined-swimlane.json")
 EXPORTS = ("trace.pftrace", "trace.json")
 SPAN_TABLE = "spans.jsonl"
+
+pytestmark = pytest.mark.slow  # nine command runs
 
 
 def _invoke(*args: str) -> None:
