@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_ARGS ?=
-# pytest-xdist workers; tests marked runtime or cluster share one worker (tests/conftest.py), one at a time
+# pytest-xdist workers; tests marked runtime or cluster run last and alone (tests/conftest.py)
 TEST_WORKERS ?= auto
 # The tests that need no rank processes, browser, Ray cluster or large files (markers: pyproject.toml)
 QUICK_TESTS := not runtime and not browser and not cluster and not slow
@@ -35,7 +35,7 @@ browser:
 
 # The full suite, as CI runs it; pytest's summary line is the last line printed.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
 # Lint, format, types and the quick tests, in under a minute.
 check: $(STAMP)
