@@ -11,9 +11,9 @@ TEST_WORKERS ?= auto
 # The tests that need no rank processes, browser, Ray cluster or large files (markers: pyproject.toml)
 QUICK_TESTS := not runtime and not browser and not cluster and not slow
 # mypy's cache outlives scripts/typecheck.py's temporary tree; it goes with the virtualenv
-MYPY_CACHE := $(VENV)/mypy-cache
+MYPY_CACHE := $(abspath $(VENV))/mypy-cache
 
-.PHONY: run test check venv browser bench clean
+.PHONY: run test check check-lint check-types check-tests venv browser bench clean
 
 venv: $(STAMP)
 
@@ -37,11 +37,19 @@ browser:
 test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
 
-# Lint, format, types and the quick tests, in under a minute.
+# Lint, format, types and the quick tests, in under a minute: mypy runs beside the tests,
+# each part's output printed whole when it ends; any failure fails the check.
 check: $(STAMP)
+	@$(MAKE) --no-print-directory -j 3 --output-sync=target check-lint check-types check-tests
+
+check-lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+check-types:
 	MYPY_CACHE_DIR=$(MYPY_CACHE) $(BIN)/python scripts/typecheck.py
+
+check-tests:
 	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "$(QUICK_TESTS)"
 
 bench: $(STAMP)
