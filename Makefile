@@ -1,12 +1,19 @@
 # Two entry points a fresh machine needs: `make run` and `make test`.
 # Each creates or refreshes the virtualenv in .venv as needed.
+# `make check` is the developer's quick tier (CONTRIBUTING.md).
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 RUN_ARGS ?=
+# pytest-xdist workers; tests marked runtime or cluster run last and alone (tests/conftest.py)
+TEST_WORKERS ?= auto
+# The tests that need no rank processes, browser, Ray cluster or large files (markers: pyproject.toml)
+QUICK_TESTS := not runtime and not browser and not cluster and not slow
+# mypy's cache outlives scripts/typecheck.py's temporary tree; it goes with the virtualenv
+MYPY_CACHE := $(abspath $(VENV))/mypy-cache
 
-.PHONY: run test venv browser bench clean
+.PHONY: run test check check-lint check-types check-tests venv browser bench clean
 
 venv: $(STAMP)
 
@@ -26,8 +33,24 @@ run: $(STAMP)
 browser:
 	@bash scripts/ensure-chromium.sh
 
+# The full suite, as CI runs it; pytest's summary line is the last line printed.
 test: $(STAMP) browser
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadscope --no-loadscope-reorder
+
+# Lint, format, types and the quick tests, in under a minute: mypy runs beside the tests,
+# each part's output printed whole when it ends; any failure fails the check.
+check: $(STAMP)
+	@$(MAKE) --no-print-directory -j 3 --output-sync=target check-lint check-types check-tests
+
+check-lint:
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+check-types:
+	MYPY_CACHE_DIR=$(MYPY_CACHE) $(BIN)/python scripts/typecheck.py
+
+check-tests:
+	$(BIN)/python -m pytest -q -n $(TEST_WORKERS) -m "$(QUICK_TESTS)"
 
 bench: $(STAMP)
 	@for script in benchmarks/bench_*.py; do echo "== $$script"; $(BIN)/python $$script || exit 1; done

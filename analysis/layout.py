@@ -86,7 +86,7 @@ def build_lanes(engine: Engine) -> None:
     )
     engine.run("CREATE OR REPLACE TABLE lanes AS SELECT pid, inv, 0::BIGINT AS lane FROM lane_runs LIMIT 0")
     for first, last in _thread_chunks(engine):
-        runs = engine.arrow("SELECT * FROM lane_runs WHERE thread BETWEEN ? AND ?", [first, last])
+        runs = engine.arrow("SELECT * FROM lane_runs WHERE thread BETWEEN ? AND ? ORDER BY thread, root_ts_ns, pid, inv", [first, last])
         lanes = assign_lanes(
             runs.column("thread").to_numpy(),
             runs.column("root_ts_ns").to_numpy(),
@@ -133,9 +133,9 @@ def drawn_runs_sql(where: str = "TRUE") -> str:
 
 def runtime_spans_sql(runs: str | None = None) -> str:
     """Host-clock runtime spans of ``runs`` (a table or subquery of :func:`drawn_runs_sql`; default every run),
-    with rank, device, step, callable, lane, phase, identity and wall time."""
+    with rank, device, step, callable, lane, phase, identity and wall time; ``file``, ``line`` order them totally."""
     return f"""
-    SELECT s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
+    SELECT s.file, s.line, s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
            r.rank, r.device, r.step, r.callable_label AS callable, r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase,
            s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt, r.device_wall_ns AS run_device_wall_ns,
            s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,

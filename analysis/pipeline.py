@@ -88,9 +88,9 @@ def pipeline_figures(engine: Engine) -> dict:
            FROM pairs"""
     )[0]
     bad = engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
-                           FROM pairs WHERE reason <> '' ORDER BY runner_ts_ns LIMIT {FIRST_VIOLATIONS}""").to_pylist()
+                           FROM pairs WHERE reason <> '' ORDER BY runner_ts_ns, lane, prev_inv LIMIT {FIRST_VIOLATIONS}""").to_pylist()
     prefill = engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
-                              FROM pairs WHERE NOT prev_is_decode ORDER BY rank, pid""").to_pylist()
+                              FROM pairs WHERE NOT prev_is_decode ORDER BY rank, pid, lane, prev_inv""").to_pylist()
     serialized = checked > 0 and overlapped < checked / 2
     cadence = _cadence(engine)
     depth = _depth(engine, "root_ts_ns", "root_end_ns")
@@ -131,7 +131,7 @@ def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: in
     if overlapped < checked:
         first = engine.scalar(
             "SELECT reason || ' (pid ' || pid || ', sequence ' || sequence || ')' FROM pairs "
-            "WHERE reason <> '' ORDER BY pid, runner_ts_ns LIMIT 1"
+            "WHERE reason <> '' ORDER BY pid, runner_ts_ns, lane, prev_inv LIMIT 1"
         )
         return {"verified": False, "reason": f"{checked - overlapped} of {checked} pairs fail: {first}"}
     return {"verified": True, "reason": f"{checked} adjacent pairs overlap"}

@@ -4,7 +4,9 @@ A file is written to a temporary file in the same directory, flushed to disk
 and renamed over the target, so a reader (or a crash, a full disk, a SIGKILL)
 only ever sees the previous complete file or the new complete one. On any
 error the temporary file is removed, the previous output is left as it was,
-and the error names the file.
+and the error names the file. The temporary file is created as any file the
+user writes is (mode 0666 less the umask: 0644 under umask 022), so the
+renamed output is as readable as the user's other files.
 
 A file that others append to as well (a CI job's step summary) cannot be
 replaced: :func:`atomic_append_text` adds its block with one ``O_APPEND`` write,
@@ -14,13 +16,17 @@ so concurrent writers' blocks never interleave.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
-import tempfile
+import secrets
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
 from dsprof.errors import DsprofError
+
+# Random temporary names tried before giving up (a clash of 48 random bits is already unlikely).
+_NAME_TRIES = 8
 
 
 class OutputError(DsprofError):
@@ -33,7 +39,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        fd, temporary = _create_temporary(path)
     except OSError as exc:
         raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
     try:
@@ -42,6 +48,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(temporary, path)
+        _sync_directory(path.parent)
     except OSError as exc:
         _remove(temporary)
         raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
@@ -78,6 +85,31 @@ def atomic_append_text(path: str | os.PathLike, text: str) -> Path:
     finally:
         os.close(fd)
     return path
+
+
+def _create_temporary(path: Path) -> tuple[int, str]:
+    """A new hidden file next to ``path``, created with mode 0666 so that the umask decides (``mkstemp`` would force 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    for _ in range(_NAME_TRIES):
+        temporary = str(path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"))
+        try:
+            return os.open(temporary, flags, 0o666), temporary
+        except FileExistsError:
+            continue
+    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+
+
+def _sync_directory(directory: Path) -> None:
+    """Flush the rename itself to disk, so that a power loss keeps the new file (where the platform allows it)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        return
+    try:
+        with contextlib.suppress(OSError):
+            os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def _remove(temporary: str) -> None:

@@ -15,6 +15,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -35,9 +36,10 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def cluster(tmp_path_factory):
+def cluster():
     """A head node and one worker node on 127.0.0.1; stopped afterwards."""
-    temp = tmp_path_factory.mktemp("ray")
+    # Ray's socket paths under it must fit AF_UNIX's 107 bytes; pytest's (xdist's popen-gwN/ too) can be longer
+    temp = Path(tempfile.mkdtemp(prefix="ray-"))
     # Ray wants every node and the driver to share an authentication token
     auth = {"RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN": secrets.token_hex(32)}
     saved = {key: os.environ.get(key) for key in auth}

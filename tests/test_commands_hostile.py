@@ -77,6 +77,7 @@ def _contained(result) -> None:
         assert last.startswith("dsprof: error: ") and "\x1b" not in last, result.output
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     field=st.sampled_from(["pid", "tid", "inv", "depth", "ts", "dur", "rank", "step", "os.rq_ns"]), value=NUMBERS, line=st.integers(0, 60)
@@ -101,6 +102,7 @@ def test_hostile_numbers_in_a_log(pristine, tmp_path, field, value, line):
         _contained(CliRunner().invoke(cli, args))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(key=st.sampled_from(["ts", "dur", "pid", "tid", "args", "ph", "name", "cat"]), value=JSON_VALUES)
 def test_hostile_values_in_the_serving_trace(pristine, tmp_path, key, value):
@@ -112,6 +114,7 @@ def test_hostile_values_in_the_serving_trace(pristine, tmp_path, key, value):
     _contained(CliRunner().invoke(cli, ["analyze", str(run)]))
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     key=st.sampled_from(["tokens_returned", "batch_elapsed_s", "exit_status", "failed_rank", "workload", "devices", "message"]),
@@ -129,6 +132,7 @@ def test_hostile_values_in_performance_summary(pristine, tmp_path, key, value):
         json.loads((run / "summary.json").read_text())  # what was written is strict JSON
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     path=st.sampled_from(

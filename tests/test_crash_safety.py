@@ -1,20 +1,21 @@
-"""Outputs survive crashes: SIGKILL at any point of `dsprof analyze` leaves every output old or new, never torn.
+"""Outputs survive crashes: a SIGKILL inside the write of any output leaves every output old or new, never torn.
 
 Every output goes through dsprof.fileio (a temporary file in the same
 directory, fsynced, renamed over the target). The test analyses a run once,
-keeps those outputs as "old", changes the run, and kills re-analyses at
-random points; after each kill every output must parse and equal either the
-old bytes or what an uninterrupted analysis writes.
+keeps those outputs as "old", changes the run, and re-runs the command through
+tests/kill_inside_write.py, which kills the process with SIGKILL once half of
+one output's new bytes are in its temporary file: the kill provably lands
+inside that write. Then every output must equal the old bytes or what an
+uninterrupted run writes, the one being written must be the old one, and the
+half-written temporary file must be hidden (a dot file), never an output.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -24,34 +25,69 @@ from dsprof.fileio import OutputError, atomic_write_text
 from dsprof.testing.synthetic import SyntheticRun
 
 DSPROF = Path(sys.executable).with_name("dsprof")
-OUTPUTS = ("summary.json", "summary.md", "combined-swimlane.json", "report.html")
+KILL_INSIDE_WRITE = Path(__file__).with_name("kill_inside_write.py")
+RANKS, STEPS = 4, 40
+ANALYZE_OUTPUTS = ("summary.json", "summary.md", "combined-swimlane.json", "report.html")
+EXPORTS = ("perfetto-trace.pftrace", "perfetto-trace.json")
 
 
-def _outputs(directory: Path) -> dict[str, bytes]:
-    return {name: (directory / name).read_bytes() for name in OUTPUTS}
+def _command(name: str, run: Path) -> list[str]:
+    """The dsprof command that writes output ``name`` of ``run`` (into the run's directory)."""
+    return ["analyze", str(run)] if name in ANALYZE_OUTPUTS else ["export", str(run), "-o", str(run / name)]
 
 
-def test_sigkill_during_analyze_leaves_old_or_new_outputs(tmp_path):
-    run = tmp_path / "run"
-    SyntheticRun(ranks=8, steps=120).write(run)
-    subprocess.run([str(DSPROF), "analyze", str(run)], check=True, capture_output=True, timeout=300)
-    old = _outputs(run)
-    fence = np.full((8, 120), 9_000_000, dtype=np.int64)
-    fence[3, 50] += 20_000_000  # the new analysis differs: one tail step
-    SyntheticRun(ranks=8, steps=120, fence_wait_ns=fence).write(run)
-    reference = tmp_path / "reference"
-    subprocess.run([str(DSPROF), "analyze", str(run), "-o", str(reference)], check=True, capture_output=True, timeout=300)
-    new = _outputs(reference)  # the summaries name the inputs, not the output directory: the same bytes
-    assert old["summary.json"] != new["summary.json"]
-    rng = random.Random(5)
-    for _ in range(6):
-        proc = subprocess.Popen([str(DSPROF), "analyze", str(run)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.5, 4.0))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(timeout=60)
-        for name, content in _outputs(run).items():
-            assert content in (old[name], new[name]), f"{name} is torn after a kill"
-        json.loads((run / "summary.json").read_text())
+def _write_all(run: Path) -> dict[str, bytes]:
+    for command in (_command(ANALYZE_OUTPUTS[0], run), *(_command(name, run) for name in EXPORTS)):
+        subprocess.run([str(DSPROF), *command], check=True, capture_output=True, timeout=300)
+    return {name: (run / name).read_bytes() for name in (*ANALYZE_OUTPUTS, *EXPORTS)}
+
+
+def _run_with_fence(path: Path, extra_fence_ns: int) -> Path:
+    fence = np.full((RANKS, STEPS), 9_000_000, dtype=np.int64)
+    fence[3, 25] += extra_fence_ns
+    return SyntheticRun(ranks=RANKS, steps=STEPS, fence_wait_ns=fence).write(path)
+
+
+@pytest.fixture(scope="module")
+def old_and_new(tmp_path_factory):
+    """A run's directory, its outputs before and after its input changed (each an uninterrupted run's bytes)."""
+    run = _run_with_fence(tmp_path_factory.mktemp("crash") / "run", 0)
+    old = _write_all(run)
+    _run_with_fence(run, 20_000_000)  # one tail step more: every output changes
+    new = _write_all(run)  # the outputs are reproducible: these are the bytes any run over the changed input writes
+    assert all(old[name] != new[name] for name in old), "every output changes with the input"
+    return run, old, new
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("killed", [*ANALYZE_OUTPUTS, *EXPORTS])
+def test_sigkill_inside_the_write_of_an_output_leaves_old_or_new_outputs(old_and_new, tmp_path, killed):
+    run, old, new = old_and_new
+    for name, content in old.items():
+        (run / name).write_bytes(content)
+    for leftover in run.glob(".*.tmp"):
+        leftover.unlink()
+    evidence = tmp_path / "evidence.json"
+    half = len(new[killed]) // 2
+    proc = subprocess.run(
+        [sys.executable, str(KILL_INSIDE_WRITE), killed, str(half), str(evidence), "--", *_command(killed, run)],
+        capture_output=True,
+        timeout=300,
+        check=False,
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
+    landed = json.loads(evidence.read_text())  # written just before the kill, from inside the write
+    temporary = Path(landed["temporary"])
+    assert temporary.parent == run, "the temporary file is in the output's directory (a rename within one file system)"
+    assert temporary.name.startswith(f".{killed}.") and temporary.name.endswith(".tmp"), f"{killed} was written in place"
+    assert temporary.read_bytes() == new[killed][:half], "the kill landed inside the write, half of the new bytes written"
+    assert (run / killed).read_bytes() == old[killed], f"{killed} is not the previous complete file after a kill inside its write"
+    for name, content in old.items():
+        assert (run / name).read_bytes() in (content, new[name]), f"{name} is torn after a kill"
+    json.loads((run / "summary.json").read_text())
+    visible = {p.name for p in run.iterdir() if not p.name.startswith(".")}
+    assert visible == {"server.log", "serving-trace", "performance_summary.json", *old}, "a temporary file is visible as an output"
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [temporary.name]
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_previous_output(tmp_path, monkeypatch):

@@ -326,7 +326,7 @@ SUMMARY_KEYS = [
 ANY_SUMMARY = any_summary(SUMMARY_KEYS)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(st.lists(ANY_SUMMARY, min_size=1, max_size=3), st.lists(ANY_SUMMARY, min_size=1, max_size=3), st.booleans())
 def test_any_summaries_diff_without_crashing(a_runs, b_runs, show_all):
     result = diff_summaries(a_runs, b_runs, per_rank=True)

@@ -937,7 +937,7 @@ SUMMARY_KEYS = [
 ANY_SUMMARY = any_summary(SUMMARY_KEYS)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(deadline=None)
 @given(ANY_SUMMARY, ANY_SUMMARY)
 def test_any_summary_gives_a_verdict_or_one_input_error(summary, baseline):
     try:

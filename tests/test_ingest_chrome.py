@@ -259,7 +259,7 @@ def reference_pairs(events: list[tuple[int, str, int]]) -> tuple[list[tuple[int,
     return sorted(pairs), unmatched_end, sum(len(s) for s in stacks.values())
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.lists(st.tuples(st.integers(1, 3), st.sampled_from("BE"), st.integers(0, 6)), max_size=40))
 def test_begin_end_pairing_matches_a_stack(tmp_path, events):
     path = tmp_path / "be.json"
@@ -327,7 +327,11 @@ def layouts(events: list[dict]) -> dict[str, str]:
     }
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=min(40, settings.default.max_examples),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(
     st.lists(
         st.fixed_dictionaries(

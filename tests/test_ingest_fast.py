@@ -33,7 +33,6 @@ from dsprof.testing.strace_readers import outcome, select_reader
 
 SOURCE = Path(strace_log.__file__).with_name("_strace_scan.c")
 SETTINGS = settings(
-    max_examples=150,
     deadline=None,
     suppress_health_check=[
         HealthCheck.too_slow,
@@ -384,6 +383,7 @@ def _drawn(seed: int) -> bytes:
     return text.encode("utf-8", errors="surrogateescape") if "\xff" not in text else text.encode("latin-1", errors="replace")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(sys.platform != "linux", reason="the sanitizer build is set up for Linux/gcc")
 @pytest.mark.parametrize("blocks", [[], ["-U__SSE2__"]], ids=["sse2", "portable"])
 def test_scanner_under_address_and_undefined_behaviour_sanitizers(compiled, monkeypatch, tmp_path, blocks):

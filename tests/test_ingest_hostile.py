@@ -211,6 +211,7 @@ def gzip_members(path: Path, head: bytes, body: bytes, copies: int, tail: bytes 
         out.write(gzip.compress(tail))
 
 
+@pytest.mark.slow
 def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path):
     """A 5 MB .json.gz that inflates to 5 GiB (of whitespace inside traceEvents) is refused, never held."""
     path = tmp_path / "bomb.json.gz"
@@ -221,6 +222,7 @@ def test_gzip_bomb_is_refused_in_bounded_memory(tmp_path):
     assert result["peak_rss_mib"] < 400
 
 
+@pytest.mark.slow
 def test_gzip_bomb_of_events_is_refused_at_the_limit(tmp_path):
     """Valid events compressed ~1000x: read until the limit, then refused; memory stays well under the cap."""
     path = tmp_path / "events.json.gz"
@@ -235,6 +237,7 @@ def test_gzip_bomb_of_events_is_refused_at_the_limit(tmp_path):
     assert "gzip bomb" in result["error"] and result["peak_rss_mib"] < 600
 
 
+@pytest.mark.slow
 def test_overlong_fragment_line_is_skipped_in_bounded_memory(tmp_path):
     """A 300 MB line without a newline, then an event: the line is skipped (counted), the event read, the merge too."""
     fragments = tmp_path / "fragments"
@@ -260,6 +263,7 @@ def test_overlong_fragment_line_is_skipped_in_bounded_memory(tmp_path):
     assert result["peak_rss_mib"] < 250
 
 
+@pytest.mark.slow
 def test_huge_event_in_a_document_is_an_input_error_in_bounded_memory(tmp_path):
     path = tmp_path / "huge.json"
     with open(path, "wb") as out:
@@ -272,6 +276,7 @@ def test_huge_event_in_a_document_is_an_input_error_in_bounded_memory(tmp_path):
     assert result["peak_rss_mib"] < 250
 
 
+@pytest.mark.slow
 def test_big_merge_and_read_stream_in_bounded_memory(tmp_path):
     """64 MB of fragments merged and the merge read with a sink under a cap: memory does not grow with the input."""
     fragments = tmp_path / "fragments"
@@ -379,7 +384,6 @@ def check_outcome(read, path: Path) -> None:
 
 
 @settings(
-    max_examples=120,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )
@@ -409,7 +413,6 @@ def test_generated_documents_never_raise_anything_but_input_error(tmp_path, docu
 
 
 @settings(
-    max_examples=120,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture, HealthCheck.data_too_large],
 )

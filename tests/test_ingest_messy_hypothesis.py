@@ -31,7 +31,11 @@ TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",))
 KEY = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), min_size=1, max_size=8).filter(
     lambda k: k not in PROMOTED_INT_ATTRS and k not in PROMOTED_TEXT_ATTRS and k != CLK_ATTR
 )
-SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+SETTINGS = settings(
+    max_examples=min(60, settings.default.max_examples),
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 
 
 @pytest.fixture(params=READERS)

@@ -36,6 +36,8 @@ from dsprof.runtime.serving import acceptance_table, plan_serving
 from dsprof.runtime.task_args import Placement, TaskArgs
 from dsprof.runtime.worker import DistributedWorker
 
+pytestmark = pytest.mark.runtime  # imports torch
+
 
 @pytest.fixture
 def device():

@@ -49,6 +49,8 @@ BATCH_ROWS = 200_000
 # combined-swimlane.json: Perfetto UI loads a JSON trace whole into the tab; 500k spans (~190 MB) still open in
 # seconds. Steps beyond it are left out (otherData.steps_left_out); `dsprof export` writes every span.
 COMBINED_SPAN_BUDGET = 500_000
+# Events in one order whatever the query engine's threads did: by process and time; a span's place in its file decides ties.
+SPAN_ORDER = "ORDER BY pid, ts_ns, file, line"
 # A span whose track is unknown (cannot happen for a run in ``runs``) lands here rather than on a real thread.
 UNKNOWN_TRACK = -1
 # host evidence columns -> the attribute names they came from
@@ -146,9 +148,9 @@ def write_chrome_trace(
         writer.dicts(metadata_events(layout))
         runtime_tracks, serving_tracks = layout.runtime_track_table(), layout.serving_track_table()
         engine.run(f"CREATE OR REPLACE TEMP TABLE drawn_runs AS {drawn_runs_sql(keep)}")
-        for batch in _batches(engine, runtime_spans_sql("drawn_runs"), progress, "runtime spans"):
+        for batch in _batches(engine, f"SELECT * FROM ({runtime_spans_sql('drawn_runs')}) {SPAN_ORDER}", progress, "runtime spans"):
             writer.events(_runtime_events(batch, runtime_tracks))
-        for batch in _batches(engine, serving_lanes_sql(), progress, "serving spans"):
+        for batch in _batches(engine, f"SELECT * FROM ({serving_lanes_sql()}) {SPAN_ORDER}", progress, "serving spans"):
             writer.events(_serving_events(batch, serving_tracks, writer))
         writer.events(_flow_events(flow_links(engine, steps), runtime_tracks, serving_tracks))
         writer.events(counter_events(layout))

@@ -190,7 +190,7 @@ def _report_spans(engine: Engine, kept_sql: str) -> pa.Table:
         FROM ({device_spans_sql("report_runs")}) s JOIN runtime_rows r ON r.pid = s.pid AND r.tid = s.tid AND r.lane = s.lane
         UNION ALL
         SELECT * FROM serving_report_spans s WHERE {kept_sql}
-        ORDER BY row, level, ts_ns""")
+        ORDER BY row, level, ts_ns, dur_ns, step, device, phase, name""")
 
 
 def _budget_steps(engine: Engine, span_budget: int, n_rows: int) -> tuple[list[int | None] | None, dict]:
@@ -260,7 +260,7 @@ def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET
                   UNION ALL SELECT row, ts_ns, ts_ns + dur_ns, step, 1 FROM serving_report_spans) s
             LEFT JOIN step_windows w USING (step)
             WHERE NOT {kept_sql}
-            GROUP BY s.row, coalesce(w.position // {budget["bucket_steps"]}, -1) ORDER BY s.row, start_ns""")
+            GROUP BY s.row, coalesce(w.position // {budget["bucket_steps"]}, -1) ORDER BY s.row, start_ns, end_ns, step_lo""")
         aggregated = int(pc.sum(aggregate.column("spans")).as_py() or 0)
         budget |= {"shown_spans": detailed.num_rows, "aggregated_spans": aggregated, "aggregate_bars": aggregate.num_rows}
         budget["total_spans"] = detailed.num_rows + aggregated

@@ -141,7 +141,7 @@ def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None
                s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt,
                CASE WHEN s.phase = '{fmt.PHASE_RUNNER}' THEN s.run_device_wall_ns END AS device_wall_dur_ns,
                s.phase, s.device, s.callable, CAST(s.inv AS VARCHAR) AS inv_text, CAST(s.wall_ns AS VARCHAR) AS wall_text,
-               s.attrs, TRUE AS runtime
+               s.attrs, TRUE AS runtime, s.file, s.line
         FROM ({runtime_spans_sql()}) s JOIN track_of_run t USING (pid, tid, lane)
         UNION ALL BY NAME
         SELECT t.uuid AS track, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, NULL AS depth, s.pid, NULL AS inv,
@@ -170,17 +170,19 @@ def _register_counters(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> No
 def _register_flows(engine: Engine) -> None:
     """``flow_out`` (flow ids leaving each serving span) and ``flow_in`` (ids ending on each root)."""
     engine.con.register("flow_links_in", flow_links(engine))
-    engine.run("""CREATE OR REPLACE TEMP TABLE flows AS SELECT row_number() OVER () AS flow_id, * FROM flow_links_in;
+    engine.run("""CREATE OR REPLACE TEMP TABLE flows AS SELECT row_number() OVER (
+            ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts, dst_inv) AS flow_id, * FROM flow_links_in;
         CREATE OR REPLACE TEMP TABLE flow_out AS SELECT src_file, src_line, list(flow_id ORDER BY flow_id) AS ids
             FROM flows GROUP BY ALL;
         CREATE OR REPLACE TEMP TABLE flow_in AS SELECT dst_pid, dst_inv, list(flow_id ORDER BY flow_id) AS ids FROM flows GROUP BY ALL""")
 
 
 # Begin and end events in an order every track nests in: by time; at one time ends first (inner before
-# outer), then zero-length spans and instants (begin, then end), then begins (outer before inner).
+# outer), then zero-length spans and instants (begin, then end), then begins (outer before inner); remaining
+# ties by the span's place in its file (span_id), then track, so that the same input gives the same bytes.
 _ORDERED_EVENTS_SQL = """
 WITH spans_out AS (
-    SELECT e.*, row_number() OVER () AS span_id, fo.ids AS flow_out, fi.ids AS flow_in
+    SELECT e.*, row_number() OVER (ORDER BY e.file, e.line, e.ts_ns, e.track) AS span_id, fo.ids AS flow_out, fi.ids AS flow_in
     FROM report_events e
     LEFT JOIN flow_out fo ON NOT e.runtime AND fo.src_file = e.file AND fo.src_line = e.line
     LEFT JOIN flow_in fi ON e.runtime AND e.depth = 0 AND fi.dst_pid = e.pid AND fi.dst_inv = e.inv)
@@ -196,7 +198,7 @@ SELECT * FROM (
     FROM spans_out WHERE ph <> 'i'
     UNION ALL BY NAME
     SELECT t, 1 AS k, 0 AS k2, 0 AS k3, 0 AS span_id, 0 AS is_end, track, 'C' AS ph, value FROM counter_values)
-ORDER BY t, k, k2, k3, span_id, is_end
+ORDER BY t, k, k2, k3, span_id, is_end, track, value
 """
 
 

@@ -169,7 +169,7 @@ def _build_serving_lanes(engine: Engine) -> None:
     """``serving_lanes``: a lane per serving span within its (pid, tid, category), overlapping spans on different lanes."""
     spans = engine.arrow(f"""SELECT file, line, ts_ns, ts_ns + dur_ns AS end_ns,
                                     dense_rank() OVER (ORDER BY pid, tid, cat) AS thread_cat
-                             FROM spans WHERE {serving_row()} AND ph IN ('X', 'i')""")
+                             FROM spans WHERE {serving_row()} AND ph IN ('X', 'i') ORDER BY thread_cat, ts_ns, file, line""")
     lanes = assign_lanes(spans.column("thread_cat").to_numpy(), spans.column("ts_ns").to_numpy(), spans.column("end_ns").to_numpy(), None)
     engine.con.register(
         "serving_lanes_in", pa.table({"file": spans.column("file"), "line": spans.column("line"), "lane": pa.array(lanes, pa.int64())})
@@ -222,7 +222,7 @@ def _run_queue_counters(engine: Engine, steps: list[int] | None) -> list[Counter
                CASE WHEN coalesce(r.bind_rq_ns, r.runner_rq_ns, r.validate_rq_ns) IS NOT NULL
                     THEN coalesce(r.bind_rq_ns, 0) + coalesce(r.runner_rq_ns, 0) + coalesce(r.validate_rq_ns, 0) END) AS rq
         FROM runs r LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv
-        WHERE rq IS NOT NULL AND {drawn} ORDER BY r.pid, ts""")
+        WHERE rq IS NOT NULL AND {drawn} ORDER BY r.pid, ts, r.inv""")
     pid, ts = table.column("pid").to_numpy(), table.column("ts").to_numpy()
     rq_ms = table.column("rq").to_numpy() / 1e6
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(pid)) + 1, [len(pid)]])
@@ -268,4 +268,4 @@ def flow_links(engine: Engine, steps: list[int] | None = None) -> pa.Table:
                 WHERE d.in_rank_process AND d.dispatch_id = 0 AND d.run_id IS NULL AND d.cat = '{STEP_LINK_CATEGORY}')
         SELECT file AS src_file, line AS src_line, pid AS src_pid, tid AS src_tid, cat AS src_cat, lane AS src_lane,
                ts_ns AS src_ts, dst_pid, dst_tid, dst_lane, dst_inv, dst_ts
-        FROM links ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts""")
+        FROM links ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts, dst_inv""")
