@@ -73,7 +73,7 @@ def analyze_trace(
     figures, per_step = skew_figures(engine)
     intervals = step_intervals(engine, threshold_ms)
     figures["step_interval_ms"] = intervals["step_interval_ms"]
-    critical_path(engine)
+    critical_path(engine, threshold_ms)
     diagnosis = diagnose(engine, threshold_ms)
     slow = slow_step_items(engine, threshold_ms)
     what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))

@@ -12,8 +12,9 @@ each collective (a device-clock ``*_wait`` span) every rank is released by the
 last arrival; that rank is the wait's ``peer`` attribute where the producer
 wrote one. Without it, arrival order is read on the aligned device axis: all
 ranks leave a collective together, so the rank that waited least arrived last.
-The collective that held the other ranks longest (their median wait) carries
-the step's delay; where no collective held them for at least half the excess,
+The collective that held the other ranks longest (their median wait beyond the
+last arrival's own) carries the step's delay; where no collective held them for
+half the excess or the threshold,
 the step waited for its latest rank at the end (the last validate). Only the
 slow steps' collective waits are unpacked, so a healthy soak costs one grouped
 pass over ``decode``.
@@ -27,7 +28,7 @@ from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
-# the critical path goes through a collective when the ranks it held waited at least this share of the excess
+# the critical path goes through a collective when it held the other ranks this share of the excess, or the threshold
 COLLECTIVE_SHARE = 0.5
 VIA_STEP_END = "step end"
 SOURCE_PEER = "peer"
@@ -62,7 +63,7 @@ def collective_waits_sql(where: str = "TRUE") -> str:
 
 
 @stage("critical_path", reads=("decode", "step_intervals"), writes=("critical_path", "collective_waits"))
-def critical_path(engine: Engine) -> None:
+def critical_path(engine: Engine, threshold_ms: float) -> None:
     """``critical_path``: per slow step, the rank the others waited for, through which collective, and how it was known.
 
     ``collective_waits`` keeps each rank's wait at the step's critical
@@ -75,21 +76,24 @@ def critical_path(engine: Engine) -> None:
                coalesce(mode(peer), arg_min(rank, (wait_ns, rank))) AS last_rank,
                CASE WHEN count(peer) > 0 THEN 'peer' ELSE 'arrival order' END AS source
         FROM waits GROUP BY step, name, occurrence""")
+    # held: how much longer the others waited than the last arrival itself (its own wait is the collective's own time)
     engine.run("""CREATE OR REPLACE TEMP TABLE held AS
-        SELECT c.step, c.name, c.occurrence, c.last_rank, c.source, coalesce(median(w.wait_ns), 0) AS held_ns
+        SELECT c.step, c.name, c.occurrence, c.last_rank, c.source,
+               greatest(coalesce(median(w.wait_ns) FILTER (WHERE w.rank <> c.last_rank), 0)
+                        - coalesce(any_value(w.wait_ns) FILTER (WHERE w.rank = c.last_rank), 0), 0) AS held_ns
         FROM collectives c LEFT JOIN waits w ON w.step = c.step AND w.name = c.name AND w.occurrence = c.occurrence
-                                            AND w.rank <> c.last_rank
         GROUP BY ALL""")
+    through = f"(t.c.held_ns >= least({COLLECTIVE_SHARE} * i.excess_ns, {int(round(threshold_ms * 1e6))}))"
     engine.run(f"""CREATE OR REPLACE TABLE critical_path AS
         WITH top AS (SELECT step, arg_max(struct_pack(name, occurrence, last_rank, source, held_ns),
                                           (held_ns, -occurrence, name)) AS c
                      FROM held GROUP BY step),
              latest AS (SELECT step, arg_max(rank, (validate_end_ns, -rank)) AS rank FROM decode GROUP BY step)
         SELECT i.step, i.interval_ns, i.excess_ns,
-               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns THEN t.c.last_rank ELSE l.rank END AS culprit_rank,
-               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns THEN t.c.name ELSE '{VIA_STEP_END}' END AS via,
-               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns THEN t.c.occurrence END AS occurrence,
-               CASE WHEN t.c.held_ns >= {COLLECTIVE_SHARE} * i.excess_ns
+               CASE WHEN {through} THEN t.c.last_rank ELSE l.rank END AS culprit_rank,
+               CASE WHEN {through} THEN t.c.name ELSE '{VIA_STEP_END}' END AS via,
+               CASE WHEN {through} THEN t.c.occurrence END AS occurrence,
+               CASE WHEN {through}
                     THEN CASE WHEN t.c.source = 'peer' THEN '{SOURCE_PEER}' ELSE '{SOURCE_ARRIVAL}' END
                     ELSE '{SOURCE_LATEST}' END AS source,
                coalesce(t.c.held_ns, 0) AS held_ns,
