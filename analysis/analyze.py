@@ -26,6 +26,7 @@ from dsprof.analysis.spans import Trace
 from dsprof.analysis.straggler import straggler_verdict
 from dsprof.analysis.summary import Summary, build_summary
 from dsprof.analysis.swimlane import Swimlane, build_swimlane
+from dsprof.analysis.trends import trends_section
 from dsprof.analysis.validation import validate
 from dsprof.analysis.what_if import own_causes, tail_cost, what_if_section
 from dsprof.errors import DsprofError
@@ -98,6 +99,7 @@ def analyze_trace(
         ),
         slow_steps={"threshold_ms": threshold_ms, "median_interval_ms": intervals["median_interval_ms"], "count": len(slow), "items": slow},
         what_if=what_if,
+        trends=trends_section(engine, what_if["items"]),
         tail_cost=tail_cost(engine),
         pipeline=pipeline_figures(engine),
         serving=serving_figures(engine, trace),

@@ -91,6 +91,7 @@ class Summary(TypedDict, total=False):
     tail_steps: dict[str, Any]
     slow_steps: dict[str, Any]
     what_if: dict[str, Any]
+    trends: dict[str, Any]
     tail_cost: dict[str, Any]
     pipeline: dict[str, Any]
     serving: dict[str, Any]
@@ -123,6 +124,7 @@ def build_summary(
     tail_steps: dict,
     slow_steps: dict,
     what_if: dict,
+    trends: dict,
     tail_cost: dict,
     pipeline: dict,
     serving: dict,
@@ -144,6 +146,7 @@ def build_summary(
         tail_steps=tail_steps,
         slow_steps=slow_steps,
         what_if=what_if,
+        trends=trends,
         tail_cost=tail_cost,
         pipeline=pipeline,
         serving=serving,

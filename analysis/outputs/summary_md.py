@@ -59,6 +59,7 @@ def format_summary_md(summary: Summary) -> str:
     lines = ["## dsprof verification", ""]
     lines += [f"- **{label}**: {md(text)}" for label, text in verdict_lines(summary)]
     lines += _late_lists(summary)
+    lines += _worst_windows(summary)
     serving = summary.get("serving") or {}
     lines += [
         "",
@@ -99,6 +100,23 @@ def _late_lists(summary: Summary) -> list[str]:
         lines += [f"- {md(item_line(item))}" for item in items[:LIST_LIMIT]]
         if len(items) > LIST_LIMIT:
             lines.append(f"- … {len(items) - LIST_LIMIT} more in summary.json and report.html")
+    return lines
+
+
+def _worst_windows(summary: Summary) -> list[str]:
+    """The windows of the run where the most was lost (what-if saving, then slow steps)."""
+    trends: dict = summary.get("trends") or {}
+    windows = {w.get("window"): w for w in trends.get("windows") or []}
+    worst = [windows[i] for i in trends.get("worst") or [] if i in windows]
+    if not worst:
+        return []
+    lines = ["", f"Worst windows ({trends.get('window_steps')} steps each):"]
+    for w in worst:
+        lines.append(
+            f"- steps {w.get('first_step')}–{w.get('last_step')} (from {value(w.get('start_s'), ' s')}): "
+            f"what-if {value(w.get('what_if_saved_ms'), ' ms')}, {w.get('slow_steps')} slow steps, "
+            f"step interval p99 {value(w.get('step_interval_p99_ms'), ' ms')}"
+        )
     return lines
 
 
