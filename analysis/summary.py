@@ -172,9 +172,9 @@ def _partial(model: Any) -> Any:
         return typed_dict(f"Partial{model.__name__}", fields, total=False)
     origin, args = get_origin(model), get_args(model)
     if origin is list:
-        return list[_partial(args[0])]  # type: ignore[misc]
+        return types.GenericAlias(list, (_partial(args[0]),))
     if origin is dict:
-        return dict[args[0], _partial(args[1])]  # type: ignore[misc]
+        return types.GenericAlias(dict, (args[0], _partial(args[1])))
     if args and origin in (Union, types.UnionType):
         return Union[tuple(_partial(arg) for arg in args)]
     return model
