@@ -80,7 +80,10 @@ def analyze_trace(
     what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))
     devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
     tail_steps = {t["step"] for t in diagnosis.tail_steps}
-    flagged: list[Flagged] = [*diagnosis.tail_steps, *(item for item in slow if item["step"] not in tail_steps)]  # one cause per flagged step
+    flagged: list[Flagged] = [
+        *diagnosis.tail_steps,
+        *(item for item in slow if item["step"] not in tail_steps),
+    ]  # one cause per flagged step
     summary = build_summary(
         inputs=Inputs(
             files=list(trace.files),

@@ -645,7 +645,10 @@ def _tail_items(engine: Engine) -> list[TailStep]:
                             ORDER BY step, end_ns DESC, d.rank""").to_pylist()
     steps: list[tuple[dict, list[LateRank]]] = []  # each tail step's first row, and its late ranks
     for row in rows:  # one per late rank of a tail step
-        late: LateRank = {**cause_item(row, "end", row["rank"], row["device"]), "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0))}
+        late: LateRank = {
+            **cause_item(row, "end", row["rank"], row["device"]),
+            "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0)),
+        }
         if steps and steps[-1][0]["step"] == row["step"]:
             steps[-1][1].append(late)
             continue

@@ -88,10 +88,14 @@ def pipeline_figures(engine: Engine) -> Pipeline:
                   count(*) FILTER (WHERE reason LIKE '%claim_release%'), count(*) FILTER (WHERE prev_is_decode)
            FROM pairs"""
     )[0]
-    bad: list[PipelineViolation] = engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
+    bad: list[PipelineViolation] = (
+        engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
                            FROM pairs WHERE reason <> '' ORDER BY runner_ts_ns LIMIT {FIRST_VIOLATIONS}""").to_pylist()
-    prefill: list[PrefillPair] = engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
+    )
+    prefill: list[PrefillPair] = (
+        engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
                               FROM pairs WHERE NOT prev_is_decode ORDER BY rank, pid""").to_pylist()
+    )
     serialized = checked > 0 and overlapped < checked / 2
     cadence = _cadence(engine)
     depth = _depth(engine, "root_ts_ns", "root_end_ns")
@@ -164,7 +168,9 @@ def _depth(engine: Engine, start: str, end: str) -> dict[str, float]:
     return {str(rank): round(float(value), 3) for rank, value in rows if value is not None}
 
 
-def _diagnosis(engine: Engine, checked: int, overlapped: int, claim_order_violations: int, serialized: bool, cadence_p50_ms: float | None) -> str:
+def _diagnosis(
+    engine: Engine, checked: int, overlapped: int, claim_order_violations: int, serialized: bool, cadence_p50_ms: float | None
+) -> str:
     cadence = "n/a" if cadence_p50_ms is None else f"{cadence_p50_ms:.3f} ms"
     if checked == 0:
         return "not checked: no rank has two adjacent decode runs"

@@ -156,7 +156,9 @@ def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
     if row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
         which = "start" if (row["start_excess_ns"] or 0) > threshold_ms * 1e6 else "end"
     if which == "end" and row["end_mechanism"] == fmt.MECH_PEER_WAIT:
-        return _unattributed(row, fmt.PHASE_DEVICE_WALL, "the last rank at the collective also waited at another; no single rank held the step")
+        return _unattributed(
+            row, fmt.PHASE_DEVICE_WALL, "the last rank at the collective also waited at another; no single rank held the step"
+        )
     cause = cause_item(row, which, rank, device)
     if cause["mechanism"] == fmt.MECH_UNATTRIBUTED and not row["has_waits"]:
         cause["detail"] += f"; no collective {fmt.WAIT_SUFFIX} spans to follow the critical path"

@@ -63,7 +63,9 @@ def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], total_steps: int,
     device = devices.get(rank)
     per_step = round(effect / total_steps, 3)
     where = f" ({device})" if device else ""
-    verdict["verdict"] = f"rank {rank}{where} costs {effect / wall:.1%} of the decode time ({per_step:.3f} ms a step), by {MECHANISM_WORDS[mechanism]}"
+    verdict["verdict"] = (
+        f"rank {rank}{where} costs {effect / wall:.1%} of the decode time ({per_step:.3f} ms a step), by {MECHANISM_WORDS[mechanism]}"
+    )
     verdict["rank"], verdict["device"], verdict["mechanism"] = rank, device, mechanism
     verdict["ms_per_step"], verdict["saved_ms"] = per_step, round(saved, 3)
     return verdict

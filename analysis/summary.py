@@ -10,8 +10,10 @@ checker, and for :func:`load_summary`, which checks every file against them.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import os
 import types
 from pathlib import Path
@@ -176,7 +178,7 @@ def _partial(model: Any) -> Any:
     if origin is dict:
         return types.GenericAlias(dict, (args[0], _partial(args[1])))
     if args and origin in (Union, types.UnionType):
-        return Union[tuple(_partial(arg) for arg in args)]
+        return functools.reduce(operator.or_, (_partial(arg) for arg in args))
     return model
 
 
@@ -189,7 +191,9 @@ def _check_types(content: dict, path: Path) -> None:
     try:
         msgspec.convert(content, type=_MODELS[content["schema"]])
     except msgspec.ValidationError as exc:
-        raise InputError(path, str(exc).replace(" - at ", " at "), expected=f"a summary of docs/SUMMARY_SCHEMA.md ({content['schema']})") from None
+        raise InputError(
+            path, str(exc).replace(" - at ", " at "), expected=f"a summary of docs/SUMMARY_SCHEMA.md ({content['schema']})"
+        ) from None
 
 
 # A summary of 10^6 steps is ~150 MiB; beyond this it is not a summary.

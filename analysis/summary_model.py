@@ -9,7 +9,7 @@ cause's ``from_step``) or only by newer versions (``slow_steps``).
 
 from __future__ import annotations
 
-from typing import Any, NotRequired, TypedDict
+from typing import Any, Literal, NotRequired, TypedDict
 
 
 class Percentiles(TypedDict):
@@ -281,3 +281,19 @@ class Summary(TypedDict):
     tail_cost: TailCost
     pipeline: Pipeline
     serving: Serving
+
+
+# An item of the late lists (late_starts, tail_steps, slow_steps): a step, its excess and its culprit's cause.
+LateItem = LateStart | TailStep | SlowStep
+
+# The percentile blocks of ``figures``, by name.
+PercentileFigure = Literal[
+    "runner_start_skew_ms",
+    "runner_end_skew_ms",
+    "bind_ms",
+    "runner_run_ms",
+    "root_ms",
+    "validate_ms",
+    "runner_to_validate_gap_ms",
+    "step_interval_ms",
+]

@@ -7,7 +7,14 @@ reads the summary; nothing recomputes a figure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.summary_model import Cause, LateItem
+
+# an item of a late list: typed (LateItem) where the summary's section is, any mapping where it is read by key name
+ItemT = TypeVar("ItemT", bound=Mapping[str, Any])
 
 MECHANISM_WORDS = {
     "device": "device",
@@ -29,7 +36,7 @@ def value(number: object, unit: str = "") -> str:
     return f"{number}{unit}"
 
 
-def cause_text(item: dict) -> str:
+def cause_text(item: Cause | Mapping[str, Any]) -> str:
     """``gc: 48.700 ms collection in native_fence_wait`` — the mechanism and its evidence in one phrase."""
     mechanism = item.get("mechanism") or "unattributed"
     detail = item.get("detail") or ""
@@ -40,7 +47,7 @@ def cause_text(item: dict) -> str:
     return f"{mechanism}: {detail}"
 
 
-def item_line(item: dict) -> str:
+def item_line(item: LateItem | Mapping[str, Any]) -> str:
     """``step 69 · rank 6 (cpu:6) · +50.914 ms · gc: 48.700 ms collection in native_fence_wait``."""
     return (
         f"step {item.get('step')} · rank {item.get('rank')} ({item.get('device')}) · +{value(item.get('excess_ms'))} ms · "
@@ -48,7 +55,7 @@ def item_line(item: dict) -> str:
     )
 
 
-def worst_first(items: list[dict]) -> list[dict]:
+def worst_first(items: Sequence[ItemT]) -> list[ItemT]:
     """Items ordered by excess, largest first (then by step)."""
     return sorted(items, key=lambda i: (-(i.get("excess_ms") or 0.0), i.get("step") or 0, i.get("rank") or 0))
 

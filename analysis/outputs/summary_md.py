@@ -7,11 +7,14 @@ markdown and HTML, since the block is pasted into pull requests.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dsprof.analysis.outputs.findings import item_line, value, verdict_lines, worst_first
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.summary_model import PercentileFigure
 from dsprof.fileio import atomic_write_text
 
 # The workload fields a reviewer needs to recognise the run; model sizes and
@@ -34,7 +37,14 @@ WORKLOAD_SHAPE_KEYS = (
     "seed",
 )
 # The percentile figures shown in the printed table and in summary.md (the rest stay in summary.json).
-HEADLINE_FIGURES = ("runner_start_skew_ms", "runner_end_skew_ms", "runner_to_validate_gap_ms", "validate_ms", "bind_ms", "root_ms")
+HEADLINE_FIGURES: tuple[PercentileFigure, ...] = (
+    "runner_start_skew_ms",
+    "runner_end_skew_ms",
+    "runner_to_validate_gap_ms",
+    "validate_ms",
+    "bind_ms",
+    "root_ms",
+)
 LIST_LIMIT = 10
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|<>&~])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -64,7 +74,7 @@ def format_summary_md(summary: Summary) -> str:
     lines += ["", "| figure | p50 ms | p95 ms | p99 ms | max ms | count |", "|---|---|---|---|---|---|"]
     figures = summary.get("figures") or {}
     for name in HEADLINE_FIGURES:
-        block = figures.get(name) or {}
+        block: Mapping[str, Any] = figures.get(name) or {}
         cells = " | ".join(value(block.get(key)) for key, _ in PERCENTILES)
         lines.append(f"| {name} | {cells} | {block.get('count', 0)} |")
     validation = summary.get("validation") or {}
