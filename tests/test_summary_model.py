@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from dsprof.analysis.summary import load_summary
-from dsprof.analysis.summary_model import Cause, Percentiles, SlowSteps, Straggler, Summary
+from dsprof.analysis.summary_model import Cause, Figures, PercentileFigure, Percentiles, SlowSteps, Straggler, Summary
 from dsprof.cli.main import cli
 from dsprof.errors import InputError
 from dsprof.testing.synthetic import SyntheticRun
@@ -86,6 +86,11 @@ def test_an_analysis_writes_exactly_the_model(analysed):
     msgspec.convert(summary, type=Summary)  # every value has its type (raises otherwise)
     assert _unmodelled_keys(summary, Summary) == []
     assert load_summary(analysed) == summary
+
+
+def test_the_percentile_figure_names_are_the_figures_blocks():
+    blocks = {name for name, hint in get_type_hints(Figures).items() if hint is Percentiles}
+    assert set(get_args(PercentileFigure)) == blocks
 
 
 # --------------------------------------------------------------------------- load_summary: crafted and older files
