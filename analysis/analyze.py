@@ -97,7 +97,9 @@ def analyze_trace(
         figures=figures,
         per_step=_with_intervals(per_step, engine),
         late_starts=LateStarts(threshold_ms=threshold_ms, count=len(diagnosis.late_starts), items=diagnosis.late_starts),
-        tail_steps=tail_block(diagnosis.tail_steps, threshold_ms, straggler_verdict(what_if, flagged, len(per_step), devices)),
+        tail_steps=tail_block(
+            diagnosis.tail_steps, threshold_ms, straggler_verdict(what_if, flagged, [row["step"] for row in per_step], devices)
+        ),
         slow_steps=SlowSteps(threshold_ms=threshold_ms, median_interval_ms=intervals["median_interval_ms"], count=len(slow), items=slow),
         what_if=what_if,
         tail_cost=tail_cost(engine),

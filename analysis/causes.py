@@ -1,43 +1,24 @@
-"""Late starts, tail steps, and the cause of every late cell (SPEC §3 "cause of a late start or tail").
+"""Late starts, tail steps, and the cause of every run of a flagged step (docs/FIGURES.md "Causes").
 
 Everything here is SQL over the engine's ``decode`` table (one row per rank and
 step) and ``gc`` table, so it runs unchanged on a day-long soak. The steps:
 
-1. ``cells``: each run with its phase durations, host evidence, garbage
+1. ``cells``: each run of a flagged step (late start, tail or slow step, and
+   the two before it) with its phase durations, host evidence, garbage
    collection inside its phase windows, and what it waited for on its own rank
-   (the launch admission of SPEC's pipeline rule — claim_release(N-1) — and the
-   previous user of its ping-pong slot; the drain of the previous run).
+   (claim_release of the previous run, the previous user of its ping-pong
+   slot, the drain of the previous run).
 2. For every quantity, the median over the *other* ranks of the same step: the
    typical rank. A cell's excess is its value minus that median.
-3. The decision, per cell, for its start and for its end (below); then
-   carry-over chains are followed back to the step where they began.
+3. The decision, per cell, for its start and for its end, by the rules of
+   :mod:`dsprof.analysis.cause_rules`; a carried-over start or end with a
+   material cause of its own names that cause; then carry-over chains are
+   followed back to the step where they began (they pass only through runs
+   late for no reason of their own).
 
 A late start (r, s): start(runner_run) − min_r start > threshold. A tail step:
 runner-end skew > threshold; its late ranks are the rank that ended last plus
 every rank whose end exceeds the typical end by more than the threshold.
-
-Why a start was late by X (X = start − typical start), first match wins:
-``carried_over`` when what admitted the run on its own rank (claim_release of
-the previous run, or the end of the slot's previous run) came at least X/2
-late; ``bind`` when the bind ran at least X/2 longer (then the host evidence of
-the bind decides: ``gc`` if a collection overlapped at least half the excess,
-``run_queue`` if the run-queue wait grew by half, ``host_cpu`` if the CPU time
-did, else ``unattributed``); the run began late (``gc`` before it, else
-``unattributed``); the launch gap after bind; else ``unattributed``.
-
-Why an end was late by Y: if the start was later than the run was longer —
-and the run was not longer by more than the threshold on its own — the start's
-cause. Else runner_run took R longer: ``carried_over`` when its drain
-could only begin after the previous run on the rank finished, late by R/2;
-when the device wall grew by half of R, ``gc`` / ``peer_wait`` (the growth is
-time waiting on a peer, ``*_wait`` device spans: the rank is a victim, the
-culprit is the peer that arrived last) / ``run_queue`` (the executor thread
-waited for a CPU — a CPU "device" is a host thread) / else ``device``;
-``carried_over`` when its drain could only begin after the previous run on the
-rank finished, late by R/2; when the
-completion-fence wait grew by half, ``gc`` / ``run_queue`` / else ``device``
-(the fence was signalled late); otherwise the host part of runner_run by its
-evidence; with no device-phase markers at all, ``unattributed`` says so.
 """
 
 from __future__ import annotations
@@ -45,18 +26,20 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
+from dsprof.analysis.cause_rules import (
+    EXPLAINS_SHARE,
+    PHASE_NEXT_BIND,
+    case_sql,
+    end_rules,
+    excess_of,
+    own_rules,
+    start_rules,
+)
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
 from dsprof.profiler import strace_format as fmt
-
-# a quantity explains a lateness when it accounts for at least this share of it
-EXPLAINS_SHARE = 0.5
-PHASE_BEFORE_BIND = "before bind"
-PHASE_LAUNCH = "launch"
-# the end of run N held by the bind of run N+1 on the same thread; items name it as that run's bind
-PHASE_NEXT_BIND = "next bind"
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).
 _COMPARED = (
@@ -181,276 +164,23 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
     engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS SELECT c.*, {gc_columns} FROM typed c")
 
 
-def _excess(column: str) -> str:
-    return f"({column} - {column}_typ)"
-
-
-def _half(value: str, of: str) -> str:
-    """``value`` (possibly null) explains at least half of ``of``."""
-    return f"coalesce({value} >= {EXPLAINS_SHARE} * {of}, FALSE)"
-
-
-def _contention(rq: str, cpu: str) -> str:
-    """Run-queue wait beyond what the CPU time spent would have waited at the step's typical contention.
-
-    On a busy host a thread that does more work also waits more for a CPU; only
-    the wait beyond that proportion is contention (``run_queue``), the rest goes
-    with the work.
-    """
-    return f"({rq} - coalesce({cpu}, 0) * coalesce({rq}_typ / nullif({cpu}_typ, 0), 0))"
-
-
-def _work(cpu: str, rq: str) -> str:
-    """The extra CPU time, with the run-queue wait it brings at the step's typical contention."""
-    return f"(({cpu} - {cpu}_typ) * (1 + coalesce({rq}_typ / nullif({cpu}_typ, 0), 0)))"
-
-
-def _host(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str, str, str, str, str]]:
-    """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
-    return [
-        (_half(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
-        (
-            _half(_contention(rq, cpu), excess),
-            phase,
-            fmt.MECH_RUN_QUEUE,
-            _contention(rq, cpu),
-            f"'runnable but waiting for a CPU in {phase}'",
-        ),
-        (_half(_work(cpu, rq), excess), phase, fmt.MECH_HOST_CPU, _excess(cpu), f"'more host CPU in {phase}'"),
-        (f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
-        ("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
-    ]
-
-
-def _start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
-    """Rules for a start that was ``delay`` late; conditions are tried in order."""
-    carried = _excess("admissible_ns")
-    bind = _excess("bind_ns")
-    arrival = _excess("root_ts_ns")
-    gap = _excess("launch_gap_ns")
-    through = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN 'claim_release' ELSE 'slot reuse' END"
-    return [
-        (
-            f"NOT ({delay} > 0)",
-            PHASE_BEFORE_BIND,
-            fmt.MECH_UNATTRIBUTED,
-            delay,
-            "'no later than the typical rank (an earlier rank started early)'",
-        ),
-        (
-            _half(carried, delay),
-            PHASE_BEFORE_BIND,
-            fmt.MECH_CARRIED_OVER,
-            carried,
-            f"'held back by the late earlier run through ' || {through}",
-        ),
-        *[
-            (f"{_half(bind, delay)} AND {cond}", phase, mech, ev, detail)
-            for cond, phase, mech, ev, detail in _host(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)
-        ],
-        (
-            f"{_half(arrival, delay)} AND {_half('gc_before', arrival)}",
-            PHASE_BEFORE_BIND,
-            fmt.MECH_GC,
-            "gc_before",
-            "'collection before the run began'",
-        ),
-        (
-            _half(arrival, delay),
-            PHASE_BEFORE_BIND,
-            fmt.MECH_UNATTRIBUTED,
-            arrival,
-            "'the run began late; nothing recorded before its bind explains it'",
-        ),
-        (f"{_half(gap, delay)} AND {_half('gc_gap', gap)}", PHASE_LAUNCH, fmt.MECH_GC, "gc_gap", "'collection between bind and launch'"),
-        ("TRUE", PHASE_LAUNCH, fmt.MECH_UNATTRIBUTED, delay, "'between bind and launch; nothing recorded explains it'"),
-    ]
-
-
-def _end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
-    """Rules for an end that was late; ``runner_x`` is how much longer runner_run took."""
-    runner_x = _excess("runner_ns")
-    device = _excess("device_wall_ns")
-    fence = _excess("fence_ns")
-    drain = _excess("drain_after_ns")
-    markers = "device_markers > 0"
-    work = _excess("device_work_ns")
-    next_bind = _excess("next_bind_ns")
-    # ... and more than the host waited on the completion fence beyond the device (a late fence signal)
-    slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= {fence} - {device}, FALSE)"
-    return [
-        # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
-        # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late
-        # too (depth-2 back-pressure), and its peers wait for it: its own work is the cause, not the carry-over.
-        (
-            f"{slow_device} AND {_half('gc_run', work)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_GC,
-            "gc_run",
-            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
-        ),
-        (
-            f"{slow_device} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), work)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_RUN_QUEUE,
-            _contention("device_rq_ns", "device_cpu_ns"),
-            "'the device thread was runnable but waiting for a CPU'",
-        ),
-        (slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
-        # otherwise the start's cause when the late start is the larger part
-        *[
-            (f"{_excess('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
-            for cond, phase, mech, ev, detail in _start_rules(_excess("start_ns"))
-        ],
-        (
-            f"{markers} AND {_half(device, runner_x)} AND {_half('gc_run', device)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_GC,
-            "gc_run",
-            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
-        ),
-        (
-            f"{markers} AND {_half(device, runner_x)} AND {_half(_excess('device_wait_ns'), device)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_PEER_WAIT,
-            _excess("device_wait_ns"),
-            "'waited for a peer rank'",
-        ),
-        (
-            f"{markers} AND {_half(device, runner_x)} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), device)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_RUN_QUEUE,
-            _contention("device_rq_ns", "device_cpu_ns"),
-            "'the device thread was runnable but waiting for a CPU'",
-        ),
-        (f"{markers} AND {_half(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
-        (
-            f"{markers} AND {_half(_excess('drain_lag_ns'), runner_x)} AND {_half(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
-            fmt.PHASE_RUNNER,
-            fmt.MECH_CARRIED_OVER,
-            drain,
-            "'its drain waited for the late previous run'",
-        ),
-        (
-            f"{markers} AND {_half(fence, runner_x)} AND {_half('gc_fence', fence)}",
-            fmt.PHASE_FENCE_WAIT,
-            fmt.MECH_GC,
-            "gc_fence",
-            f"'collection in {fmt.PHASE_FENCE_WAIT}'",
-        ),
-        (
-            f"{markers} AND {_half(fence, runner_x)} AND {_half(_contention('fence_rq_ns', 'fence_cpu_ns'), fence)}",
-            fmt.PHASE_FENCE_WAIT,
-            fmt.MECH_RUN_QUEUE,
-            _contention("fence_rq_ns", "fence_cpu_ns"),
-            "'woke from the fence but waited for a CPU'",
-        ),
-        (
-            f"{markers} AND {_half(fence, runner_x)}",
-            fmt.PHASE_FENCE_WAIT,
-            fmt.MECH_DEVICE,
-            fence,
-            "'the completion fence was signalled late'",
-        ),
-        # the thread binds the next run before it drains this one (depth 2): a slow next bind holds this run's end
-        *[
-            (
-                f"coalesce(next_bind_ts_ns < end_ns, FALSE) AND {_half(next_bind, runner_x)} AND {cond}",
-                PHASE_NEXT_BIND,
-                mech,
-                ev,
-                detail.replace(PHASE_NEXT_BIND, "the bind of the next run"),
-            )
-            for cond, _, mech, ev, detail in _host(PHASE_NEXT_BIND, "gc_next_bind", "next_bind_rq_ns", "next_bind_cpu_ns", next_bind)[:3]
-        ],
-        *[
-            (f"{markers} AND {cond}", phase, mech, ev, detail)
-            for cond, phase, mech, ev, detail in _host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
-        ],
-        # no device-phase markers: the host evidence of runner_run may still tell
-        *_host(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
-        ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
-    ]
-
-
-def _own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, str]]:
-    """A run's own cause, beside what was carried over to it: evidence in its own phases above the threshold.
-
-    Used where the run was also held back by an earlier one, so that a fault
-    of its own is named rather than hidden behind the carry-over.
-    """
-    material = lambda value: f"coalesce({value} > {threshold_ns}, FALSE)"  # noqa: E731
-    bind = [
-        (material("gc_bind"), fmt.PHASE_BIND, fmt.MECH_GC, "gc_bind", f"'collection in {fmt.PHASE_BIND}'"),
-        (
-            material(_work("bind_cpu_ns", "bind_rq_ns")),
-            fmt.PHASE_BIND,
-            fmt.MECH_HOST_CPU,
-            _excess("bind_cpu_ns"),
-            "'more host CPU in bind'",
-        ),
-    ]
-    if which == "start":
-        return bind
-    work = _excess("device_work_ns")
-    signal = _excess("signal_lag_ns")
-    return [
-        *bind,
-        (material("gc_fence"), fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
-        (
-            f"{material(work)} AND {_half('gc_run', work)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_GC,
-            "gc_run",
-            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
-        ),
-        (
-            f"{material(work)} AND {_half(_contention('device_rq_ns', 'device_cpu_ns'), work)}",
-            fmt.PHASE_DEVICE_WALL,
-            fmt.MECH_RUN_QUEUE,
-            _contention("device_rq_ns", "device_cpu_ns"),
-            "'the device thread was runnable but waiting for a CPU'",
-        ),
-        (material(work), fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
-        (
-            f"{material(signal)} AND {_half(_contention('fence_rq_ns', 'fence_cpu_ns'), signal)}",
-            fmt.PHASE_FENCE_WAIT,
-            fmt.MECH_RUN_QUEUE,
-            _contention("fence_rq_ns", "fence_cpu_ns"),
-            "'woke from the fence but waited for a CPU'",
-        ),
-        (material(signal), fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, signal, "'the completion fence was signalled late'"),
-    ]
-
-
-def _case(rules: list[tuple[str, str, str, str, str]], field: int) -> str:
-    whens = " ".join(f"WHEN {rule[0]} THEN {_literal(rule[field]) if field in (1, 2) else rule[field]}" for rule in rules)
-    return f"CASE {whens} END"
-
-
-def _literal(text: str) -> str:
-    return "'" + text.replace("'", "''") + "'"
-
-
 def _decide(engine: Engine, threshold_ns: int) -> None:
     """Add to ``cells`` the start and end causes and the late flags."""
-    start_rules = _start_rules(_excess("start_ns"))
-    end_rules = _end_rules(threshold_ns)
     columns = []
-    for prefix, rules in (("start", start_rules), ("end", end_rules)):
+    for prefix, rules in (("start", start_rules(excess_of("start_ns"))), ("end", end_rules(threshold_ns))):
         columns += [
-            f"{_case(rules, 1)} AS {prefix}_phase",
-            f"{_case(rules, 2)} AS {prefix}_mechanism",
-            f"CAST({_case(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns",
-            f"{_case(rules, 4)} AS {prefix}_detail",
+            f"{case_sql(rules, 1)} AS {prefix}_phase",
+            f"{case_sql(rules, 2)} AS {prefix}_mechanism",
+            f"CAST({case_sql(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns",
+            f"{case_sql(rules, 4)} AS {prefix}_detail",
         ]
     for prefix in ("start", "end"):
-        own = _own_rules(threshold_ns, prefix)
+        own = own_rules(threshold_ns, prefix)
         columns += [
-            f"{_case(own, 1)} AS {prefix}_own_phase",
-            f"{_case(own, 2)} AS {prefix}_own_mechanism",
-            f"CAST({_case(own, 3)} AS DOUBLE) AS {prefix}_own_evidence_ns",
-            f"{_case(own, 4)} AS {prefix}_own_detail",
+            f"{case_sql(own, 1)} AS {prefix}_own_phase",
+            f"{case_sql(own, 2)} AS {prefix}_own_mechanism",
+            f"CAST({case_sql(own, 3)} AS DOUBLE) AS {prefix}_own_evidence_ns",
+            f"{case_sql(own, 4)} AS {prefix}_own_detail",
         ]
     engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
         SELECT c.*, {", ".join(columns)},
@@ -543,7 +273,7 @@ def _chain_origins(engine: Engine, threshold_ns: int) -> None:
     engine.run(f"""CREATE OR REPLACE TEMP TABLE links AS
         SELECT rank, step, 'start' AS kind, CASE WHEN {claim} THEN previous_step ELSE slot_step END AS next_step,
                CASE WHEN {claim} THEN 'start' ELSE 'end' END AS next_kind,
-               coalesce(start_mechanism {carried} AND {_excess("start_ns")} > {half}, FALSE) AS through
+               coalesce(start_mechanism {carried} AND {excess_of("start_ns")} > {half}, FALSE) AS through
         FROM decided WHERE start_carried_ns IS NOT NULL
         UNION ALL
         SELECT rank, step, 'end',

@@ -1,6 +1,6 @@
 """The invocation table: one row per ``(pid, inv)`` with the times and host evidence of its phases.
 
-SPEC §2: an invocation is the set of STRACE rows sharing ``(pid, inv)``; its
+docs/FORMATS.md (STRACE): an invocation is the set of STRACE rows sharing ``(pid, inv)``; its
 root is the host-clock ``depth == 0`` row, every other row is a child by
 ``inv`` (never by timestamp containment), known by its span name. This is the
 one span-sized pass of the analysis: a single grouped aggregation, so it runs
@@ -141,7 +141,7 @@ def in_window(window: int, window_ns: int) -> str:
 
 
 def gc_query() -> str:
-    """SQL for the garbage collections (SPEC §2.1 ``host.gc`` spans): pid, tid, start, end."""
+    """SQL for the garbage collections (``host.gc`` spans, docs/FORMATS.md "Host evidence"): pid, tid, start, end."""
     return (
         f"SELECT pid, tid, ts_ns AS gc_ts_ns, ts_ns + dur_ns AS gc_end_ns FROM spans WHERE name = '{fmt.GC}' AND clk <> '{fmt.CLK_DEVICE}'"
     )

@@ -273,28 +273,27 @@ class Replayer:
         width = int(count.max(initial=0))
         if not width:
             return
+        # [events, ranks] and [events, ranks, columns]: the scans run along the first axis, over contiguous blocks
         offsets = np.arange(1, width + 1)
-        valid = offsets[None, :] <= count[:, None]
-        rows = np.broadcast_to(np.arange(self.ranks)[:, None], valid.shape)
-        index = np.where(valid, position[:, None] + offsets[None, :], 0)
+        valid = offsets[:, None] <= count[None, :]
+        rows = np.broadcast_to(np.arange(self.ranks)[None, :], valid.shape)
+        index = np.where(valid, position[None, :] + offsets[:, None], 0)
         kind, step = chains.kind[rows, index], chains.step[rows, index]
         slack = np.where(valid, chains.slack_pred[rows, index], 0.0)
         pinned = np.isinf(slack)
         extra = self._extra_deltas(state, rows, index, kind, valid)
         extra = np.where(pinned[:, :, None] & np.isneginf(extra), 0.0, extra)  # a pinned start keeps its time
         removed = plan.host_removed(rows, index, valid)
-        a = np.where(pinned, _PINNED, slack)[:, :, None] + removed
-        A = np.cumsum(a, axis=1)
-        reach = np.maximum.accumulate(extra - removed + A, axis=1)
-        delta = np.maximum(state.host_last[:, None, :], reach) - A
-        last = np.maximum(count - 1, 0)
-        moved = count > 0
-        state.host_last[moved] = delta[moved, last[moved]]
+        A = np.cumsum(np.where(pinned, _PINNED, slack)[:, :, None] + removed, axis=0)
+        reach = np.maximum.accumulate(extra - removed + A, axis=0)
+        delta = np.maximum(state.host_last[None, :, :], reach) - A
+        moved = np.flatnonzero(count > 0)
+        state.host_last[moved] = delta[count[moved] - 1, moved]
         for kind_of, ring, written in ((RUNNER_TS, state.runner_start, None), (VALIDATE_END, state.validate_end, state.validate_written)):
-            r, i = np.nonzero(valid & (kind == kind_of))
-            ring[r, step[r, i] % _RING] = delta[r, i]
+            i, r = np.nonzero(valid & (kind == kind_of))
+            ring[r, step[i, r] % _RING] = delta[i, r]
             if written is not None:
-                written[r, step[r, i] % _RING] = step[r, i]
+                written[r, step[i, r] % _RING] = step[i, r]
         position[:] = np.where(target >= 0, np.maximum(position, target), position)
 
     def _extra_deltas(self, state: _State, rows: np.ndarray, index: np.ndarray, kind: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -306,13 +305,13 @@ class Replayer:
             (RUNNER_END, state.device_end, state.device_written),
             (BIND_TS, state.validate_end, state.validate_written),
         ):
-            r, i = np.nonzero((kind == kind_of) & (extra_step >= 0))
+            i, r = np.nonzero((kind == kind_of) & (extra_step >= 0))
             if not len(r):
                 continue
-            slot = extra_step[r, i] % _RING
-            known = written[r, slot] == extra_step[r, i]  # a dependency not yet replayed here has not moved
+            slot = extra_step[i, r] % _RING
+            known = written[r, slot] == extra_step[i, r]  # a dependency not yet replayed here has not moved
             values = np.where(known[:, None], ring[r, slot], 0.0)
-            out[r, i] = values - chains.slack_extra[r, index[r, i]][:, None]
+            out[i, r] = values - chains.slack_extra[r, index[i, r]][:, None]
         return out
 
     def _device(self, state: _State, j: int, plan: _RemovalPlan) -> None:
@@ -398,17 +397,23 @@ class _RemovalPlan:
                 if where >= 0:
                     host.setdefault((removal.rank, where), np.zeros(columns))[removal.column] += removal.ns
             self.last_step[removal.column] = max(self.last_step[removal.column], removal.step)
-        # chain position -> row of the amounts (0: nothing removed)
-        self.host_row = np.zeros(chains.kind.shape, np.int64)
-        self.host_amounts = np.zeros((len(host) + 1, columns))
-        for row, ((rank, where), amounts) in enumerate(host.items(), start=1):  # one per removed host event
-            self.host_row[rank, where] = row
-            self.host_amounts[row] = amounts
+        # removed host events as sorted keys (rank * chain width + position); row 0 of the amounts: nothing removed
+        self._width = chains.kind.shape[1]
+        keys = sorted(host)
+        self.host_keys = np.array([rank * self._width + where for rank, where in keys], np.int64)
+        self.host_amounts = np.zeros((len(keys) + 1, columns))
+        for row, key in enumerate(keys, start=1):  # one per removed host event
+            self.host_amounts[row] = host[key]
         self._zero = np.zeros((ranks, columns))
 
     def host_removed(self, rows: np.ndarray, index: np.ndarray, valid: np.ndarray) -> np.ndarray:
-        """[ranks, events, columns]: what is taken off each event of a segment."""
-        return self.host_amounts[np.where(valid, self.host_row[rows, index], 0)]
+        """[events, ranks, columns]: what is taken off each event of a segment."""
+        if not len(self.host_keys):
+            return np.zeros((*rows.shape, self.columns))
+        keys = rows * self._width + index
+        found = np.minimum(np.searchsorted(self.host_keys, keys), len(self.host_keys) - 1)
+        hit = valid & (self.host_keys[found] == keys)
+        return self.host_amounts[np.where(hit, found + 1, 0)]
 
     def device_removed(self, step: int, segment: int) -> np.ndarray:
         return self.device.get((step, segment), self._zero)

@@ -1,4 +1,4 @@
-"""Per-step skew, gap, validate, bind and root figures with their percentiles (SPEC §3).
+"""Per-step skew, gap, validate, bind and root figures with their percentiles (docs/FIGURES.md).
 
 SQL over the engine's ``decode`` table (one row per rank and step). Percentiles
 are ``quantile_cont`` — linear interpolation between order statistics of the

@@ -99,11 +99,24 @@ def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
         engine.written[table] = declared.name
 
 
+def in_order() -> list[Stage]:
+    """The declared stages in an order that satisfies every read (writers first; ties by name)."""
+    done: set[str] = set(ENGINE_TABLES)
+    left = sorted(STAGES.values(), key=lambda s: s.name)
+    ordered: list[Stage] = []
+    while left:
+        ready = next((s for s in left if set(s.reads) <= done), left[0])  # a cycle or a missing writer: listed as it is
+        ordered.append(ready)
+        done |= set(ready.writes)
+        left.remove(ready)
+    return ordered
+
+
 def stages_markdown() -> str:
-    """The table of stages for docs/ARCHITECTURE.md (checked by tests/test_stages.py)."""
+    """The table of stages for docs/ARCHITECTURE.md (checked by tests/test_stages.py), in the order they can run."""
     lines = ["| stage | reads | writes | what it does |", "|---|---|---|---|"]
-    for s in STAGES.values():
+    for s in in_order():
         reads = ", ".join(f"`{t}`" for t in s.reads) or "—"
         writes = ", ".join(f"`{t}`" for t in s.writes) or "—"
-        lines.append(f"| `{s.name}` | {reads} | {writes} | {s.doc} |")
+        lines.append(f"| `{s.name}` | {reads} | {writes} | {s.doc.replace('``', '`')} |")
     return "\n".join(lines)

@@ -6,7 +6,8 @@ collection every few steps) can cost more than one that is late often by a
 little. So the verdict weighs effect, not counts: a rank is a straggler when
 removing its own causes would save at least :data:`MATERIAL_SHARE` of the
 decode wall time in the what-if replay, and its causes recur over the run
-(:data:`MIN_STEPS` steps or more). A rank behind most of the flagged steps
+(:data:`MIN_STEPS` steps or more, in :data:`SPREAD_PARTS` of the run's
+:data:`RUN_PARTS` quarters: a burst of noise is not a straggler). A rank behind most of the flagged steps
 (tails and slow steps) is named whatever its fault rate when their excess is
 that material, even where the replay saves little (runs paced by a clock, not
 by their dependencies, recover from a late step by themselves).
@@ -25,6 +26,9 @@ MATERIAL_SHARE = 0.05
 # a rank behind more than this share of the flagged steps: their excess is its effect
 BEHIND_MOST = 0.5
 MIN_STEPS = 3
+# ... spread over the run: causes in at least this many of its quarters (a burst of noise is not a straggler)
+SPREAD_PARTS = 3
+RUN_PARTS = 4
 
 # Plain words for each mechanism, for the one-line verdict.
 MECHANISM_WORDS = {
@@ -38,12 +42,14 @@ MECHANISM_WORDS = {
 }
 
 
-def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], total_steps: int, devices: dict[int, str]) -> Straggler:
+def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], step_numbers: list[int], devices: dict[int, str]) -> Straggler:
     """The ``straggler`` block: which rank, its device, its share of the decode wall, mechanism and ms per step.
 
     ``flagged`` are the culprit causes of tail and slow steps (one per step);
-    ``what_if`` is the what-if block (``by_rank`` savings and per-cause items).
+    ``what_if`` is the what-if block (``by_rank`` savings and per-cause items);
+    ``step_numbers`` every decode step of the run, in order.
     """
+    total_steps = len(step_numbers)
     verdict = Straggler(verdict="none", rank=None, device=None, share=0.0, mechanism=None, ms_per_step=None, saved_ms=None, steps=0)
     wall = what_if.get("decode_wall_ms") or 0.0
     by_rank = {int(r): float(ms) for r, ms in (what_if.get("by_rank") or {}).items()}
@@ -51,13 +57,20 @@ def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], total_steps: int,
         return verdict
     late_ms = _late_ms_per_rank(flagged)
     candidates = set(by_rank) | set(late_ms)
-    rank = max(candidates, key=lambda r: (max(by_rank.get(r, 0.0), _behind(flagged, r, late_ms)), -r))
+
+    def effect_of(r: int) -> float:
+        """The replay's saving where it is material; else, for a rank behind most flagged steps, their excess."""
+        saved = by_rank.get(r, 0.0)
+        return saved if saved >= MATERIAL_SHARE * wall else min(wall, max(saved, _behind(flagged, r, late_ms)))
+
+    rank = max(candidates, key=lambda r: (effect_of(r), -r))
     saved = by_rank.get(rank, 0.0)
-    effect = min(wall, max(saved, _behind(flagged, rank, late_ms)))
+    effect = effect_of(rank)
     items = [i for i in what_if.get("items", []) if i["rank"] == rank]
-    steps = len({i["step"] for i in items} | {c["step"] for c in flagged if c.get("rank") == rank})
+    cause_steps = {i["step"] for i in items} | {c["step"] for c in flagged if c.get("rank") == rank}
+    steps = len(cause_steps)
     verdict["share"], verdict["steps"] = round(effect / wall, 4), steps
-    if steps < MIN_STEPS or effect / wall < MATERIAL_SHARE:
+    if steps < MIN_STEPS or effect / wall < MATERIAL_SHARE or _parts_of_run(cause_steps, step_numbers) < SPREAD_PARTS:
         return verdict
     mechanism = _dominant_mechanism(items, [c for c in flagged if c.get("rank") == rank])
     device = devices.get(rank)
@@ -69,6 +82,12 @@ def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], total_steps: int,
     verdict["rank"], verdict["device"], verdict["mechanism"] = rank, device, mechanism
     verdict["ms_per_step"], verdict["saved_ms"] = per_step, round(saved, 3)
     return verdict
+
+
+def _parts_of_run(cause_steps: set[int], step_numbers: list[int]) -> int:
+    """In how many of the run's :data:`RUN_PARTS` equal parts (by step position) the causes fall."""
+    position = {step: i for i, step in enumerate(step_numbers)}
+    return len({position[s] * RUN_PARTS // len(step_numbers) for s in cause_steps if s in position})
 
 
 def _late_ms_per_rank(flagged: list[Flagged]) -> dict[int, float]:

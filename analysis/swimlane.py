@@ -2,7 +2,7 @@
 
 Builds, in the engine, the table ``runs`` (every invocation with a root inside
 the profile window, with its rank, device and callable label) and the view
-``decode`` (the decode runs, one row per rank and step). The rules (SPEC §2-§3):
+``decode`` (the decode runs, one row per rank and step). The rules (docs/FIGURES.md "Steps"):
 
 * profile window: the request spans of the serving trace, else its serving
   spans, else every serving span; without a serving trace, everything;
@@ -144,7 +144,7 @@ def _callable_labels(engine: Engine) -> tuple[dict[str, str], str | None]:
     decode_like = sorted(label for label in named if label.startswith("decode"))
     if decode_like:
         return labels, decode_like[0]
-    # no callable names: the most frequent bucket is decode (SPEC §2)
+    # no callable names: the most frequent bucket is decode (docs/FORMATS.md)
     biggest = max(sizes, key=lambda hid: (sizes[hid], hid))
     labels.setdefault(biggest, "decode")
     return labels, labels[biggest]

@@ -10,7 +10,7 @@ would have come. Per cause, each is removed alone; per mechanism, per rank and
 in total, all of them together (two faults in one step on two ranks save
 little alone and much together, as in a real A/B run).
 
-Tail cost (SPEC's older figure) stays beside it: Σ_s (max_r end − median_r end)
+Tail cost (the older figure, docs/FIGURES.md) stays beside it: Σ_s (max_r end − median_r end)
 of runner_run, which cannot see a slowdown that every rank shares.
 """
 
@@ -52,7 +52,11 @@ _HOST_TARGET = {
     fmt.PHASE_RUNNER: RUNNER_END,
     fmt.PHASE_VALIDATE: VALIDATE_END,
 }
+# ranks whose causes are also replayed together (the rest: the sum of their causes' savings)
+JOINT_RANKS = 8
+# per-cause replays: at most this many columns at once, over causes at most this many steps apart
 _CAUSES_PER_BATCH = 64
+_BATCH_STEPS = 16
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,19 @@ class WhatIf:
             amount = min(cause.evidence_ns, total)
             return [Removal(column, r, j, "device", amount * e / total, k) for k, e in enumerate(excess) if e > 0]
         target = _HOST_TARGET.get(cause.phase, RUNNER_END)
-        return [Removal(column, r, j, target, min(cause.evidence_ns, self.replayer.lag(r, j, target)))]
+        return [Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.replayer.lag(r, j, target)))]
+
+    def lag_excess(self, r: int, j: int, kind: int) -> float:
+        """How much longer one host event's lag was than the other ranks' median at that step: the phase's excess.
+
+        Taking the phase back to typical, not only the evidence, is what
+        "the cause's excess were zero" means: a collection comes with the
+        allocations that provoked it, which a run without it does not do either.
+        """
+        positions = self.replayer.chains.event_index[:, j, kind]
+        lags = np.array([self.replayer.chains.lag[rank, where] for rank, where in enumerate(positions) if where >= 0 and rank != r])
+        own = self.replayer.lag(r, j, kind)
+        return max(0.0, own - float(np.median(lags))) if len(lags) else 0.0
 
     def add_collections(self, ranks: np.ndarray, windows: np.ndarray) -> None:
         """The garbage collections of each rank's process: ``windows[i]`` = (start, end) ns on ``ranks[i]``."""
@@ -240,16 +256,35 @@ class WhatIf:
             taken.add((r, g0))
             overlap = np.minimum(t, g1) - np.maximum(t - lag, g0)
             for i in np.flatnonzero(overlap > 0):
-                removals.append(Removal(column, r, int(step[i]), int(kind[i]), float(overlap[i])))
+                amount = min(max(float(overlap[i]), self.lag_excess(r, int(step[i]), int(kind[i]))), float(lag[i]))
+                removals.append(Removal(column, r, int(step[i]), int(kind[i]), amount))
             seg_start = self.segment_starts[r]
             seg_overlap = np.minimum(seg_start + self.segments[r], g1) - np.maximum(seg_start, g0)
             for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
-                removals.append(Removal(column, r, int(jj), "device", float(seg_overlap[jj, k]), int(k)))
+                amount = min(max(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k])), float(self.segments[r, jj, k]))
+                removals.append(Removal(column, r, int(jj), "device", amount, int(k)))
             exit_start = self.replayer.exit_start[r]
             exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], g1) - np.maximum(exit_start, g0)
             for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
-                removals.append(Removal(column, r, int(jj), "exit", float(exit_overlap[jj, k]), int(k)))
-        return removals
+                amount = max(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)))
+                removals.append(Removal(column, r, int(jj), "exit", amount, int(k)))
+        return removals + self._rest_of_phase(r, j, cause, column, removals)
+
+    def _exit_excess(self, r: int, j: int, k: int) -> float:
+        """How much later rank r left collective k of step j than the other ranks' median exit lag after the release."""
+        exit_lag = self.runs.wait_start[:, j, k] + self.runs.wait_ns[:, j, k] - self.replayer.exit_start[:, j, k]
+        others = np.delete(exit_lag, r)
+        others = others[~np.isnan(others)]
+        return max(0.0, float(exit_lag[r] - np.median(others))) if len(others) and not np.isnan(exit_lag[r]) else 0.0
+
+    def _rest_of_phase(self, r: int, j: int, cause: OwnCause, column: int, removals: list[Removal]) -> list[Removal]:
+        """What is left of the cause's host phase excess once its collections are gone (the allocations that provoked them)."""
+        target = _HOST_TARGET.get(cause.phase)
+        if target is None:
+            return []
+        taken = sum(x.ns for x in removals if x.step == j and x.target == target)
+        rest = min(self.lag_excess(r, j, target), self.replayer.lag(r, j, target)) - taken
+        return [Removal(column, r, j, target, rest)] if rest > 0 else []
 
     def saved_ns(self, scenarios: list[list[OwnCause]]) -> np.ndarray:
         """Per scenario (a set of causes removed together), the decode wall time saved."""
@@ -281,7 +316,7 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> WhatIfSection:
     )
     causes = model.once_per_collection(causes)
     mechanisms = sorted({c.mechanism for c in causes})
-    ranks = sorted({c.rank for c in causes})
+    ranks = _ranks_replayed_together(causes, model)
     joint = [
         [],
         causes,
@@ -289,10 +324,7 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> WhatIfSection:
         *([c for c in causes if c.rank == r] for r in ranks),
     ]
     saved = model.saved_ns(joint)
-    alone = np.concatenate(
-        [model.saved_ns([[c] for c in causes[i : i + _CAUSES_PER_BATCH]]) for i in range(0, len(causes), _CAUSES_PER_BATCH)]
-        or [np.zeros(0)]
-    )
+    alone = np.concatenate([model.saved_ns([[c] for c in batch]) for batch in _batches(causes)] or [np.zeros(0)])
     items = [
         WhatIfItem(step=c.step, rank=c.rank, mechanism=c.mechanism, phase=c.phase, saved_ms=_ms(s))
         for c, s in sorted(zip(causes, alone, strict=True), key=lambda pair: (-pair[1], pair[0].step, pair[0].rank))
@@ -303,9 +335,44 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> WhatIfSection:
         total_saved_ms=_ms(saved[1]),
         share_of_decode_wall=round(max(0.0, float(saved[1])) / wall_ns, 4),
         by_mechanism={m: _ms(s) for m, s in zip(mechanisms, saved[2 : 2 + len(mechanisms)], strict=True)},
-        by_rank={str(r): _ms(s) for r, s in zip(ranks, saved[2 + len(mechanisms) :], strict=True)},
+        by_rank=_by_rank(causes, alone, dict(zip(ranks, saved[2 + len(mechanisms) :], strict=True))),
         items=items,
     )
+
+
+def _ranks_replayed_together(causes: list[OwnCause], model: WhatIf) -> list[int]:
+    """The ranks whose causes are replayed together for ``by_rank``: those that cost the most, at most :data:`JOINT_RANKS`.
+
+    A rank's causes removed together can save more (or less) than the sum of
+    each alone; the few ranks that matter get that joint figure, and the rest
+    (a long tail of single scheduling hiccups on a big job) the sum of their items.
+    """
+    ranks = sorted({c.rank for c in causes})
+    if len(ranks) <= JOINT_RANKS:
+        return ranks
+    evidence: dict[int, float] = {}
+    for cause in causes:  # one per cause
+        evidence[cause.rank] = evidence.get(cause.rank, 0.0) + cause.evidence_ns
+    return sorted(sorted(ranks, key=lambda r: (-evidence[r], r))[:JOINT_RANKS])
+
+
+def _by_rank(causes: list[OwnCause], alone: np.ndarray, together: dict[int, float]) -> dict[str, float]:
+    """Per rank: its causes replayed together where that was done, else the sum of each alone."""
+    summed: dict[int, float] = {}
+    for cause, saved in zip(causes, alone, strict=True):  # one per cause
+        summed[cause.rank] = summed.get(cause.rank, 0.0) + max(0.0, float(saved))
+    return {str(r): _ms(together.get(r, summed[r])) for r in sorted(summed)}
+
+
+def _batches(causes: list[OwnCause]) -> list[list[OwnCause]]:
+    """Causes replayed together, one column each: neighbours in steps, so that each column is live most of the replay."""
+    batches: list[list[OwnCause]] = []
+    for cause in causes:  # in step order
+        if batches and len(batches[-1]) < _CAUSES_PER_BATCH and cause.step - batches[-1][0].step < _BATCH_STEPS:
+            batches[-1].append(cause)
+        else:
+            batches.append([cause])
+    return batches
 
 
 def _ms(saved_ns: float) -> float:

@@ -47,7 +47,7 @@ class RuntimeConfig:
     acceptance_rate: float = 0.79
     profile_level: str = "e2e,kernel"
     profile: bool = True
-    # Host evidence on the STRACE spans (SPEC §2.1: os.cpu_ns, os.rq_ns, ...); its
+    # Host evidence on the STRACE spans (docs/FORMATS.md "Host evidence": os.cpu_ns, os.rq_ns, ...); its
     # cost is measured by benchmarks/bench_runtime.py and well under 5%.
     host_evidence: bool = True
     peer_source: str = "auto"  # PEER_SOURCES
@@ -165,8 +165,8 @@ class RuntimeConfig:
 PRESETS: dict[str, RuntimeConfig] = {
     # dsprof run's default: every feature visible in well under a minute on 2 cores.
     "demo": RuntimeConfig(preset="demo", ranks=4, tp=1, requests=16, prompt_tokens=32, output_tokens=48),
-    # SPEC §4 production shape (GBS32 = DP8 x 4, EP8, TP1, 32 x 64 x 256) with a small model.
+    # The production shape (docs/RUNTIME.md) (GBS32 = DP8 x 4, EP8, TP1, 32 x 64 x 256) with a small model.
     "production": RuntimeConfig(preset="production", ranks=8, tp=1, requests=32, prompt_tokens=64, output_tokens=256),
-    # SPEC §4 microbenchmark: EP4/TP4 on four ranks, 5 warm-up + 1000 measured rounds.
+    # The microbenchmark shape (docs/RUNTIME.md): EP4/TP4 on four ranks, 5 warm-up + 1000 measured rounds.
     "microbench": RuntimeConfig(preset="microbench", ranks=4, tp=4, requests=4, prompt_tokens=16, output_tokens=1, rounds=1000, warmup=5),
 }

@@ -11,7 +11,7 @@ Device phases nest: a collective call inside a phase (the MoE all-to-all in
 ``forward``) is timed as ``forward.a2a_wait`` through :func:`device_wait`,
 which finds the clock of the program running on the calling thread.
 
-The CPU executor also takes a host sample (SPEC §2.1) of its own thread around
+The CPU executor also takes a host sample (docs/FORMATS.md "Host evidence") of its own thread around
 every program: that "device" competes for the CPU like any thread, so what the
 OS saw of it during ``device_wall`` tells contention from slow device work.
 A CUDA device has no such thread, and no such evidence.

@@ -151,7 +151,7 @@ class WaitExchange:
 
 
 def last_arrival(stamps: list[int]) -> int:
-    """Index of the latest arrival stamp; a tie goes to the lowest index (SPEC §2.1 ``peer``)."""
+    """Index of the latest arrival stamp; a tie goes to the lowest index (the ``peer`` attribute, docs/FORMATS.md "Host evidence")."""
     return max(range(len(stamps)), key=lambda index: (stamps[index], -index))
 
 

@@ -19,7 +19,7 @@ number the analysis reports): warm-up rounds are excluded, and never perturbed.
 Where ``rank`` is optional and left out, each event picks a seeded random rank.
 Every rank derives the same plan from the seed; each event a rank applies is
 reported to the launcher, which writes them to ``faults.json`` with the
-mechanism and phase an analysis should name for it (SPEC §3) and what the
+mechanism and phase an analysis should name for it (docs/FIGURES.md "Causes") and what the
 ranks measured of it: who lost how much time (``measured``).
 """
 

@@ -14,7 +14,7 @@ the pipeline serializes.
 Runs overlap on one host thread, so their STRACE spans are written with
 ``strace.record`` and explicit depths once the run is validated. Every phase
 boundary is a :class:`Mark`: the host monotonic time and a host sample of the
-thread (SPEC §2.1), so each span carries what the OS saw of the host thread
+thread (docs/FORMATS.md "Host evidence"), so each span carries what the OS saw of the host thread
 between its own two boundaries. The device phases (clk=dev) come from the
 fence: ``device_wall`` with what the OS saw of the CPU executor thread, and
 the program's phases below it, collective waits included.

@@ -59,7 +59,8 @@ def test_lists_are_worst_first_and_count_the_rest(tmp_path):
     outcome = analyze_paths([tmp_path / "run"], tmp_path / "out")
     text = outcome.outputs["summary.md"].read_text()
     assert outcome.summary["tail_steps"]["count"] == 13
-    items = [line for line in text.splitlines() if line.startswith("- step ")]
+    tail_section = text.split("Tail steps (")[1].split("\n\n")[0]
+    items = [line for line in tail_section.splitlines() if line.startswith("- step ")]
     assert items[0].startswith("- step 13 · rank 2 (npu:2) · +30.0 ms")
     assert len(items) == 10 and "- … 3 more in summary.json and report.html" in text
     assert f"**straggler**: {outcome.summary['tail_steps']['straggler']['verdict']}" in text

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dsprof.analysis.outputs.findings import item_line, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
@@ -22,11 +22,11 @@ LIST_LIMIT = 5
 def format_console_summary(summary: Summary) -> str:
     """A readable fixed-width summary for the terminal."""
     lines = [f"{label:<10} {text}" for label, text in verdict_lines(summary)]
-    for key, title in (("tail_steps", "worst tail steps"), ("late_starts", "worst late starts")):
+    for key, title in LATE_LISTS:
         block: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
         items = worst_first(block.get("items") or [])
         if items:
-            lines += ["", f"{title}:"] + [f"  {item_line(item)}" for item in items[:LIST_LIMIT]]
+            lines += ["", f"worst {title}:"] + [f"  {item_line(item)}" for item in items[:LIST_LIMIT]]
             if len(items) > LIST_LIMIT:
                 lines.append(f"  … {len(items) - LIST_LIMIT} more (summary.md, report.html)")
     serving = summary.get("serving") or {}

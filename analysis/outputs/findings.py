@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
 from dsprof.analysis.summary import Summary
-from dsprof.analysis.summary_model import Cause, LateItem
+from dsprof.analysis.summary_model import Cause
 
 # an item of a late list: typed (LateItem) where the summary's section is, any mapping where it is read by key name
 ItemT = TypeVar("ItemT", bound=Mapping[str, Any])
@@ -47,12 +47,29 @@ def cause_text(item: Cause | Mapping[str, Any]) -> str:
     return f"{mechanism}: {detail}"
 
 
-def item_line(item: LateItem | Mapping[str, Any]) -> str:
-    """``step 69 · rank 6 (cpu:6) · +50.914 ms · gc: 48.700 ms collection in native_fence_wait``."""
-    return (
+# The lists of late items in every output, in the order a reader needs them: a slow step costs every rank.
+LATE_LISTS = (("slow_steps", "slow steps"), ("tail_steps", "tail steps"), ("late_starts", "late starts"))
+
+
+def item_line(item: Mapping[str, Any]) -> str:
+    """``step 69 · rank 6 (cpu:6) · +50.914 ms · gc: 48.700 ms collection in native_fence_wait``.
+
+    A slow step adds where the others waited for its culprit
+    (``· held 7 ranks at device_wall.forward.a2a_wait``); a cause with lateness
+    carried over beside it says so.
+    """
+    line = (
         f"step {item.get('step')} · rank {item.get('rank')} ({item.get('device')}) · +{value(item.get('excess_ms'))} ms · "
         f"{cause_text(item)}"
     )
+    carried = item.get("carried_over")
+    if isinstance(carried, dict):
+        line += f" (and {value(carried.get('evidence_ms'))} ms carried over from step {carried.get('from_step')})"
+    path = item.get("critical_path")
+    if isinstance(path, dict):
+        victims = sum(1 for cause in item.get("ranks") or [] if cause.get("role") == "victim")
+        line += f" · held {victims} rank{'s' if victims != 1 else ''} at {path.get('via')}" if victims else f" · {path.get('via')}"
+    return line
 
 
 def worst_first(items: Sequence[ItemT]) -> list[ItemT]:
@@ -73,6 +90,23 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     lines.append(("pipeline", f"{pipe}: {pipeline.get('diagnosis') or 'not checked'}"))
     straggler = (tails.get("straggler") or {}).get("verdict") or "none"
     lines.append(("straggler", straggler))
+    what_if: Mapping[str, Any] = summary.get("what_if") or {}
+    if what_if.get("total_saved_ms") is not None:
+        share = what_if.get("share_of_decode_wall")
+        mechanisms = sorted((what_if.get("by_mechanism") or {}).items(), key=lambda kv: -kv[1])
+        lines.append(
+            (
+                "what-if",
+                f"{what_if['total_saved_ms']} ms"
+                + (f" ({100 * share:.1f}% of the decode wall time)" if share is not None else "")
+                + " saved without the causes found"
+                + (
+                    "; " + ", ".join(f"{MECHANISM_WORDS.get(m, m)} {ms} ms" for m, ms in mechanisms if ms)
+                    if any(ms for _, ms in mechanisms)
+                    else ""
+                ),
+            )
+        )
     if cost.get("total_ms") is not None:
         share = cost.get("share_of_decode_wall")
         lines.append(
@@ -83,7 +117,10 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
                 + " — saved had no rank ended later than the median",
             )
         )
-    lines.append(("late", f"{(summary.get('late_starts') or {}).get('count', 0)} late starts, {tails.get('count', 0)} tail steps"))
+    slow = (summary.get("slow_steps") or {}).get("count", 0)  # type: ignore[call-overload]  # an older summary has none
+    lines.append(
+        ("late", f"{slow} slow steps, {(summary.get('late_starts') or {}).get('count', 0)} late starts, {tails.get('count', 0)} tail steps")
+    )
     return lines
 
 

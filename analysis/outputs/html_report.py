@@ -47,7 +47,7 @@ from plotly.offline import get_plotlyjs
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.layout import device_spans_sql, drawn_runs_sql, runtime_spans_sql
-from dsprof.analysis.outputs.findings import cause_text, item_line, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.findings import LATE_LISTS, cause_text, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, serving_lanes_sql
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
@@ -59,7 +59,7 @@ REPORT_NAME = artifacts.REPORT_HTML
 DEFAULT_SPAN_BUDGET = 200_000
 # Over the span budget, the aggregate bars may take 1/AGGREGATE_SHARE of it; detailed steps the rest.
 AGGREGATE_SHARE = 10
-# Serving categories in the order their lanes appear in a band (SPEC §1); others follow alphabetically.
+# Serving categories in the order their lanes appear in a band (docs/FORMATS.md "SA_PROFILE"); others follow alphabetically.
 SERVING_LANE_ORDER = ("request", "serving", "scheduler", "worker", "executor", "kernel")
 SERVING_PHASE_PREFIX = "serving · "
 # Worst items of each list shown with the verdicts; the full lists are further down.
@@ -72,7 +72,7 @@ FOLDED_LANES = 8
 # Verdict labels whose text says something is wrong when it starts so (findings.verdict_lines' wording);
 # the figures-only lines (tail cost, counts) are information, neither good nor bad.
 _BAD_PREFIXES = {"swimlane": "NOT", "pipeline": "SERIALIZED"}
-_INFO_LABELS = ("tail cost", "late")
+_INFO_LABELS = ("what-if", "tail cost", "late")
 
 _CSP = "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data: blob:; font-src data:"
 
@@ -404,7 +404,7 @@ def _findings_section(summary: Summary) -> str:
             f"<dt>{html.escape(label)}</dt><dd>{html.escape(text)}</dd></div>"
         )
     worst = []
-    for key, title in (("tail_steps", "Worst tail steps"), ("late_starts", "Worst late starts")):
+    for key, title in ((key, f"Worst {title}") for key, title in LATE_LISTS):
         items = worst_first(_block(summary, key).get("items") or [])
         if items:
             entries = "".join(_findings_entry(item) for item in _list_items(items[:FINDINGS_ITEMS]))
@@ -412,7 +412,7 @@ def _findings_section(summary: Summary) -> str:
             worst.append(f'<section class="worst"><h3>{title}</h3><ol>{entries}</ol>{more}</section>')
     return (
         f'<section id="findings"><h2>Findings</h2><dl class="verdicts">{"".join(verdicts)}</dl>'
-        f'<div class="worst-lists">{"".join(worst) or "<p>No late start or tail step over the threshold.</p>"}</div></section>'
+        f'<div class="worst-lists">{"".join(worst) or "<p>No slow step, late start or tail step over the threshold.</p>"}</div></section>'
     )
 
 
@@ -469,7 +469,7 @@ to fold it. Device spans (hatched) are on the device's clock and are placed unde
 
 def _lists_section(summary: Summary) -> str:
     parts = []
-    for key, title in (("tail_steps", "Tail steps"), ("late_starts", "Late starts")):
+    for key, title in ((key, title.capitalize()) for key, title in LATE_LISTS):
         block = _block(summary, key)
         parts.append(f"""<section class="late-list" id="list-{key}" data-list="{key}">
 <h2>{title} ({_e(block.get("count", 0))}, threshold {_e(block.get("threshold_ms"))} ms)</h2>
@@ -562,7 +562,7 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
     data = {
         "swimlane": swimlane,
         "chart": _chart_data(summary),
-        "lists": {key: _list_items(_block(summary, key).get("items") or []) for key in ("tail_steps", "late_starts")},
+        "lists": {key: _list_items(_block(summary, key).get("items") or []) for key, _ in LATE_LISTS},
     }
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">

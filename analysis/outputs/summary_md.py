@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from dsprof.analysis.outputs.findings import item_line, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.summary_model import PercentileFigure
@@ -38,6 +38,7 @@ WORKLOAD_SHAPE_KEYS = (
 )
 # The percentile figures shown in the printed table and in summary.md (the rest stay in summary.json).
 HEADLINE_FIGURES: tuple[PercentileFigure, ...] = (
+    "step_interval_ms",
     "runner_start_skew_ms",
     "runner_end_skew_ms",
     "runner_to_validate_gap_ms",
@@ -92,12 +93,12 @@ def format_summary_md(summary: Summary) -> str:
 
 def _late_lists(summary: Summary) -> list[str]:
     lines: list[str] = []
-    for key, title in (("tail_steps", "Tail steps"), ("late_starts", "Late starts")):
+    for key, title in LATE_LISTS:
         block: dict = summary.get(key) or {}  # type: ignore[assignment]
         items = worst_first(block.get("items") or [])
         if not items:
             continue
-        lines += ["", f"{title} (> {block.get('threshold_ms')} ms), worst first:"]
+        lines += ["", f"{title.capitalize()} (> {block.get('threshold_ms')} ms), worst first:"]
         lines += [f"- {md(item_line(item))}" for item in items[:LIST_LIMIT]]
         if len(items) > LIST_LIMIT:
             lines.append(f"- … {len(items) - LIST_LIMIT} more in summary.json and report.html")

@@ -1,0 +1,278 @@
+"""The rules that choose the cause of a late start or end (docs/FIGURES.md "Causes"), as SQL over a cell.
+
+Each rule is ``(condition, phase, mechanism, evidence, detail)``: SQL
+expressions over one row of ``cells`` (its values and ``<column>_typ``, the
+median of the other ranks of the step), tried in order; :func:`case_sql` turns
+a list of them into one CASE expression per field. :mod:`dsprof.analysis.causes`
+applies them.
+"""
+
+from __future__ import annotations
+
+from dsprof.profiler import strace_format as fmt
+
+# a quantity explains a lateness when it accounts for at least this share of it
+EXPLAINS_SHARE = 0.5
+PHASE_BEFORE_BIND = "before bind"
+PHASE_LAUNCH = "launch"
+# the end of run N held by the bind of run N+1 on the same thread; items name it as that run's bind
+PHASE_NEXT_BIND = "next bind"
+
+
+def excess_of(column: str) -> str:
+    return f"({column} - {column}_typ)"
+
+
+def explains(value: str, of: str) -> str:
+    """``value`` (possibly null) explains at least half of ``of``."""
+    return f"coalesce({value} >= {EXPLAINS_SHARE} * {of}, FALSE)"
+
+
+def contention_of(rq: str, cpu: str) -> str:
+    """Run-queue wait beyond what the CPU time spent would have waited at the step's typical contention.
+
+    On a busy host a thread that does more work also waits more for a CPU; only
+    the wait beyond that proportion is contention (``run_queue``), the rest goes
+    with the work.
+    """
+    return f"({rq} - coalesce({cpu}, 0) * coalesce({rq}_typ / nullif({cpu}_typ, 0), 0))"
+
+
+def extra_work(cpu: str, rq: str) -> str:
+    """The extra CPU time, with the run-queue wait it brings at the step's typical contention."""
+    return f"(({cpu} - {cpu}_typ) * (1 + coalesce({rq}_typ / nullif({cpu}_typ, 0), 0)))"
+
+
+def host_rules(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str, str, str, str, str]]:
+    """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
+    return [
+        (explains(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
+        (
+            explains(contention_of(rq, cpu), excess),
+            phase,
+            fmt.MECH_RUN_QUEUE,
+            contention_of(rq, cpu),
+            f"'runnable but waiting for a CPU in {phase}'",
+        ),
+        (explains(extra_work(cpu, rq), excess), phase, fmt.MECH_HOST_CPU, excess_of(cpu), f"'more host CPU in {phase}'"),
+        (f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
+        ("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
+    ]
+
+
+def start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
+    """Rules for a start that was ``delay`` late; conditions are tried in order."""
+    carried = excess_of("admissible_ns")
+    bind = excess_of("bind_ns")
+    arrival = excess_of("root_ts_ns")
+    gap = excess_of("launch_gap_ns")
+    through = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN 'claim_release' ELSE 'slot reuse' END"
+    return [
+        (
+            f"NOT ({delay} > 0)",
+            PHASE_BEFORE_BIND,
+            fmt.MECH_UNATTRIBUTED,
+            delay,
+            "'no later than the typical rank (an earlier rank started early)'",
+        ),
+        (
+            explains(carried, delay),
+            PHASE_BEFORE_BIND,
+            fmt.MECH_CARRIED_OVER,
+            carried,
+            f"'held back by the late earlier run through ' || {through}",
+        ),
+        *[
+            (f"{explains(bind, delay)} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)
+        ],
+        (
+            f"{explains(arrival, delay)} AND {explains('gc_before', arrival)}",
+            PHASE_BEFORE_BIND,
+            fmt.MECH_GC,
+            "gc_before",
+            "'collection before the run began'",
+        ),
+        (
+            explains(arrival, delay),
+            PHASE_BEFORE_BIND,
+            fmt.MECH_UNATTRIBUTED,
+            arrival,
+            "'the run began late; nothing recorded before its bind explains it'",
+        ),
+        (
+            f"{explains(gap, delay)} AND {explains('gc_gap', gap)}",
+            PHASE_LAUNCH,
+            fmt.MECH_GC,
+            "gc_gap",
+            "'collection between bind and launch'",
+        ),
+        ("TRUE", PHASE_LAUNCH, fmt.MECH_UNATTRIBUTED, delay, "'between bind and launch; nothing recorded explains it'"),
+    ]
+
+
+def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
+    """Rules for an end that was late; ``runner_x`` is how much longer runner_run took."""
+    runner_x = excess_of("runner_ns")
+    device = excess_of("device_wall_ns")
+    fence = excess_of("fence_ns")
+    drain = excess_of("drain_after_ns")
+    markers = "device_markers > 0"
+    work = excess_of("device_work_ns")
+    next_bind = excess_of("next_bind_ns")
+    # ... and more than the host waited on the completion fence beyond the device (a late fence signal)
+    slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= {fence} - {device}, FALSE)"
+    return [
+        # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
+        # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late
+        # too (depth-2 back-pressure), and its peers wait for it: its own work is the cause, not the carry-over.
+        (
+            f"{slow_device} AND {explains('gc_run', work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
+        ),
+        (
+            f"{slow_device} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            contention_of("device_rq_ns", "device_cpu_ns"),
+            "'the device thread was runnable but waiting for a CPU'",
+        ),
+        (slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        # otherwise the start's cause when the late start is the larger part
+        *[
+            (f"{excess_of('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in start_rules(excess_of("start_ns"))
+        ],
+        (
+            f"{markers} AND {explains(device, runner_x)} AND {explains('gc_run', device)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
+        ),
+        (
+            f"{markers} AND {explains(device, runner_x)} AND {explains(excess_of('device_wait_ns'), device)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_PEER_WAIT,
+            excess_of("device_wait_ns"),
+            "'waited for a peer rank'",
+        ),
+        (
+            f"{markers} AND {explains(device, runner_x)} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), device)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            contention_of("device_rq_ns", "device_cpu_ns"),
+            "'the device thread was runnable but waiting for a CPU'",
+        ),
+        (f"{markers} AND {explains(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
+        (
+            f"{markers} AND {explains(excess_of('drain_lag_ns'), runner_x)} AND {explains(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
+            fmt.PHASE_RUNNER,
+            fmt.MECH_CARRIED_OVER,
+            drain,
+            "'its drain waited for the late previous run'",
+        ),
+        (
+            f"{markers} AND {explains(fence, runner_x)} AND {explains('gc_fence', fence)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_GC,
+            "gc_fence",
+            f"'collection in {fmt.PHASE_FENCE_WAIT}'",
+        ),
+        (
+            f"{markers} AND {explains(fence, runner_x)} AND {explains(contention_of('fence_rq_ns', 'fence_cpu_ns'), fence)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_RUN_QUEUE,
+            contention_of("fence_rq_ns", "fence_cpu_ns"),
+            "'woke from the fence but waited for a CPU'",
+        ),
+        (
+            f"{markers} AND {explains(fence, runner_x)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_DEVICE,
+            fence,
+            "'the completion fence was signalled late'",
+        ),
+        # the thread binds the next run before it drains this one (depth 2): a slow next bind holds this run's end
+        *[
+            (
+                f"coalesce(next_bind_ts_ns < end_ns, FALSE) AND {explains(next_bind, runner_x)} AND {cond}",
+                PHASE_NEXT_BIND,
+                mech,
+                ev,
+                detail.replace(PHASE_NEXT_BIND, "the bind of the next run"),
+            )
+            for cond, _, mech, ev, detail in host_rules(PHASE_NEXT_BIND, "gc_next_bind", "next_bind_rq_ns", "next_bind_cpu_ns", next_bind)[
+                :3
+            ]
+        ],
+        *[
+            (f"{markers} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
+        ],
+        # no device-phase markers: the host evidence of runner_run may still tell
+        *host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
+        ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
+    ]
+
+
+def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, str]]:
+    """A run's own cause, beside what was carried over to it: evidence in its own phases above the threshold.
+
+    Used where the run was also held back by an earlier one, so that a fault
+    of its own is named rather than hidden behind the carry-over.
+    """
+    material = lambda value: f"coalesce({value} > {threshold_ns}, FALSE)"  # noqa: E731
+    bind = [
+        (material("gc_bind"), fmt.PHASE_BIND, fmt.MECH_GC, "gc_bind", f"'collection in {fmt.PHASE_BIND}'"),
+        (
+            material(extra_work("bind_cpu_ns", "bind_rq_ns")),
+            fmt.PHASE_BIND,
+            fmt.MECH_HOST_CPU,
+            excess_of("bind_cpu_ns"),
+            "'more host CPU in bind'",
+        ),
+    ]
+    if which == "start":
+        return bind
+    work = excess_of("device_work_ns")
+    signal = excess_of("signal_lag_ns")
+    return [
+        *bind,
+        (material("gc_fence"), fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
+        (
+            f"{material(work)} AND {explains('gc_run', work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
+        ),
+        (
+            f"{material(work)} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), work)}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            contention_of("device_rq_ns", "device_cpu_ns"),
+            "'the device thread was runnable but waiting for a CPU'",
+        ),
+        (material(work), fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        (
+            f"{material(signal)} AND {explains(contention_of('fence_rq_ns', 'fence_cpu_ns'), signal)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_RUN_QUEUE,
+            contention_of("fence_rq_ns", "fence_cpu_ns"),
+            "'woke from the fence but waited for a CPU'",
+        ),
+        (material(signal), fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, signal, "'the completion fence was signalled late'"),
+    ]
+
+
+def case_sql(rules: list[tuple[str, str, str, str, str]], field: int) -> str:
+    whens = " ".join(f"WHEN {rule[0]} THEN {sql_text(rule[field]) if field in (1, 2) else rule[field]}" for rule in rules)
+    return f"CASE {whens} END"
+
+
+def sql_text(text: str) -> str:
+    return "'" + text.replace("'", "''") + "'"
