@@ -23,8 +23,9 @@ from dsprof.analysis.serving import serving_figures
 from dsprof.analysis.skew import ns_to_ms, skew_figures
 from dsprof.analysis.slow_steps import critical_path, slow_step_items, step_intervals
 from dsprof.analysis.spans import Trace
-from dsprof.analysis.straggler import straggler_verdict
+from dsprof.analysis.straggler import Flagged, straggler_verdict
 from dsprof.analysis.summary import Summary, build_summary
+from dsprof.analysis.summary_model import Inputs, LateStarts, SlowSteps, StepRow
 from dsprof.analysis.swimlane import Swimlane, build_swimlane
 from dsprof.analysis.trends import trends_section
 from dsprof.analysis.validation import validate
@@ -80,24 +81,27 @@ def analyze_trace(
     what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))
     devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
     tail_steps = {t["step"] for t in diagnosis.tail_steps}
-    flagged = [*diagnosis.tail_steps, *(item for item in slow if item["step"] not in tail_steps)]  # one cause per flagged step
+    flagged: list[Flagged] = [
+        *diagnosis.tail_steps,
+        *(item for item in slow if item["step"] not in tail_steps),
+    ]  # one cause per flagged step
     summary = build_summary(
-        inputs={
-            "files": list(trace.files),
-            "records_read": int(trace.records_read),
-            "spans": int(trace.span_count),
-            "dropped": {str(k): int(v) for k, v in sorted(trace.dropped.items())},
-            "notes": list(trace.notes),
-        },
+        inputs=Inputs(
+            files=list(trace.files),
+            records_read=int(trace.records_read),
+            spans=int(trace.span_count),
+            dropped={str(k): int(v) for k, v in sorted(trace.dropped.items())},
+            notes=list(trace.notes),
+        ),
         performance_summary=trace.performance_summary,
         validation=validate(engine, swimlane, expect_ranks=expect_ranks),
         figures=figures,
         per_step=_with_intervals(per_step, engine),
-        late_starts={"threshold_ms": threshold_ms, "count": len(diagnosis.late_starts), "items": diagnosis.late_starts},
+        late_starts=LateStarts(threshold_ms=threshold_ms, count=len(diagnosis.late_starts), items=diagnosis.late_starts),
         tail_steps=tail_block(
             diagnosis.tail_steps, threshold_ms, straggler_verdict(what_if, flagged, [row["step"] for row in per_step], devices)
         ),
-        slow_steps={"threshold_ms": threshold_ms, "median_interval_ms": intervals["median_interval_ms"], "count": len(slow), "items": slow},
+        slow_steps=SlowSteps(threshold_ms=threshold_ms, median_interval_ms=intervals["median_interval_ms"], count=len(slow), items=slow),
         what_if=what_if,
         trends=trends_section(engine, what_if["items"]),
         tail_cost=tail_cost(engine),
@@ -107,10 +111,10 @@ def analyze_trace(
     return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)
 
 
-def _with_intervals(per_step: list[dict], engine: Engine) -> list[dict]:
+def _with_intervals(per_step: list[StepRow], engine: Engine) -> list[StepRow]:
     """Each per-step row with its step interval (ms; null for the first step)."""
     intervals = dict(engine.rows("SELECT step, interval_ns FROM step_intervals"))
-    return [row | {"interval_ms": None if intervals.get(row["step"]) is None else ns_to_ms(intervals[row["step"]])} for row in per_step]
+    return [{**row, "interval_ms": None if intervals.get(row["step"]) is None else ns_to_ms(intervals[row["step"]])} for row in per_step]
 
 
 def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = None) -> AnalysisResult:

@@ -24,6 +24,7 @@ every rank whose end exceeds the typical end by more than the threshold.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from dsprof.analysis.cause_rules import (
     EXPLAINS_SHARE,
@@ -37,6 +38,7 @@ from dsprof.analysis.cause_rules import (
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
 from dsprof.profiler import strace_format as fmt
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).
@@ -306,8 +308,8 @@ def _chain_origins(engine: Engine, threshold_ns: int) -> None:
 class Diagnosis:
     """Every late start and every tail step's late ranks, with their causes (summary.json items)."""
 
-    late_starts: list[dict]
-    tail_steps: list[dict]
+    late_starts: list[LateStart]
+    tail_steps: list[TailStep]
 
 
 @stage("causes", reads=("decode", "steps", "step_intervals", "gc", "spans"), writes=("diagnosed",))
@@ -321,35 +323,34 @@ def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
     return Diagnosis(late_starts=_late_start_items(engine), tail_steps=_tail_items(engine))
 
 
-def cause_item(row: dict, which: str, late_rank: int, late_device: str) -> dict:
+def cause_item(row: dict, which: str, late_rank: int, late_device: str) -> Cause:
     """One cause, as summary.json items carry it; a victim names its culprit as ``rank``."""
     mechanism = row[f"{which}_mechanism"]
     evidence_ms = ns_to_ms(max(0.0, row[f"{which}_evidence_ns"] or 0.0))
-    item = {
-        "rank": late_rank,
-        "device": late_device,
-        "phase": row[f"{which}_phase"],
-        "mechanism": mechanism,
-        "evidence_ms": evidence_ms,
-        "detail": row[f"{which}_detail"],
-        "role": "culprit",
-    }
+    item = Cause(
+        rank=late_rank,
+        device=late_device,
+        phase=row[f"{which}_phase"],
+        mechanism=mechanism,
+        evidence_ms=evidence_ms,
+        detail=row[f"{which}_detail"],
+        role="culprit",
+    )
     if which == "end" and row.get("end_evidence_step") is not None:
         item["evidence_step"] = row["end_evidence_step"]  # the run whose phase holds the evidence
     if mechanism == fmt.MECH_CARRIED_OVER:
         item["from_step"] = row[f"{which}_from_step"]
     elif row.get(f"{which}_carried_ns") is not None and row.get(f"{which}_from_step") is not None:
         # its own cause, and lateness carried over from an earlier step beside it
-        item["carried_over"] = {"from_step": row[f"{which}_from_step"], "evidence_ms": ns_to_ms(max(0.0, row[f"{which}_carried_ns"]))}
+        item["carried_over"] = CarriedOver(from_step=row[f"{which}_from_step"], evidence_ms=ns_to_ms(max(0.0, row[f"{which}_carried_ns"])))
     if mechanism == fmt.MECH_PEER_WAIT:
         peer = row["last_arrival_rank"]
-        item.update(
-            role="victim",
-            rank=peer,
-            device=row["peer_device"],
-            peer=peer,
-            detail=f"waited {evidence_ms:.3f} ms for rank {peer} (it reached the collective last)",
-        )
+        # the keys it had keep their places; peer comes last
+        item["role"] = "victim"
+        item["rank"] = peer
+        item["device"] = row["peer_device"]
+        item["peer"] = peer
+        item["detail"] = f"waited {evidence_ms:.3f} ms for rank {peer} (it reached the collective last)"
     else:
         item["detail"] = f"{evidence_ms:.3f} ms {item['detail']}"
     item["late_rank"] = late_rank
@@ -360,48 +361,50 @@ _ITEM_COLUMNS = """d.*, p.device AS peer_device"""
 _PEER_JOIN = "LEFT JOIN (SELECT DISTINCT rank, device FROM decode) p ON p.rank = d.last_arrival_rank"
 
 
-def _late_start_items(engine: Engine) -> list[dict]:
+def _late_start_items(engine: Engine) -> list[LateStart]:
     rows = engine.arrow(f"SELECT {_ITEM_COLUMNS} FROM diagnosed d {_PEER_JOIN} WHERE late_start ORDER BY step, d.rank").to_pylist()
-    items = []
+    items: list[LateStart] = []
     for row in rows:  # one per late start: the output items themselves
         cause = cause_item(row, "start", row["rank"], row["device"])
         items.append({"step": row["step"], **cause, "excess_ms": ns_to_ms(row["start_excess_ns"])})
     return items
 
 
-def _tail_items(engine: Engine) -> list[dict]:
+def _tail_items(engine: Engine) -> list[TailStep]:
     rows = engine.arrow(f"""SELECT {_ITEM_COLUMNS} FROM diagnosed d {_PEER_JOIN} WHERE late_end
                             ORDER BY step, end_ns DESC, d.rank""").to_pylist()
-    items: list[dict] = []
+    steps: list[tuple[dict, list[LateRank]]] = []  # each tail step's first row, and its late ranks
     for row in rows:  # one per late rank of a tail step
-        late = {**cause_item(row, "end", row["rank"], row["device"]), "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0))}
-        if items and items[-1]["step"] == row["step"]:
-            items[-1]["ranks"].append(late)
+        late: LateRank = {
+            **cause_item(row, "end", row["rank"], row["device"]),
+            "excess_ms": ns_to_ms(max(0.0, row["end_excess_ns"] or 0.0)),
+        }
+        if steps and steps[-1][0]["step"] == row["step"]:
+            steps[-1][1].append(late)
             continue
-        items.append(
-            {
-                "step": row["step"],
-                "runner_end_skew_ms": ns_to_ms(row["end_skew_ns"]),
-                "excess_ms": ns_to_ms(row["end_skew_ns"]),
-                "ranks": [late],
-            }
-        )
-    for item in items:  # the step's culprit: the latest-ending rank that is not a victim, else the latest
-        primary = next((r for r in item["ranks"] if r["role"] == "culprit"), item["ranks"][0])
-        item.update({k: v for k, v in primary.items() if k not in ("excess_ms",)})
-    return items
+        steps.append((row, [late]))
+    return [_tail_item(row, ranks) for row, ranks in steps]
 
 
-def tail_block(tails: list[dict], threshold_ms: float, straggler: dict) -> dict:
+def _tail_item(row: dict, ranks: list[LateRank]) -> TailStep:
+    """A tail step with the cause of its culprit: the latest-ending rank that is not a victim, else the latest."""
+    primary = next((r for r in ranks if r["role"] == "culprit"), ranks[0])
+    culprit = cast(Cause, {k: v for k, v in primary.items() if k != "excess_ms"})
+    skew_ms = ns_to_ms(row["end_skew_ns"])
+    return {"step": row["step"], "runner_end_skew_ms": skew_ms, "excess_ms": skew_ms, "ranks": ranks, **culprit}
+
+
+def tail_block(tails: list[TailStep], threshold_ms: float, straggler: Straggler) -> TailSteps:
     """The ``tail_steps`` block of summary.json: the items, which devices they fall on, and the straggler verdict."""
     devices: dict[str, int] = {}
     for item in tails:  # one per tail step
-        devices[item["device"]] = devices.get(item["device"], 0) + 1
-    return {
-        "threshold_ms": threshold_ms,
-        "count": len(tails),
-        "items": tails,
-        "same_device": None if not tails else len(devices) == 1,
-        "devices": devices,
-        "straggler": straggler,
-    }
+        device = cast(str, item["device"])  # null where a victim's peer has no device: JSON writes that key "null"
+        devices[device] = devices.get(device, 0) + 1
+    return TailSteps(
+        threshold_ms=threshold_ms,
+        count=len(tails),
+        items=tails,
+        same_device=None if not tails else len(devices) == 1,
+        devices=devices,
+        straggler=straggler,
+    )

@@ -25,6 +25,7 @@ from __future__ import annotations
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair
 from dsprof.profiler import strace_format as fmt
 
 FIRST_VIOLATIONS = 10
@@ -78,7 +79,7 @@ def _violation_reason() -> str:
 
 
 @stage("pipeline", reads=("spans", "invocations", "processes", "runs", "decode"))
-def pipeline_figures(engine: Engine) -> dict:
+def pipeline_figures(engine: Engine) -> Pipeline:
     """The ``pipeline`` block of summary.json."""
     identity = bool(engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY})"))
     engine.run(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT *, {_violation_reason()} AS reason FROM ({_pairs_sql(identity)})")
@@ -87,34 +88,38 @@ def pipeline_figures(engine: Engine) -> dict:
                   count(*) FILTER (WHERE reason LIKE '%claim_release%'), count(*) FILTER (WHERE prev_is_decode)
            FROM pairs"""
     )[0]
-    bad = engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
+    bad: list[PipelineViolation] = (
+        engine.arrow(f"""SELECT coalesce(rank, prev_rank) AS rank, pid, run_epoch, decode_step AS step, sequence, reason
                            FROM pairs WHERE reason <> '' ORDER BY runner_ts_ns, lane, prev_inv LIMIT {FIRST_VIOLATIONS}""").to_pylist()
-    prefill = engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
+    )
+    prefill: list[PrefillPair] = (
+        engine.arrow("""SELECT coalesce(rank, prev_rank) AS rank, pid, sequence, prev_sequence, reason = '' AS overlapped, reason
                               FROM pairs WHERE NOT prev_is_decode ORDER BY rank, pid, lane, prev_inv""").to_pylist()
+    )
     serialized = checked > 0 and overlapped < checked / 2
     cadence = _cadence(engine)
     depth = _depth(engine, "root_ts_ns", "root_end_ns")
-    figures = {
-        "rule": "native identity (serving stack)" if identity else "decode runs by run_epoch",
-        "pairs_checked": int(checked),
-        "pairs_overlapped": int(overlapped),
-        "violations": int(checked - overlapped),
-        "claim_order_violations": int(early),
-        "overlap_share": round(overlapped / checked, 4) if checked else None,
-        "serialized": bool(serialized),
-        "native_overlap_verified": _native_verdict(engine, identity, checked, overlapped),
-        "first_violations": bad,
-        "prefill_pairs": prefill,
-        "cadence_ms": cadence,
-        "cadence_p50_ms": _cadence_p50(engine),
-        "achieved_depth": depth,
-        "runner_depth": _depth(engine, "runner_ts_ns", "runner_end_ns"),
-    }
-    figures["diagnosis"] = _diagnosis(engine, figures, decode_pairs)
-    return figures
+    cadence_p50 = _cadence_p50(engine)
+    return Pipeline(
+        rule="native identity (serving stack)" if identity else "decode runs by run_epoch",
+        pairs_checked=int(checked),
+        pairs_overlapped=int(overlapped),
+        violations=int(checked - overlapped),
+        claim_order_violations=int(early),
+        overlap_share=round(overlapped / checked, 4) if checked else None,
+        serialized=bool(serialized),
+        native_overlap_verified=_native_verdict(engine, identity, checked, overlapped),
+        first_violations=bad,
+        prefill_pairs=prefill,
+        cadence_ms=cadence,
+        cadence_p50_ms=cadence_p50,
+        achieved_depth=depth,
+        runner_depth=_depth(engine, "runner_ts_ns", "runner_end_ns"),
+        diagnosis=_diagnosis(engine, int(checked), int(overlapped), int(early), bool(serialized), cadence_p50),
+    )
 
 
-def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: int) -> dict:
+def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: int) -> NativeOverlap:
     """What the stack's ``--assert-native-overlap`` would answer: verified, or the first reason it refuses."""
     if not identity:
         return {"verified": False, "reason": "no root carries the pipeline identity attributes"}
@@ -137,19 +142,19 @@ def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: in
     return {"verified": True, "reason": f"{checked} adjacent pairs overlap"}
 
 
-def _cadence(engine: Engine) -> dict:
+def _cadence(engine: Engine) -> dict[str, Percentiles]:
     engine.run("""CREATE OR REPLACE TEMP TABLE cadence AS
         SELECT rank, runner_ts_ns - lag(runner_ts_ns) OVER (PARTITION BY rank ORDER BY runner_ts_ns) AS cadence_ns
         FROM decode WHERE runner_ts_ns IS NOT NULL""")
     return {rank: blocks["cadence"] for rank, blocks in percentile_blocks(engine, "cadence", {"cadence": "cadence_ns"}, by="rank").items()}
 
 
-def _cadence_p50(engine: Engine):
+def _cadence_p50(engine: Engine) -> float | None:
     value = engine.scalar("SELECT median(cadence_ns) FROM cadence")
     return None if value is None else ns_to_ms(value)
 
 
-def _depth(engine: Engine, start: str, end: str) -> dict:
+def _depth(engine: Engine, start: str, end: str) -> dict[str, float]:
     """Per rank: Σ durations of the intervals / length of their union (sort, merge with a running max)."""
     rows = engine.rows(f"""
         WITH spans AS (SELECT rank, {start} AS s, {end} AS e FROM decode WHERE {start} IS NOT NULL AND {end} IS NOT NULL),
@@ -163,18 +168,19 @@ def _depth(engine: Engine, start: str, end: str) -> dict:
     return {str(rank): round(float(value), 3) for rank, value in rows if value is not None}
 
 
-def _diagnosis(engine: Engine, figures: dict, decode_pairs: int) -> str:
-    checked, overlapped = figures["pairs_checked"], figures["pairs_overlapped"]
-    cadence = "n/a" if figures["cadence_p50_ms"] is None else f"{figures['cadence_p50_ms']:.3f} ms"
+def _diagnosis(
+    engine: Engine, checked: int, overlapped: int, claim_order_violations: int, serialized: bool, cadence_p50_ms: float | None
+) -> str:
+    cadence = "n/a" if cadence_p50_ms is None else f"{cadence_p50_ms:.3f} ms"
     if checked == 0:
         return "not checked: no rank has two adjacent decode runs"
-    if not figures["serialized"]:
+    if not serialized:
         where = "every pair" if overlapped == checked else f"{overlapped} of {checked} pairs"
         return f"pipelined: bind(N+1) overlaps runner_run(N) on {where}; cadence p50 {cadence}"
     no_overlap = engine.scalar("SELECT count(*) FROM pairs WHERE reason LIKE '%does not overlap%'")
     if no_overlap * 2 < checked:
         return (
-            f"unordered: runner_run(N+1) starts before claim_release(N) in {figures['claim_order_violations']} of {checked} pairs; "
+            f"unordered: runner_run(N+1) starts before claim_release(N) in {claim_order_violations} of {checked} pairs; "
             f"cadence p50 {cadence}"
         )
     ranks_serial, ranks = engine.rows("""SELECT count(DISTINCT coalesce(rank, prev_rank)) FILTER (WHERE reason LIKE '%does not overlap%'),

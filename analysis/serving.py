@@ -23,6 +23,7 @@ import math
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Serving
 
 FIGURES = ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate", "requests")
 # performance_summary.json field names, dsprof's own first; (name, factor to the figure's unit)
@@ -106,7 +107,7 @@ def _from_request_spans(engine: Engine) -> dict[str, tuple[float, str]]:
 
 
 @stage("serving", reads=("spans",))
-def serving_figures(engine: Engine, trace: Trace) -> dict:
+def serving_figures(engine: Engine, trace: Trace) -> Serving:
     """The ``serving`` block of summary.json, with ``sources``."""
     found = _from_request_spans(engine)
     if isinstance(trace.performance_summary, dict):
@@ -118,4 +119,13 @@ def serving_figures(engine: Engine, trace: Trace) -> dict:
         values["throughput_tok_s"], sources["throughput_tok_s"] = round(tokens / elapsed, 3), DERIVED
     if values["effective_tpot_ms"] is None and tokens and elapsed and requests:
         values["effective_tpot_ms"], sources["effective_tpot_ms"] = round(elapsed * 1000 / (tokens / requests), 3), DERIVED
-    return {**values, "sources": sources}
+    return Serving(
+        tokens_returned=values["tokens_returned"],
+        tokens_expected=values["tokens_expected"],
+        batch_elapsed_s=values["batch_elapsed_s"],
+        throughput_tok_s=values["throughput_tok_s"],
+        effective_tpot_ms=values["effective_tpot_ms"],
+        acceptance_rate=values["acceptance_rate"],
+        requests=values["requests"],
+        sources=sources,
+    )

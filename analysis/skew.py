@@ -7,8 +7,11 @@ nanosecond values — reported in ms with three decimals.
 
 from __future__ import annotations
 
+from typing import overload
+
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Figures, Percentiles, RankFigures, StepRow
 
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
 
@@ -28,10 +31,11 @@ def ns_to_ms(value: float) -> float:
     return round(float(value) / 1e6, 3)
 
 
-def _block(values: list | None, count: int) -> dict:
+def _block(values: list | None, count: int) -> Percentiles:
     if not count or values is None:
-        return {name: None for name, _ in PERCENTILES} | {"count": 0}
-    return {name: ns_to_ms(v) for (name, _), v in zip(PERCENTILES, values, strict=True)} | {"count": int(count)}
+        return Percentiles(p50=None, p95=None, p99=None, max=None, count=0)
+    p50, p95, p99, top = (ns_to_ms(v) for v in values)
+    return Percentiles(p50=p50, p95=p95, p99=p99, max=top, count=int(count))
 
 
 def _quantiles(expression: str) -> str:
@@ -39,6 +43,10 @@ def _quantiles(expression: str) -> str:
     return f"quantile_cont({expression}, [{points}]), count({expression})"
 
 
+@overload
+def percentile_blocks(engine: Engine, table: str, expressions: dict[str, str], by: None = None) -> dict[str, Percentiles]: ...
+@overload
+def percentile_blocks(engine: Engine, table: str, expressions: dict[str, str], by: str) -> dict[str, dict[str, Percentiles]]: ...
 def percentile_blocks(engine: Engine, table: str, expressions: dict[str, str], by: str | None = None) -> dict:
     """``{name: {"p50", "p95", "p99", "max", "count"}}`` of each ns expression over ``table``; per ``by`` value when given."""
     selected = ", ".join(_quantiles(e) for e in expressions.values())
@@ -62,24 +70,43 @@ GROUP BY step
 
 
 @stage("skew", reads=("decode",), writes=("steps",))
-def skew_figures(engine: Engine) -> tuple[dict, list[dict]]:
+def skew_figures(engine: Engine) -> tuple[Figures, list[StepRow]]:
     """The ``figures`` block and the ``per_step`` list of summary.json; leaves the ``steps`` table in the engine."""
     engine.run(f"CREATE OR REPLACE TABLE steps AS {STEPS_SQL}")
-    figures = percentile_blocks(engine, "steps", {name: name.replace("_ms", "_ns") for name in STEP_FIGURES})
-    figures |= percentile_blocks(engine, "decode", DURATIONS)
+    skews = percentile_blocks(engine, "steps", {name: name.replace("_ms", "_ns") for name in STEP_FIGURES})
+    durations = percentile_blocks(engine, "decode", DURATIONS)
     per_rank = percentile_blocks(engine, "decode", {name: DURATIONS[name] for name in PER_RANK_FIGURES}, by="rank")
     devices = dict(engine.rows("SELECT rank, min(device) FROM decode GROUP BY rank"))
-    figures["per_rank"] = {rank: blocks | {"device": str(devices[int(rank)])} for rank, blocks in per_rank.items()}
+    figures = Figures(
+        runner_start_skew_ms=skews["runner_start_skew_ms"],
+        runner_end_skew_ms=skews["runner_end_skew_ms"],
+        bind_ms=durations["bind_ms"],
+        runner_run_ms=durations["runner_run_ms"],
+        root_ms=durations["root_ms"],
+        validate_ms=durations["validate_ms"],
+        runner_to_validate_gap_ms=durations["runner_to_validate_gap_ms"],
+        per_rank={rank: _rank_figures(blocks, str(devices[int(rank)])) for rank, blocks in per_rank.items()},
+    )
     rows = engine.arrow("SELECT * FROM steps ORDER BY step").to_pylist()
     per_step = [
-        {
-            "step": r["step"],
-            "ranks": r["ranks"],
-            "runner_start_skew_ms": ns_to_ms(r["runner_start_skew_ns"]),
-            "runner_end_skew_ms": ns_to_ms(r["runner_end_skew_ns"]),
-            "latest_start_rank": r["latest_start_rank"],
-            "latest_end_rank": r["latest_end_rank"],
-        }
+        StepRow(
+            step=r["step"],
+            ranks=r["ranks"],
+            runner_start_skew_ms=ns_to_ms(r["runner_start_skew_ns"]),
+            runner_end_skew_ms=ns_to_ms(r["runner_end_skew_ns"]),
+            latest_start_rank=r["latest_start_rank"],
+            latest_end_rank=r["latest_end_rank"],
+        )
         for r in rows  # output rows of summary.json, one per step
     ]
     return figures, per_step
+
+
+def _rank_figures(blocks: dict[str, Percentiles], device: str) -> RankFigures:
+    return RankFigures(
+        bind_ms=blocks["bind_ms"],
+        root_ms=blocks["root_ms"],
+        validate_ms=blocks["validate_ms"],
+        runner_to_validate_gap_ms=blocks["runner_to_validate_gap_ms"],
+        device=device,
+    )

@@ -22,10 +22,13 @@ pass over ``decode``.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from dsprof.analysis.causes import cause_item
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Cause, CriticalPath, Percentiles, SlowStep
 from dsprof.profiler import strace_format as fmt
 
 # the critical path goes through a collective when it held the other ranks this share of the excess, or the threshold
@@ -36,8 +39,13 @@ SOURCE_ARRIVAL = "arrival order"
 SOURCE_LATEST = "latest rank"
 
 
+class StepIntervals(TypedDict):
+    step_interval_ms: Percentiles  # figures.step_interval_ms
+    median_interval_ms: float | None  # slow_steps.median_interval_ms
+
+
 @stage("intervals", reads=("decode",), writes=("step_intervals",))
-def step_intervals(engine: Engine, threshold_ms: float) -> dict:
+def step_intervals(engine: Engine, threshold_ms: float) -> StepIntervals:
     """``step_intervals`` (step, token_ns, interval_ns, excess_ns, slow) and the ``step_interval_ms`` percentiles."""
     threshold_ns = int(round(threshold_ms * 1e6))
     engine.run("""CREATE OR REPLACE TABLE step_intervals AS
@@ -47,10 +55,10 @@ def step_intervals(engine: Engine, threshold_ms: float) -> dict:
     engine.run(f"""ALTER TABLE step_intervals ADD COLUMN excess_ns BIGINT; ALTER TABLE step_intervals ADD COLUMN slow BOOLEAN;
         UPDATE step_intervals SET excess_ns = CAST(interval_ns - {float(median or 0)} AS BIGINT),
                                   slow = coalesce(interval_ns - {float(median or 0)} > {threshold_ns}, FALSE)""")
-    return {
-        "step_interval_ms": percentile_blocks(engine, "step_intervals", {"step_interval_ms": "interval_ns"})["step_interval_ms"],
-        "median_interval_ms": None if median is None else ns_to_ms(median),
-    }
+    return StepIntervals(
+        step_interval_ms=percentile_blocks(engine, "step_intervals", {"step_interval_ms": "interval_ns"})["step_interval_ms"],
+        median_interval_ms=None if median is None else ns_to_ms(median),
+    )
 
 
 def collective_waits_sql(where: str = "TRUE") -> str:
@@ -107,7 +115,7 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
 
 
 @stage("slow_step_causes", reads=("decode", "diagnosed", "critical_path", "collective_waits"))
-def slow_step_items(engine: Engine, threshold_ms: float) -> list[dict]:
+def slow_step_items(engine: Engine, threshold_ms: float) -> list[SlowStep]:
     """One item per slow step, worst first: the culprit on the critical path, why it was late, and its victims."""
     rows = engine.arrow("""SELECT p.step AS slow_step, p.interval_ns, p.excess_ns AS slow_excess_ns, p.culprit_rank, p.via,
                                   p.source, p.has_waits, r.device AS culprit_device, d.*, NULL AS peer_device
@@ -116,12 +124,12 @@ def slow_step_items(engine: Engine, threshold_ms: float) -> list[dict]:
                            LEFT JOIN diagnosed d ON d.step = p.step AND d.rank = p.culprit_rank
                            ORDER BY p.excess_ns DESC, p.step""").to_pylist()
     devices = dict(engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank"))
-    victims: dict[int, list[dict]] = {}
+    victims: dict[int, list[Cause]] = {}
     for step, rank, name, wait_ns, culprit in engine.rows(
         """SELECT w.step, w.rank, w.name, w.wait_ns, w.culprit_rank FROM collective_waits w ORDER BY w.step, w.wait_ns DESC, w.rank"""
     ):  # one row per victim rank of a slow step
         victims.setdefault(step, []).append(_victim(devices, rank, name, wait_ns, culprit))
-    items = []
+    items: list[SlowStep] = []
     for row in rows:  # one per slow step: the output items themselves
         cause = _culprit_cause(row, threshold_ms)
         items.append(
@@ -130,7 +138,7 @@ def slow_step_items(engine: Engine, threshold_ms: float) -> list[dict]:
                 "interval_ms": ns_to_ms(row["interval_ns"]),
                 "excess_ms": ns_to_ms(row["slow_excess_ns"]),
                 **cause,
-                "critical_path": {"via": _phase_of(row["via"]), "source": row["source"]},
+                "critical_path": CriticalPath(via=_phase_of(row["via"]), source=row["source"]),
                 "ranks": [cause, *victims.get(row["slow_step"], [])],
             }
         )
@@ -143,27 +151,18 @@ def _phase_of(span_name: str) -> str:
     return span_name[len(prefix) :] if span_name.startswith(prefix) else span_name
 
 
-def _culprit_cause(row: dict, threshold_ms: float) -> dict:
+def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
     """Why the culprit was late: its end's cause, else its start's; ``unattributed`` names what was missing."""
     rank, device = row["culprit_rank"], row["culprit_device"]
-    late = {"rank": rank, "device": device, "role": "culprit"}
     if row.get("end_mechanism") is None:
-        return late | {
-            "phase": fmt.PHASE_RUNNER,
-            "mechanism": fmt.MECH_UNATTRIBUTED,
-            "evidence_ms": ns_to_ms(row["slow_excess_ns"]),
-            "detail": "the culprit's run lacks the phases needed to say why",
-        }
+        return _unattributed(row, fmt.PHASE_RUNNER, "the culprit's run lacks the phases needed to say why")
     which = "end"
     if row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
         which = "start" if (row["start_excess_ns"] or 0) > threshold_ms * 1e6 else "end"
     if which == "end" and row["end_mechanism"] == fmt.MECH_PEER_WAIT:
-        return late | {
-            "phase": fmt.PHASE_DEVICE_WALL,
-            "mechanism": fmt.MECH_UNATTRIBUTED,
-            "evidence_ms": ns_to_ms(row["slow_excess_ns"]),
-            "detail": "the last rank at the collective also waited at another; no single rank held the step",
-        }
+        return _unattributed(
+            row, fmt.PHASE_DEVICE_WALL, "the last rank at the collective also waited at another; no single rank held the step"
+        )
     cause = cause_item(row, which, rank, device)
     if cause["mechanism"] == fmt.MECH_UNATTRIBUTED and not row["has_waits"]:
         cause["detail"] += f"; no collective {fmt.WAIT_SUFFIX} spans to follow the critical path"
@@ -171,7 +170,20 @@ def _culprit_cause(row: dict, threshold_ms: float) -> dict:
     return cause
 
 
-def _victim(devices: dict, rank: int, name: str, wait_ns: int, culprit: int) -> dict:
+def _unattributed(row: dict, phase: str, detail: str) -> Cause:
+    """The culprit named, but not why: the step's whole excess, unattributed."""
+    return {
+        "rank": row["culprit_rank"],
+        "device": row["culprit_device"],
+        "role": "culprit",
+        "phase": phase,
+        "mechanism": fmt.MECH_UNATTRIBUTED,
+        "evidence_ms": ns_to_ms(row["slow_excess_ns"]),
+        "detail": detail,
+    }
+
+
+def _victim(devices: dict, rank: int, name: str, wait_ns: int, culprit: int) -> Cause:
     """A rank that only waited at the critical collective for the culprit."""
     device, culprit_device = devices.get(rank), devices.get(culprit)
     wait_ms = ns_to_ms(wait_ns)

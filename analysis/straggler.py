@@ -16,7 +16,11 @@ The verdict names the mechanism that saves the most on that rank.
 
 from __future__ import annotations
 
+from dsprof.analysis.summary_model import SlowStep, Straggler, TailStep, WhatIf, WhatIfItem
 from dsprof.profiler import strace_format as fmt
+
+# the culprit cause of a flagged step: a tail step or a slow step
+Flagged = TailStep | SlowStep
 
 MATERIAL_SHARE = 0.05
 # a rank behind more than this share of the flagged steps: their excess is its effect
@@ -38,7 +42,7 @@ MECHANISM_WORDS = {
 }
 
 
-def straggler_verdict(what_if: dict, flagged: list[dict], step_numbers: list[int], devices: dict[int, str]) -> dict:
+def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], step_numbers: list[int], devices: dict[int, str]) -> Straggler:
     """The ``straggler`` block: which rank, its device, its share of the decode wall, mechanism and ms per step.
 
     ``flagged`` are the culprit causes of tail and slow steps (one per step);
@@ -46,16 +50,7 @@ def straggler_verdict(what_if: dict, flagged: list[dict], step_numbers: list[int
     ``step_numbers`` every decode step of the run, in order.
     """
     total_steps = len(step_numbers)
-    verdict: dict = {
-        "verdict": "none",
-        "rank": None,
-        "device": None,
-        "share": 0.0,
-        "mechanism": None,
-        "ms_per_step": None,
-        "saved_ms": None,
-        "steps": 0,
-    }
+    verdict = Straggler(verdict="none", rank=None, device=None, share=0.0, mechanism=None, ms_per_step=None, saved_ms=None, steps=0)
     wall = what_if.get("decode_wall_ms") or 0.0
     by_rank = {int(r): float(ms) for r, ms in (what_if.get("by_rank") or {}).items()}
     if not wall or not total_steps or not (by_rank or flagged):
@@ -74,21 +69,18 @@ def straggler_verdict(what_if: dict, flagged: list[dict], step_numbers: list[int
     items = [i for i in what_if.get("items", []) if i["rank"] == rank]
     cause_steps = {i["step"] for i in items} | {c["step"] for c in flagged if c.get("rank") == rank}
     steps = len(cause_steps)
-    verdict.update(share=round(effect / wall, 4), steps=steps)
+    verdict["share"], verdict["steps"] = round(effect / wall, 4), steps
     if steps < MIN_STEPS or effect / wall < MATERIAL_SHARE or _parts_of_run(cause_steps, step_numbers) < SPREAD_PARTS:
         return verdict
     mechanism = _dominant_mechanism(items, [c for c in flagged if c.get("rank") == rank])
     device = devices.get(rank)
     per_step = round(effect / total_steps, 3)
     where = f" ({device})" if device else ""
-    verdict.update(
-        rank=rank,
-        device=device,
-        mechanism=mechanism,
-        ms_per_step=per_step,
-        saved_ms=round(saved, 3),
-        verdict=f"rank {rank}{where} costs {effect / wall:.1%} of the decode time ({per_step:.3f} ms a step), by {MECHANISM_WORDS[mechanism]}",
+    verdict["verdict"] = (
+        f"rank {rank}{where} costs {effect / wall:.1%} of the decode time ({per_step:.3f} ms a step), by {MECHANISM_WORDS[mechanism]}"
     )
+    verdict["rank"], verdict["device"], verdict["mechanism"] = rank, device, mechanism
+    verdict["ms_per_step"], verdict["saved_ms"] = per_step, round(saved, 3)
     return verdict
 
 
@@ -98,22 +90,23 @@ def _parts_of_run(cause_steps: set[int], step_numbers: list[int]) -> int:
     return len({position[s] * RUN_PARTS // len(step_numbers) for s in cause_steps if s in position})
 
 
-def _late_ms_per_rank(flagged: list[dict]) -> dict[int, float]:
+def _late_ms_per_rank(flagged: list[Flagged]) -> dict[int, float]:
     """Per culprit rank, the summed excess of the flagged steps it was behind."""
     late: dict[int, float] = {}
     for cause in flagged:  # one per flagged step
-        if cause.get("rank") is not None and cause.get("mechanism") not in (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT):
-            late[cause["rank"]] = late.get(cause["rank"], 0.0) + float(cause.get("excess_ms") or 0.0)
+        rank = cause.get("rank")
+        if rank is not None and cause.get("mechanism") not in (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT):
+            late[rank] = late.get(rank, 0.0) + float(cause.get("excess_ms") or 0.0)
     return late
 
 
-def _behind(flagged: list[dict], rank: int, late_ms: dict[int, float]) -> float:
+def _behind(flagged: list[Flagged], rank: int, late_ms: dict[int, float]) -> float:
     """The excess of the flagged steps behind ``rank`` where it is behind most of them, else 0."""
     count = sum(1 for cause in flagged if cause.get("rank") == rank)
     return late_ms.get(rank, 0.0) if flagged and count > BEHIND_MOST * len(flagged) else 0.0
 
 
-def _dominant_mechanism(items: list[dict], causes: list[dict]) -> str:
+def _dominant_mechanism(items: list[WhatIfItem], causes: list[Flagged]) -> str:
     """The mechanism that saves the most in the replay; by evidence where the replay saves nothing."""
     weight: dict[str, float] = {}
     for item in items:

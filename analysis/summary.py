@@ -3,98 +3,47 @@
 Every command that reads or writes a run's figures goes through here:
 ``analyze`` builds it, ``summary.md``, ``report.html``, the Perfetto export,
 ``gate`` and ``diff`` load it, so they all agree with one file. The fields are
-documented in docs/SUMMARY_SCHEMA.md; the TypedDicts below are the same
-contract for the type checker.
+documented in docs/SUMMARY_SCHEMA.md; the TypedDicts of
+:mod:`~dsprof.analysis.summary_model` are the same contract for the type
+checker, and for :func:`load_summary`, which checks every file against them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import math
+import operator
 import os
+import types
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, TypedDict, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
+
+import msgspec
 
 import dsprof
+from dsprof.analysis.summary_model import (
+    Figures,
+    Inputs,
+    LateStarts,
+    Pipeline,
+    RunInfo,
+    Serving,
+    SlowSteps,
+    StepRow,
+    Summary,
+    TailCost,
+    TailSteps,
+    Trends,
+    Validation,
+    WhatIf,
+)
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 
 SUMMARY_SCHEMA = "dsprof.summary/2"
 # Older summaries the readers still accept (their fields are a subset for gate and diff).
 READABLE_SCHEMAS = (SUMMARY_SCHEMA, "dsprof.summary/1")
-
-
-class Percentiles(TypedDict):
-    p50: float | None
-    p95: float | None
-    p99: float | None
-    max: float | None
-    count: int
-
-
-class Cause(TypedDict, total=False):
-    """Why one late cell was late; ``rank`` is the culprit (for a victim: the peer it waited for)."""
-
-    rank: int
-    device: str
-    phase: str
-    mechanism: str
-    evidence_ms: float
-    detail: str
-    role: str  # culprit | victim
-    late_rank: int
-    excess_ms: float
-    from_step: int  # carried_over only
-    peer: int  # peer_wait only
-
-
-class LateStart(Cause, total=False):
-    step: int
-
-
-class TailStep(Cause, total=False):
-    step: int
-    runner_end_skew_ms: float
-    ranks: list[Cause]
-
-
-class Straggler(TypedDict):
-    verdict: str
-    rank: int | None
-    device: str | None
-    share: float
-    p_value: float | None
-    mechanism: str | None
-    ms_per_step: float | None
-
-
-class RunInfo(TypedDict):
-    """What the runtime said of the run (performance_summary.json): exit status and, after a crash, who failed."""
-
-    exit_status: int | None
-    failed_rank: int | None
-    failed_device: str | None
-    message: str | None
-
-
-class Summary(TypedDict, total=False):
-    schema: str
-    dsprof_version: str
-    inputs: dict[str, Any]
-    workload: dict[str, Any] | None
-    exit_status: int | None
-    run: RunInfo
-    validation: dict[str, Any]
-    figures: dict[str, Any]
-    per_step: list[dict[str, Any]]
-    late_starts: dict[str, Any]
-    tail_steps: dict[str, Any]
-    slow_steps: dict[str, Any]
-    what_if: dict[str, Any]
-    trends: dict[str, Any]
-    tail_cost: dict[str, Any]
-    pipeline: dict[str, Any]
-    serving: dict[str, Any]
 
 
 def run_info(performance_summary: dict | None) -> RunInfo:
@@ -115,19 +64,19 @@ def run_info(performance_summary: dict | None) -> RunInfo:
 
 def build_summary(
     *,
-    inputs: dict,
+    inputs: Inputs,
     performance_summary: dict | None,
-    validation: dict,
-    figures: dict,
-    per_step: list,
-    late_starts: dict,
-    tail_steps: dict,
-    slow_steps: dict,
-    what_if: dict,
-    trends: dict,
-    tail_cost: dict,
-    pipeline: dict,
-    serving: dict,
+    validation: Validation,
+    figures: Figures,
+    per_step: list[StepRow],
+    late_starts: LateStarts,
+    tail_steps: TailSteps,
+    slow_steps: SlowSteps,
+    what_if: WhatIf,
+    trends: Trends,
+    tail_cost: TailCost,
+    pipeline: Pipeline,
+    serving: Serving,
 ) -> Summary:
     """The summary, its fields in their documented order."""
     run = run_info(performance_summary)
@@ -197,7 +146,8 @@ def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
             expected=f'a JSON object with "schema": "{SUMMARY_SCHEMA}"',
         )
     _check_shape(content, path)
-    return Summary(**content)
+    _check_types(content, path)
+    return cast(Summary, content)
 
 
 # Sections that are JSON objects, and the lists of objects inside them, as build_summary writes them.
@@ -217,6 +167,36 @@ def _check_shape(content: dict, path: Path) -> None:
             raise InputError(path, f"{name} is not a list of objects", expected="a dsprof summary")
         if name == "tail_steps.items" and not all(isinstance(item.get("ranks", []), list) for item in value):
             raise InputError(path, "tail_steps.items[].ranks is not a list", expected="a dsprof summary")
+
+
+def _partial(model: Any) -> Any:
+    """``model`` with every key of every TypedDict in it optional: what a ``dsprof.summary/1`` file may hold."""
+    if is_typeddict(model):
+        fields = {name: _partial(hint) for name, hint in get_type_hints(model).items()}
+        typed_dict: Any = TypedDict  # the functional form, with fields known only here
+        return typed_dict(f"Partial{model.__name__}", fields, total=False)
+    origin, args = get_origin(model), get_args(model)
+    if origin is list:
+        return types.GenericAlias(list, (_partial(args[0]),))
+    if origin is dict:
+        return types.GenericAlias(dict, (args[0], _partial(args[1])))
+    if args and origin in (Union, types.UnionType):
+        return functools.reduce(operator.or_, (_partial(arg) for arg in args))
+    return model
+
+
+# The model a file of each readable schema is checked against: the older one's fields are a subset, each optional.
+_MODELS = {SUMMARY_SCHEMA: Summary, "dsprof.summary/1": _partial(Summary)}
+
+
+def _check_types(content: dict, path: Path) -> None:
+    """Refuse a summary whose values are not of the model's types, naming the first one by its JSON path."""
+    try:
+        msgspec.convert(content, type=_MODELS[content["schema"]])
+    except msgspec.ValidationError as exc:
+        raise InputError(
+            path, str(exc).replace(" - at ", " at "), expected=f"a summary of docs/SUMMARY_SCHEMA.md ({content['schema']})"
+        ) from None
 
 
 # A summary of 10^6 steps is ~150 MiB; beyond this it is not a summary.

@@ -15,6 +15,7 @@ import math
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Trends, TrendWindow, WhatIfItem
 
 LONG_RUN_WINDOW = 1_000
 SHORT_RUN_WINDOWS = 20
@@ -30,7 +31,7 @@ def window_steps(steps: int) -> int:
 
 
 @stage("trends", reads=("decode", "steps", "step_intervals"))
-def trends_section(engine: Engine, what_if_items: list[dict]) -> dict:
+def trends_section(engine: Engine, what_if_items: list[WhatIfItem]) -> Trends:
     """The ``trends`` block of summary.json: per window, its span of steps and time and its figures; the worst windows."""
     steps = int(engine.scalar("SELECT count(*) FROM step_intervals") or 0)
     if not steps:
@@ -47,7 +48,7 @@ def trends_section(engine: Engine, what_if_items: list[dict]) -> dict:
                quantile_cont(n.runner_start_skew_ns, 0.99), quantile_cont(n.runner_end_skew_ns, 0.99),
                count(*) FILTER (WHERE n.slow)
         FROM numbered n LEFT JOIN starts t USING (step) GROUP BY n.window ORDER BY n.window""")
-    windows = [
+    windows: list[TrendWindow] = [
         {
             "window": int(w),
             "first_step": int(first),
@@ -67,13 +68,13 @@ def trends_section(engine: Engine, what_if_items: list[dict]) -> dict:
     return {"window_steps": size, "windows": windows, "worst": _worst(windows)}
 
 
-def _worst(windows: list[dict]) -> list[int]:
+def _worst(windows: list[TrendWindow]) -> list[int]:
     """The windows that lost the most: what-if saving, then slow steps, then the step interval's p99."""
     ranked = sorted(windows, key=lambda w: (-w["what_if_saved_ms"], -w["slow_steps"], -(w["step_interval_p99_ms"] or 0.0), w["window"]))
     return [w["window"] for w in ranked[:WORST_WINDOWS] if w["what_if_saved_ms"] > 0 or w["slow_steps"] > 0]
 
 
-def _add_savings(windows: list[dict], items: list[dict]) -> None:
+def _add_savings(windows: list[TrendWindow], items: list[WhatIfItem]) -> None:
     """Each window's what-if saving: the sum of its causes' own savings."""
     firsts = [w["first_step"] for w in windows]
     for item in items:  # one per cause

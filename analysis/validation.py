@@ -9,6 +9,7 @@ from __future__ import annotations
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Validation, ValidationCheck
 from dsprof.analysis.swimlane import Swimlane
 
 # SA_PROFILE categories a serving trace must have (SPEC §1 level e2e)
@@ -17,11 +18,11 @@ REQUIRED_SERVING_CATEGORIES = ("request", "scheduler", "worker")
 
 class _Checks:
     def __init__(self) -> None:
-        self.checks: list[dict] = []
+        self.checks: list[ValidationCheck] = []
         self.problems: list[str] = []
 
     def add(self, name: str, ok: bool, detail: str) -> None:
-        self.checks.append({"name": name, "ok": bool(ok), "detail": detail})
+        self.checks.append(ValidationCheck(name=name, ok=bool(ok), detail=detail))
         if not ok:
             self.problems.append(detail)
 
@@ -31,7 +32,7 @@ def _ranges(numbers: list[int]) -> str:
 
 
 @stage("validation", reads=("spans", "decode"))
-def validate(engine: Engine, swimlane: Swimlane, *, expect_ranks: int | None = None) -> dict:
+def validate(engine: Engine, swimlane: Swimlane, *, expect_ranks: int | None = None) -> Validation:
     """The ``validation`` block of summary.json."""
     checks = _Checks()
     steps_per_rank = dict(engine.rows("SELECT rank, count(*) FROM decode GROUP BY rank ORDER BY rank"))
@@ -80,19 +81,19 @@ def validate(engine: Engine, swimlane: Swimlane, *, expect_ranks: int | None = N
     checks.add(
         "anchored", not unanchored, "every pid has a CLOCK_ANCHOR" if not unanchored else "no CLOCK_ANCHOR for pid " + _ranges(unanchored)
     )
-    return {
-        "valid": not checks.problems,
-        "decode_steps": decode_steps,
-        "rank_roots": rank_roots,
-        "ranks": ranks,
-        "devices": devices,
-        "expected_ranks": expect_ranks,
-        "steps_per_rank": {str(r): int(n) for r, n in steps_per_rank.items()},
-        "step_numbering": swimlane.step_numbering,
-        "left_out_invocations": swimlane.left_out_invocations,
-        "problems": checks.problems,
-        "checks": checks.checks,
-    }
+    return Validation(
+        valid=not checks.problems,
+        decode_steps=decode_steps,
+        rank_roots=rank_roots,
+        ranks=ranks,
+        devices=devices,
+        expected_ranks=expect_ranks,
+        steps_per_rank={str(r): int(n) for r, n in steps_per_rank.items()},
+        step_numbering=swimlane.step_numbering,
+        left_out_invocations=swimlane.left_out_invocations,
+        problems=checks.problems,
+        checks=checks.checks,
+    )
 
 
 def _check_processes(checks: _Checks, swimlane: Swimlane, devices: list[str], ranks: int, expect_ranks: int | None) -> None:

@@ -38,6 +38,8 @@ from dsprof.analysis.replay import (
 )
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import LateStart, SlowStep, TailCost, TailStep, WhatIfItem
+from dsprof.analysis.summary_model import WhatIf as WhatIfSection
 from dsprof.profiler import strace_format as fmt
 
 # causes that are another cause's consequence: removing them alone changes nothing the replay does not already see
@@ -68,17 +70,19 @@ class OwnCause:
     evidence_ns: float
 
 
-def own_causes(late_starts: list[dict], tail_steps: list[dict], slow_steps: list[dict]) -> list[OwnCause]:
+def own_causes(late_starts: list[LateStart], tail_steps: list[TailStep], slow_steps: list[SlowStep]) -> list[OwnCause]:
     """Every culprit cause of the run, each counted once: per (step, rank, phase) the largest evidence."""
     found: dict[tuple[int, int, str], OwnCause] = {}
-    causes = [*late_starts, *({**c, "step": t["step"]} for t in tail_steps for c in t.get("ranks", [])), *slow_steps]
+    tail_ranks: list[LateStart] = [{**c, "step": t["step"]} for t in tail_steps for c in t.get("ranks", [])]
+    causes: list[LateStart | SlowStep] = [*late_starts, *tail_ranks, *slow_steps]
     for cause in causes:  # one per late item: the findings themselves
-        if cause.get("role") != "culprit" or cause.get("mechanism") in _NOT_OWN or cause.get("rank") is None:
+        rank = cause.get("rank")
+        if cause.get("role") != "culprit" or cause.get("mechanism") in _NOT_OWN or rank is None:
             continue
         phase = str(cause.get("phase") or "")
         phase = fmt.PHASE_DEVICE_WALL if phase.startswith(fmt.PHASE_DEVICE_WALL) else phase
         step = cause.get("evidence_step", cause["step"])
-        item = OwnCause(int(step), int(cause["rank"]), phase, str(cause["mechanism"]), float(cause.get("evidence_ms") or 0) * 1e6)
+        item = OwnCause(int(step), int(rank), phase, str(cause["mechanism"]), float(cause.get("evidence_ms") or 0) * 1e6)
         key = (item.step, item.rank, item.phase)
         if item.evidence_ns > 0 and (key not in found or item.evidence_ns > found[key].evidence_ns):
             found[key] = item
@@ -292,19 +296,19 @@ class WhatIf:
 
 
 @stage("what_if", reads=("decode", "gc", "processes"))
-def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
+def what_if_section(engine: Engine, causes: list[OwnCause]) -> WhatIfSection:
     """The ``what_if`` block of summary.json."""
     wall_ns = engine.scalar("SELECT max(root_end_ns) - min(root_ts_ns) FROM decode")
     if not wall_ns:
-        return {
-            "decode_wall_ms": None,
-            "replayed_wall_ms": None,
-            "total_saved_ms": None,
-            "share_of_decode_wall": None,
-            "by_mechanism": {},
-            "by_rank": {},
-            "items": [],
-        }
+        return WhatIfSection(
+            decode_wall_ms=None,
+            replayed_wall_ms=None,
+            total_saved_ms=None,
+            share_of_decode_wall=None,
+            by_mechanism={},
+            by_rank={},
+            items=[],
+        )
     model = WhatIf(*load_decode_runs(engine))
     gcs = engine.arrow("SELECT p.rank, g.gc_ts_ns, g.gc_end_ns FROM gc g JOIN processes p USING (pid) ORDER BY p.rank, g.gc_ts_ns")
     model.add_collections(
@@ -322,18 +326,18 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> dict:
     saved = model.saved_ns(joint)
     alone = np.concatenate([model.saved_ns([[c] for c in batch]) for batch in _batches(causes)] or [np.zeros(0)])
     items = [
-        {"step": c.step, "rank": c.rank, "mechanism": c.mechanism, "phase": c.phase, "saved_ms": _ms(s)}
+        WhatIfItem(step=c.step, rank=c.rank, mechanism=c.mechanism, phase=c.phase, saved_ms=_ms(s))
         for c, s in sorted(zip(causes, alone, strict=True), key=lambda pair: (-pair[1], pair[0].step, pair[0].rank))
     ]
-    return {
-        "decode_wall_ms": ns_to_ms(wall_ns),
-        "replayed_wall_ms": ns_to_ms(wall_ns - saved[0]),
-        "total_saved_ms": _ms(saved[1]),
-        "share_of_decode_wall": round(max(0.0, float(saved[1])) / wall_ns, 4),
-        "by_mechanism": {m: _ms(s) for m, s in zip(mechanisms, saved[2 : 2 + len(mechanisms)], strict=True)},
-        "by_rank": _by_rank(causes, alone, dict(zip(ranks, saved[2 + len(mechanisms) :], strict=True))),
-        "items": items,
-    }
+    return WhatIfSection(
+        decode_wall_ms=ns_to_ms(wall_ns),
+        replayed_wall_ms=ns_to_ms(wall_ns - saved[0]),
+        total_saved_ms=_ms(saved[1]),
+        share_of_decode_wall=round(max(0.0, float(saved[1])) / wall_ns, 4),
+        by_mechanism={m: _ms(s) for m, s in zip(mechanisms, saved[2 : 2 + len(mechanisms)], strict=True)},
+        by_rank=_by_rank(causes, alone, dict(zip(ranks, saved[2 + len(mechanisms) :], strict=True))),
+        items=items,
+    )
 
 
 def _ranks_replayed_together(causes: list[OwnCause], model: WhatIf) -> list[int]:
@@ -376,16 +380,16 @@ def _ms(saved_ns: float) -> float:
 
 
 @stage("tail_cost", reads=("decode",))
-def tail_cost(engine: Engine) -> dict:
+def tail_cost(engine: Engine) -> TailCost:
     """Σ_s (max_r end − median_r end) of runner_run, and its share of the decode wall time (docs/FIGURES.md)."""
     row = engine.rows("""SELECT sum(max_end - median_end), (SELECT max(root_end_ns) - min(root_ts_ns) FROM decode)
                          FROM (SELECT max(runner_end_ns) AS max_end, median(runner_end_ns) AS median_end FROM decode
                                WHERE runner_ts_ns IS NOT NULL GROUP BY step)""")[0]
     total_ns, wall_ns = row
     if total_ns is None:
-        return {"total_ms": None, "share_of_decode_wall": None, "decode_wall_ms": None}
-    return {
-        "total_ms": ns_to_ms(total_ns),
-        "share_of_decode_wall": round(total_ns / wall_ns, 4) if wall_ns else None,
-        "decode_wall_ms": ns_to_ms(wall_ns),
-    }
+        return TailCost(total_ms=None, share_of_decode_wall=None, decode_wall_ms=None)
+    return TailCost(
+        total_ms=ns_to_ms(total_ns),
+        share_of_decode_wall=round(total_ns / wall_ns, 4) if wall_ns else None,
+        decode_wall_ms=ns_to_ms(wall_ns),
+    )

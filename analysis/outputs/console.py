@@ -7,6 +7,9 @@ sequence from a trace reaches it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any
+
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES
 from dsprof.analysis.skew import PERCENTILES
@@ -20,7 +23,7 @@ def format_console_summary(summary: Summary) -> str:
     """A readable fixed-width summary for the terminal."""
     lines = [f"{label:<10} {text}" for label, text in verdict_lines(summary)]
     for key, title in LATE_LISTS:
-        block: dict = summary.get(key) or {}  # type: ignore[assignment]
+        block: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
         items = worst_first(block.get("items") or [])
         if items:
             lines += ["", f"worst {title}:"] + [f"  {item_line(item)}" for item in items[:LIST_LIMIT]]

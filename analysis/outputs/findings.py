@@ -7,7 +7,14 @@ reads the summary; nothing recomputes a figure.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.summary_model import Cause
+
+# an item of a late list: typed (LateItem) where the summary's section is, any mapping where it is read by key name
+ItemT = TypeVar("ItemT", bound=Mapping[str, Any])
 
 MECHANISM_WORDS = {
     "device": "device",
@@ -29,7 +36,7 @@ def value(number: object, unit: str = "") -> str:
     return f"{number}{unit}"
 
 
-def cause_text(item: dict) -> str:
+def cause_text(item: Cause | Mapping[str, Any]) -> str:
     """``gc: 48.700 ms collection in native_fence_wait`` — the mechanism and its evidence in one phrase."""
     mechanism = item.get("mechanism") or "unattributed"
     detail = item.get("detail") or ""
@@ -44,7 +51,7 @@ def cause_text(item: dict) -> str:
 LATE_LISTS = (("slow_steps", "slow steps"), ("tail_steps", "tail steps"), ("late_starts", "late starts"))
 
 
-def item_line(item: dict) -> str:
+def item_line(item: Mapping[str, Any]) -> str:
     """``step 69 · rank 6 (cpu:6) · +50.914 ms · gc: 48.700 ms collection in native_fence_wait``.
 
     A slow step adds where the others waited for its culprit
@@ -65,7 +72,7 @@ def item_line(item: dict) -> str:
     return line
 
 
-def worst_first(items: list[dict]) -> list[dict]:
+def worst_first(items: Sequence[ItemT]) -> list[ItemT]:
     """Items ordered by excess, largest first (then by step)."""
     return sorted(items, key=lambda i: (-(i.get("excess_ms") or 0.0), i.get("step") or 0, i.get("rank") or 0))
 
@@ -83,7 +90,7 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     lines.append(("pipeline", f"{pipe}: {pipeline.get('diagnosis') or 'not checked'}"))
     straggler = (tails.get("straggler") or {}).get("verdict") or "none"
     lines.append(("straggler", straggler))
-    what_if = summary.get("what_if") or {}
+    what_if: Mapping[str, Any] = summary.get("what_if") or {}
     if what_if.get("total_saved_ms") is not None:
         share = what_if.get("share_of_decode_wall")
         mechanisms = sorted((what_if.get("by_mechanism") or {}).items(), key=lambda kv: -kv[1])
@@ -110,7 +117,7 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
                 + " — saved had no rank ended later than the median",
             )
         )
-    slow = (summary.get("slow_steps") or {}).get("count", 0)
+    slow = (summary.get("slow_steps") or {}).get("count", 0)  # type: ignore[call-overload]  # an older summary has none
     lines.append(
         ("late", f"{slow} slow steps, {(summary.get('late_starts') or {}).get('count', 0)} late starts, {tails.get('count', 0)} tail steps")
     )

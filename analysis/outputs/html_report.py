@@ -34,6 +34,7 @@ import html
 import json
 import math
 from collections import Counter, defaultdict
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
@@ -50,6 +51,7 @@ from dsprof.analysis.outputs.findings import LATE_LISTS, cause_text, item_line, 
 from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, serving_lanes_sql
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.summary_model import LateItem
 from dsprof.fileio import atomic_write_text
 from dsprof.profiler import artifacts
 
@@ -340,7 +342,7 @@ def _chart_data(summary: Summary) -> dict:
     late = summary.get("late_starts") or {}
     tails = summary.get("tail_steps") or {}
 
-    def worst_by_step(items: list[dict]) -> dict[int, str]:
+    def worst_by_step(items: Sequence[LateItem]) -> dict[int, str]:
         lines: dict[int, str] = {}
         for item in worst_first(items):
             lines.setdefault(int(item["step"]), item_line(item))

@@ -7,11 +7,14 @@ markdown and HTML, since the block is pasted into pull requests.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.summary_model import PercentileFigure
 from dsprof.fileio import atomic_write_text
 
 # The workload fields a reviewer needs to recognise the run; model sizes and
@@ -34,7 +37,7 @@ WORKLOAD_SHAPE_KEYS = (
     "seed",
 )
 # The percentile figures shown in the printed table and in summary.md (the rest stay in summary.json).
-HEADLINE_FIGURES = (
+HEADLINE_FIGURES: tuple[PercentileFigure, ...] = (
     "step_interval_ms",
     "runner_start_skew_ms",
     "runner_end_skew_ms",
@@ -73,7 +76,7 @@ def format_summary_md(summary: Summary) -> str:
     lines += ["", "| figure | p50 ms | p95 ms | p99 ms | max ms | count |", "|---|---|---|---|---|---|"]
     figures = summary.get("figures") or {}
     for name in HEADLINE_FIGURES:
-        block = figures.get(name) or {}
+        block: Mapping[str, Any] = figures.get(name) or {}
         cells = " | ".join(value(block.get(key)) for key, _ in PERCENTILES)
         lines.append(f"| {name} | {cells} | {block.get('count', 0)} |")
     validation = summary.get("validation") or {}
@@ -105,17 +108,19 @@ def _late_lists(summary: Summary) -> list[str]:
 
 def _worst_windows(summary: Summary) -> list[str]:
     """The windows of the run where the most was lost (what-if saving, then slow steps)."""
-    trends: dict = summary.get("trends") or {}
-    windows = {w.get("window"): w for w in trends.get("windows") or []}
-    worst = [windows[i] for i in trends.get("worst") or [] if i in windows]
+    trends = summary.get("trends")
+    if not trends:
+        return []
+    windows = {w["window"]: w for w in trends["windows"]}
+    worst = [windows[i] for i in trends["worst"] if i in windows]
     if not worst:
         return []
-    lines = ["", f"Worst windows ({trends.get('window_steps')} steps each):"]
+    lines = ["", f"Worst windows ({trends['window_steps']} steps each):"]
     for w in worst:
         lines.append(
-            f"- steps {w.get('first_step')}–{w.get('last_step')} (from {value(w.get('start_s'), ' s')}): "
-            f"what-if {value(w.get('what_if_saved_ms'), ' ms')}, {w.get('slow_steps')} slow steps, "
-            f"step interval p99 {value(w.get('step_interval_p99_ms'), ' ms')}"
+            f"- steps {w['first_step']}–{w['last_step']} (from {value(w['start_s'], ' s')}): "
+            f"what-if {value(w['what_if_saved_ms'], ' ms')}, {w['slow_steps']} slow steps, "
+            f"step interval p99 {value(w['step_interval_p99_ms'], ' ms')}"
         )
     return lines
 

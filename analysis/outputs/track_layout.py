@@ -36,6 +36,7 @@ from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
 from dsprof.analysis.layout import assign_lanes, build_lanes, serving_spans_sql
+from dsprof.analysis.summary_model import StepRow
 
 TRACK_TID_BASE = 1 << 30
 SERVING_PROCESS_SORT = 0
@@ -193,17 +194,16 @@ def _serving_threads(engine: Engine, thread_names: dict[tuple[int, int], str], f
     return threads
 
 
-def _skew_counters(engine: Engine, per_step: list[dict]) -> list[Counter]:
+def _skew_counters(engine: Engine, per_step: list[StepRow]) -> list[Counter]:
     """The summary's per-step skews, placed at each step's first runner start (the engine's ``steps`` table)."""
     if not per_step:
         return []
     starts = dict(engine.rows("SELECT step, min_start_ns FROM steps"))
     placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)  # one per step
     ts = np.array([ts for ts, _ in placed], np.int64)
-    return [
-        Counter(name, None, ts, np.array([float(row[key]) for _, row in placed], np.float64))
-        for name, key in ((START_SKEW_COUNTER, "runner_start_skew_ms"), (END_SKEW_COUNTER, "runner_end_skew_ms"))
-    ]
+    start_skews = np.array([float(row["runner_start_skew_ms"]) for _, row in placed], np.float64)
+    end_skews = np.array([float(row["runner_end_skew_ms"]) for _, row in placed], np.float64)
+    return [Counter(START_SKEW_COUNTER, None, ts, start_skews), Counter(END_SKEW_COUNTER, None, ts, end_skews)]
 
 
 def _drawn_runs(engine: Engine, steps: list[int] | None) -> str:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dsprof.analysis.summary import Summary
 from dsprof.commands.printing import Printer, note_line, print_err
 from dsprof.commands.run import ProfileRunResult, profile_run
 from dsprof.errors import DsprofError
@@ -123,17 +124,18 @@ def _rounded(value: float | None, digits: int = 3) -> float | None:
     return None if value is None else round(value, digits)
 
 
-def decode_wall_ms(summary) -> float | None:
+def decode_wall_ms(summary: Summary) -> float | None:
     """The decode wall time of an analysed run: the replay's measured wall, else tail cost's."""
-    for section in ("what_if", "tail_cost"):
-        value = (summary.get(section) or {}).get("decode_wall_ms")
+    what_if, cost = summary.get("what_if"), summary.get("tail_cost")
+    for value in (what_if.get("decode_wall_ms") if what_if else None, cost.get("decode_wall_ms") if cost else None):
         if value is not None:
             return float(value)
     return None
 
 
-def predicted_saving_ms(summary) -> float | None:
-    value = (summary.get("what_if") or {}).get("total_saved_ms")
+def predicted_saving_ms(summary: Summary) -> float | None:
+    what_if = summary.get("what_if")
+    value = what_if.get("total_saved_ms") if what_if else None
     return None if value is None else float(value)
 
 

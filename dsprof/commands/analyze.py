@@ -26,6 +26,7 @@ from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
+from dsprof.analysis.summary import Summary
 from dsprof.commands.ingest import ingest_paths
 from dsprof.commands.printing import Printer
 from dsprof.errors import DsprofError, InputError
@@ -47,7 +48,7 @@ class AnalyzeOutcome:
     outputs: dict[str, Path] = field(default_factory=dict)
 
     @property
-    def summary(self):
+    def summary(self) -> Summary:
         return self.result.summary
 
 
