@@ -438,3 +438,25 @@ def test_long_lists_page_through_every_item_and_many_ranks_open_folded(tmp_path)
 def test_write_html_report_refuses_a_zero_budget(result, tmp_path):
     with pytest.raises(ValueError):
         write_html_report(result, tmp_path / "r.html", span_budget=0)
+
+
+TRENDS = """
+var t = document.getElementById('trends'), i = document.getElementById('step-interval');
+out.trendTraces = t.data.map(function (d) { return d.name; });
+out.windows = t.data[0].x.length;
+out.saved = t.data[3].y;
+out.drawn = t.querySelectorAll('.main-svg .scatterlayer .trace').length;
+out.intervalPoints = i.data[0].y.length;
+out.slowMarkers = i.data[1].x;
+"""
+
+
+@pytest.mark.browser
+def test_the_trends_and_the_step_interval_are_drawn(page, result, tmp_path):
+    out = _browse(page, TRENDS, tmp_path)
+    trends = result.summary["trends"]
+    assert out["trendTraces"] == ["step interval p50", "step interval p99", "runner-end skew p99", "what-if saving"]
+    assert out["windows"] == len(trends["windows"]) > 1 and out["drawn"] == 3
+    assert out["saved"] == [w["what_if_saved_ms"] for w in trends["windows"]]
+    assert out["intervalPoints"] == len(result.summary["per_step"])
+    assert sorted(out["slowMarkers"]) == sorted(i["step"] for i in result.summary["slow_steps"]["items"])

@@ -348,8 +348,25 @@ def _chart_data(summary: Summary) -> dict:
             lines.setdefault(int(item["step"]), item_line(item))
         return lines
 
+    slow = summary.get("slow_steps")
+    median = slow["median_interval_ms"] if slow else None
+    trends = summary.get("trends")
+    windows = trends["windows"] if trends else []
     return {
         "step": [row.get("step") for row in per_step],
+        "interval_ms": [row.get("interval_ms") for row in per_step],
+        "slow_threshold_ms": None if median is None or not slow else round(median + slow["threshold_ms"], 3),
+        "slow_lines": worst_by_step(slow["items"] if slow else []),
+        "trends": {
+            "window_steps": trends["window_steps"] if trends else None,
+            "first_step": [w["first_step"] for w in windows],
+            "last_step": [w["last_step"] for w in windows],
+            "interval_p50_ms": [w["step_interval_p50_ms"] for w in windows],
+            "interval_p99_ms": [w["step_interval_p99_ms"] for w in windows],
+            "end_skew_p99_ms": [w["runner_end_skew_p99_ms"] for w in windows],
+            "slow_steps": [w["slow_steps"] for w in windows],
+            "what_if_saved_ms": [w["what_if_saved_ms"] for w in windows],
+        },
         "start_skew_ms": [row.get("runner_start_skew_ms") for row in per_step],
         "end_skew_ms": [row.get("runner_end_skew_ms") for row in per_step],
         "late_threshold_ms": late.get("threshold_ms"),
@@ -574,8 +591,11 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
 <main>
 {_findings_section(summary)}
 {_swimlane_section(swimlane)}
-<section id="step-charts"><h2>Per-step skew</h2><p class="axis-note">Click a point to zoom the swimlane to its step.</p>
-<div id="start-skew" class="plot"></div><div id="end-skew" class="plot"></div></section>
+<section id="step-charts"><h2>Per step</h2><p class="axis-note">Click a point to zoom the swimlane to its step.</p>
+<div id="step-interval" class="plot"></div><div id="start-skew" class="plot"></div><div id="end-skew" class="plot"></div></section>
+<section id="trends-section"><h2>Trends</h2><p class="axis-note">The run in windows of consecutive steps: where it drifted,
+and what each window lost (the what-if saving of its causes). Click a window to zoom the swimlane to its worst step.</p>
+<div id="trends" class="plot"></div></section>
 {_lists_section(summary)}
 {_pipeline_section(summary)}
 {_percentile_section(summary)}

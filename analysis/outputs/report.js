@@ -569,8 +569,41 @@
     });
   }
 
+  // ---------------------------------------------------------------- trends: the run in windows of consecutive steps
+  function trendChart(id, t) {
+    var x = t.first_step.map(function (first, k) { return first + (t.last_step[k] - first) / 2; });
+    var label = t.first_step.map(function (first, k) { return "steps " + first + "-" + t.last_step[k]; });
+    var traces = [
+      {type: "scatter", mode: "lines+markers", x: x, y: t.interval_p50_ms, text: label, name: "step interval p50",
+       line: {color: "#4c78a8", width: 1}, hovertemplate: "%{text}: interval p50 %{y:.3f} ms<extra></extra>"},
+      {type: "scatter", mode: "lines+markers", x: x, y: t.interval_p99_ms, text: label, name: "step interval p99",
+       line: {color: "#f58518", width: 1}, hovertemplate: "%{text}: interval p99 %{y:.3f} ms<extra></extra>"},
+      {type: "scatter", mode: "lines+markers", x: x, y: t.end_skew_p99_ms, text: label, name: "runner-end skew p99",
+       line: {color: "#54a24b", width: 1}, hovertemplate: "%{text}: end skew p99 %{y:.3f} ms<extra></extra>"},
+      {type: "bar", x: x, y: t.what_if_saved_ms, text: label, name: "what-if saving", yaxis: "y2", opacity: 0.35,
+       marker: {color: CULPRIT}, customdata: t.slow_steps,
+       hovertemplate: "%{text}: %{y:.3f} ms saved without its causes, %{customdata} slow steps<extra></extra>"}
+    ];
+    var layout = {
+      title: {text: "per window of " + (t.window_steps || "?") + " steps"}, height: 280, margin: {l: 60, r: 60, t: 40, b: 40},
+      legend: {orientation: "h", y: -0.25}, xaxis: {title: {text: "step"}}, yaxis: {title: {text: "ms"}, rangemode: "tozero"},
+      yaxis2: {title: {text: "saved ms"}, overlaying: "y", side: "right", rangemode: "tozero", showgrid: false}
+    };
+    return Plotly.newPlot(id, traces, layout, {displaylogo: false, responsive: true}).then(function (plot) {
+      plot.on("plotly_click", function (ev) {
+        var k = ev.points[0].pointNumber, lo = t.first_step[k], hi = t.last_step[k];
+        var items = data.lists.slow_steps.concat(data.lists.tail_steps, data.lists.late_starts)
+          .filter(function (it) { return it.step >= lo && it.step <= hi; }).sort(SORTS.excess);
+        zoomToStep(items.length ? items[0].step : lo, items.length ? whoOf(items[0]) : {});
+      });
+      return plot;
+    });
+  }
+
   setView(decodeWindow[0], decodeWindow[1]);
   var ready = Promise.all([
+    stepChart("step-interval", chart.interval_ms, chart.slow_threshold_ms, chart.slow_lines, "slow_steps", "step interval"),
+    trendChart("trends", chart.trends),
     stepChart("start-skew", chart.start_skew_ms, chart.late_threshold_ms, chart.late_lines, "late_starts", "runner-start skew"),
     stepChart("end-skew", chart.end_skew_ms, chart.tail_threshold_ms, chart.tail_lines, "tail_steps", "runner-end skew")
   ]).then(function () { document.body.dataset.rendered = "true"; });
