@@ -351,17 +351,30 @@ def merge(output) -> None:
 # --------------------------------------------------------------------------- report / export
 
 
+_INPUTS = click.option(
+    "--inputs",
+    "inputs",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    metavar="PATH",
+    show_default="the span dataset or input files summary.json names, else ARTIFACT_DIR",
+    help="Read the spans from these inputs (repeatable): for inputs that moved since the analysis.",
+)
+
+
 @cli.command()
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="HTML file [default: ARTIFACT_DIR/report.html].")
-def report(artifact_dir, output) -> None:
+@_INPUTS
+def report(artifact_dir, output, inputs) -> None:
     """Write the HTML report of an analysed artifact directory.
 
     Every figure comes from ARTIFACT_DIR/summary.json (run `dsprof analyze` first);
-    only the swimlane's spans are read again (docs/REPORTS.md).
+    only the swimlane's spans are read again, from the inputs the summary names
+    (or the span dataset kept with `analyze --spans`); stderr says which (docs/REPORTS.md).
     """
     progress = _progress()
-    path = report_from_dir(artifact_dir, output, progress=progress)
+    path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=_err)
     progress.done()
     click.echo(f"report: {path}")
 
@@ -383,13 +396,15 @@ def report(artifact_dir, output) -> None:
     help="Trace file; a .json.gz name is compressed JSON "
     "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].",
 )
-def export(artifact_dir, fmt, output) -> None:
+@_INPUTS
+def export(artifact_dir, fmt, output, inputs) -> None:
     """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
     Both formats open in ui.perfetto.dev; the JSON also in chrome://tracing.
+    The spans are read as for `dsprof report`.
     """
     progress = _progress()
-    path = export_from_dir(artifact_dir, output, format=fmt, progress=progress)
+    path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=_err)
     progress.done()
     click.echo(f"trace: {path}")
 

@@ -137,6 +137,9 @@ def analyze_paths(
             invocations=invocations,
             progress=progress,
         )
+        kept = spans_dir if spans_dir is not None else _dataset_input(paths)
+        if kept is not None:  # where report and export find the spans again
+            result.summary["inputs"]["span_dataset"] = str(kept)
         outcome = AnalyzeOutcome(result)
         if out_dir is not None:
             outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
@@ -146,11 +149,16 @@ def analyze_paths(
             shutil.rmtree(spill, ignore_errors=True)
 
 
+def _dataset_input(paths: Sequence[str | os.PathLike]) -> str | os.PathLike | None:
+    """The span dataset analysed, when that is the one input."""
+    return paths[0] if len(paths) == 1 and (Path(paths[0]) / artifacts.SPAN_DATASET_MANIFEST).is_file() else None
+
+
 def read_inputs(
     paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None, progress: Progress = None
 ) -> tuple[Trace, Path | None]:
     """Read ``paths``; big text logs go to a span dataset (``spans_dir``, else a temporary one returned for removal)."""
-    if len(paths) == 1 and (Path(paths[0]) / artifacts.SPAN_DATASET_MANIFEST).is_file():
+    if _dataset_input(paths) is not None:
         return open_dataset(paths[0]), None
     temporary = None
     if spans_dir is None and _text_bytes(paths) > SPILL_BYTES:
