@@ -97,7 +97,7 @@ def analyze_trace(
         slow_steps={"threshold_ms": threshold_ms, "median_interval_ms": intervals["median_interval_ms"], "count": len(slow), "items": slow},
         what_if=what_if,
         tail_cost=tail_cost(engine),
-        pipeline=pipeline_figures(engine),
+        pipeline=pipeline_figures(engine, trace.performance_summary),
         serving=serving_figures(engine, trace),
     )
     return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)

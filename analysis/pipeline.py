@@ -25,6 +25,7 @@ from __future__ import annotations
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
+from dsprof.analysis.summary import RunInfo, run_info
 from dsprof.profiler import strace_format as fmt
 
 FIRST_VIOLATIONS = 10
@@ -78,8 +79,8 @@ def _violation_reason() -> str:
 
 
 @stage("pipeline", reads=("spans", "invocations", "processes", "runs", "decode"))
-def pipeline_figures(engine: Engine) -> dict:
-    """The ``pipeline`` block of summary.json."""
+def pipeline_figures(engine: Engine, performance_summary: dict | None = None) -> dict:
+    """The ``pipeline`` block of summary.json; a failed run (``performance_summary``'s exit status) gets no verdict."""
     identity = bool(engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY})"))
     engine.run(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT *, {_violation_reason()} AS reason FROM ({_pairs_sql(identity)})")
     checked, overlapped, early, decode_pairs = engine.rows(
@@ -111,6 +112,20 @@ def pipeline_figures(engine: Engine) -> dict:
         "runner_depth": _depth(engine, "runner_ts_ns", "runner_end_ns"),
     }
     figures["diagnosis"] = _diagnosis(engine, figures, decode_pairs)
+    return _unjudged_if_failed(figures, run_info(performance_summary))
+
+
+def _unjudged_if_failed(figures: dict, run: RunInfo) -> dict:
+    """A run that failed is not a healthy pipeline: ``serialized`` is null (no verdict), ``partial`` says why.
+
+    The overlap figures stay: they describe the steps the run completed.
+    """
+    status = run["exit_status"]
+    failed = status not in (None, 0)
+    figures["partial"] = failed
+    if failed:
+        figures["serialized"] = None
+        figures["diagnosis"] = f"no verdict: the run failed (exit status {status}); over the steps it completed: {figures['diagnosis']}"
     return figures
 
 
