@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -48,14 +49,41 @@ def _usage_error_message(exc: click.UsageError) -> str:
     return f"{message} (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else message
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C, so that every ``finally`` and cleanup runs on the way out."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
+def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """One line and the shell's status (128 + signal) for Ctrl-C or SIGTERM (ours, or the runtime's, which has ``signum``)."""
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    return f"stopped by {name}; no partial output is left", 128 + signum
+
+
 class DsprofGroup(click.Group):
-    """Turns library errors and bad options into one-line messages unless ``--debug`` was given."""
+    """Turns library errors, bad options and Ctrl-C/SIGTERM into one-line messages unless ``--debug`` was given."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
             raise UserError(_usage_error_message(exc), exc.exit_code) from exc
+        except KeyboardInterrupt as exc:
+            printer = ctx.meta.get(_PROGRESS_KEY)
+            if printer is not None:
+                printer.done()
+            if ctx.meta.get(_DEBUG_KEY):
+                raise
+            message, status = _stop_message(exc)
+            raise UserError(message, status) from None
         except (DsprofError, OSError) as exc:
             printer = ctx.meta.get(_PROGRESS_KEY)
             if printer is not None:
@@ -496,7 +524,8 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point; SIGTERM stops a command as Ctrl-C does (cleanup runs, one line, exit 143)."""
+    signal.signal(signal.SIGTERM, _raise_stopped)
     cli(prog_name="dsprof")
 
 

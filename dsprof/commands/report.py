@@ -47,7 +47,11 @@ def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Pro
     sources = span_sources(artifact_dir, summary, inputs)
     note(f"reading the spans from {', '.join(map(str, sources))}")
     trace, spill = read_inputs(sources, progress=progress)
-    return layout_only(trace, summary), spill
+    try:
+        return layout_only(trace, summary), spill
+    except BaseException:
+        _remove(spill)
+        raise
 
 
 def span_sources(artifact_dir: Path, summary: Summary, inputs: InputPaths = None) -> list[Path]:
