@@ -21,7 +21,7 @@ import click
 from dsprof.commands import __version__
 from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
 from dsprof.commands.diff import diff_command
-from dsprof.commands.gate import gate_command
+from dsprof.commands.gate import gate_command, suggest_command
 from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
 from dsprof.commands.printing import error_line, os_error_message
@@ -441,14 +441,20 @@ def export(artifact_dir, fmt, output, inputs) -> None:
 
 
 @cli.command(context_settings={"show_default": True})
-@click.argument("summary", type=click.Path(path_type=Path))
+@click.argument("summaries", metavar="SUMMARY", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--rules",
     "rules_path",
-    required=True,
     type=click.Path(path_type=Path),
+    show_default="required unless --suggest",
     help="TOML rules file; grammar, outcomes and outputs in docs/GATE_RULES.md.",
 )
+@click.option(
+    "--suggest",
+    is_flag=True,
+    help="Print suggested rules from the SUMMARY... of healthy runs (facts, and effect-size limits: worst healthy value x --margin).",
+)
+@click.option("--margin", type=click.FloatRange(min=1), default=1.5, help="With --suggest: headroom over the worst healthy value.")
 @click.option(
     "--baseline",
     type=click.Path(path_type=Path),
@@ -468,10 +474,12 @@ def export(artifact_dir, fmt, output, inputs) -> None:
     show_default="not written",
     help="Write the JSON verdict (dsprof.gate_verdict/1) here.",
 )
-def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
+def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path) -> None:
     """Check a summary against gate rules (docs/GATE_RULES.md).
 
-    SUMMARY is a summary.json or the artifact dir holding one. One line per
+    SUMMARY is a summary.json or the artifact dir holding one. With --suggest,
+    give the summaries of several healthy runs instead: the rules printed
+    (to stdout, in the rules format) hold on all of them with --margin to spare. One line per
     rule: status, rule name, figure, value vs limit. On GitHub Actions
     (GITHUB_ACTIONS=true) failures also become ::error annotations titled by
     the rule, and a table of every rule's outcome is appended to
@@ -482,7 +490,15 @@ def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
     produced by the run, 2 the rules or the summary could not be read (a figure
     path the summary does not have is a rules error).
     """
-    exit_code = gate_command(summary, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=_out)
+    if suggest:
+        if rules_path or baseline or junit or verdict_path:
+            raise click.UsageError("--suggest prints rules: it takes no --rules, --baseline, --junit or --verdict")
+        click.get_current_context().exit(suggest_command(summaries, margin=margin, out=_out))
+    if rules_path is None:
+        raise click.UsageError("Missing option '--rules'")
+    if len(summaries) != 1:
+        raise click.UsageError(f"give one SUMMARY to check (got {len(summaries)}; several are for --suggest)")
+    exit_code = gate_command(summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=_out)
     click.get_current_context().exit(exit_code)
 
 
