@@ -72,3 +72,19 @@ def test_cli_report_says_where_it_read_and_errors_in_one_line(analysed_elsewhere
     assert result.stderr.strip().splitlines()[-1].startswith("dsprof: error: out/summary.json: the inputs it was analysed from have moved")
     result = CliRunner().invoke(cli, ["export", "out", "--inputs", "moved", "-o", "out/t.json"])
     assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize(
+    ("fmt", "name", "message"),
+    [
+        ("perfetto", "x.json", "out/x.json: --format perfetto writes a protobuf trace, not JSON"),
+        ("perfetto", "x.json.gz", "out/x.json.gz: --format perfetto writes a protobuf trace, not JSON"),
+        ("perfetto-json", "x.pftrace", "out/x.pftrace: --format perfetto-json writes JSON, not a protobuf trace"),
+    ],
+)
+def test_export_refuses_a_format_the_name_contradicts(analysed_elsewhere, fmt, name, message):
+    result = CliRunner().invoke(cli, ["export", "out", "--format", fmt, "-o", f"out/{name}"])
+    assert result.exit_code == 2
+    [line] = result.stderr.strip().splitlines()  # refused before anything is read: no progress either
+    assert line.startswith(f"dsprof: error: {message} (name it ")
+    assert not (analysed_elsewhere / "out" / name).exists()

@@ -138,6 +138,7 @@ def export_from_dir(
     format = format or export_format(output)
     if format not in EXPORT_FORMATS:
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
+    _refuse_mismatched_name(output, format)
     output = Path(output) if output is not None else Path(artifact_dir) / _DEFAULT_NAMES[format]
     result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
@@ -149,6 +150,24 @@ def export_from_dir(
     finally:
         result.engine.close()
         _remove(spill)
+
+
+_PROTOBUF_SUFFIXES = (".pftrace", ".perfetto-trace", ".pb")
+
+
+def _refuse_mismatched_name(output: str | os.PathLike | None, format: str) -> None:
+    """A format that contradicts the output's name (protobuf into ``x.json``) is refused before anything is read."""
+    if output is None:
+        return
+    name = Path(output).name.lower()
+    if format == PERFETTO_PROTO and export_format(output) == PERFETTO_JSON:
+        raise DsprofError(
+            f"{output}: --format {PERFETTO_PROTO} writes a protobuf trace, not JSON (name it .pftrace, or use --format {PERFETTO_JSON})"
+        )
+    if format == PERFETTO_JSON and name.endswith(_PROTOBUF_SUFFIXES):
+        raise DsprofError(
+            f"{output}: --format {PERFETTO_JSON} writes JSON, not a protobuf trace (name it .json or .json.gz, or use --format {PERFETTO_PROTO})"
+        )
 
 
 def _remove(spill: Path | None) -> None:
