@@ -184,13 +184,13 @@ class DiffResult:
 
 def run_failure(summary: dict) -> str | None:
     """Why a run failed (its exit status, or why its figures are partial); None for a run that completed."""
-    run = summary.get("run") if isinstance(summary.get("run"), dict) else {}
+    run = summary["run"] if isinstance(summary.get("run"), dict) else {}
     status = run.get("exit_status", summary.get("exit_status"))
     if _bad_status(status):
         message = run.get("message")
         shown = status if isinstance(status, int) and abs(status) < 1 << 16 else "out of range"
         return f"exit status {shown}" + (f": {message}" if isinstance(message, str) and message else "")
-    serving = summary.get("serving") if isinstance(summary.get("serving"), dict) else {}
+    serving = summary["serving"] if isinstance(summary.get("serving"), dict) else {}
     if serving.get("partial") is True:
         return f"partial figures: {serving.get('partial_reason') or 'reason not given'}"
     return None
