@@ -105,7 +105,7 @@ def analyze_trace(
         what_if=what_if,
         trends=trends_section(engine, what_if["items"]),
         tail_cost=tail_cost(engine),
-        pipeline=pipeline_figures(engine),
+        pipeline=pipeline_figures(engine, trace.performance_summary),
         serving=serving_figures(engine, trace),
     )
     return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)

@@ -20,6 +20,11 @@ higher for throughput, tokens returned, acceptance, achieved depth and pipeline
 overlap; lower for every time figure (unit ms/s/us/ns: latencies, skews, gaps,
 cadence, tail cost) and for counts and shares of bad events; no direction for
 sizes of the workload (steps, roots, requests, pairs checked).
+
+A failed run (a non-zero exit status, or figures marked partial) is never
+better: when one side holds a failed run and the other does not, no figure is
+called better or worse (a crashed run's figures cover a few steps, not the
+run); the verdicts ``exit_status`` and ``serving.partial`` say it got worse.
 """
 
 from __future__ import annotations
@@ -80,6 +85,7 @@ _VERDICTS: dict[str, Callable[[Any], bool] | None] = {
     "tail_steps.straggler.verdict": _bad_straggler,
     "tail_steps.straggler.mechanism": None,
     "tail_steps.same_device": None,
+    "serving.partial": lambda value: value is True,
 }
 # A relative change against a baseline under 10 units of the summary's resolution
 # (0.01 ms; a count of 10), or one beyond ±1000%, says that the baseline was near
@@ -114,11 +120,12 @@ class FigureChange:
     beyond_noise: bool | None  # None: no noise estimate (no repeats on either side)
     counted: bool = False  # every value is an integer count (printed without decimals)
     direction: str = ""  # HIGHER, LOWER or '' (see figure_direction)
+    failed_side: str = ""  # "A" or "B" when only that side holds a failed run: not comparable
 
     @property
     def assessment(self) -> str:
-        """``worse``, ``better``, or '' (no direction, or no change)."""
-        if not self.direction or not self.change:
+        """``worse``, ``better``, or '' (no direction, no change, or a failed run on one side only)."""
+        if not self.direction or not self.change or self.failed_side:
             return ""
         return "better" if (self.change > 0) == (self.direction == HIGHER) else "worse"
 
@@ -158,6 +165,8 @@ class DiffResult:
     figures: list[FigureChange]
     labels: list[LabelChange]
     workload_differences: dict[str, tuple[Any, Any]] = field(default_factory=dict)
+    a_summaries: list[tuple[dict, str | None]] = field(default_factory=list)
+    b_summaries: list[tuple[dict, str | None]] = field(default_factory=list)
 
     @property
     def has_noise_estimate(self) -> bool:
@@ -171,6 +180,27 @@ class DiffResult:
     def regressions(self) -> list[LabelChange | FigureChange]:
         """Verdicts that changed for the worse and figures beyond noise in their worse direction."""
         return [*(label for label in self.labels if label.assessment == "worse"), *(f for f in self.flagged if f.assessment == "worse")]
+
+
+def run_failure(summary: dict) -> str | None:
+    """Why a run failed (its exit status, or why its figures are partial); None for a run that completed."""
+    run = summary["run"] if isinstance(summary.get("run"), dict) else {}
+    status = run.get("exit_status", summary.get("exit_status"))
+    if _bad_status(status):
+        message = run.get("message")
+        shown = status if isinstance(status, int) and abs(status) < 1 << 16 else "out of range"
+        return f"exit status {shown}" + (f": {message}" if isinstance(message, str) and message else "")
+    serving = summary["serving"] if isinstance(summary.get("serving"), dict) else {}
+    if serving.get("partial") is True:
+        return f"partial figures: {serving.get('partial_reason') or 'reason not given'}"
+    return None
+
+
+def _failed_side(a: list[dict], b: list[dict]) -> str:
+    """``A`` or ``B`` when only that side holds a failed run, else ''."""
+    a_failed = any(run_failure(s) is not None for s in a)
+    b_failed = any(run_failure(s) is not None for s in b)
+    return "" if a_failed == b_failed else "A" if a_failed else "B"
 
 
 def flatten_figures(summary: dict, *, per_rank: bool = False) -> dict[str, int | float]:
@@ -274,14 +304,20 @@ def _figure_change(name: str, a_values: list, b_values: list, repeats: bool) -> 
     )
 
 
-def _label_change(path: str, a_values: list, b_values: list) -> LabelChange:
-    """A verdict that differs, assessed by the share of runs on each side holding its bad value."""
+def _label_change(path: str, a_values: list, b_values: list, failed_side: str = "") -> LabelChange:
+    """A verdict that differs, assessed by the share of runs on each side holding its bad value.
+
+    Against a failed run, only what the failure itself made worse counts: a failed
+    B is never better, and a B compared with a failed A is never worse.
+    """
     bad = _VERDICTS[path]
     assessment = ""
     if bad is not None:
         a_bad = sum(map(bad, a_values)) / len(a_values)
         b_bad = sum(map(bad, b_values)) / len(b_values)
         assessment = "worse" if b_bad > a_bad else "better" if b_bad < a_bad else ""
+    if (failed_side, assessment) in (("B", "better"), ("A", "worse")):
+        assessment = ""
     return LabelChange(path, a_values, b_values, assessment)
 
 
@@ -299,15 +335,18 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
     b_flat = [flatten_figures(s, per_rank=per_rank) for s, _ in b_loaded]
     names = list(dict.fromkeys(k for flat in (*a_flat, *b_flat) for k in flat))
     repeats = len(a_flat) > 1 or len(b_flat) > 1
+    failed_side = _failed_side([s for s, _ in a_loaded], [s for s, _ in b_loaded])
     figures = [
         _figure_change(name, [f[name] for f in a_flat if name in f], [f[name] for f in b_flat if name in f], repeats) for name in names
     ]
+    for figure in figures:
+        figure.failed_side = failed_side
     labels = []
     for path in _VERDICTS:
         a_values = [_label(s, path) for s, _ in a_loaded]
         b_values = [_label(s, path) for s, _ in b_loaded]
         if set(map(repr, a_values)) != set(map(repr, b_values)):
-            labels.append(_label_change(path, a_values, b_values))
+            labels.append(_label_change(path, a_values, b_values, failed_side))
     workload_differences = {}
     a_workload = _workload(a_loaded[0][0])
     b_workload = _workload(b_loaded[0][0])
@@ -320,6 +359,8 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
         figures=figures,
         labels=labels,
         workload_differences=workload_differences,
+        a_summaries=a_loaded,
+        b_summaries=b_loaded,
     )
 
 
@@ -361,7 +402,8 @@ def _figure_row(f: FigureChange, show_all: bool) -> tuple[str, ...]:
     change = "-" if f.change is None else _number(f.change, f.counted, sign=True)
     relative = "-" if f.relative is None else f"{f.relative:+.1%}"
     state = f.state if show_all or f.state.startswith("only") else ""
-    marker = ", ".join(part for part in (state, "" if f.folded else f.assessment) if part)
+    failed = f"{f.failed_side} failed: not compared" if f.failed_side and f.direction and f.change else ""
+    marker = ", ".join(part for part in (state, "" if f.folded else f.assessment or failed) if part)
     return (
         f.figure,
         _side(f.a_mean, f.a_stdev, f.counted),
@@ -392,6 +434,10 @@ def format_diff(result: DiffResult, *, show_all: bool = False) -> str:
     lines = [f"A: {', '.join(result.a_paths)} (n={len(result.a_paths)})", f"B: {', '.join(result.b_paths)} (n={len(result.b_paths)})"]
     for key, (a_value, b_value) in result.workload_differences.items():
         lines.append(f"note: workload {key} differs: A={a_value!r} B={b_value!r}")
+    failures = [
+        (side, path, run_failure(s)) for side, loaded in (("A", result.a_summaries), ("B", result.b_summaries)) for s, path in loaded
+    ]
+    lines.extend(f"failed run ({side}): {path or '<dict>'}: {why}" for side, path, why in failures if why is not None)
     lines.append("")
     if result.labels:
         lines.append("verdicts that changed (A -> B):")

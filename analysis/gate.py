@@ -5,7 +5,10 @@ summary's figure lookup (:func:`dsprof.analysis.summary.resolve`). Outcomes per
 rule: ``pass``, ``fail``, ``missing`` (the figure belongs to the summary's
 schema but this run did not produce it: null, or a rank or item the run does
 not have; this fails the gate) and ``skipped`` (a relative rule when no
-baseline was given). The gate passes when no rule is ``fail`` or ``missing``.
+baseline was given). The gate passes when no rule is ``fail`` or ``missing``,
+and never for a failed run: a run with a non-zero exit status or partial
+figures gets a built-in failing result first (:data:`RUN_FAILED_RULE`), whatever
+the rules say, so a crash cannot pass as an improvement.
 A figure path the summary does not have (a typo: the error suggests the
 closest paths), or a rule that compares a whole block or values of the wrong
 type, raises :class:`~dsprof.errors.InputError` naming the rules file and the
@@ -25,12 +28,14 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from dsprof.analysis.diff import run_failure
 from dsprof.analysis.gate_rules import COMPARISONS, ORDERING, CheckRule, RelativeRule, load_rules, value_kind, value_text
 from dsprof.analysis.summary import Unavailable, UnknownFigure, figure_unit, is_number, resolve, summary_with_path
 from dsprof.errors import InputError
 from dsprof.textsafe import terminal_safe
 
 VERDICT_SCHEMA = "dsprof.gate_verdict/1"
+RUN_FAILED_RULE = "the run completed (built in: a failed run never passes)"
 # What holds when a comparison does not: a failed rule shows the relation the values really have.
 _NEGATED = {"<=": ">", "<": ">=", ">=": "<", ">": "<=", "==": "!=", "!=": "=="}
 _MAX_DECIMALS = 6  # float noise in a summary (0.30000000000000004) is not precision
@@ -322,7 +327,10 @@ def evaluate_gate(summary_or_dir: str | Path | dict, rules_path: str | Path, *, 
     rules = load_rules(rules_path)
     summary, summary_path = summary_with_path(summary_or_dir)
     baseline_summary, baseline_path = summary_with_path(baseline) if baseline is not None else (None, None)
+    failure = run_failure(summary)
     results: list[RuleResult] = []
+    if failure is not None:
+        results.append(RuleResult(RUN_FAILED_RULE, "check", "built in", "run", "fail", detail=terminal_safe(failure)))
     for rule in rules:
         if isinstance(rule, CheckRule):
             results.extend(_evaluate_check(rule, summary, rules_path))

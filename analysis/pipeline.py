@@ -25,7 +25,8 @@ from __future__ import annotations
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
-from dsprof.analysis.summary_model import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair
+from dsprof.analysis.summary import run_info
+from dsprof.analysis.summary_model import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair, RunInfo
 from dsprof.profiler import strace_format as fmt
 
 FIRST_VIOLATIONS = 10
@@ -79,8 +80,8 @@ def _violation_reason() -> str:
 
 
 @stage("pipeline", reads=("spans", "invocations", "processes", "runs", "decode"))
-def pipeline_figures(engine: Engine) -> Pipeline:
-    """The ``pipeline`` block of summary.json."""
+def pipeline_figures(engine: Engine, performance_summary: dict | None = None) -> Pipeline:
+    """The ``pipeline`` block of summary.json; a failed run (``performance_summary``'s exit status) gets no verdict."""
     identity = bool(engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY})"))
     engine.run(f"CREATE OR REPLACE TEMP TABLE pairs AS SELECT *, {_violation_reason()} AS reason FROM ({_pairs_sql(identity)})")
     checked, overlapped, early, decode_pairs = engine.rows(
@@ -100,23 +101,40 @@ def pipeline_figures(engine: Engine) -> Pipeline:
     cadence = _cadence(engine)
     depth = _depth(engine, "root_ts_ns", "root_end_ns")
     cadence_p50 = _cadence_p50(engine)
-    return Pipeline(
-        rule="native identity (serving stack)" if identity else "decode runs by run_epoch",
-        pairs_checked=int(checked),
-        pairs_overlapped=int(overlapped),
-        violations=int(checked - overlapped),
-        claim_order_violations=int(early),
-        overlap_share=round(overlapped / checked, 4) if checked else None,
-        serialized=bool(serialized),
-        native_overlap_verified=_native_verdict(engine, identity, checked, overlapped),
-        first_violations=bad,
-        prefill_pairs=prefill,
-        cadence_ms=cadence,
-        cadence_p50_ms=cadence_p50,
-        achieved_depth=depth,
-        runner_depth=_depth(engine, "runner_ts_ns", "runner_end_ns"),
-        diagnosis=_diagnosis(engine, int(checked), int(overlapped), int(early), bool(serialized), cadence_p50),
+    return _unjudged_if_failed(
+        Pipeline(
+            rule="native identity (serving stack)" if identity else "decode runs by run_epoch",
+            pairs_checked=int(checked),
+            pairs_overlapped=int(overlapped),
+            violations=int(checked - overlapped),
+            claim_order_violations=int(early),
+            overlap_share=round(overlapped / checked, 4) if checked else None,
+            serialized=bool(serialized),
+            native_overlap_verified=_native_verdict(engine, identity, checked, overlapped),
+            first_violations=bad,
+            prefill_pairs=prefill,
+            cadence_ms=cadence,
+            cadence_p50_ms=cadence_p50,
+            achieved_depth=depth,
+            runner_depth=_depth(engine, "runner_ts_ns", "runner_end_ns"),
+            diagnosis=_diagnosis(engine, int(checked), int(overlapped), int(early), bool(serialized), cadence_p50),
+        ),
+        run_info(performance_summary),
     )
+
+
+def _unjudged_if_failed(figures: Pipeline, run: RunInfo) -> Pipeline:
+    """A run that failed is not a healthy pipeline: ``serialized`` is null (no verdict), ``partial`` says why.
+
+    The overlap figures stay: they describe the steps the run completed.
+    """
+    status = run["exit_status"]
+    failed = status not in (None, 0)
+    figures["partial"] = failed
+    if failed:
+        figures["serialized"] = None
+        figures["diagnosis"] = f"no verdict: the run failed (exit status {status}); over the steps it completed: {figures['diagnosis']}"
+    return figures
 
 
 def _native_verdict(engine: Engine, identity: bool, checked: int, overlapped: int) -> NativeOverlap:

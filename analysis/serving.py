@@ -14,6 +14,14 @@ Each figure is taken, field by field, from the first source that has it:
    elapsed / (tokens / requests).
 
 ``sources`` in the block says where each figure came from.
+
+A failed run (a non-zero exit status in ``performance_summary.json``; the
+runtime sets one when a rank failed or tokens are missing) is marked
+``partial: true`` with ``partial_reason``. Its throughput
+and TPOT count completed work only: the tokens of the requests that got every
+expected token, over the batch elapsed. The runtime's own figures for such a
+run count the tokens of the first steps over the time of those steps only, and
+read higher than a healthy run's (the early steps are the fast ones).
 """
 
 from __future__ import annotations
@@ -108,17 +116,17 @@ def _from_request_spans(engine: Engine) -> dict[str, tuple[float, str]]:
 
 @stage("serving", reads=("spans",))
 def serving_figures(engine: Engine, trace: Trace) -> Serving:
-    """The ``serving`` block of summary.json, with ``sources``."""
+    """The ``serving`` block of summary.json, with ``sources``, ``partial`` and ``partial_reason``."""
     found = _from_request_spans(engine)
-    if isinstance(trace.performance_summary, dict):
-        found |= _from_performance_summary(trace.performance_summary)
+    performance_summary = trace.performance_summary if isinstance(trace.performance_summary, dict) else {}
+    found |= _from_performance_summary(performance_summary)
     values = {figure: found[figure][0] if figure in found else None for figure in FIGURES}
     sources = {figure: found[figure][1] for figure in FIGURES if figure in found}
-    tokens, elapsed, requests = values["tokens_returned"], values["batch_elapsed_s"], values["requests"]
-    if values["throughput_tok_s"] is None and tokens and elapsed:
-        values["throughput_tok_s"], sources["throughput_tok_s"] = round(tokens / elapsed, 3), DERIVED
-    if values["effective_tpot_ms"] is None and tokens and elapsed and requests:
-        values["effective_tpot_ms"], sources["effective_tpot_ms"] = round(elapsed * 1000 / (tokens / requests), 3), DERIVED
+    reasons = _partial_reasons(performance_summary, values)
+    if reasons:
+        reasons.append(_count_completed_work(engine, values, sources))
+    else:
+        _derive_rates(values, sources)
     return Serving(
         tokens_returned=values["tokens_returned"],
         tokens_expected=values["tokens_expected"],
@@ -128,4 +136,61 @@ def serving_figures(engine: Engine, trace: Trace) -> Serving:
         acceptance_rate=values["acceptance_rate"],
         requests=values["requests"],
         sources=sources,
+        partial=bool(reasons),
+        partial_reason="; ".join(reasons) or None,
     )
+
+
+def _derive_rates(values: dict, sources: dict) -> None:
+    """Throughput and TPOT from tokens, elapsed and requests, where no source gave them."""
+    tokens, elapsed, requests = values["tokens_returned"], values["batch_elapsed_s"], values["requests"]
+    if values["throughput_tok_s"] is None and tokens and elapsed:
+        values["throughput_tok_s"], sources["throughput_tok_s"] = round(tokens / elapsed, 3), DERIVED
+    if values["effective_tpot_ms"] is None and tokens and elapsed and requests:
+        values["effective_tpot_ms"], sources["effective_tpot_ms"] = round(elapsed * 1000 / (tokens / requests), 3), DERIVED
+
+
+def _partial_reasons(performance_summary: dict, values: dict) -> list[str]:
+    """Why the run's serving figures do not describe a complete run (empty: they do)."""
+    status = performance_summary.get("exit_status")
+    if not isinstance(status, int) or isinstance(status, bool) or status == 0:
+        return []  # fewer tokens than expected alone is no failure: requests may stop early (EOS before max_tokens)
+    message = performance_summary.get("message")
+    reasons = [f"the run exited with status {status}" + (f" ({message})" if isinstance(message, str) and message else "")]
+    returned, expected = values["tokens_returned"], values["tokens_expected"]
+    if returned is not None and expected is not None and returned < expected:
+        reasons.append(f"{_count(returned)} of {_count(expected)} tokens returned")
+    return reasons
+
+
+def _count(value: float) -> str:
+    return f"{value:.0f}" if float(value).is_integer() else f"{value}"
+
+
+def _count_completed_work(engine: Engine, values: dict, sources: dict) -> str:
+    """Throughput and TPOT of a partial run from the requests that completed; says what was counted.
+
+    A request completed when its ``output_tokens`` reached its expected tokens
+    (its own ``expected_tokens``, else tokens expected / requests).
+    """
+    values["throughput_tok_s"] = values["effective_tpot_ms"] = None
+    sources.pop("throughput_tok_s", None)
+    sources.pop("effective_tpot_ms", None)
+    expected, requests, elapsed = values["tokens_expected"], values["requests"], values["batch_elapsed_s"]
+    even_share = expected / requests if expected and requests else None
+    row = engine.rows(
+        f"""
+        SELECT count(*) FILTER (WHERE tokens IS NOT NULL AND want IS NOT NULL),
+               count(*) FILTER (WHERE tokens >= want), coalesce(sum(tokens) FILTER (WHERE tokens >= want), 0)
+        FROM (SELECT {_first_present(TOKEN_KEYS)} AS tokens, coalesce({_first_present(EXPECTED_KEYS)}, ?) AS want
+              FROM spans WHERE cat = 'request' AND ph = 'X' AND inv IS NULL)""",
+        [even_share],
+    )[0]
+    judged, completed, completed_tokens = row
+    if not judged or not elapsed:
+        return "throughput and TPOT not measured: no request spans tell which requests completed"
+    source = f"completed requests only (partial run): {completed} of {judged}"
+    values["throughput_tok_s"], sources["throughput_tok_s"] = round(completed_tokens / elapsed, 3), source
+    if completed:
+        values["effective_tpot_ms"], sources["effective_tpot_ms"] = round(elapsed * 1000 / (completed_tokens / completed), 3), source
+    return f"throughput and TPOT count the {completed} of {judged} requests that completed"

@@ -57,6 +57,8 @@ def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], step_numbers: lis
         return verdict
     late_ms = _late_ms_per_rank(flagged)
     candidates = set(by_rank) | set(late_ms)
+    if not candidates:  # flagged steps whose causes name no rank
+        return verdict
 
     def effect_of(r: int) -> float:
         """The replay's saving where it is material; else, for a rank behind most flagged steps, their excess."""

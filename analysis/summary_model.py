@@ -28,6 +28,7 @@ class Inputs(TypedDict):
     spans: int
     dropped: dict[str, int]
     notes: list[str]
+    span_dataset: NotRequired[str]  # the span dataset kept with --spans (or given as input): what report and export read
 
 
 class RunInfo(TypedDict):
@@ -264,7 +265,7 @@ class Pipeline(TypedDict):
     violations: int
     claim_order_violations: int
     overlap_share: float | None
-    serialized: bool
+    serialized: bool | None  # null: a failed run gets no verdict
     native_overlap_verified: NativeOverlap
     first_violations: list[PipelineViolation]
     prefill_pairs: list[PrefillPair]
@@ -273,6 +274,7 @@ class Pipeline(TypedDict):
     achieved_depth: dict[str, float]
     runner_depth: dict[str, float]
     diagnosis: str
+    partial: NotRequired[bool]  # the run failed: the figures cover the steps it completed
 
 
 class Serving(TypedDict):
@@ -284,6 +286,8 @@ class Serving(TypedDict):
     acceptance_rate: float | None
     requests: float | None
     sources: dict[str, str]  # figure -> where it came from
+    partial: NotRequired[bool]  # the run failed: throughput and TPOT count only completed requests
+    partial_reason: NotRequired[str | None]
 
 
 class Summary(TypedDict):

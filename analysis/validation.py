@@ -134,8 +134,9 @@ def _check_steps(engine: Engine, checks: _Checks, steps_per_rank: dict, decode_s
     if partial[2]:
         first, last, n, fewest, most = partial
         where = f"step {first}" if n == 1 else f"{n} steps between {first} and {last}"
+        present = f"{fewest}" if fewest == most else f"{fewest} to {most}"
         checks.add(
-            "complete_steps", False, f"{where} present on only {fewest}-{most} of {ranks} ranks; their figures use the ranks that have them"
+            "complete_steps", False, f"{where} present on only {present} of {ranks} ranks; their figures use the ranks that have them"
         )
     if expect_ranks is not None:
         missing = sorted(set(range(expect_ranks)) - set(steps_per_rank))

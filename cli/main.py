@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import shutil
+import signal
 import sys
 from pathlib import Path
 
@@ -20,7 +21,7 @@ import click
 from dsprof.commands import __version__
 from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
 from dsprof.commands.diff import diff_command
-from dsprof.commands.gate import gate_command
+from dsprof.commands.gate import gate_command, suggest_command
 from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
 from dsprof.commands.printing import error_line, os_error_message
@@ -48,14 +49,41 @@ def _usage_error_message(exc: click.UsageError) -> str:
     return f"{message} (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else message
 
 
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C, so that every ``finally`` and cleanup runs on the way out."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
+def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """One line and the shell's status (128 + signal) for Ctrl-C or SIGTERM (ours, or the runtime's, which has ``signum``)."""
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    return f"stopped by {name}; no partial output is left", 128 + signum
+
+
 class DsprofGroup(click.Group):
-    """Turns library errors and bad options into one-line messages unless ``--debug`` was given."""
+    """Turns library errors, bad options and Ctrl-C/SIGTERM into one-line messages unless ``--debug`` was given."""
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
             raise UserError(_usage_error_message(exc), exc.exit_code) from exc
+        except KeyboardInterrupt as exc:
+            printer = ctx.meta.get(_PROGRESS_KEY)
+            if printer is not None:
+                printer.done()
+            if ctx.meta.get(_DEBUG_KEY):
+                raise
+            message, status = _stop_message(exc)
+            raise UserError(message, status) from None
         except (DsprofError, OSError) as exc:
             printer = ctx.meta.get(_PROGRESS_KEY)
             if printer is not None:
@@ -351,17 +379,30 @@ def merge(output) -> None:
 # --------------------------------------------------------------------------- report / export
 
 
+_INPUTS = click.option(
+    "--inputs",
+    "inputs",
+    multiple=True,
+    type=click.Path(exists=True, path_type=Path),
+    metavar="PATH",
+    show_default="the span dataset or input files summary.json names, else ARTIFACT_DIR",
+    help="Read the spans from these inputs (repeatable): for inputs that moved since the analysis.",
+)
+
+
 @cli.command()
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="HTML file [default: ARTIFACT_DIR/report.html].")
-def report(artifact_dir, output) -> None:
+@_INPUTS
+def report(artifact_dir, output, inputs) -> None:
     """Write the HTML report of an analysed artifact directory.
 
     Every figure comes from ARTIFACT_DIR/summary.json (run `dsprof analyze` first);
-    only the swimlane's spans are read again (docs/REPORTS.md).
+    only the swimlane's spans are read again, from the inputs the summary names
+    (or the span dataset kept with `analyze --spans`); stderr says which (docs/REPORTS.md).
     """
     progress = _progress()
-    path = report_from_dir(artifact_dir, output, progress=progress)
+    path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=_err)
     progress.done()
     click.echo(f"report: {path}")
 
@@ -383,13 +424,15 @@ def report(artifact_dir, output) -> None:
     help="Trace file; a .json.gz name is compressed JSON "
     "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].",
 )
-def export(artifact_dir, fmt, output) -> None:
+@_INPUTS
+def export(artifact_dir, fmt, output, inputs) -> None:
     """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
     Both formats open in ui.perfetto.dev; the JSON also in chrome://tracing.
+    The spans are read as for `dsprof report`.
     """
     progress = _progress()
-    path = export_from_dir(artifact_dir, output, format=fmt, progress=progress)
+    path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=_err)
     progress.done()
     click.echo(f"trace: {path}")
 
@@ -398,14 +441,20 @@ def export(artifact_dir, fmt, output) -> None:
 
 
 @cli.command(context_settings={"show_default": True})
-@click.argument("summary", type=click.Path(path_type=Path))
+@click.argument("summaries", metavar="SUMMARY", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option(
     "--rules",
     "rules_path",
-    required=True,
     type=click.Path(path_type=Path),
+    show_default="required unless --suggest",
     help="TOML rules file; grammar, outcomes and outputs in docs/GATE_RULES.md.",
 )
+@click.option(
+    "--suggest",
+    is_flag=True,
+    help="Print suggested rules from the SUMMARY... of healthy runs (facts, and effect-size limits: worst healthy value x --margin).",
+)
+@click.option("--margin", type=click.FloatRange(min=1), default=1.5, help="With --suggest: headroom over the worst healthy value.")
 @click.option(
     "--baseline",
     type=click.Path(path_type=Path),
@@ -425,10 +474,12 @@ def export(artifact_dir, fmt, output) -> None:
     show_default="not written",
     help="Write the JSON verdict (dsprof.gate_verdict/1) here.",
 )
-def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
+def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path) -> None:
     """Check a summary against gate rules (docs/GATE_RULES.md).
 
-    SUMMARY is a summary.json or the artifact dir holding one. One line per
+    SUMMARY is a summary.json or the artifact dir holding one. With --suggest,
+    give the summaries of several healthy runs instead: the rules printed
+    (to stdout, in the rules format) hold on all of them with --margin to spare. One line per
     rule: status, rule name, figure, value vs limit. On GitHub Actions
     (GITHUB_ACTIONS=true) failures also become ::error annotations titled by
     the rule, and a table of every rule's outcome is appended to
@@ -439,7 +490,15 @@ def gate(summary, rules_path, baseline, junit, verdict_path) -> None:
     produced by the run, 2 the rules or the summary could not be read (a figure
     path the summary does not have is a rules error).
     """
-    exit_code = gate_command(summary, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=_out)
+    if suggest:
+        if rules_path or baseline or junit or verdict_path:
+            raise click.UsageError("--suggest prints rules: it takes no --rules, --baseline, --junit or --verdict")
+        click.get_current_context().exit(suggest_command(summaries, margin=margin, out=_out))
+    if rules_path is None:
+        raise click.UsageError("Missing option '--rules'")
+    if len(summaries) != 1:
+        raise click.UsageError(f"give one SUMMARY to check (got {len(summaries)}; several are for --suggest)")
+    exit_code = gate_command(summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=_out)
     click.get_current_context().exit(exit_code)
 
 
@@ -481,7 +540,8 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
 
 
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point; SIGTERM stops a command as Ctrl-C does (cleanup runs, one line, exit 143)."""
+    signal.signal(signal.SIGTERM, _raise_stopped)
     cli(prog_name="dsprof")
 
 

@@ -29,7 +29,7 @@ def test_rank_missing_steps_and_torn_end(tmp_path):
     assert validation["steps_per_rank"] == {"0": 15, "1": 15, "2": 15, "3": 10}
     assert "rank 3 has 10 decode steps, others 15" in validation["problems"]
     assert checks(summary)["rank_roots"]["detail"] == "55 rank roots, expected 15 x 4 = 60"
-    assert checks(summary)["complete_steps"]["detail"].startswith("5 steps between 10 and 14 present on only 3-3 of 4 ranks")
+    assert checks(summary)["complete_steps"]["detail"].startswith("5 steps between 10 and 14 present on only 3 of 4 ranks")
     assert summary["inputs"]["dropped"] == {"torn_record": 1}
     # figures still computed, over the ranks that have each step
     t = run.timings()
@@ -50,6 +50,12 @@ def test_expected_ranks_missing_devices_and_anchors(tmp_path):
     assert any(p.startswith("no CLOCK_ANCHOR for pid 41000, 41001, 41002") for p in validation["problems"])
     # devices still come from the root attributes
     assert validation["devices"] == ["npu:0", "npu:1", "npu:2"]
+
+
+def test_steps_on_a_varying_number_of_ranks_give_the_range(tmp_path):
+    SyntheticRun(ranks=4, steps=15, missing_steps={2: 3, 3: 5}).write(tmp_path / "run")
+    detail = checks(analyze([tmp_path / "run"]).summary)["complete_steps"]["detail"]
+    assert detail == "5 steps between 10 and 14 present on only 2 to 3 of 4 ranks; their figures use the ranks that have them"
 
 
 def test_crash_leaves_rootless_invocations(tmp_path):

@@ -128,7 +128,7 @@ def test_the_diff_starts_with_verdict_changes():
         "  exit_status: 0 -> 1  [worse]",
         "  validation.valid: true -> false  [worse]",
         "  pipeline.serialized: false -> true  [worse]",
-        "  tail_steps.straggler.verdict: rank 1 (npu:1) -> none  [better]",
+        "  tail_steps.straggler.verdict: rank 1 (npu:1) -> none",  # B failed (exit 1): nothing of it is better
         "  tail_steps.straggler.mechanism: device -> null",
     ]
     assert "verdicts: none changed" in format_diff(diff_summaries(a, copy.deepcopy(a)))

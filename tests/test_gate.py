@@ -72,6 +72,15 @@ HEALTHY = {
         "straggler": {"verdict": "none", "rank": None, "device": None, "share": 0.0, "p_value": None, "mechanism": None},
     },
     "tail_cost": {"total_ms": 0.0, "share_of_decode_wall": 0.0},
+    "what_if": {
+        "decode_wall_ms": 250.0,
+        "replayed_wall_ms": 250.0,
+        "total_saved_ms": 0.0,
+        "share_of_decode_wall": 0.0,
+        "by_mechanism": {},
+        "by_rank": {},
+        "items": [],
+    },
     "pipeline": {
         "pairs_checked": 36,
         "pairs_overlapped": 36,
@@ -873,7 +882,8 @@ def test_help_shows_every_default_and_points_at_the_projects_docs():
     flat = " ".join(text.split())
     for default in ("[default: (none: [[relative]] rules are skipped)]", "[default: (not written)]"):
         assert default in flat
-    assert flat.count("[default:") == 3  # --baseline, --junit, --verdict (--rules is required)
+    assert "[default: (required unless --suggest)]" in flat and "[default: 1.5; x>=1]" in flat
+    assert flat.count("[default:") == 5  # --rules, --margin, --baseline, --junit, --verdict
 
 
 # --------------------------------------------------------------------------- the shipped rules

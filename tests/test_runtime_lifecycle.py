@@ -102,16 +102,18 @@ def test_sigkill_of_the_launcher_leaves_no_process_behind(tmp_path, entry):
 
 
 @pytest.mark.parametrize(
-    "entry, sig, status", [("runtime", signal.SIGTERM, 143), ("runtime", signal.SIGINT, 130), ("dsprof run", signal.SIGTERM, 1)]
+    "entry, sig, status", [("runtime", signal.SIGTERM, 143), ("runtime", signal.SIGINT, 130), ("dsprof run", signal.SIGTERM, 143)]
 )
 def test_sigterm_stops_the_ranks_and_keeps_what_was_written(tmp_path, entry, sig, status):
     """SIGTERM is handled as Ctrl-C is: ranks stopped, artifacts of what ran written, no analysis afterwards."""
     launcher, family = start_run(entry, tmp_path)
     launcher.send_signal(sig)
-    assert launcher.wait(60) == status  # click reports an interrupted command as exit 1 ("Aborted!")
+    assert launcher.wait(60) == status  # 128 + the signal, from the runtime and from the dsprof CLI alike
     assert not gone_within(family, 10), "processes outlived the launcher"
     stderr = launcher.stderr.read().decode()
     assert "Traceback" not in stderr
+    if entry == "dsprof run":
+        assert stderr.strip().splitlines()[-1] == f"dsprof: error: stopped by {signal.Signals(sig).name}; no partial output is left"
     summary = json.loads((tmp_path / artifacts.PERFORMANCE_SUMMARY).read_text())
     name = signal.Signals(sig).name
     assert summary["exit_status"] == 128 + sig and name in summary["message"]

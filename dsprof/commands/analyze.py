@@ -8,6 +8,7 @@ of core; ``spans_dir`` keeps that dataset for later queries.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import tempfile
@@ -38,6 +39,7 @@ SPILL_BYTES = 256 << 20
 ENGINES = ("embedded", "ray")
 MEMORY_LIMIT_DEFAULT = f"{DEFAULT_MEMORY_SHARE:.0%} of RAM"  # what the engine takes without --memory-limit
 FALLBACK_OUT_DIR = Path("dsprof-analysis")
+SPILL_PREFIX = "dsprof-spans-"  # temporary span datasets, removed on success, error and interrupt
 
 
 @dataclass
@@ -121,14 +123,15 @@ def analyze_paths(
     if engine not in ENGINES:
         raise DsprofError(f"unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
     invocations = None
-    if engine == "ray":
-        spill = None if spans_dir is not None else Path(tempfile.mkdtemp(prefix="dsprof-spans-"))
-        dataset = Path(spans_dir) if spans_dir is not None else spill
-        assert dataset is not None
-        trace, invocations = read_and_aggregate(paths, dataset, address=address, memory_limit=memory_limit, progress=progress)
-    else:
-        trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
+    spill: Path | None = None
     try:
+        if engine == "ray":
+            spill = None if spans_dir is not None else Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+            dataset = Path(spans_dir) if spans_dir is not None else spill
+            assert dataset is not None
+            trace, invocations = read_and_aggregate(paths, dataset, address=address, memory_limit=memory_limit, progress=progress)
+        else:
+            trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
         require_something_to_analyse(trace, paths)
         result = analyze_trace(
             trace,
@@ -138,6 +141,9 @@ def analyze_paths(
             invocations=invocations,
             progress=progress,
         )
+        kept = spans_dir if spans_dir is not None else _dataset_input(paths)
+        if kept is not None:  # where report and export find the spans again
+            result.summary["inputs"]["span_dataset"] = str(kept)
         outcome = AnalyzeOutcome(result)
         if out_dir is not None:
             outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
@@ -147,19 +153,29 @@ def analyze_paths(
             shutil.rmtree(spill, ignore_errors=True)
 
 
+def _dataset_input(paths: Sequence[str | os.PathLike]) -> str | os.PathLike | None:
+    """The span dataset analysed, when that is the one input."""
+    return paths[0] if len(paths) == 1 and (Path(paths[0]) / artifacts.SPAN_DATASET_MANIFEST).is_file() else None
+
+
 def read_inputs(
     paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None, progress: Progress = None
 ) -> tuple[Trace, Path | None]:
     """Read ``paths``; big text logs go to a span dataset (``spans_dir``, else a temporary one returned for removal)."""
-    if len(paths) == 1 and (Path(paths[0]) / artifacts.SPAN_DATASET_MANIFEST).is_file():
+    if _dataset_input(paths) is not None:
         return open_dataset(paths[0]), None
     temporary = None
     if spans_dir is None and _text_bytes(paths) > SPILL_BYTES:
-        temporary = Path(tempfile.mkdtemp(prefix="dsprof-spans-"))
+        temporary = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
     target = spans_dir if spans_dir is not None else temporary
     if target is None:
         return read_paths(paths, progress=progress), None
-    trace = ingest_paths(paths, target, progress=progress)
+    try:
+        trace = ingest_paths(paths, target, progress=progress)
+    except BaseException:  # an error, Ctrl-C or SIGTERM: the temporary dataset goes with it
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+        raise
     return trace, temporary
 
 
@@ -188,12 +204,30 @@ def require_something_to_analyse(trace: Trace, paths: Sequence[str | os.PathLike
 
 
 def write_outputs(result: AnalysisResult, out_dir: Path, progress: Progress = None) -> dict[str, Path]:
-    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``."""
+    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``.
+
+    All or nothing in a directory this call creates: after an error or an
+    interrupt, the outputs already written there and the directory are removed.
+    """
+    made = not out_dir.exists()
     out_dir.mkdir(parents=True, exist_ok=True)
-    outputs = {
-        artifacts.SUMMARY_JSON: write_summary_json(result.summary, out_dir / artifacts.SUMMARY_JSON),
-        artifacts.SUMMARY_MD: write_summary_md(result.summary, out_dir / artifacts.SUMMARY_MD),
-    }
+    outputs: dict[str, Path] = {}
+    try:
+        _write_each_output(result, out_dir, outputs, progress)
+    except BaseException:
+        if made:
+            for path in outputs.values():
+                path.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # someone else put files there meanwhile: keep them
+                out_dir.rmdir()
+        raise
+    return outputs
+
+
+def _write_each_output(result: AnalysisResult, out_dir: Path, outputs: dict[str, Path], progress: Progress) -> None:
+    """Write the outputs one by one, recording each in ``outputs`` as it is complete."""
+    outputs[artifacts.SUMMARY_JSON] = write_summary_json(result.summary, out_dir / artifacts.SUMMARY_JSON)
+    outputs[artifacts.SUMMARY_MD] = write_summary_md(result.summary, out_dir / artifacts.SUMMARY_MD)
     if progress:
         progress(f"writing {out_dir / artifacts.COMBINED_SWIMLANE}")
     outputs[artifacts.COMBINED_SWIMLANE] = write_chrome_trace(
@@ -202,4 +236,3 @@ def write_outputs(result: AnalysisResult, out_dir: Path, progress: Progress = No
     if progress:
         progress(f"writing {out_dir / artifacts.REPORT_HTML}")
     outputs[artifacts.REPORT_HTML] = write_html_report(result, out_dir / artifacts.REPORT_HTML)
-    return outputs

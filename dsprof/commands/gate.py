@@ -11,10 +11,11 @@ reaches the caller, so a red CI step always carries its reason.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dsprof.analysis.gate import GateVerdict, evaluate_gate
+from dsprof.analysis.gate_suggest import DEFAULT_MARGIN, suggest_rules
 from dsprof.analysis.outputs.gate_outputs import (
     format_step_summary,
     format_step_summary_error,
@@ -24,6 +25,7 @@ from dsprof.analysis.outputs.gate_outputs import (
     write_junit,
     write_verdict_json,
 )
+from dsprof.analysis.summary import summary_with_path
 from dsprof.commands.printing import Printer, os_error_message
 from dsprof.errors import DsprofError
 from dsprof.fileio import atomic_append_text
@@ -88,3 +90,14 @@ def _report_error_to_github(exc: DsprofError | OSError, step_summary: str | None
             atomic_append_text(step_summary, format_step_summary_error(message))
         except OSError:
             pass  # the step summary is a courtesy: the error that stopped the gate is the one to report
+
+
+def suggest_command(summaries: Sequence[str | Path], *, margin: float = DEFAULT_MARGIN, out: Printer = print) -> int:
+    """``dsprof gate --suggest``: print rules whose limits come from these healthy runs' summaries (docs/GATE_RULES.md)."""
+    loaded = [summary_with_path(s) for s in summaries]
+    try:
+        text = suggest_rules([s for s, _ in loaded], margin=margin, sources=[p or "<dict>" for _, p in loaded])
+    except ValueError as exc:
+        raise DsprofError(str(exc)) from None
+    out(text.rstrip("\n"))
+    return 0

@@ -10,6 +10,7 @@ Chrome), which read whole files, are written after them.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import importlib.abc
 import os
@@ -74,7 +75,13 @@ def ingest_paths(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
     A bad output extension fails before anything is read; after an error no
     dataset manifest and no partial file is left.
     """
-    writer: _Writer = SpanDatasetWriter(output) if is_dataset_output(output) else SpanTableWriter(output)
+    dataset = is_dataset_output(output)
+    made = _missing_folders(Path(output) if dataset else Path(output).parent)
+    try:
+        writer: _Writer = SpanDatasetWriter(output) if dataset else SpanTableWriter(output)
+    except BaseException:
+        _remove_empty(made)
+        raise
     counting = _CountingSink(writer)
     try:
         trace = read_paths(paths, progress=progress, sink=counting)
@@ -86,9 +93,26 @@ def ingest_paths(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
         writer.finish(trace)
     except BaseException:
         writer.abort()
+        _remove_empty(made)
         raise
     trace.span_files = writer.span_files
     return trace
+
+
+def _missing_folders(folder: Path) -> list[Path]:
+    """``folder`` and its ancestors that do not exist yet, deepest first: what writing there creates."""
+    missing = []
+    while not folder.exists() and folder != folder.parent:
+        missing.append(folder)
+        folder = folder.parent
+    return missing
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove the folders an ingest created, deepest first, where nothing else was put in them."""
+    for folder in folders:
+        with contextlib.suppress(OSError):  # not empty (someone else's files) or already gone
+            folder.rmdir()
 
 
 class _CountingSink:

@@ -4,21 +4,28 @@ Both take every figure and verdict from the directory's ``summary.json`` (what
 ``analyze`` wrote, with the threshold and expected ranks it used); only the
 layout of the spans is rebuilt from the inputs, so a report or export never
 disagrees with the summary, gate and diff.
+
+The spans come from, first found: the paths given (``--inputs``), the span
+dataset ``analyze --spans`` kept (``inputs.span_dataset``), the input files the
+summary names (``inputs.files``), or the directory itself. So ``analyze RUN -o
+OUT`` then ``report OUT`` works, and inputs that moved get one line naming
+``--inputs``.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from dsprof.analysis.analyze import AnalysisResult, layout_only
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
-from dsprof.analysis.summary import load_summary
+from dsprof.analysis.summary import Summary, load_summary
 from dsprof.commands.analyze import read_inputs
+from dsprof.commands.printing import Printer, print_err
 from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
@@ -29,19 +36,73 @@ EXPORT_FORMATS = (PERFETTO_PROTO, PERFETTO_JSON)
 _DEFAULT_NAMES = {PERFETTO_PROTO: artifacts.PERFETTO_PROTO, PERFETTO_JSON: artifacts.PERFETTO_JSON}
 
 
-def _analysed(artifact_dir: str | os.PathLike, progress: Progress) -> tuple[AnalysisResult, Path | None]:
+InputPaths = Sequence[str | os.PathLike] | None
+
+
+def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Progress, note: Printer) -> tuple[AnalysisResult, Path | None]:
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise InputError(artifact_dir, "not a directory", expected="an artifact directory analysed by dsprof analyze")
     summary = load_summary(artifact_dir)
-    trace, spill = read_inputs([artifact_dir], progress=progress)
-    return layout_only(trace, summary), spill
+    sources = span_sources(artifact_dir, summary, inputs)
+    note(f"reading the spans from {', '.join(map(str, sources))}")
+    trace, spill = read_inputs(sources, progress=progress)
+    try:
+        return layout_only(trace, summary), spill
+    except BaseException:
+        _remove(spill)
+        raise
 
 
-def report_from_dir(artifact_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, progress: Progress = None) -> Path:
-    """Write the report of an analysed artifact directory (``DIR/report.html`` by default)."""
+def span_sources(artifact_dir: Path, summary: Summary, inputs: InputPaths = None) -> list[Path]:
+    """Where the spans of an analysed directory are read from (see the module docstring)."""
+    if inputs:
+        missing = [Path(p) for p in inputs if not Path(p).exists()]
+        if missing:
+            raise InputError(missing[0], "no such file or directory", expected="the inputs the summary was analysed from")
+        return [Path(p) for p in inputs]
+    recorded = summary.get("inputs") or {}
+    dataset = recorded.get("span_dataset")
+    if isinstance(dataset, str) and (Path(dataset) / artifacts.SPAN_DATASET_MANIFEST).is_file():
+        return [Path(dataset)]
+    files = [Path(f) for f in recorded.get("files") or [] if isinstance(f, str)]
+    if files and all(f.exists() for f in files):
+        return files
+    if _holds_inputs(artifact_dir):
+        return [artifact_dir]
+    gone = next((f for f in files if not f.exists()), None) if files else (Path(dataset) if isinstance(dataset, str) else None)
+    if gone is None:
+        raise InputError(artifact_dir, "holds no dsprof inputs and its summary names none", expected="--inputs PATH... naming them")
+    raise InputError(
+        artifact_dir / artifacts.SUMMARY_JSON,
+        f"the inputs it was analysed from have moved ({gone} is gone); point at them with --inputs PATH (repeatable)",
+    )
+
+
+def _holds_inputs(directory: Path) -> bool:
+    """Whether a directory has something ``read_inputs`` reads spans from (not just the outputs of analyze)."""
+    return (
+        any(directory.glob("*.log"))
+        or (directory / artifacts.SERVING_TRACE_DIR).is_dir()
+        or (directory / artifacts.MERGED_TRACE).is_file()
+        or (directory / artifacts.FRAGMENTS_DIR).is_dir()
+        or bool(artifacts.fragment_files(directory))
+        or (directory / artifacts.SPAN_DATASET_MANIFEST).is_file()
+        or any(directory.glob("*.trace.json*"))
+    )
+
+
+def report_from_dir(
+    artifact_dir: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    *,
+    inputs: InputPaths = None,
+    progress: Progress = None,
+    note: Printer = print_err,
+) -> Path:
+    """Write the report of an analysed artifact directory (``DIR/report.html`` by default); ``note`` says where the spans came from."""
     output = Path(output) if output is not None else Path(artifact_dir) / artifacts.REPORT_HTML
-    result, spill = _analysed(artifact_dir, progress)
+    result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
         if progress:
             progress(f"writing {output}")
@@ -60,7 +121,13 @@ def export_format(output: str | os.PathLike | None) -> str:
 
 
 def export_from_dir(
-    artifact_dir: str | os.PathLike, output: str | os.PathLike | None = None, *, format: str | None = None, progress: Progress = None
+    artifact_dir: str | os.PathLike,
+    output: str | os.PathLike | None = None,
+    *,
+    format: str | None = None,
+    inputs: InputPaths = None,
+    progress: Progress = None,
+    note: Printer = print_err,
 ) -> Path:
     """Export an analysed artifact directory for Perfetto.
 
@@ -71,8 +138,9 @@ def export_from_dir(
     format = format or export_format(output)
     if format not in EXPORT_FORMATS:
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
+    _refuse_mismatched_name(output, format)
     output = Path(output) if output is not None else Path(artifact_dir) / _DEFAULT_NAMES[format]
-    result, spill = _analysed(artifact_dir, progress)
+    result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
         if progress:
             progress(f"writing {output}")
@@ -82,6 +150,24 @@ def export_from_dir(
     finally:
         result.engine.close()
         _remove(spill)
+
+
+_PROTOBUF_SUFFIXES = (".pftrace", ".perfetto-trace", ".pb")
+
+
+def _refuse_mismatched_name(output: str | os.PathLike | None, format: str) -> None:
+    """A format that contradicts the output's name (protobuf into ``x.json``) is refused before anything is read."""
+    if output is None:
+        return
+    name = Path(output).name.lower()
+    if format == PERFETTO_PROTO and export_format(output) == PERFETTO_JSON:
+        raise DsprofError(
+            f"{output}: --format {PERFETTO_PROTO} writes a protobuf trace, not JSON (name it .pftrace, or use --format {PERFETTO_JSON})"
+        )
+    if format == PERFETTO_JSON and name.endswith(_PROTOBUF_SUFFIXES):
+        raise DsprofError(
+            f"{output}: --format {PERFETTO_JSON} writes JSON, not a protobuf trace (name it .json or .json.gz, or use --format {PERFETTO_PROTO})"
+        )
 
 
 def _remove(spill: Path | None) -> None:

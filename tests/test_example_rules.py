@@ -1,0 +1,32 @@
+"""The shipped example rules hold on this machine: healthy runs pass them, every injected fault kind fails them.
+
+Runs benchmarks/bench_example_rules.py with ``--check``: five healthy runs of the small demo shape and one of the
+default demo shape (what .ci/run gates), then one run per fault kind, each gated with examples/gate-rules.toml and
+examples/ci-rules.toml. About 13 runs of the runtime: minutes on a loaded 2-core machine.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.runtime, pytest.mark.slow]
+
+SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_example_rules.py"
+
+
+def test_example_rules_pass_healthy_runs_and_fail_every_fault_kind(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--healthy", "5", "--ranks", "2", "--keep", str(tmp_path), "--check"],
+        capture_output=True,
+        text=True,
+        timeout=1800,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    assert "wrong outcomes" not in proc.stdout
+    for kind in ("fence_tail", "straggler", "slow_bind", "cpu_contention", "gc_pause", "crash", "device-resident metadata"):
+        assert f"{kind}: " in proc.stdout and "gate-rules FAIL, ci-rules FAIL" in proc.stdout.split(f"\n{kind}: ", 1)[1].splitlines()[0]

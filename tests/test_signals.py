@@ -1,0 +1,116 @@
+"""SIGTERM and Ctrl-C stop a command with one line, exit 128 + signal, and leave no partial output or temporary dataset.
+
+The commands read, after a synthetic run, a ``performance_summary.json`` that is a FIFO kept open without an end, so
+the signal always lands before they could finish: no timing decides what the test checks.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+
+import pytest
+
+from dsprof.commands import analyze as analyze_module
+from dsprof.commands.ingest import ingest_paths
+from dsprof.errors import InputError
+from dsprof.testing.synthetic import SyntheticRun
+
+BINARY = b"\0\1\2\3" * 300_000
+
+
+def _default_sigint() -> None:
+    """A shell ignores SIGINT in its background jobs, and Python keeps an ignored SIGINT: give the command Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
+def _command(args: list[str], cwd) -> subprocess.Popen:
+    env = {**os.environ, "TMPDIR": str(cwd)}  # any temporary dataset would be made here, where the test looks
+    return subprocess.Popen(
+        [sys.executable, "-m", "dsprof.cli.main", *args],
+        cwd=cwd,
+        env=env,
+        stderr=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
+
+
+def _feed_without_end(fifo, data: bytes, done: threading.Event) -> threading.Thread:
+    """Write ``data`` into the FIFO and keep it open (no EOF) until ``done``."""
+
+    def feed() -> None:
+        with open(fifo, "wb") as pipe:
+            pipe.write(data)
+            pipe.flush()
+            done.wait(60)
+
+    thread = threading.Thread(target=feed, daemon=True)
+    thread.start()
+    return thread
+
+
+def _stop_while_reading(args: list[str], tmp_path, signum: int) -> tuple[int, str]:
+    SyntheticRun(ranks=2, steps=6).write(tmp_path / "run")
+    (tmp_path / "side").mkdir()
+    fifo = tmp_path / "side" / "performance_summary.json"
+    os.mkfifo(fifo)
+    done = threading.Event()
+    feeder = _feed_without_end(fifo, b'{"exit_status": 0, ', done)
+    process = _command([*args, "run", str(fifo)], tmp_path)
+    try:
+        assert process.stderr is not None
+        process.stderr.readline()  # the first progress line: the CLI is running (its handler is in place)
+        process.send_signal(signum)
+        _, rest = process.communicate(timeout=60)
+    finally:
+        done.set()
+        feeder.join(5)
+        if process.poll() is None:
+            process.kill()
+    return process.returncode, rest
+
+
+@pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_stops_ingest_with_one_line_and_no_output(tmp_path, signum, status):
+    code, stderr = _stop_while_reading(["ingest", "-o", "deep/spans/"], tmp_path, signum)
+    assert code == status
+    *progress, last = stderr.strip().splitlines()
+    assert last == f"dsprof: error: stopped by {signal.Signals(signum).name}; no partial output is left"
+    assert all(line.startswith("reading ") for line in progress)  # progress lines, no traceback
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]
+
+
+def test_sigterm_stops_analyze_leaving_no_output_dir_and_no_temporary_files(tmp_path):
+    code, stderr = _stop_while_reading(["analyze", "-o", "out"], tmp_path, signal.SIGTERM)
+    assert code == 143 and "Traceback" not in stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]  # no out/, no dsprof-spans-*, no .tmp
+
+
+def test_read_inputs_removes_its_temporary_dataset_on_error(tmp_path, monkeypatch):
+    monkeypatch.setattr(analyze_module, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    (tmp_path / "tmp").mkdir()
+    SyntheticRun(ranks=2, steps=4).write(tmp_path / "run")
+    trace, spill = analyze_module.read_inputs([tmp_path / "run"])
+    assert spill is not None and spill.parent == tmp_path / "tmp" and spill.name.startswith(analyze_module.SPILL_PREFIX)
+    (tmp_path / "run" / "zz.log").write_bytes(BINARY)
+    with pytest.raises(InputError, match="binary data"):
+        analyze_module.read_inputs([tmp_path / "run"])
+    assert list((tmp_path / "tmp").iterdir()) == [spill]  # the first call's, which its caller removes
+
+
+@pytest.mark.parametrize("output", ["a/b/spans/", "a/b/spans.parquet"])
+def test_ingest_of_bad_input_leaves_no_folder_it_made(tmp_path, output):
+    (tmp_path / "bad.log").write_bytes(BINARY)
+    (tmp_path / "kept").mkdir()
+    for base in (tmp_path, tmp_path / "kept"):
+        with pytest.raises(InputError, match="binary data"):
+            ingest_paths([tmp_path / "bad.log"], base / output)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.log", "kept"]
+    assert list((tmp_path / "kept").iterdir()) == []
