@@ -1,4 +1,4 @@
-"""Depth-2 pipeline check, cadence and achieved depth (SPEC §3), as the serving stack checks it.
+"""Depth-2 pipeline check, cadence and achieved depth (docs/FIGURES.md "Pipeline"), as the serving stack checks it.
 
 A pair of adjacent runs N, N+1 *overlaps* when bind(N+1) intersects
 runner_run(N) and runner_run(N+1) does not start before claim_release(N)
@@ -11,11 +11,11 @@ whose sequence (dispatch_id, or run_epoch where dispatch_id is 0) is 0; the
 launch order must then also be monotonic in sequence. Without identity the
 decode runs of each rank are paired in run_epoch (else start) order.
 ``tests/test_analysis_pipeline.py::test_native_overlap_rule_matches_the_stack``
-rebuilds the stack's rule from SPEC and guards this.
+rebuilds the stack's rule from docs/FIGURES.md and guards this.
 
 ``serialized``: fewer than half the pairs overlap. ``overlap_share``: the
 share that do. Achieved depth per rank: Σ root durations / wall time the roots
-cover (SPEC); ``runner_depth``: the same over runner_run spans — how many runs
+cover (docs/FIGURES.md); ``runner_depth``: the same over runner_run spans — how many runs
 were in flight on the device (2.0 for a healthy depth-2 pipeline, 1.0
 serialized).
 """

@@ -1,4 +1,4 @@
-"""Serving figures: tokens, batch elapsed, throughput, effective TPOT, acceptance rate (SPEC §3).
+"""Serving figures: tokens, batch elapsed, throughput, effective TPOT, acceptance rate (docs/FIGURES.md "Serving").
 
 Each figure is taken, field by field, from the first source that has it:
 

@@ -12,7 +12,7 @@ from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import Validation, ValidationCheck
 from dsprof.analysis.swimlane import Swimlane
 
-# SA_PROFILE categories a serving trace must have (SPEC §1 level e2e)
+# SA_PROFILE categories a serving trace must have (docs/FORMATS.md "SA_PROFILE", level e2e)
 REQUIRED_SERVING_CATEGORIES = ("request", "scheduler", "worker")
 
 
@@ -161,5 +161,5 @@ def _check_phases(engine: Engine, checks: _Checks) -> None:
                                         FROM decode""")[0]
     if no_runner:
         checks.add("runner_spans", False, f"{no_runner} decode runs have no runner_run span; their skew figures are missing")
-    if no_bind:  # the SPEC figures do not need bind: valid, but say what is missing
+    if no_bind:  # the skew figures do not need bind: valid, but say what is missing
         checks.add("bind_spans", True, f"{no_bind} decode runs have no bind span; bind figures and pipeline pairs use the others")

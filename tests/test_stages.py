@@ -57,4 +57,4 @@ def test_only_declared_tables_outlive_their_stage(trace):
 
 def test_architecture_lists_every_stage_and_table():
     assert "layout" in STAGES and build_lanes  # the drawing stage is declared too
-    assert stages_markdown() in ARCHITECTURE.read_text(), "docs/ARCHITECTURE.md: paste stages_markdown() into 'Analysis stages'"
+    assert stages_markdown() in ARCHITECTURE.read_text(), "docs/ARCHITECTURE.md is out of date: run scripts/stages_table.py"

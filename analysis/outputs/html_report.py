@@ -34,7 +34,6 @@ import html
 import json
 import math
 from collections import Counter, defaultdict
-from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any, cast
@@ -47,11 +46,11 @@ from plotly.offline import get_plotlyjs
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.layout import device_spans_sql, drawn_runs_sql, runtime_spans_sql
-from dsprof.analysis.outputs.findings import LATE_LISTS, cause_text, item_line, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.report_charts import chart_data, list_items
 from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, serving_lanes_sql
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
-from dsprof.analysis.summary_model import LateItem
 from dsprof.fileio import atomic_write_text
 from dsprof.profiler import artifacts
 
@@ -312,70 +311,6 @@ def _origin_wall(engine: Engine, origin_ns: int) -> str | None:
     return f"{stamp}.{wall % 1_000_000_000:09d} UTC"
 
 
-# ---------------------------------------------------------------- lists and charts (from the summary)
-
-
-def _list_items(items: list[dict]) -> list[dict]:
-    """Late items for the page: what sorting and zooming need, and the findings line of each."""
-    out = []
-    for item in items:  # one per late start / tail step: summary-sized
-        causes = item.get("ranks") or [item]
-        out.append(
-            {
-                "step": item.get("step"),
-                "rank": item.get("rank"),
-                "late_rank": item.get("late_rank"),
-                "role": item.get("role"),
-                "phase": item.get("phase"),
-                "mechanism": item.get("mechanism") or "unattributed",
-                "excess_ms": item.get("excess_ms") or 0.0,
-                "victims": sorted({c.get("late_rank") for c in causes if c.get("role") == "victim" and c.get("late_rank") is not None}),
-                "text": item_line(item),
-                "also": [f"rank {c.get('late_rank')}: {cause_text(c)}" for c in causes[1:]],
-            }
-        )
-    return out
-
-
-def _chart_data(summary: Summary) -> dict:
-    per_step = summary.get("per_step") or []
-    late = summary.get("late_starts") or {}
-    tails = summary.get("tail_steps") or {}
-
-    def worst_by_step(items: Sequence[LateItem]) -> dict[int, str]:
-        lines: dict[int, str] = {}
-        for item in worst_first(items):
-            lines.setdefault(int(item["step"]), item_line(item))
-        return lines
-
-    slow = summary.get("slow_steps")
-    median = slow["median_interval_ms"] if slow else None
-    trends = summary.get("trends")
-    windows = trends["windows"] if trends else []
-    return {
-        "step": [row.get("step") for row in per_step],
-        "interval_ms": [row.get("interval_ms") for row in per_step],
-        "slow_threshold_ms": None if median is None or not slow else round(median + slow["threshold_ms"], 3),
-        "slow_lines": worst_by_step(slow["items"] if slow else []),
-        "trends": {
-            "window_steps": trends["window_steps"] if trends else None,
-            "first_step": [w["first_step"] for w in windows],
-            "last_step": [w["last_step"] for w in windows],
-            "interval_p50_ms": [w["step_interval_p50_ms"] for w in windows],
-            "interval_p99_ms": [w["step_interval_p99_ms"] for w in windows],
-            "end_skew_p99_ms": [w["runner_end_skew_p99_ms"] for w in windows],
-            "slow_steps": [w["slow_steps"] for w in windows],
-            "what_if_saved_ms": [w["what_if_saved_ms"] for w in windows],
-        },
-        "start_skew_ms": [row.get("runner_start_skew_ms") for row in per_step],
-        "end_skew_ms": [row.get("runner_end_skew_ms") for row in per_step],
-        "late_threshold_ms": late.get("threshold_ms"),
-        "tail_threshold_ms": tails.get("threshold_ms"),
-        "late_lines": worst_by_step(late.get("items") or []),
-        "tail_lines": worst_by_step(tails.get("items") or []),
-    }
-
-
 # ---------------------------------------------------------------- server-rendered HTML
 
 
@@ -424,7 +359,7 @@ def _findings_section(summary: Summary) -> str:
     for key, title in ((key, f"Worst {title}") for key, title in LATE_LISTS):
         items = worst_first(_block(summary, key).get("items") or [])
         if items:
-            entries = "".join(_findings_entry(item) for item in _list_items(items[:FINDINGS_ITEMS]))
+            entries = "".join(_findings_entry(item) for item in list_items(items[:FINDINGS_ITEMS]))
             more = f'<p class="more">{len(items) - FINDINGS_ITEMS:,} more in the lists below.</p>' if len(items) > FINDINGS_ITEMS else ""
             worst.append(f'<section class="worst"><h3>{title}</h3><ol>{entries}</ol>{more}</section>')
     return (
@@ -578,8 +513,8 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
     swimlane = swimlane_data(result, span_budget)
     data = {
         "swimlane": swimlane,
-        "chart": _chart_data(summary),
-        "lists": {key: _list_items(_block(summary, key).get("items") or []) for key, _ in LATE_LISTS},
+        "chart": chart_data(summary),
+        "lists": {key: list_items(_block(summary, key).get("items") or []) for key, _ in LATE_LISTS},
     }
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8">
