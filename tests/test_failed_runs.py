@@ -125,3 +125,12 @@ def test_partial_figures_without_an_exit_status_are_a_failure_too(runs):
     torn["serving"] = {**healthy["serving"], "partial": True, "partial_reason": "300 of 2048 tokens returned"}
     assert run_failure(torn) == "partial figures: 300 of 2048 tokens returned"
     assert run_failure(healthy) is None
+
+
+def test_the_printed_summaries_say_a_crashed_runs_figures_are_partial():
+    from dsprof.analysis.outputs.console import format_console_summary
+    from dsprof.analysis.outputs.summary_md import format_summary_md
+
+    summary = {"serving": {"throughput_tok_s": 0.0, "partial": True, "partial_reason": "the run exited with status 1"}}
+    assert "PARTIAL: the run exited with status 1" in format_console_summary(summary)  # type: ignore[arg-type]
+    assert "**partial**: the run exited with status 1" in format_summary_md(summary)  # type: ignore[arg-type]

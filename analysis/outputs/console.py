@@ -34,7 +34,8 @@ def format_console_summary(summary: Summary) -> str:
         "",
         f"tokens {value(serving.get('tokens_returned'))}/{value(serving.get('tokens_expected'))}; "
         f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
-        f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}",
+        f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}"
+        + (f" — PARTIAL: {serving.get('partial_reason')}" if serving.get("partial") else ""),
         "",
     ]
     lines.append("{:<28} {:>10} {:>10} {:>10} {:>10} {:>7}".format("figure (ms)", "p50", "p95", "p99", "max", "count"))

@@ -71,6 +71,7 @@ def format_summary_md(summary: Summary) -> str:
             f"batch {value(serving.get('batch_elapsed_s'), ' s')}; throughput {value(serving.get('throughput_tok_s'), ' tok/s')}; "
             f"effective TPOT {value(serving.get('effective_tpot_ms'), ' ms')}"
             + (f"; acceptance {serving['acceptance_rate']}" if serving.get("acceptance_rate") is not None else "")
+            + (f" — **partial**: {md(serving.get('partial_reason'))}" if serving.get("partial") else "")
         ),
     ]
     lines += ["", "| figure | p50 ms | p95 ms | p99 ms | max ms | count |", "|---|---|---|---|---|---|"]
