@@ -48,6 +48,20 @@ class AnalysisResult:
         return self.engine.trace
 
 
+def parse_steps(text: str) -> tuple[int, int]:
+    """``A:B`` (either side may be left out) -> (first, last) step, both included; DsprofError on anything else."""
+    first, sep, last = text.strip().partition(":")
+    try:
+        if not sep or not (first or last):
+            raise ValueError
+        window = (int(first) if first else 0, int(last) if last else 2**62)
+    except ValueError:
+        raise DsprofError(f"bad step window {text!r} (expected A:B, e.g. 1000:1999, or 1000: for the rest)") from None
+    if window[0] < 0 or window[1] < window[0]:
+        raise DsprofError(f"bad step window {text!r}: the first step must be >= 0 and not after the last")
+    return window
+
+
 def check_threshold(threshold_ms: float) -> float:
     """A late-start / tail threshold must be a finite number of ms >= 0."""
     if not isinstance(threshold_ms, (int, float)) or not math.isfinite(threshold_ms) or threshold_ms < 0:
@@ -62,6 +76,7 @@ def analyze_trace(
     expect_ranks: int | None = None,
     memory_limit: int | None = None,
     invocations: pa.Table | None = None,
+    steps: tuple[int, int] | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
     """Every figure of an already-read trace; ``invocations`` may come precomputed (cluster engine)."""
@@ -69,7 +84,7 @@ def analyze_trace(
     engine = open_engine(trace, memory_limit=memory_limit)
     if progress:
         progress("swimlane: invocations, ranks, decode steps")
-    swimlane = build_swimlane(engine, invocations)
+    swimlane = build_swimlane(engine, invocations, steps)
     if progress:
         progress("figures: skew, step intervals, causes, what-if replay, pipeline, serving")
     figures, per_step = skew_figures(engine)
@@ -85,14 +100,17 @@ def analyze_trace(
         *diagnosis.tail_steps,
         *(item for item in slow if item["step"] not in tail_steps),
     ]  # one cause per flagged step
+    inputs = Inputs(
+        files=list(trace.files),
+        records_read=int(trace.records_read),
+        spans=int(trace.span_count),
+        dropped={str(k): int(v) for k, v in sorted(trace.dropped.items())},
+        notes=list(trace.notes),
+    )
+    if steps is not None:
+        inputs["steps"] = [int(steps[0]), int(steps[1])]  # the window of the run analysed
     summary = build_summary(
-        inputs=Inputs(
-            files=list(trace.files),
-            records_read=int(trace.records_read),
-            spans=int(trace.span_count),
-            dropped={str(k): int(v) for k, v in sorted(trace.dropped.items())},
-            notes=list(trace.notes),
-        ),
+        inputs=inputs,
         performance_summary=trace.performance_summary,
         validation=validate(engine, swimlane, expect_ranks=expect_ranks),
         figures=figures,

@@ -29,6 +29,7 @@ class Inputs(TypedDict):
     dropped: dict[str, int]
     notes: list[str]
     span_dataset: NotRequired[str]  # the span dataset kept with --spans (or given as input): what report and export read
+    steps: NotRequired[list[int]]  # [first, last]: the window of decode steps analysed (analyze --steps)
 
 
 class RunInfo(TypedDict):

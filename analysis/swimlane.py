@@ -51,11 +51,12 @@ class Swimlane:
 
 
 @stage("swimlane", reads=("spans", "anchors", "chip_devices"), writes=("invocations", "gc", "processes", "runs", "decode"))
-def build_swimlane(engine: Engine, invocations: pa.Table | None = None) -> Swimlane:
+def build_swimlane(engine: Engine, invocations: pa.Table | None = None, steps: tuple[int, int] | None = None) -> Swimlane:
     """Create ``invocations``, ``runs``, ``decode`` and ``gc`` in the engine; return the structure's facts.
 
     ``invocations`` may be given already computed (e.g. gathered from cluster
-    workers); else it is aggregated from ``spans`` here.
+    workers); else it is aggregated from ``spans`` here. ``steps`` (first,
+    last): the decode steps analysed, a window of the run, by its step numbers.
     """
     if invocations is None:
         engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
@@ -85,7 +86,8 @@ def build_swimlane(engine: Engine, invocations: pa.Table | None = None) -> Swiml
            LEFT JOIN decode_steps s ON s.pid = w.pid AND s.inv = w.inv""",
         [decode_label],
     )
-    engine.run("CREATE OR REPLACE VIEW decode AS SELECT * FROM runs WHERE is_decode")
+    in_steps = "TRUE" if steps is None else f"step BETWEEN {int(steps[0])} AND {int(steps[1])}"
+    engine.run(f"CREATE OR REPLACE VIEW decode AS SELECT * FROM runs WHERE is_decode AND {in_steps}")
     callables = dict(engine.rows("SELECT callable_label, count(*) FROM runs GROUP BY 1 ORDER BY 2 DESC, 1"))
     anchored = {row[0] for row in engine.rows("SELECT DISTINCT pid FROM anchors")}
     return Swimlane(

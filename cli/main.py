@@ -324,7 +324,8 @@ def run(
     help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').",
 )
 @click.option("--address", show_default="start a local cluster", help="Ray cluster address for --engine ray.")
-def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address) -> None:
+@click.option("--steps", metavar="A:B", show_default="every step", help="Analyse only decode steps A to B (by the step numbers reported).")
+def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address, steps) -> None:
     """Analyse traces and write the figures.
 
     PATHS are artifact dirs, STRACE logs, SA_PROFILE fragment dirs or merged
@@ -341,6 +342,7 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
         spans_dir=spans_dir,
         engine=engine,
         address=address,
+        steps=steps,
         progress=_progress(),
         out=_out,
     )

@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
+from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold, parse_steps
 from dsprof.analysis.cluster import read_and_aggregate
 from dsprof.analysis.dataset import open_dataset
 from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
@@ -64,6 +64,7 @@ def analyze_command(
     spans_dir: str | os.PathLike | None = None,
     engine: str = "embedded",
     address: str | None = None,
+    steps: str | None = None,
     progress: Progress = None,
     out: Printer = print,
 ) -> None:
@@ -72,6 +73,7 @@ def analyze_command(
     ``memory_limit`` is the option's text (``4GB``, ``25%``), checked before any input is read.
     """
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
+    window = None if steps is None else parse_steps(steps)
     outcome = analyze_paths(
         paths,
         default_out_dir(paths) if out_dir is None else out_dir,
@@ -81,6 +83,7 @@ def analyze_command(
         spans_dir=spans_dir,
         engine=engine,
         address=address,
+        steps=window,
         progress=progress,
     )
     out(format_console_summary(outcome.summary))
@@ -110,6 +113,7 @@ def analyze_paths(
     spans_dir: str | os.PathLike | None = None,
     engine: str = "embedded",
     address: str | None = None,
+    steps: tuple[int, int] | None = None,
     progress: Progress = None,
 ) -> AnalyzeOutcome:
     """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write the outputs there.
@@ -139,6 +143,7 @@ def analyze_paths(
             expect_ranks=expect_ranks,
             memory_limit=memory_limit,
             invocations=invocations,
+            steps=steps,
             progress=progress,
         )
         kept = spans_dir if spans_dir is not None else _dataset_input(paths)
