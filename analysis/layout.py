@@ -75,7 +75,11 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     return result
 
 
-@stage("layout", reads=("runs", "anchors"), writes=("lanes", "anchor_offsets"))
+# the lane of a thread's garbage collections (``host.gc`` spans), beside its pipeline-slot lanes
+GC_LANE = -1
+
+
+@stage("layout", reads=("runs", "anchors", "processes"), writes=("lanes", "anchor_offsets"))
 def build_lanes(engine: Engine) -> None:
     """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns); once per engine."""
     if "lanes" in engine.relations():
@@ -133,7 +137,12 @@ def drawn_runs_sql(where: str = "TRUE") -> str:
 
 def runtime_spans_sql(runs: str | None = None) -> str:
     """Host-clock runtime spans of ``runs`` (a table or subquery of :func:`drawn_runs_sql`; default every run),
-    with rank, device, step, callable, lane, phase, identity and wall time; ``file``, ``line`` order them totally."""
+    with rank, device, step, callable, lane, phase, identity and wall time; ``file``, ``line`` order them totally.
+
+    Every garbage collection of a rank process comes with them, on the lane
+    :data:`GC_LANE` of its thread: the findings cite collections as evidence,
+    so every drawing shows them.
+    """
     return f"""
     SELECT s.file, s.line, s.pid, s.tid, s.inv, s.name, s.ts_ns, s.dur_ns, s.depth, s.attrs,
            r.rank, r.device, r.step, r.callable_label AS callable, r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase,
@@ -143,7 +152,21 @@ def runtime_spans_sql(runs: str | None = None) -> str:
     FROM spans s JOIN {runs or f"({drawn_runs_sql()})"} r ON r.pid = s.pid AND r.inv = s.inv
     LEFT JOIN anchor_offsets a ON a.pid = s.pid
     WHERE {runtime_row("s")} AND s.clk <> '{fmt.CLK_DEVICE}'
+    UNION ALL
+    SELECT g.file, g.line, g.pid, g.tid, g.inv, g.name, g.ts_ns, g.dur_ns, g.depth, g.attrs,
+           p.rank, p.device, NULL, '{fmt.GC}', {GC_LANE}, '{fmt.GC}',
+           g.os_cpu_ns, g.os_rq_ns, g.os_nivcsw, g.os_majflt, NULL,
+           g.run_id, g.dispatch_id, g.run_epoch, g.slot_id, g.generation,
+           g.ts_ns + a.offset_ns
+    FROM spans g JOIN processes p ON p.pid = g.pid LEFT JOIN anchor_offsets a ON a.pid = g.pid
+    WHERE {collection_row("g")}
     """
+
+
+def collection_row(alias: str = "") -> str:
+    """SQL: a garbage collection (``host.gc``) on the host clock: evidence the findings cite, drawn on its own lane."""
+    a = f"{alias}." if alias else ""
+    return f"{a}name = '{fmt.GC}' AND {a}clk <> '{fmt.CLK_DEVICE}'"
 
 
 def device_spans_sql(runs: str | None = None) -> str:
@@ -157,7 +180,7 @@ def device_spans_sql(runs: str | None = None) -> str:
     """
     return f"""
     SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, r.step,
-           r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase
+           r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase, s.os_rq_ns
     FROM spans s JOIN {runs or f"({drawn_runs_sql()})"} r ON r.pid = s.pid AND r.inv = s.inv
     WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
     """

@@ -45,10 +45,10 @@ from plotly.offline import get_plotlyjs
 
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.layout import device_spans_sql, drawn_runs_sql, runtime_spans_sql
+from dsprof.analysis.layout import collection_row, device_spans_sql, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.report_charts import chart_data, list_items
-from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, serving_lanes_sql
+from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, lane_name, serving_lanes_sql
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.fileio import atomic_write_text
@@ -123,7 +123,7 @@ def _lane_rows(layout: TrackLayout) -> tuple[dict, pa.Table, pa.Table]:
             rows["band"].append(band)
             serving_keys.append((pid, tid, cat, lane, len(rows["band"]) - 1))
         for (pid, tid, lane), track in runtime:  # one per pipeline-slot lane
-            rows["label"].append((f"thread {tid} · " if len(threads) > 1 else "") + f"lane {lane}")
+            rows["label"].append((f"thread {tid} · " if len(threads) > 1 else "") + lane_name(lane))
             rows["track"].append(track.name)
             rows["kind"].append("runtime")
             rows["band"].append(band)
@@ -184,13 +184,13 @@ def _report_spans(engine: Engine, kept_sql: str) -> pa.Table:
         SELECT d.* REPLACE (k.step AS step) FROM ({drawn_runs_sql()}) d
         JOIN (SELECT pid, inv, step FROM run_rows s WHERE {kept_sql}) k ON k.pid = d.pid AND k.inv = d.inv""")
     return engine.arrow(f"""
-        SELECT r.row, s.depth AS level, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 0 AS device
+        SELECT r.row, s.depth AS level, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 0 AS device, s.os_rq_ns
         FROM ({runtime_spans_sql("report_runs")}) s JOIN runtime_rows r ON r.pid = s.pid AND r.tid = s.tid AND r.lane = s.lane
         UNION ALL
-        SELECT r.row, s.depth + 1, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 1
+        SELECT r.row, s.depth + 1, s.ts_ns, s.dur_ns, s.phase, s.name, s.step, 1, s.os_rq_ns
         FROM ({device_spans_sql("report_runs")}) s JOIN runtime_rows r ON r.pid = s.pid AND r.tid = s.tid AND r.lane = s.lane
         UNION ALL
-        SELECT * FROM serving_report_spans s WHERE {kept_sql}
+        SELECT *, NULL FROM serving_report_spans s WHERE {kept_sql}
         ORDER BY row, level, ts_ns, dur_ns, step, device, phase, name""")
 
 
@@ -205,12 +205,14 @@ def _budget_steps(engine: Engine, span_budget: int, n_rows: int) -> tuple[list[i
                                 SELECT step, n_spans AS n FROM run_rows UNION ALL SELECT step, 1 FROM serving_report_spans) c
                             LEFT JOIN steps s USING (step) GROUP BY c.step
                             ORDER BY any_value(s.runner_end_skew_ns) DESC NULLS LAST, c.step NULLS LAST""")
-    total = sum(n for _, n in counts)
+    # the garbage collections are evidence: always drawn in detail, so they come off the budget first
+    collections = int(engine.scalar(f"SELECT count(*) FROM spans g JOIN processes p USING (pid) WHERE {collection_row('g')}") or 0)
+    total = sum(n for _, n in counts) + collections
     budget = {"total_spans": total, "span_budget": span_budget, "limited": total > span_budget}
     if total <= span_budget:
         return None, budget
     n_aggregate = max(span_budget // AGGREGATE_SHARE, n_rows)
-    fits = np.cumsum([n for _, n in counts]) <= span_budget - n_aggregate
+    fits = np.cumsum([n for _, n in counts]) <= span_budget - n_aggregate - collections
     kept = [step for (step, _), ok in zip(counts, fits, strict=True) if ok]
     n_steps = int(engine.scalar("SELECT count(*) FROM step_windows") or 0)
     bucket_steps = max(1, math.ceil(max(n_steps, 1) * n_rows / n_aggregate))
@@ -230,6 +232,8 @@ def _columns(table: pa.Table, origin_ns: int) -> tuple[dict, list[str], list[str
             "dur_us": np.round(table.column("dur_ns").to_numpy() / 1000.0, 1).tolist(),
             "step": table.column("step").fill_null(-1).to_numpy().tolist(),
             "device": table.column("device").to_numpy().tolist(),
+            # host evidence: the thread's run-queue wait during the span (µs; -1 where the span carries none)
+            "rq_us": np.round(table.column("os_rq_ns").cast(pa.float64()).fill_null(-1000.0).to_numpy() / 1000.0, 1).tolist(),
             "name": names.indices.to_numpy().tolist(),
             "phase": phases.indices.to_numpy().tolist(),
         },

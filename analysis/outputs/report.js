@@ -319,6 +319,7 @@
                  sw.bands.label[bandOfRow[row[s]]], "lane: " + sw.rows.track[row[s]], "start: " + ms(start[s]),
                  "duration: " + ms(end[s] - start[s])];
     if (S.device[s]) { lines.push("device clock: placed at runner_run start + its offset (approximate)"); }
+    if (S.rq_us && S.rq_us[s] >= 0) { lines.push("run-queue wait (os.rq_ns): " + ms(S.rq_us[s] / 1000)); }
     var role = highlightRole(s);
     if (role) { lines.push(role === "culprit" ? "culprit of the selected step" : "waited (victim) in the selected step"); }
     return lines;

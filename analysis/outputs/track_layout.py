@@ -35,7 +35,7 @@ import pyarrow as pa
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
-from dsprof.analysis.layout import assign_lanes, build_lanes, serving_spans_sql
+from dsprof.analysis.layout import GC_LANE, assign_lanes, build_lanes, collection_row, serving_spans_sql
 from dsprof.analysis.summary_model import StepRow
 
 TRACK_TID_BASE = 1 << 30
@@ -159,11 +159,19 @@ def _processes(result: AnalysisResult, pids: set[int]) -> list[Process]:
 
 
 def _runtime_threads(engine: Engine) -> dict[tuple[int, int, int], Thread]:
-    rows = engine.rows("SELECT DISTINCT r.pid, r.tid, l.lane FROM runs r JOIN lanes l USING (pid, inv) ORDER BY 1, 2, 3")
+    """A track per (pid, thread, lane) of the runs, and one per thread of a rank process for its garbage collections."""
+    rows = engine.rows(f"""SELECT DISTINCT r.pid, r.tid, l.lane FROM runs r JOIN lanes l USING (pid, inv)
+                           UNION SELECT DISTINCT g.pid, g.tid, {GC_LANE} FROM spans g JOIN processes p USING (pid)
+                           WHERE {collection_row("g")} ORDER BY 1, 2, 3""")
     return {
-        (pid, tid, lane): Thread(pid, TRACK_TID_BASE + i, f"host thread {tid} · lane {lane}", RUNTIME_THREAD_SORT + i)
+        (pid, tid, lane): Thread(pid, TRACK_TID_BASE + i, f"host thread {tid} · {lane_name(lane)}", RUNTIME_THREAD_SORT + i)
         for i, (pid, tid, lane) in enumerate(rows)
     }
+
+
+def lane_name(lane: int) -> str:
+    """``lane 1``, or ``garbage collections`` for the lane of a thread's collections."""
+    return "garbage collections" if lane == GC_LANE else f"lane {lane}"
 
 
 def _build_serving_lanes(engine: Engine) -> None:
