@@ -257,13 +257,13 @@
     ctx.fillText("time since t = 0", 8, 9);
     ctx.font = "11px system-ui, sans-serif"; ctx.fillStyle = "#52606d";
     ctx.fillText("decode steps", 8, 26);
-    var st = sw.steps, lastLabel = -Infinity;
+    var st = sw.steps, labelEnd = -Infinity;  // a label is drawn only clear of the one before it, however many digits
     for (var k = 0; k < st.step.length; k++) {
-      var xs = xOf(st.start_ms[k]);
-      if (st.start_ms[k] < state.t0 || st.start_ms[k] > state.t1 || xs - lastLabel < 30) { continue; }
+      var xs = xOf(st.start_ms[k]), label = "s" + st.step[k];
+      if (st.start_ms[k] < state.t0 || st.start_ms[k] > state.t1 || xs < labelEnd + 6) { continue; }
       ctx.fillRect(Math.round(xs), AXIS - 8, 1, 8);
-      ctx.fillText("s" + st.step[k], xs + 3, 26);
-      lastLabel = xs;
+      ctx.fillText(label, xs + 3, 26);
+      labelEnd = xs + 3 + ctx.measureText(label).width;
     }
     ctx.font = "11px system-ui, sans-serif";
   }
