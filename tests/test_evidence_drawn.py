@@ -69,3 +69,17 @@ def test_collections_and_run_queue_waits_in_the_report(analysed):
     assert len(rows) == len(collections)
     assert all(swimlane["rows"]["label"][r].endswith("garbage collections") for r in rows)
     assert max(swimlane["spans"]["rq_us"]) > 0 and min(swimlane["spans"]["rq_us"]) == -1  # serving spans carry none
+
+
+def test_collective_waits_are_counters_in_both_exports(analysed, tmp_path):
+    from dsprof.analysis.outputs.track_layout import COLLECTIVE_WAIT_COUNTER
+
+    out, outcome, _ = analysed
+    waited = outcome.result.engine.scalar("SELECT CAST(sum(device_wait_ns) AS DOUBLE) FROM decode") / 1e6
+    events = json.loads(export_from_dir(out, tmp_path / "trace.json", format="perfetto-json").read_text())["traceEvents"]
+    counted = sum(e["args"]["ms"] for e in events if e["ph"] == "C" and e["name"] == COLLECTIVE_WAIT_COUNTER)
+    assert counted == pytest.approx(waited, rel=1e-6) and waited > 0
+    trace = pb.Trace()
+    trace.ParseFromString(export_from_dir(out, tmp_path / "trace.pftrace", format="perfetto").read_bytes())
+    tracks = {p.track_descriptor.uuid: p.track_descriptor for p in trace.packet if p.HasField("track_descriptor")}
+    assert any(t.name == COLLECTIVE_WAIT_COUNTER for t in tracks.values())

@@ -50,6 +50,7 @@ FLOW_NAME = "dispatch"
 START_SKEW_COUNTER = "runner-start skew (ms)"
 END_SKEW_COUNTER = "runner-end skew (ms)"
 RUN_QUEUE_COUNTER = "run-queue wait per run (ms)"
+COLLECTIVE_WAIT_COUNTER = "collective wait per run (ms)"
 
 
 @dataclass(frozen=True)
@@ -223,7 +224,9 @@ def _drawn_runs(engine: Engine, steps: list[int] | None) -> str:
 
 
 def _run_queue_counters(engine: Engine, steps: list[int] | None) -> list[Counter]:
-    """Per rank process: the run-queue wait its host thread saw during each run drawn (root ``os.rq_ns``, else its phases')."""
+    """Per rank process: the run-queue wait its host thread saw during each run drawn (root ``os.rq_ns``, else its phases'),
+    and the time each run's device program waited on peers at collectives (``*_wait`` device spans, which have no place
+    of their own on the host axis)."""
     drawn = _drawn_runs(engine, steps)
     table = engine.arrow(f"""
         SELECT r.pid, r.root_ts_ns AS ts, coalesce(r.root_rq_ns,
@@ -231,10 +234,18 @@ def _run_queue_counters(engine: Engine, steps: list[int] | None) -> list[Counter
                     THEN coalesce(r.bind_rq_ns, 0) + coalesce(r.runner_rq_ns, 0) + coalesce(r.validate_rq_ns, 0) END) AS rq
         FROM runs r LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv
         WHERE rq IS NOT NULL AND {drawn} ORDER BY r.pid, ts, r.inv""")
+    waits = engine.arrow(f"""
+        SELECT r.pid, r.runner_ts_ns AS ts, CAST(r.device_wait_ns AS DOUBLE) AS rq FROM runs r LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv
+        WHERE r.device_wait_ns IS NOT NULL AND r.runner_ts_ns IS NOT NULL AND {drawn} ORDER BY r.pid, ts, r.inv""")
+    return _per_process(RUN_QUEUE_COUNTER, table) + _per_process(COLLECTIVE_WAIT_COUNTER, waits)
+
+
+def _per_process(name: str, table: pa.Table) -> list[Counter]:
+    """One counter per pid of ``table`` (pid, ts, value in ns; sorted by pid, then time), in ms."""
     pid, ts = table.column("pid").to_numpy(), table.column("ts").to_numpy()
-    rq_ms = table.column("rq").to_numpy() / 1e6
+    values_ms = table.column("rq").to_numpy() / 1e6
     bounds = np.concatenate([[0], np.flatnonzero(np.diff(pid)) + 1, [len(pid)]])
-    return [Counter(RUN_QUEUE_COUNTER, int(pid[a]), ts[a:b], rq_ms[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
+    return [Counter(name, int(pid[a]), ts[a:b], values_ms[a:b]) for a, b in zip(bounds[:-1], bounds[1:], strict=True) if b > a]
 
 
 def flow_links(engine: Engine, steps: list[int] | None = None) -> pa.Table:
