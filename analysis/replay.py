@@ -251,13 +251,16 @@ class Replayer:
         return ReplayResult(shift, converged)
 
     def _start_positions(self, first_step: int) -> np.ndarray:
-        """Chain index just before the first event of ``first_step`` (or later) on each rank."""
-        position = np.full(self.ranks, -1, np.int64)
-        for r in range(self.ranks):  # one search per rank
-            m = self.chains.length[r]
-            later = np.flatnonzero(self.chains.step[r, :m] >= first_step)
-            position[r] = (later[0] if len(later) else m) - 1
-        return position
+        """Chain index just before the first event of ``first_step``'s run on each rank (a later run's, where it has none)."""
+        if first_step >= self.steps:
+            return self.chains.length - 1
+        # a rank's runs start in step order, so its first event of a run from first_step on is among the next few runs
+        window = self.chains.event_index[:, first_step : first_step + 3, :]
+        if (window < 0).all(axis=(1, 2)).any():
+            window = self.chains.event_index[:, first_step:, :]
+        first = window.reshape(self.ranks, -1).astype(np.int64)
+        first = np.where(first >= 0, first, np.iinfo(np.int64).max).min(axis=1)
+        return np.where(first == np.iinfo(np.int64).max, self.chains.length, first) - 1
 
     def _advance_host(self, state: _State, position: np.ndarray, target: np.ndarray, plan: _RemovalPlan) -> None:
         """Process each rank's host events after ``position`` up to ``target`` (inclusive), in thread order.
