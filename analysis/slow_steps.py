@@ -26,6 +26,7 @@ from typing import TypedDict
 
 from dsprof.analysis.causes import cause_item
 from dsprof.analysis.engine import Engine
+from dsprof.analysis.replay import ALIGNMENT_TOLERANCE_NS
 from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import Cause, CriticalPath, Percentiles, SlowStep
@@ -64,9 +65,10 @@ def step_intervals(engine: Engine, threshold_ms: float) -> StepIntervals:
 def collective_waits_sql(where: str = "TRUE") -> str:
     """Every collective wait of the decode runs meeting ``where``: which collective (name, occurrence), who waited how long, peer."""
     return f"""
-        SELECT step, rank, position, w.name, w.ts_ns AS offset_ns, w.dur_ns AS wait_ns, w.peer,
+        SELECT step, rank, position, w.name, w.ts_ns AS offset_ns, runner_ts_ns + w.ts_ns AS arrival_ns, w.dur_ns AS wait_ns, w.peer,
                CAST(row_number() OVER (PARTITION BY step, rank, w.name ORDER BY w.ts_ns) AS BIGINT) AS occurrence
-        FROM (SELECT step, rank, position, unnest(device_waits) AS w FROM decode WHERE device_waits IS NOT NULL AND ({where}))
+        FROM (SELECT step, rank, position, runner_ts_ns, unnest(device_waits) AS w FROM decode
+              WHERE device_waits IS NOT NULL AND ({where}))
     """
 
 
@@ -78,19 +80,28 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
     collective (the victims' evidence).
     """
     engine.run(f"CREATE OR REPLACE TEMP TABLE waits AS {collective_waits_sql('step IN (SELECT step FROM step_intervals WHERE slow)')}")
-    # per collective: the last arrival (peer where written, else the rank that waited least) and how long it held the others
-    engine.run("""CREATE OR REPLACE TEMP TABLE collectives AS
+    # Per collective: is the device clock aligned with the host (every rank left after the last one arrived)? Then
+    # arrivals are read on the host axis, and a rank that stayed in the collective after the release (its thread
+    # stalled) is not mistaken for one that waited for a late peer. Else all ranks left together: the rank that
+    # waited least arrived last.
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE collectives AS
         SELECT step, name, occurrence,
-               coalesce(mode(peer), arg_min(rank, (wait_ns, rank))) AS last_rank,
+               min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS} AS aligned,
+               max(arrival_ns) AS last_arrival_ns,
+               coalesce(mode(peer), CASE WHEN min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS}
+                                         THEN arg_max(rank, (arrival_ns, -rank)) ELSE arg_min(rank, (wait_ns, rank)) END) AS last_rank,
                CASE WHEN count(peer) > 0 THEN 'peer' ELSE 'arrival order' END AS source
         FROM waits GROUP BY step, name, occurrence""")
-    # held: how much longer the others waited than the last arrival itself (its own wait is the collective's own time)
+    # held: how long the last arrival kept the others waiting (aligned: from each one's arrival to the last arrival;
+    # else how much longer they waited than it did, its own wait being the collective's own time)
     engine.run("""CREATE OR REPLACE TEMP TABLE held AS
         SELECT c.step, c.name, c.occurrence, c.last_rank, c.source,
-               greatest(coalesce(median(w.wait_ns) FILTER (WHERE w.rank <> c.last_rank), 0)
-                        - coalesce(any_value(w.wait_ns) FILTER (WHERE w.rank = c.last_rank), 0), 0) AS held_ns
+               CASE WHEN c.aligned
+                    THEN coalesce(median(greatest(c.last_arrival_ns - w.arrival_ns, 0)) FILTER (WHERE w.rank <> c.last_rank), 0)
+                    ELSE greatest(coalesce(median(w.wait_ns) FILTER (WHERE w.rank <> c.last_rank), 0)
+                                  - coalesce(any_value(w.wait_ns) FILTER (WHERE w.rank = c.last_rank), 0), 0) END AS held_ns
         FROM collectives c LEFT JOIN waits w ON w.step = c.step AND w.name = c.name AND w.occurrence = c.occurrence
-        GROUP BY ALL""")
+        GROUP BY c.step, c.name, c.occurrence, c.last_rank, c.source, c.aligned, c.last_arrival_ns""")
     through = f"(t.c.held_ns >= least({COLLECTIVE_SHARE} * i.excess_ns, {int(round(threshold_ms * 1e6))}))"
     engine.run(f"""CREATE OR REPLACE TABLE critical_path AS
         WITH top AS (SELECT step, arg_max(struct_pack(name, occurrence, last_rank, source, held_ns),
