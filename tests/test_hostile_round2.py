@@ -1,0 +1,224 @@
+"""Hostile corpus, round 2 (issue 21): crafted datasets and parts, huge times, bad options, outputs, escapes.
+
+Every case must end in a correct result or in one ``dsprof: error:`` line
+with exit 2: never a traceback, never a hang. Cases that could hang (FIFOs)
+run the CLI in a child process under a timeout, so a regression fails
+instead of blocking the suite.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from click.testing import CliRunner
+
+from dsprof.analysis.spans import MAX_TIME_NS
+from dsprof.cli.main import cli
+from dsprof.testing.synthetic import SyntheticRun
+
+
+def one_error_line(result, *needles: str) -> str:
+    """The result is exit 2 with one ``dsprof: error:`` line (holding ``needles``) and no traceback."""
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    last = result.output.rstrip("\n").splitlines()[-1]
+    assert last.startswith("dsprof: error: ") and "\x1b" not in last, result.output
+    for needle in needles:
+        assert needle in last, last
+    return last
+
+
+def run_cli(*args: str, timeout: float = 120, env: dict | None = None) -> subprocess.CompletedProcess:
+    """The CLI in a child process (for cases that could block forever if they regressed)."""
+    code = "import sys; from dsprof.cli.main import cli; cli(sys.argv[1:])"
+    return subprocess.run(
+        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+    )
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    return SyntheticRun(ranks=2, steps=4).write(tmp_path_factory.mktemp("run") / "run")
+
+
+@pytest.fixture(scope="module")
+def dataset(run_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("ds") / "spans"
+    result = CliRunner().invoke(cli, ["ingest", str(run_dir), "-o", str(out) + "/"])
+    assert result.exit_code == 0, result.output
+    return out
+
+
+def copy_dataset(dataset: Path, tmp_path: Path) -> Path:
+    target = tmp_path / "spans"
+    shutil.copytree(dataset, target, symlinks=True)
+    return target
+
+
+# -- 1. a crafted dataset.json ---------------------------------------------------------------------------
+
+def _set(path: str, value):
+    """A mutation of the manifest: the member at ``path`` (dots; list indexes as numbers) set to ``value``."""
+
+    def mutate(manifest: dict) -> None:
+        *parents, last = path.split(".")
+        node = manifest
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node[key]
+        node[int(last) if isinstance(node, list) else last] = value
+
+    return mutate
+
+
+MANIFEST_CASES = {
+    "window_ns text": (_set("window_ns", "17"), "window_ns"),
+    "window_ns zero": (_set("window_ns", 0), "window_ns"),
+    "window_ns huge": (_set("window_ns", 10**30), "window_ns"),
+    "span_schema wrong": (_set("span_schema", ["a"]), "span_schema"),
+    "files not a list": (_set("files", {"a": 1}), "files"),
+    "file entry text": (_set("files.0", "x.parquet"), "files[0]"),
+    "path a number": (_set("files.0.path", 7), "files[0].path"),
+    "path absolute": (_set("files.0.path", "/etc/passwd"), "files[0].path"),
+    "path escapes": (_set("files.0.path", "time_window=291/../../x.parquet"), "files[0].path"),
+    "path dotdot window": (_set("files.0.path", "../time_window=291/part-0.parquet"), "files[0].path"),
+    "window mismatch": (_set("files.0.window", 3), "files[0].window"),
+    "window float": (_set("files.0.window", 291.0), "files[0].window"),
+    "rows negative": (_set("files.0.rows", -1), "files[0].rows"),
+    "rows wrong": (_set("files.0.rows", 5), "rows, the manifest says 5"),
+    "rows bool": (_set("files.0.rows", True), "files[0].rows"),
+    "min_ts text": (_set("files.0.min_ts_ns", "0"), "min_ts_ns"),
+    "max_ts past int64": (_set("files.0.max_ts_ns", 2**64), "max_ts_ns"),
+    "trace a list": (_set("trace", []), "trace"),
+    "anchors short": (_set("trace.anchors", [[1, 2]]), "trace.anchors[0]"),
+    "anchor past int64": (_set("trace.anchors", [[1, 2, 2**70]]), "trace.anchors[0][2]"),
+    "anchor text": (_set("trace.anchors", [["1", 2, 3]]), "trace.anchors[0][0]"),
+    "chip device number": (_set("trace.chip_devices", [[1, 5]]), "trace.chip_devices[0][1]"),
+    "process names flat": (_set("trace.process_names", [1, "x"]), "trace.process_names[0]"),
+    "thread names short": (_set("trace.thread_names", [[1, "x"]]), "trace.thread_names[0]"),
+    "dropped negative": (_set("trace.dropped", {"bad_json": -3}), "trace.dropped.bad_json"),
+    "dropped text": (_set("trace.dropped", {"bad_json": "3"}), "trace.dropped.bad_json"),
+    "records_read float": (_set("trace.records_read", 1.5), "trace.records_read"),
+    "lines_read huge": (_set("trace.lines_read", 10**40), "trace.lines_read"),
+    "files not text": (_set("trace.files", [1]), "trace.files[0]"),
+    "notes a string": (_set("trace.notes", "x"), "trace.notes"),
+    "performance_summary list": (_set("trace.performance_summary", [1]), "trace.performance_summary"),
+    "faults text": (_set("trace.faults", "x"), "trace.faults"),
+}
+
+
+@pytest.mark.parametrize("case", MANIFEST_CASES)
+def test_crafted_manifest_is_one_line(dataset, tmp_path, case):
+    mutate, needle = MANIFEST_CASES[case]
+    target = copy_dataset(dataset, tmp_path)
+    manifest = json.loads((target / "dataset.json").read_text())
+    changed = copy.deepcopy(manifest)
+    mutate(changed)
+    (target / "dataset.json").write_text(json.dumps(changed))
+    result = CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")])
+    one_error_line(result, needle)
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    "text", ["", "[]", "{", '{"schema": "dsprof.span_dataset/1", "window_ns": 1, "span_schema": ' + "[" * 50_000 + "]" * 50_000 + "}", "1" * 5000]
+)
+def test_unreadable_manifest_is_one_line(dataset, tmp_path, text):
+    target = copy_dataset(dataset, tmp_path)
+    (target / "dataset.json").write_text(text)
+    one_error_line(CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")]), "dataset.json")
+
+
+def _first_part(target: Path) -> Path:
+    return target / json.loads((target / "dataset.json").read_text())["files"][0]["path"]
+
+
+def test_part_symlinked_out_of_the_dataset_is_refused(dataset, tmp_path):
+    target = copy_dataset(dataset, tmp_path)
+    part = _first_part(target)
+    outside = tmp_path / "outside.parquet"
+    part.rename(outside)
+    part.symlink_to(outside)
+    one_error_line(CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")]), "not a regular file")
+
+
+def test_window_folder_symlinked_out_of_the_dataset_is_refused(dataset, tmp_path):
+    target = copy_dataset(dataset, tmp_path)
+    folder = _first_part(target).parent
+    moved = tmp_path / "elsewhere"
+    folder.rename(moved)
+    folder.symlink_to(moved, target_is_directory=True)
+    one_error_line(CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")]), "not a folder")
+
+
+@pytest.mark.parametrize("which", ["part", "manifest"])
+def test_fifo_in_a_dataset_does_not_block(dataset, tmp_path, which):
+    target = copy_dataset(dataset, tmp_path)
+    node = _first_part(target) if which == "part" else target / "dataset.json"
+    node.unlink()
+    os.mkfifo(node)
+    done = run_cli("analyze", str(target), "-o", str(tmp_path / "out"), timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert done.stderr.strip().splitlines()[-1].startswith("dsprof: error: "), done.stderr
+
+
+# -- 1. Parquet parts with wrong column types ------------------------------------------------------------
+
+def _retyped(column: str, values):
+    def change(table: pa.Table) -> pa.Table:
+        index = table.schema.get_field_index(column)
+        array = values(table.column(column)) if callable(values) else values
+        return table.set_column(index, pa.field(column, array.type), array)
+
+    return change
+
+
+PART_CASES = {
+    "ts_ns as text": _retyped("ts_ns", lambda c: c.cast(pa.string())),
+    "ts_ns as timestamp": _retyped("ts_ns", lambda c: c.cast(pa.timestamp("ns"))),
+    "depth as text": _retyped("depth", lambda c: c.cast(pa.string())),
+    "pid as float": _retyped("pid", lambda c: c.cast(pa.float64())),
+    "all-null ts_ns": _retyped("ts_ns", lambda c: pa.nulls(len(c), pa.int64())),
+    "all-null ts_ns typed null": _retyped("ts_ns", lambda c: pa.nulls(len(c))),
+    "decimal dur": _retyped("dur_ns", lambda c: c.cast(pa.decimal128(20, 0))),
+    "list for clk": _retyped("clk", lambda c: pa.array([[v] for v in c.to_pylist()])),
+    "column missing": lambda t: t.drop_columns(["hid"]),
+    "column extra": lambda t: t.append_column("extra", pa.array([1] * t.num_rows)),
+    "ts_ns near 2^63": _retyped("ts_ns", lambda c: pa.array([2**63 - 10] * len(c), pa.int64())),
+    "dur_ns negative": _retyped("dur_ns", lambda c: pa.array([-5] * len(c), pa.int64())),
+    "end past the bound": _retyped("dur_ns", lambda c: pa.array([MAX_TIME_NS] * len(c), pa.int64())),
+}
+
+
+@pytest.mark.parametrize("case", PART_CASES)
+@pytest.mark.parametrize("statistics", [True, False])
+def test_part_with_wrong_columns_is_one_line_naming_it(dataset, tmp_path, case, statistics):
+    target = copy_dataset(dataset, tmp_path)
+    part = _first_part(target)
+    table = PART_CASES[case](pq.read_table(part))
+    pq.write_table(table, part, write_statistics=statistics)
+    last = one_error_line(CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")]), str(part))
+    assert "\n" not in last
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+def test_corrupt_part_is_named(dataset, tmp_path, damage):
+    target = copy_dataset(dataset, tmp_path)
+    part = _first_part(target)
+    data = part.read_bytes()
+    part.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"PAR1" + b"\xff" * 100, "empty": b""}[damage])
+    one_error_line(CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")]), str(part))
+
+
+def test_pristine_dataset_still_analyses(dataset, tmp_path):
+    result = CliRunner().invoke(cli, ["analyze", str(dataset), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
