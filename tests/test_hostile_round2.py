@@ -222,3 +222,54 @@ def test_corrupt_part_is_named(dataset, tmp_path, damage):
 def test_pristine_dataset_still_analyses(dataset, tmp_path):
     result = CliRunner().invoke(cli, ["analyze", str(dataset), "-o", str(tmp_path / "out")])
     assert result.exit_code == 0, result.output
+
+
+# -- 2. timestamps near 2^63 -----------------------------------------------------------------------------
+
+NEAR = [2**63 - 100, MAX_TIME_NS, MAX_TIME_NS - 5]
+
+
+def _with_strace_times(run_dir: Path, tmp_path: Path, ts: int, dur: int) -> Path:
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    log = target / "server.log"
+    lines = log.read_text().splitlines()
+    record = next(line for line in lines if "[STRACE]" in line and " depth=1 " in line)
+    head, _, _ = record.partition(" ts=")
+    log.write_text("\n".join([*lines, f"{head.replace('inv=', 'inv=9')} ts={ts} dur={dur}"]) + "\n")
+    return target
+
+
+@pytest.mark.parametrize("reader", ["compiled", "python"])
+@pytest.mark.parametrize(("ts", "dur"), [(NEAR[0], 10), (NEAR[1], 0), (NEAR[2], 10), (10, 2**63 - 20)])
+def test_strace_times_near_the_int64_limit_are_dropped_and_counted(run_dir, tmp_path, monkeypatch, reader, ts, dur):
+    from dsprof.testing.strace_readers import select_reader
+
+    select_reader(reader, monkeypatch)
+    target = _with_strace_times(run_dir, tmp_path, ts, dur)
+    result = CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    dropped = json.loads((tmp_path / "out" / "summary.json").read_text())["inputs"]["dropped"]
+    assert dropped.get("bad_value") == 1, dropped
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        {"ts": 9223372036854775, "dur": 1},
+        {"ts": MAX_TIME_NS // 1000 + 1, "dur": 0},
+        {"ts": 4999999000, "dur": 9223372036854775},
+        {"ts": "9223372036854775.807", "dur": 1},
+        {"ts": -9223372036854775, "dur": 1},
+    ],
+)
+def test_chrome_times_near_the_int64_limit_are_dropped_and_counted(run_dir, tmp_path, event):
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    trace = target / "serving-trace" / "trace.json"
+    extra = {"name": "request", "cat": "request", "ph": "X", "pid": 40999, "tid": 1, **event}
+    trace.write_text(trace.read_text().replace('{"traceEvents": [\n', '{"traceEvents": [\n' + json.dumps(extra) + ",\n", 1))
+    result = CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    dropped = json.loads((tmp_path / "out" / "summary.json").read_text())["inputs"]["dropped"]
+    assert dropped.get("bad_value") == 1, dropped

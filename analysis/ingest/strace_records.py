@@ -20,6 +20,7 @@ from dsprof.analysis.spans import (
     ANCHOR_SCHEMA,
     CHIP_SCHEMA,
     DICTIONARY_TYPE,
+    MAX_TIME_NS,
     PARQUET_SCHEMA,
     PER_FILE_COLUMNS,
     SPAN_SCHEMA,
@@ -306,16 +307,15 @@ def add_table(
     """Append the span rows of ``records``; drop and count what cannot be a span.
 
     ``bad_value``: a number that does not fit 64 bits, a negative start, or an
-    end (ts + dur) past int64; ``negative_duration``: a span that ends before it
+    end (ts + dur) at or past MAX_TIME_NS (SQL over the spans adds and subtracts times); ``negative_duration``: a span that ends before it
     starts (it would inflate every figure built on it).
     """
     if not len(records):
         return
     number = records.numbers
     ts, dur = number[fmt.TS_FIELD], number[fmt.DUR_FIELD]
-    with np.errstate(over="ignore"):
-        past_int64 = (dur > 0) & (ts > np.iinfo(np.int64).max - dur)
-    bad = records.overflow | (ts < 0) | past_int64
+    past_bound = (ts >= MAX_TIME_NS) | ((ts >= 0) & (dur >= MAX_TIME_NS - np.clip(ts, 0, MAX_TIME_NS)))
+    bad = records.overflow | (ts < 0) | past_bound
     negative = ~bad & (dur < 0)
     count_drop(dropped, "bad_value", bad.sum())
     count_drop(dropped, "negative_duration", negative.sum())
