@@ -67,6 +67,7 @@ def copy_dataset(dataset: Path, tmp_path: Path) -> Path:
 
 # -- 1. a crafted dataset.json ---------------------------------------------------------------------------
 
+
 def _set(path: str, value):
     """A mutation of the manifest: the member at ``path`` (dots; list indexes as numbers) set to ``value``."""
 
@@ -130,7 +131,8 @@ def test_crafted_manifest_is_one_line(dataset, tmp_path, case):
 
 
 @pytest.mark.parametrize(
-    "text", ["", "[]", "{", '{"schema": "dsprof.span_dataset/1", "window_ns": 1, "span_schema": ' + "[" * 50_000 + "]" * 50_000 + "}", "1" * 5000]
+    "text",
+    ["", "[]", "{", '{"schema": "dsprof.span_dataset/1", "window_ns": 1, "span_schema": ' + "[" * 50_000 + "]" * 50_000 + "}", "1" * 5000],
 )
 def test_unreadable_manifest_is_one_line(dataset, tmp_path, text):
     target = copy_dataset(dataset, tmp_path)
@@ -172,6 +174,7 @@ def test_fifo_in_a_dataset_does_not_block(dataset, tmp_path, which):
 
 
 # -- 1. Parquet parts with wrong column types ------------------------------------------------------------
+
 
 def _retyped(column: str, values):
     def change(table: pa.Table) -> pa.Table:
