@@ -14,6 +14,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow as pa
@@ -42,7 +43,7 @@ def run_cli(*args: str, timeout: float = 120, env: dict | None = None) -> subpro
     """The CLI in a child process (for cases that could block forever if they regressed)."""
     code = "import sys; from dsprof.cli.main import cli; cli(sys.argv[1:])"
     return subprocess.run(
-        [sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
+        [sys.executable, "-c", code, *args], check=False, capture_output=True, text=True, timeout=timeout, env={**os.environ, **(env or {})}
     )
 
 
@@ -276,3 +277,67 @@ def test_chrome_times_near_the_int64_limit_are_dropped_and_counted(run_dir, tmp_
     assert result.exit_code == 0, result.output
     dropped = json.loads((tmp_path / "out" / "summary.json").read_text())["inputs"]["dropped"]
     assert dropped.get("bad_value") == 1, dropped
+
+
+# -- 3. bad option values --------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("limit", ["1e30GB", "100000000000000000000", "٥GB", "nan", "inf", "0", "-5GB", "101%", "1e400GB", "4 parsecs"])
+def test_bad_memory_limit_is_refused_before_any_input_is_read(tmp_path, limit):
+    nothing = tmp_path / "empty"  # read first, it would be refused for holding no input
+    nothing.mkdir()
+    result = CliRunner().invoke(cli, ["analyze", str(nothing), "-o", str(tmp_path / "out"), "--memory-limit", limit])
+    one_error_line(result, "bad memory limit")
+
+
+def test_large_but_sane_memory_limit_is_taken(run_dir, tmp_path):
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), "-o", str(tmp_path / "out"), "--memory-limit", "512TB"])
+    assert result.exit_code == 0, result.output
+
+
+@pytest.mark.parametrize("address", ["not a host", "host", "h:0", "h:65536", "\x1b]0;x\x07:1", "ray://", "[zz]:1"])
+def test_bad_ray_address_is_one_line(run_dir, tmp_path, address):
+    result = CliRunner().invoke(cli, ["analyze", str(run_dir), "-o", str(tmp_path / "out"), "--engine", "ray", "--address", address])
+    one_error_line(result, "bad Ray address")
+
+
+def test_unreachable_ray_address_fails_fast(run_dir, tmp_path):
+    import socket
+
+    with socket.socket() as taken:  # a port bound but never listening: connections to it are refused
+        taken.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        done = run_cli("analyze", str(run_dir), "-o", str(tmp_path / "out"), "--engine", "ray", "--address", address, timeout=100)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("dsprof: error: cannot reach the Ray cluster"), done.stderr[-2000:]
+
+
+# -- 5. the spill folder ---------------------------------------------------------------------------------
+
+
+def test_engine_spills_to_a_private_folder_of_its_own(tmp_path, monkeypatch):
+    from dsprof.analysis.engine import open_engine
+    from dsprof.analysis.spans import Trace
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    planted = tmp_path / "elsewhere"
+    planted.mkdir()
+    (tmp_path / "dsprof-duckdb").symlink_to(planted)  # the old fixed path, planted by someone else
+    first, second = open_engine(Trace()), open_engine(Trace())
+    folders = {first.scalar("SELECT current_setting('temp_directory')"), second.scalar("SELECT current_setting('temp_directory')")}
+    assert len(folders) == 2
+    for folder in map(Path, folders):
+        assert folder.parent == tmp_path and not folder.is_symlink() and folder.stat().st_mode & 0o777 == 0o700
+    first.close()
+    second.close()
+    first.close()  # twice: nothing more
+    assert not any(Path(f).exists() for f in folders)
+    assert not list(planted.iterdir())
+
+
+def test_analyze_leaves_nothing_in_tmpdir(run_dir, tmp_path):
+    temp = tmp_path / "tmp"
+    temp.mkdir()
+    done = run_cli("analyze", str(run_dir), "-o", str(tmp_path / "out"), "--memory-limit", "300MB", env={"TMPDIR": str(temp)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert list(temp.iterdir()) == []

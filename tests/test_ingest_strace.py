@@ -71,7 +71,9 @@ def test_clean_records_exact_fields(tmp_path):
         tmp_path,
         [
             PREFIX
-            + payload(inv=2**64 - 1, ts_ns=MAX_TIME_NS - 1, dur_ns=0, attrs={"run_id": 12, "callable": "decode.main+verify+mtp", "note": "x"}),
+            + payload(
+                inv=2**64 - 1, ts_ns=MAX_TIME_NS - 1, dur_ns=0, attrs={"run_id": 12, "callable": "decode.main+verify+mtp", "note": "x"}
+            ),
             payload(pid=1, tid=2, inv=0, depth=3, name="chip.run.validate", ts_ns=5, dur_ns=9),  # no prefix
             "some text before " + payload(pid=9, name="x") + "",
         ],

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold, parse_steps
-from dsprof.analysis.cluster import read_and_aggregate
+from dsprof.analysis.cluster import check_address, read_and_aggregate
 from dsprof.analysis.dataset import open_dataset
 from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
 from dsprof.analysis.ingest import read_paths
@@ -74,6 +74,8 @@ def analyze_command(
     """
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
     window = None if steps is None else parse_steps(steps)
+    if engine == "ray":
+        check_address(address)  # its form, before any input is read; whether it answers, when Ray starts
     outcome = analyze_paths(
         paths,
         default_out_dir(paths) if out_dir is None else out_dir,
@@ -86,9 +88,12 @@ def analyze_command(
         steps=window,
         progress=progress,
     )
-    out(format_console_summary(outcome.summary))
-    for name, path in outcome.outputs.items():
-        out(f"{name}: {path}")
+    try:
+        out(format_console_summary(outcome.summary))
+        for name, path in outcome.outputs.items():
+            out(f"{name}: {path}")
+    finally:
+        outcome.result.engine.close()  # its spill folder goes with it
 
 
 def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
