@@ -341,3 +341,112 @@ def test_analyze_leaves_nothing_in_tmpdir(run_dir, tmp_path):
     done = run_cli("analyze", str(run_dir), "-o", str(tmp_path / "out"), "--memory-limit", "300MB", env={"TMPDIR": str(temp)})
     assert done.returncode == 0, done.stderr[-2000:]
     assert list(temp.iterdir()) == []
+
+
+# -- 4. outputs written only where asked -----------------------------------------------------------------
+
+RULES = '[[rule]]\ncheck = "runner_start_skew_ms.p95 <= 1000000"\n'
+
+
+@pytest.fixture(scope="module")
+def analysed(run_dir, tmp_path_factory) -> Path:
+    target = tmp_path_factory.mktemp("analysed") / "run"
+    shutil.copytree(run_dir, target)
+    assert CliRunner().invoke(cli, ["analyze", str(target)]).exit_code == 0
+    return target
+
+
+def _plant(kind: str, path: Path, tmp_path: Path) -> Path | None:
+    """Put ``kind`` at ``path``; returns the file a link points at (which must stay as it was)."""
+    if kind == "symlink":
+        victim = tmp_path / "victim.txt"
+        victim.write_text("keep me")
+        path.symlink_to(victim)
+        return victim
+    if kind == "dangling symlink":
+        path.symlink_to(tmp_path / "created-through-the-link")
+        return None
+    if kind == "fifo":
+        os.mkfifo(path)
+        return None
+    if kind == "device":
+        try:
+            os.mknod(path, 0o666 | __import__("stat").S_IFCHR, os.makedev(1, 3))  # a null device node of our own
+        except PermissionError:
+            pytest.skip("no permission to make a device node here")
+        return None
+    path.mkdir()
+    return None
+
+
+OUTPUT_COMMANDS = {
+    "report -o": lambda d, out: ["report", str(d), "-o", str(out)],
+    "export -o": lambda d, out: ["export", str(d), "-o", str(out)],
+    "export json -o": lambda d, out: ["export", str(d), "-o", str(out), "--format", "perfetto-json"],
+    "gate --junit": lambda d, out: ["gate", str(d), "--rules", str(d / "rules.toml"), "--junit", str(out)],
+    "gate --verdict": lambda d, out: ["gate", str(d), "--rules", str(d / "rules.toml"), "--verdict", str(out)],
+    "ingest -o csv": lambda d, out: ["ingest", str(d / "server.log"), "-o", str(out)],
+}
+
+
+@pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "device", "directory"])
+@pytest.mark.parametrize("command", OUTPUT_COMMANDS)
+def test_output_onto_anything_but_a_regular_file_is_refused(analysed, tmp_path, command, kind):
+    if (command, kind) == ("ingest -o csv", "directory"):
+        pytest.skip("ingest -o DIR writes a span dataset there (its documented form)")
+    (analysed / "rules.toml").write_text(RULES)
+    out = tmp_path / ("spans.csv" if command.startswith("ingest") else "output.out")
+    victim = _plant(kind, out, tmp_path)
+    if kind == "fifo":  # a regression would block: in a child process, under a timeout
+        done = run_cli(*OUTPUT_COMMANDS[command](analysed, out), timeout=120)
+        assert done.returncode == 2, (done.stdout + done.stderr)[-2000:]
+        assert "Traceback" not in done.stderr
+        assert done.stderr.strip().splitlines()[-1].startswith("dsprof: error: "), done.stderr[-2000:]
+    else:
+        one_error_line(CliRunner().invoke(cli, OUTPUT_COMMANDS[command](analysed, out)), str(out))
+    assert os.path.lexists(out) and not out.is_file() or out.is_symlink()
+    if victim is not None:
+        assert victim.read_text() == "keep me"
+    assert not (tmp_path / "created-through-the-link").exists()
+    assert not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_analyze_onto_a_linked_summary_is_refused(run_dir, tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    victim = tmp_path / "victim.json"
+    victim.write_text("keep me")
+    (out / "summary.json").symlink_to(victim)
+    one_error_line(CliRunner().invoke(cli, ["analyze", str(run_dir), "-o", str(out)]), "symbolic link")
+    assert victim.read_text() == "keep me"
+
+
+@pytest.mark.parametrize("command", ["report", "gate", "diff", "export"])
+def test_fifo_summary_does_not_block(analysed, tmp_path, command):
+    target = tmp_path / "run"
+    shutil.copytree(analysed, target)
+    (target / "summary.json").unlink()
+    os.mkfifo(target / "summary.json")
+    (tmp_path / "rules.toml").write_text(RULES)
+    args = {
+        "report": ["report", str(target), "-o", str(tmp_path / "r.html")],
+        "export": ["export", str(target), "-o", str(tmp_path / "t.pftrace")],
+        "gate": ["gate", str(target), "--rules", str(tmp_path / "rules.toml")],
+        "diff": ["diff", str(analysed), str(target)],
+    }[command]
+    done = run_cli(*args, timeout=60)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("dsprof: error: ") and "FIFO" in done.stderr, done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("where", ["fifo", "symlink"])
+def test_step_summary_that_is_not_a_regular_file_does_not_block_gate(analysed, tmp_path, where):
+    (tmp_path / "rules.toml").write_text(RULES)
+    step = tmp_path / "step.md"
+    victim = _plant(where, step, tmp_path)
+    env = {"GITHUB_ACTIONS": "true", "GITHUB_STEP_SUMMARY": str(step)}
+    done = run_cli("gate", str(analysed), "--rules", str(tmp_path / "rules.toml"), timeout=60, env=env)
+    assert done.returncode == 2, (done.stdout + done.stderr)[-2000:]
+    assert "refusing to append" in done.stderr and "Traceback" not in done.stderr
+    if victim is not None:
+        assert victim.read_text() == "keep me"

@@ -23,10 +23,11 @@ from dsprof.analysis.analyze import AnalysisResult, layout_only
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
-from dsprof.analysis.summary import Summary, load_summary
+from dsprof.analysis.summary import Summary, load_summary, summary_path
 from dsprof.commands.analyze import read_inputs
 from dsprof.commands.printing import Printer, print_err
 from dsprof.errors import DsprofError, InputError
+from dsprof.fileio import check_input_file
 from dsprof.profiler import artifacts
 
 Progress = Callable[[str], None] | None
@@ -43,6 +44,7 @@ def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Pro
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise InputError(artifact_dir, "not a directory", expected="an artifact directory analysed by dsprof analyze")
+    check_input_file(summary_path(artifact_dir), expected="summary.json written by dsprof analyze")
     summary = load_summary(artifact_dir)
     sources = span_sources(artifact_dir, summary, inputs)
     note(f"reading the spans from {', '.join(map(str, sources))}")
