@@ -450,3 +450,49 @@ def test_step_summary_that_is_not_a_regular_file_does_not_block_gate(analysed, t
     assert "refusing to append" in done.stderr and "Traceback" not in done.stderr
     if victim is not None:
         assert victim.read_text() == "keep me"
+
+
+# -- 6. escaped text everywhere a person reads it ----------------------------------------------------------
+
+
+def test_file_names_in_progress_and_report_lines_are_escaped(run_dir, tmp_path):
+    hostile = tmp_path / "x\x1b]0;pwned\x07\u202e.log"
+    shutil.copy(run_dir / "server.log", hostile)
+    for args in (["ingest", str(hostile), "-o", str(tmp_path / "spans") + "/"], ["analyze", str(hostile), "-o", str(tmp_path / "out")]):
+        done = run_cli(*args)
+        assert done.returncode == 0, done.stderr[-2000:]
+        printed = done.stdout + done.stderr
+        assert "\x1b" not in printed and "\x07" not in printed and "\u202e" not in printed, printed
+        assert "\\x1b]0;pwned\\x07\\u202e.log" in printed
+
+
+def test_summary_md_shows_bidi_controls_and_breaks_mentions(run_dir, tmp_path):
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    summary_file = target / "performance_summary.json"
+    performance = json.loads(summary_file.read_text())
+    performance["workload"]["preset"] = "demo\u202e\u2066 cc @octocat @org/team"
+    summary_file.write_text(json.dumps(performance))
+    assert CliRunner().invoke(cli, ["analyze", str(target)]).exit_code == 0
+    text = (target / "summary.md").read_text()
+    assert "\u202e" not in text and "\u2066" not in text and "\\u202e\\u2066" in text
+    assert "@octocat" not in text and "@org/team" not in text
+    assert "@&#8203;octocat" in text
+
+
+def test_csv_span_table_cells_never_start_a_formula(tmp_path):
+    events = [
+        {"name": '=HYPERLINK("http://evil.example","click")', "ph": "X", "ts": 1, "dur": 2, "pid": 1, "tid": 1, "cat": "+cmd"},
+        {"name": "-2+3", "ph": "X", "ts": 3, "dur": 1, "pid": 1, "tid": 1, "cat": "@SUM(A1)"},
+        {"name": "ordinary", "ph": "X", "ts": 5, "dur": 1, "pid": 1, "tid": 1, "cat": "c"},
+    ]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": events}))
+    out = tmp_path / "spans.csv"
+    assert CliRunner().invoke(cli, ["ingest", str(trace), "-o", str(out)]).exit_code == 0
+    import csv
+
+    rows = list(csv.DictReader(out.open(newline="")))
+    assert [r["name"] for r in rows] == ['\'=HYPERLINK("http://evil.example","click")', "'-2+3", "ordinary"]
+    assert [r["cat"] for r in rows] == ["'+cmd", "'@SUM(A1)", "c"]
+    assert all(not cell.startswith(("=", "+", "-", "@")) for r in rows for cell in r.values())

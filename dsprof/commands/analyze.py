@@ -29,7 +29,7 @@ from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.summary import Summary
 from dsprof.commands.ingest import ingest_paths
-from dsprof.commands.printing import Printer
+from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
@@ -74,6 +74,7 @@ def analyze_command(
     """
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
     window = None if steps is None else parse_steps(steps)
+    progress, out = safe_progress(progress), safe_lines(out)
     if engine == "ray":
         check_address(address)  # its form, before any input is read; whether it answers, when Ray starts
     outcome = analyze_paths(

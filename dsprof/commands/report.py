@@ -25,7 +25,7 @@ from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.summary import Summary, load_summary, summary_path
 from dsprof.commands.analyze import read_inputs
-from dsprof.commands.printing import Printer, print_err
+from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.fileio import check_input_file
 from dsprof.profiler import artifacts
@@ -104,6 +104,7 @@ def report_from_dir(
 ) -> Path:
     """Write the report of an analysed artifact directory (``DIR/report.html`` by default); ``note`` says where the spans came from."""
     output = Path(output) if output is not None else Path(artifact_dir) / artifacts.REPORT_HTML
+    progress, note = safe_progress(progress), safe_lines(note)
     result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
         if progress:
@@ -142,6 +143,7 @@ def export_from_dir(
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
     _refuse_mismatched_name(output, format)
     output = Path(output) if output is not None else Path(artifact_dir) / _DEFAULT_NAMES[format]
+    progress, note = safe_progress(progress), safe_lines(note)
     result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
         if progress:
