@@ -61,7 +61,7 @@ def check_address(address: str | None) -> tuple[str, int] | None:
 def probe_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
     """Fail within ``timeout_s`` when nothing listens at ``address`` (Ray itself would retry for minutes)."""
     where = check_address(address)
-    if where is None:
+    if where is None or address is None:
         return
     try:
         socket.create_connection(where, timeout=timeout_s).close()

@@ -214,9 +214,9 @@ def _check_row_group(path: Path, part: pq.ParquetFile, group: int) -> None:
             nulls, (lo, hi) = column.null_count, (v.as_py() for v in pc.min_max(column).values())
         if nulls:
             raise InputError(path, f"{nulls} null value(s) in column {name} (row group {group})", expected="a value on every span row")
-        if lo is not None:
+        if lo is not None and hi is not None:
             low[name], high[name] = int(lo), int(hi)
-    if not low:
+    if "ts_ns" not in low or "dur_ns" not in low:  # no rows
         return
     if low["ts_ns"] <= -MAX_TIME_NS or high["ts_ns"] >= MAX_TIME_NS or low["dur_ns"] < 0 or high["ts_ns"] + high["dur_ns"] >= MAX_TIME_NS:
         raise InputError(
