@@ -117,7 +117,7 @@ def check_trace_fields(fields: Fields, side: Any) -> dict:
         "records_read": fields.integer(side.get("records_read", 0), "trace.records_read", COUNT),
         "lines_read": fields.integer(side.get("lines_read", 0), "trace.lines_read", COUNT),
         "dropped": {str(k): fields.integer(v, f"trace.dropped.{k}", COUNT) for k, v in dropped.items()},
-        "anchors": [fields.row(a, f"trace.anchors[{i}]", "iii") for i, a in enumerate(fields.items(side.get("anchors"), "trace.anchors"))],
+        "anchors": [_anchor(fields, a, f"trace.anchors[{i}]") for i, a in enumerate(fields.items(side.get("anchors"), "trace.anchors"))],
         "chip_devices": [
             fields.row(c, f"trace.chip_devices[{i}]", "is")
             for i, c in enumerate(fields.items(side.get("chip_devices"), "trace.chip_devices"))
@@ -134,6 +134,14 @@ def check_trace_fields(fields: Fields, side: Any) -> dict:
         "faults": fields.obj(side.get("faults"), "trace.faults", optional=True),
         "notes": [fields.text(n, f"trace.notes[{i}]") for i, n in enumerate(fields.items(side.get("notes"), "trace.notes"))],
     }
+
+
+def _anchor(fields: Fields, value: Any, where: str) -> list:
+    """[pid, mono_ns, wall_ns], the times in [0, MAX_TIME_NS) as the log reader keeps them."""
+    pid, mono, wall = fields.row(value, where, "iii")
+    for i, ns in ((1, mono), (2, wall)):
+        fields.integer(ns, f"{where}[{i}]", (0, MAX_TIME_NS - 1))
+    return [pid, mono, wall]
 
 
 def check_part_entries(fields: Fields, directory: Path, files: Any) -> list[tuple[Path, int]]:

@@ -104,6 +104,8 @@ MANIFEST_CASES = {
     "anchors short": (_set("trace.anchors", [[1, 2]]), "trace.anchors[0]"),
     "anchor past int64": (_set("trace.anchors", [[1, 2, 2**70]]), "trace.anchors[0][2]"),
     "anchor text": (_set("trace.anchors", [["1", 2, 3]]), "trace.anchors[0][0]"),
+    "anchor past the time bound": (_set("trace.anchors", [[1, 2, MAX_TIME_NS]]), "trace.anchors[0][2]"),
+    "anchor negative": (_set("trace.anchors", [[1, -1, 3]]), "trace.anchors[0][1]"),
     "chip device number": (_set("trace.chip_devices", [[1, 5]]), "trace.chip_devices[0][1]"),
     "process names flat": (_set("trace.process_names", [1, "x"]), "trace.process_names[0]"),
     "thread names short": (_set("trace.thread_names", [[1, "x"]]), "trace.thread_names[0]"),
@@ -255,6 +257,21 @@ def test_strace_times_near_the_int64_limit_are_dropped_and_counted(run_dir, tmp_
     assert result.exit_code == 0, result.output
     dropped = json.loads((tmp_path / "out" / "summary.json").read_text())["inputs"]["dropped"]
     assert dropped.get("bad_value") == 1, dropped
+
+
+@pytest.mark.parametrize("anchor", ["mono_ns=1 wall_ns=9223372036854775807", "mono_ns=-9223372036854775807 wall_ns=5"])
+def test_clock_anchor_near_the_int64_limit_is_dropped_and_counted(run_dir, tmp_path, anchor):
+    target = tmp_path / "run"
+    shutil.copytree(run_dir, target)
+    log = target / "server.log"
+    lines = log.read_text().splitlines()
+    first = next(i for i, line in enumerate(lines) if "[CLOCK_ANCHOR]" in line)
+    lines[first] = lines[first][: lines[first].rindex(" mono_ns=")] + " " + anchor
+    log.write_text("\n".join(lines) + "\n")
+    result = CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    dropped = json.loads((tmp_path / "out" / "summary.json").read_text())["inputs"]["dropped"]
+    assert dropped.get("bad_anchor") == 1, dropped
 
 
 @pytest.mark.parametrize(

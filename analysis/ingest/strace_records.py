@@ -342,7 +342,8 @@ def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     """One row per clock anchor that is a complete record (see ANCHOR_PATTERN); wall ns stay int64.
 
     Anything else that names ``[CLOCK_ANCHOR]`` (a copy inside another message,
-    a payload with text after it) is not an anchor and is counted as ``bad_anchor``.
+    a payload with text after it) is not an anchor and is counted as ``bad_anchor``,
+    and so is an anchor whose times lie outside ``[0, MAX_TIME_NS)``.
     """
     candidates = lines.filter(pc.match_substring(lines, fmt.ANCHOR_MARKER))
     if not len(candidates):
@@ -358,7 +359,14 @@ def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     count_drop(dropped, "bad_anchor", (~ok).sum())
     fields = fields.filter(pa.array(ok))
     columns = {column: fields.field(name).cast(pa.int64()) for column, name in zip(ANCHOR_SCHEMA.names, numbers, strict=True)}
-    return pa.table(columns, schema=ANCHOR_SCHEMA)
+    anchors = pa.table(columns, schema=ANCHOR_SCHEMA)
+    # times within [0, MAX_TIME_NS): a span's time moved by (wall - mono) then stays inside int64
+    in_bounds = np.ones(anchors.num_rows, bool)
+    for column in ("mono_ns", "wall_ns"):
+        values = anchors.column(column).to_numpy()
+        in_bounds &= (values >= 0) & (values < MAX_TIME_NS)
+    count_drop(dropped, "bad_anchor", (~in_bounds).sum())
+    return anchors.filter(pa.array(in_bounds)) if not in_bounds.all() else anchors
 
 
 def read_chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
