@@ -18,6 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
@@ -513,3 +514,32 @@ def test_csv_span_table_cells_never_start_a_formula(tmp_path):
     assert [r["name"] for r in rows] == ['\'=HYPERLINK("http://evil.example","click")', "'-2+3", "ordinary"]
     assert [r["cat"] for r in rows] == ["'+cmd", "'@SUM(A1)", "c"]
     assert all(not cell.startswith(("=", "+", "-", "@")) for r in rows for cell in r.values())
+
+
+# -- 7. repeated (file, line) rows -----------------------------------------------------------------------
+
+
+def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path):
+    from dsprof.analysis.analyze import analyze_trace
+    from dsprof.analysis.dataset import open_dataset
+    from dsprof.analysis.layout import serving_spans_sql
+    from dsprof.analysis.outputs.track_layout import build_track_layout, serving_lanes_sql
+
+    target = copy_dataset(dataset, tmp_path)
+    part = _first_part(target)
+    table = pq.read_table(part)
+    serving = table.filter(pc.is_null(table.column("inv")))
+    copies = 40
+    pq.write_table(pa.concat_tables([table, *[serving] * copies]), part)
+    manifest = json.loads((target / "dataset.json").read_text())
+    manifest["files"][0]["rows"] = table.num_rows + copies * serving.num_rows
+    (target / "dataset.json").write_text(json.dumps(manifest))
+    result = analyze_trace(open_dataset(target))
+    try:
+        build_track_layout(result)
+        spans = result.engine.scalar(f"SELECT count(*) FROM ({serving_spans_sql()})")
+        joined = result.engine.scalar(f"SELECT count(*) FROM ({serving_lanes_sql()})")
+    finally:
+        result.engine.close()
+    assert spans == (copies + 1) * serving.num_rows > 0
+    assert joined == spans
