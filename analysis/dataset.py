@@ -74,6 +74,9 @@ PART_FILE = "{prefix}-{n}.parquet"
 DEFAULT_WINDOW_NS = 1 << 34
 # A window's file stays open while the rows being written are at most this many windows later.
 OPEN_WINDOWS_BEHIND = 1
+# Part files open at once, at most: a log whose spans lie many windows apart (sparse timestamps)
+# would otherwise open one file per window of a chunk and run out of file descriptors and memory.
+MAX_OPEN_PARTS = 32
 
 # How span Parquet files are written (the dataset's parts and ``dsprof ingest -o
 # FILE.parquet``), chosen with benchmarks/bench_ingest.py and measured per column
@@ -260,7 +263,8 @@ class SpanDatasetWriter:
     few files) until the rows being written have moved more than
     OPEN_WINDOWS_BEHIND windows past it; rows of a window already closed go to
     a new part. The caller's thread splits tables by window; the encoding and
-    the closing run on a worker (:class:`BackgroundWrites`). Files appear
+    the closing run on a worker (:class:`BackgroundWrites`). At most
+    MAX_OPEN_PARTS files are open at once. Files appear
     atomically when closed; until :meth:`finish` writes ``dataset.json`` the
     dataset is incomplete.
     """
@@ -296,6 +300,8 @@ class SpanDatasetWriter:
 
     def _file(self, window: int) -> SpanParquetFile:
         if window not in self._open:
+            if len(self._open) >= MAX_OPEN_PARTS:  # the earliest window open goes; its later rows get a new part
+                self._close_behind(min(self._open) + 1)
             relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
             self._parts += 1
             folder = (self.directory / relative).parent

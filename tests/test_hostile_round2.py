@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -543,3 +544,31 @@ def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path)
         result.engine.close()
     assert spans == (copies + 1) * serving.num_rows > 0
     assert joined == spans
+
+
+# -- 7. sparse timestamps --------------------------------------------------------------------------------
+
+
+def test_sparse_timestamps_do_not_open_a_file_per_window(run_dir, tmp_path):
+    from dsprof.analysis.dataset import DEFAULT_WINDOW_NS
+
+    lines = (run_dir / "server.log").read_text().splitlines()
+    record = next(line for line in lines if "[STRACE]" in line and " depth=1 " in line)
+    head, _, _ = record.partition(" ts=")
+    head = head.replace(" depth=1 ", " depth=0 ")
+    spans = 600
+    log = tmp_path / "sparse.log"
+    log.write_text("".join(f"{re.sub(r'inv=[0-9]+', f'inv={i}', head)} ts={i * DEFAULT_WINDOW_NS} dur=10\n" for i in range(1, spans + 1)))
+    limit = 128  # far fewer descriptors than windows
+    code = (
+        f"import resource, sys; resource.setrlimit(resource.RLIMIT_NOFILE, ({limit}, {limit})); "
+        "from dsprof.cli.main import cli; cli(sys.argv[1:])"
+    )
+    out = tmp_path / "spans"
+    done = subprocess.run(
+        [sys.executable, "-c", code, "ingest", str(log), "-o", str(out) + "/"], capture_output=True, text=True, timeout=300, check=False
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    manifest = json.loads((out / "dataset.json").read_text())
+    assert sum(f["rows"] for f in manifest["files"]) == spans
+    assert len({f["window"] for f in manifest["files"]}) == spans
