@@ -184,9 +184,7 @@ def check_part(path: Path, rows: int) -> None:
         part = pq.ParquetFile(path)
         schema = part.schema_arrow
     except (pa.ArrowException, OSError, ValueError) as exc:
-        raise InputError(
-            path, f"not a readable Parquet file: {str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__}"
-        ) from None
+        raise InputError(path, f"not a readable Parquet file: {_first_line(exc)}") from None
     with part:
         if schema.names != SPAN_SCHEMA.names:
             raise InputError(path, "Parquet columns are not the span table's", expected=", ".join(SPAN_SCHEMA.names))
@@ -232,3 +230,24 @@ def _check_row_group(path: Path, part: pq.ParquetFile, group: int) -> None:
             f"ts_ns/dur_ns out of range (row group {group})",
             expected=f"times within ±2^{MAX_TIME_NS.bit_length() - 1} ns and durations >= 0",
         )
+
+
+def corrupt_part(paths: list[Path]) -> InputError | None:
+    """After a query failed: the first part whose data (not just its footer) cannot be decoded, as an InputError naming it.
+
+    Reads every part a row group at a time, so it costs a pass over the
+    dataset only on this error path, in bounded memory.
+    """
+    for path in paths:
+        try:
+            with pq.ParquetFile(path) as part:
+                for group in range(part.metadata.num_row_groups):
+                    part.read_row_group(group)
+        except (pa.ArrowException, OSError, ValueError) as exc:
+            return InputError(path, f"corrupt Parquet data: {_first_line(exc)}")
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0][:200] if text else type(exc).__name__

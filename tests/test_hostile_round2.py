@@ -218,12 +218,13 @@ def test_part_with_wrong_columns_is_one_line_naming_it(dataset, tmp_path, case, 
     assert "\n" not in last
 
 
-@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty"])
+@pytest.mark.parametrize("damage", ["truncated", "garbage", "empty", "pages"])
 def test_corrupt_part_is_named(dataset, tmp_path, damage):
     target = copy_dataset(dataset, tmp_path)
     part = _first_part(target)
     data = part.read_bytes()
-    part.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"PAR1" + b"\xff" * 100, "empty": b""}[damage])
+    pages = data[:8] + b"\xab" * (len(data) // 2 - 8) + data[len(data) // 2 :]  # the footer intact: found only when read
+    part.write_bytes({"truncated": data[: len(data) // 2], "garbage": b"PAR1" + b"\xff" * 100, "empty": b"", "pages": pages}[damage])
     one_error_line(CliRunner().invoke(cli, ["analyze", str(target), "-o", str(tmp_path / "out")]), str(part))
 
 

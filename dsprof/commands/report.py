@@ -24,7 +24,7 @@ from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.summary import Summary, load_summary, summary_path
-from dsprof.commands.analyze import read_inputs
+from dsprof.commands.analyze import explained_query_errors, read_inputs
 from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.fileio import check_input_file
@@ -50,7 +50,8 @@ def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Pro
     note(f"reading the spans from {', '.join(map(str, sources))}")
     trace, spill = read_inputs(sources, progress=progress)
     try:
-        return layout_only(trace, summary), spill
+        with explained_query_errors(trace):
+            return layout_only(trace, summary), spill
     except BaseException:
         _remove(spill)
         raise
