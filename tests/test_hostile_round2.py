@@ -23,6 +23,8 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from dsprof.analysis.spans import MAX_TIME_NS
 from dsprof.cli.main import cli
@@ -119,6 +121,8 @@ MANIFEST_CASES = {
     "notes a string": (_set("trace.notes", "x"), "trace.notes"),
     "performance_summary list": (_set("trace.performance_summary", [1]), "trace.performance_summary"),
     "faults text": (_set("trace.faults", "x"), "trace.faults"),
+    "Infinity in the side block": (_set("trace.performance_summary.batch_elapsed_s", float("inf")), "Infinity is not JSON"),
+    "NaN in the side block": (_set("trace.performance_summary.workload.preset", float("nan")), "NaN is not JSON"),
 }
 
 
@@ -573,3 +577,40 @@ def test_sparse_timestamps_do_not_open_a_file_per_window(run_dir, tmp_path):
     manifest = json.loads((out / "dataset.json").read_text())
     assert sum(f["rows"] for f in manifest["files"]) == spans
     assert len({f["window"] for f in manifest["files"]}) == spans
+
+
+# -- property: any one manifest value replaced --------------------------------------------------------------
+
+HOSTILE_VALUES = st.one_of(
+    st.sampled_from([10**400, 2**63, -(2**63) - 1, 1e308, -1, 0, True, None, "", "../x", "/etc/passwd", [], {}, [[[]]], "\x1b[2J"]),
+    st.integers(),
+    st.floats(allow_nan=False),
+    st.text(max_size=8),
+)
+
+
+def _leaves(node, path=()):
+    """Every (path, value) of a JSON document, containers included."""
+    yield path, node
+    items = node.items() if isinstance(node, dict) else enumerate(node) if isinstance(node, list) else ()
+    for key, child in items:
+        yield from _leaves(child, (*path, key))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_any_manifest_value_replaced_is_read_or_refused_in_one_line(dataset, tmp_path_factory, data):
+    target = copy_dataset(dataset, tmp_path_factory.mktemp("mutant"))
+    manifest = json.loads((target / "dataset.json").read_text())
+    paths = [path for path, _ in _leaves(manifest) if path]
+    path = data.draw(st.sampled_from(paths))
+    node = manifest
+    for key in path[:-1]:
+        node = node[key]
+    node[path[-1]] = data.draw(HOSTILE_VALUES)
+    (target / "dataset.json").write_text(json.dumps(manifest))
+    result = CliRunner().invoke(cli, ["analyze", str(target), "-o", str(target.parent / "out")])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code in (0, 2), result.output
+    if result.exit_code == 2:
+        one_error_line(result)
