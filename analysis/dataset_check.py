@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
+from dsprof.analysis.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
 
 # A manifest lists one entry per part: a few hundred bytes each; a bigger one was not written by dsprof.
@@ -41,6 +41,10 @@ COUNT = (0, (1 << 63) - 1)
 # Columns every span row has: a null there is a broken part.
 _NEVER_NULL = ("pid", "tid", "ts_ns", "dur_ns")
 _TEXT_TYPES = (pa.string(), pa.large_string())
+# Integer attribute columns (rank, step, ...): the log readers promote at most 18 digits (spans._INT_TEXT);
+# a part holding more (int64's ends) would overflow the analysis' arithmetic on them.
+_ATTRIBUTE_INTS = tuple(PROMOTED_INT_ATTRS.values())
+_ATTRIBUTE_BOUND = 10**18
 
 
 def read_manifest(path: Path) -> dict:
@@ -223,17 +227,21 @@ def _check_row_group(path: Path, part: pq.ParquetFile, group: int) -> None:
     index = {meta.column(c).path_in_schema: c for c in range(meta.num_columns)}
     low: dict[str, int] = {}
     high: dict[str, int] = {}
-    for name in _NEVER_NULL:
+    for name in (*_NEVER_NULL, *_ATTRIBUTE_INTS):
         stats = meta.column(index[name]).statistics
         if stats is not None and stats.has_null_count and (stats.has_min_max or stats.null_count == meta.num_rows):
             nulls, lo, hi = stats.null_count, stats.min if stats.has_min_max else None, stats.max if stats.has_min_max else None
         else:
             column = part.read_row_group(group, columns=[name]).column(0)
             nulls, (lo, hi) = column.null_count, (v.as_py() for v in pc.min_max(column).values())
-        if nulls:
+        if nulls and name in _NEVER_NULL:
             raise InputError(path, f"{nulls} null value(s) in column {name} (row group {group})", expected="a value on every span row")
         if lo is not None and hi is not None:
             low[name], high[name] = int(lo), int(hi)
+            if name in _ATTRIBUTE_INTS and not -_ATTRIBUTE_BOUND < low[name] <= high[name] < _ATTRIBUTE_BOUND:
+                raise InputError(
+                    path, f"column {name} out of range (row group {group})", expected="at most 18 digits, as the log readers take"
+                )
     if "ts_ns" not in low or "dur_ns" not in low:  # no rows
         return
     if low["ts_ns"] <= -MAX_TIME_NS or high["ts_ns"] >= MAX_TIME_NS or low["dur_ns"] < 0 or high["ts_ns"] + high["dur_ns"] >= MAX_TIME_NS:

@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from dsprof.analysis.spans import MAX_TIME_NS
+from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.cli.main import cli
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -614,3 +614,74 @@ def test_any_manifest_value_replaced_is_read_or_refused_in_one_line(dataset, tmp
     assert result.exit_code in (0, 2), result.output
     if result.exit_code == 2:
         one_error_line(result)
+
+
+# -- property: any one column of a part retyped -----------------------------------------------------------
+
+RETYPINGS = {
+    "text": lambda c: c.cast(pa.string()) if not pa.types.is_map(c.type) else pa.array(["x"] * len(c)),
+    "float": lambda c: pa.array([1.5] * len(c)),
+    "int32": lambda c: pa.array([1] * len(c), pa.int32()),
+    "uint64 max": lambda c: pa.array([2**64 - 1] * len(c), pa.uint64()),
+    "int64 min": lambda c: pa.array([-(2**63)] * len(c), pa.int64()),
+    "timestamp": lambda c: pa.array([0] * len(c), pa.timestamp("ns")),
+    "nulls": lambda c: pa.nulls(len(c), c.type),
+    "bool": lambda c: pa.array([True] * len(c)),
+    "list": lambda c: pa.array([[1]] * len(c)),
+    "binary": lambda c: pa.array([b"\xff"] * len(c), pa.binary()),
+}
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(column=st.sampled_from(SPAN_SCHEMA.names), retype=st.sampled_from(sorted(RETYPINGS)), statistics=st.booleans())
+def test_any_part_column_retyped_is_read_or_refused_in_one_line(dataset, tmp_path_factory, column, retype, statistics):
+    target = copy_dataset(dataset, tmp_path_factory.mktemp("mutant"))
+    part = _first_part(target)
+    table = pq.read_table(part)
+    array = RETYPINGS[retype](table.column(column))
+    pq.write_table(
+        table.set_column(table.schema.get_field_index(column), pa.field(column, array.type), array), part, write_statistics=statistics
+    )
+    result = CliRunner().invoke(cli, ["analyze", str(target), "-o", str(target.parent / "out")])
+    assert result.exception is None or isinstance(result.exception, SystemExit), repr(result.exception)
+    assert result.exit_code in (0, 2), result.output
+    if result.exit_code == 2:
+        one_error_line(result)
+
+
+# -- values of the right type that the analysis once tripped on ----------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "refused"),
+    [
+        ("slot_id", 2**63 - 1, True),
+        ("pid", 5, False),  # every rank one process: steps starting together once compared dicts
+        ("rank", -(2**63), True),  # negated in SQL
+        ("step", 2**63 - 1, True),
+    ],
+)
+def test_extreme_column_values_end_in_a_result_or_one_line(dataset, tmp_path, column, value, refused):
+    target = copy_dataset(dataset, tmp_path)
+    part = _first_part(target)
+    table = pq.read_table(part)
+    array = pa.array([value] * table.num_rows, pa.int64())
+    pq.write_table(table.set_column(table.schema.get_field_index(column), pa.field(column, array.type), array), part)
+    done = run_cli("analyze", str(target), "-o", str(tmp_path / "out"), timeout=120)
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    if refused:
+        assert done.returncode == 2 and f"column {column} out of range" in done.stderr, done.stderr[-2000:]
+    else:
+        assert done.returncode in (0, 1), done.stderr[-2000:]
+
+
+def test_lanes_settle_whatever_the_slot_ids():
+    """Overlapping runs in one slot near int64's end: lanes once wrapped past it and never settled (a hang)."""
+    code = (
+        "import numpy as np; from dsprof.analysis.layout import assign_lanes; "
+        "print(assign_lanes(np.zeros(4, np.int64), np.array([0, 1, 2, 3]), np.array([10, 10, 10, 10]), "
+        "np.full(4, 2**63 - 1, np.int64)).tolist())"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert sorted(json.loads(done.stdout)) == [0, 1, 2, 3]

@@ -210,7 +210,8 @@ def _skew_counters(engine: Engine, per_step: list[StepRow]) -> list[Counter]:
     if not per_step:
         return []
     starts = dict(engine.rows("SELECT step, min_start_ns FROM steps"))
-    placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)  # one per step
+    # one per step, by start then step (two steps may start together: rows themselves do not compare)
+    placed = sorted(((starts[row["step"]], row) for row in per_step if row.get("step") in starts), key=lambda p: (p[0], p[1]["step"]))
     ts = np.array([ts for ts, _ in placed], np.int64)
     start_skews = np.array([float(row["runner_start_skew_ms"]) for _, row in placed], np.float64)
     end_skews = np.array([float(row["runner_end_skew_ms"]) for _, row in placed], np.float64)
