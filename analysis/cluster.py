@@ -23,6 +23,8 @@ Workers must see the input logs and the dataset directory at the same paths
 from __future__ import annotations
 
 import os
+import re
+import socket
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -36,6 +38,35 @@ from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import DsprofError
 
 Progress = Callable[[str], None] | None
+# How long the driver waits for a cluster's address to accept a connection before giving up.
+CONNECT_TIMEOUT_S = 15.0
+# What Ray reads itself (a running local cluster's address file), rather than an address to probe.
+RAY_KEYWORDS = ("auto", "local")
+# host:port (a hostname, IPv4 or [IPv6]), optionally ray:// (Ray Client; port 10001 when left out).
+_ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}))(?::([0-9]{1,5}))?", re.ASCII)
+RAY_CLIENT_PORT = 10001
+
+
+def check_address(address: str | None) -> tuple[str, int] | None:
+    """(host, port) of a cluster address, None where Ray finds the cluster itself; DsprofError on anything else."""
+    if address is None or address in RAY_KEYWORDS:
+        return None
+    match = _ADDRESS.fullmatch(address)
+    port = int(match.group(3)) if match and match.group(3) else RAY_CLIENT_PORT if match and match.group(1) else 0
+    if match is None or not 0 < port < 65536:
+        raise DsprofError(f"bad Ray address {address[:200]!r} (expected host:port, ray://host[:port], auto or local)")
+    return match.group(2).strip("[]"), port
+
+
+def probe_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail within ``timeout_s`` when nothing listens at ``address`` (Ray itself would retry for minutes)."""
+    where = check_address(address)
+    if where is None or address is None:
+        return
+    try:
+        socket.create_connection(where, timeout=timeout_s).close()
+    except OSError as exc:
+        raise DsprofError(f"cannot reach the Ray cluster at {address[:200]!r}: {exc.strerror or exc or 'timed out'}") from None
 
 
 def _ray():
@@ -78,6 +109,7 @@ def read_and_aggregate(
     progress: Progress = None,
 ) -> tuple[Trace, pa.Table]:
     """Read ``paths`` and aggregate their invocations on a Ray cluster (``address``; None: a local one)."""
+    probe_address(address)
     ray = _ray()
     started_here = not ray.is_initialized()
     if started_here:

@@ -49,8 +49,18 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dsprof.analysis.dataset_check import Fields, check_part, check_part_entries, check_trace_fields, read_manifest
 from dsprof.analysis.ingest.compiled import compiled_module
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, DICTIONARY_COLUMNS, DICTIONARY_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace
+from dsprof.analysis.spans import (
+    ANCHOR_SCHEMA,
+    CHIP_SCHEMA,
+    DICTIONARY_COLUMNS,
+    DICTIONARY_TYPE,
+    MAX_TIME_NS,
+    PARQUET_SCHEMA,
+    SPAN_SCHEMA,
+    Trace,
+)
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output, atomic_write_text
 from dsprof.profiler import artifacts
@@ -64,6 +74,9 @@ PART_FILE = "{prefix}-{n}.parquet"
 DEFAULT_WINDOW_NS = 1 << 34
 # A window's file stays open while the rows being written are at most this many windows later.
 OPEN_WINDOWS_BEHIND = 1
+# Part files open at once, at most: a log whose spans lie many windows apart (sparse timestamps)
+# would otherwise open one file per window of a chunk and run out of file descriptors and memory.
+MAX_OPEN_PARTS = 32
 
 # How span Parquet files are written (the dataset's parts and ``dsprof ingest -o
 # FILE.parquet``), chosen with benchmarks/bench_ingest.py and measured per column
@@ -250,7 +263,8 @@ class SpanDatasetWriter:
     few files) until the rows being written have moved more than
     OPEN_WINDOWS_BEHIND windows past it; rows of a window already closed go to
     a new part. The caller's thread splits tables by window; the encoding and
-    the closing run on a worker (:class:`BackgroundWrites`). Files appear
+    the closing run on a worker (:class:`BackgroundWrites`). At most
+    MAX_OPEN_PARTS files are open at once. Files appear
     atomically when closed; until :meth:`finish` writes ``dataset.json`` the
     dataset is incomplete.
     """
@@ -286,6 +300,8 @@ class SpanDatasetWriter:
 
     def _file(self, window: int) -> SpanParquetFile:
         if window not in self._open:
+            if len(self._open) >= MAX_OPEN_PARTS:  # the earliest window open goes; its later rows get a new part
+                self._close_behind(min(self._open) + 1)
             relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
             self._parts += 1
             folder = (self.directory / relative).parent
@@ -363,33 +379,38 @@ class SpanDatasetWriter:
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:
-    """The Trace of a complete span dataset: its files listed in ``span_files``, side tables loaded."""
+    """The Trace of a complete span dataset: its files listed in ``span_files``, side tables loaded.
+
+    Nothing in the directory is trusted: the manifest and every part are checked first (:mod:`.dataset_check`).
+    """
     directory = Path(directory)
     path = directory / MANIFEST
-    try:
-        manifest = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise InputError(directory, "span dataset has no dataset.json (incomplete: ingest did not finish)") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
-        raise InputError(path, f"cannot read the manifest: {exc}") from None
+    manifest = read_manifest(path)
     if not isinstance(manifest, dict) or manifest.get("schema") != DATASET_SCHEMA:
         raise InputError(path, "not a span dataset manifest", expected=DATASET_SCHEMA)
-    side = manifest.get("trace") or {}
-    anchors = side.get("anchors") or []
-    chips = side.get("chip_devices") or []
+    fields = Fields(path)
+    fields.integer(manifest.get("window_ns"), "window_ns", (1, MAX_TIME_NS))
+    names = fields.items(manifest.get("span_schema"), "span_schema")
+    if names != SPAN_SCHEMA.names:
+        raise fields.fail("span_schema", "the span table's columns: " + ", ".join(SPAN_SCHEMA.names))
+    parts = check_part_entries(fields, directory, manifest.get("files"))
+    side = check_trace_fields(fields, manifest.get("trace"))
+    for part, rows in parts:
+        check_part(part, rows)
+    anchors, chips = side["anchors"], side["chip_devices"]
     return Trace(
-        span_files=[directory / f["path"] for f in manifest.get("files") or []],
+        span_files=[part for part, _ in parts],
         anchors=pa.table({k: pa.array([a[i] for a in anchors], pa.int64()) for i, k in enumerate(ANCHOR_SCHEMA.names)}),
         chip_devices=pa.table(
             {"pid": pa.array([c[0] for c in chips], pa.int64()), "device": pa.array([c[1] for c in chips], pa.string())}, schema=CHIP_SCHEMA
         ),
-        dropped={str(k): int(v) for k, v in (side.get("dropped") or {}).items()},
-        records_read=int(side.get("records_read") or 0),
-        lines_read=int(side.get("lines_read") or 0),
-        files=[str(f) for f in side.get("files") or []],
-        process_names={int(p): str(n) for p, n in side.get("process_names") or []},
-        thread_names={(int(p), int(t)): str(n) for p, t, n in side.get("thread_names") or []},
-        performance_summary=side.get("performance_summary"),
-        faults=side.get("faults"),
-        notes=[str(n) for n in side.get("notes") or []],
+        dropped=side["dropped"],
+        records_read=side["records_read"],
+        lines_read=side["lines_read"],
+        files=side["files"],
+        process_names={p: n for p, n in side["process_names"]},
+        thread_names={(p, t): n for p, t, n in side["thread_names"]},
+        performance_summary=side["performance_summary"],
+        faults=side["faults"],
+        notes=side["notes"],
     )

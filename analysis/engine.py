@@ -15,9 +15,11 @@ run (rank x step), which is small.
 from __future__ import annotations
 
 import os
+import re
+import shutil
 import tempfile
+import weakref
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -40,35 +42,25 @@ def default_memory_limit() -> int:
     return max(MIN_MEMORY_LIMIT, int(physical * DEFAULT_MEMORY_SHARE))
 
 
+# The largest ``--memory-limit`` taken: 1 PiB, past any machine (DuckDB's own bound, 2**63 bytes, is
+# otherwise met only when the first query runs, after every input was read).
+MAX_MEMORY_LIMIT = 1 << 50
+_MEMORY_UNITS = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_MEMORY_UNITS |= {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "B": 1, "": 1}
+# ASCII digits only: Python's float() would read other scripts' digits too.
+_MEMORY_TEXT = re.compile(r"([0-9]{1,20}(?:\.[0-9]{1,20})?(?:E[+-]?[0-9]{1,3})?)(%|[KMGT]I?B|[KMGTB]|)", re.ASCII)
+
+
 def parse_memory_limit(text: str) -> int:
-    """``4GB``, ``512MiB``, ``25%`` (of RAM) or plain bytes -> bytes; DsprofError on anything else."""
-    value = text.strip().upper().replace(" ", "")
-    units = {
-        "KIB": 1 << 10,
-        "MIB": 1 << 20,
-        "GIB": 1 << 30,
-        "KB": 10**3,
-        "MB": 10**6,
-        "GB": 10**9,
-        "K": 1 << 10,
-        "M": 1 << 20,
-        "G": 1 << 30,
-        "B": 1,
-    }
-    try:
-        if value.endswith("%"):
-            share = float(value[:-1]) / 100
-            if not 0 < share <= 1:
-                raise ValueError
-            return max(MIN_MEMORY_LIMIT, int(default_memory_limit() / DEFAULT_MEMORY_SHARE * share))
-        unit = next((u for u in units if value.endswith(u)), "")
-        factor = units.get(unit, 1)
-        number = float(value[: len(value) - len(unit)])
-        if not number > 0 or number != number or number == float("inf"):
-            raise ValueError
-        return max(MIN_MEMORY_LIMIT, int(number * factor))
-    except ValueError:
-        raise DsprofError(f"bad memory limit {text!r} (expected e.g. 4GB, 512MiB or 25%)") from None
+    """``4GB``, ``512MiB``, ``25%`` (of RAM) or plain bytes -> bytes, at most MAX_MEMORY_LIMIT; DsprofError on anything else."""
+    match = _MEMORY_TEXT.fullmatch(text.strip().upper().replace(" ", ""))
+    number = float(match.group(1)) if match else 0.0
+    if match and match.group(2) == "%":
+        if 0 < number <= 100:
+            return max(MIN_MEMORY_LIMIT, int(default_memory_limit() / DEFAULT_MEMORY_SHARE * number / 100))
+    elif match and 0 < number * _MEMORY_UNITS[match.group(2)] <= MAX_MEMORY_LIMIT:
+        return max(MIN_MEMORY_LIMIT, int(number * _MEMORY_UNITS[match.group(2)]))
+    raise DsprofError(f"bad memory limit {text[:100]!r} (expected e.g. 4GB, 512MiB or 25%, at most {MAX_MEMORY_LIMIT >> 40} TiB)")
 
 
 # The relations every engine starts with; the analysis stages (analysis/stages.py) add the rest.
@@ -83,6 +75,8 @@ class Engine:
     trace: Trace
     # table -> the stage that wrote it (analysis/stages.py keeps this)
     written: dict[str, str] = field(default_factory=dict)
+    # removes the engine's own spill folder (open_engine sets it; once only)
+    _spill_cleanup: weakref.finalize | None = field(default=None, repr=False)
 
     def run(self, query: str, params: list | None = None) -> None:
         """Execute a statement (or several) to completion."""
@@ -118,18 +112,41 @@ class Engine:
             self.run(f"DROP VIEW {quoted}")
 
     def close(self) -> None:
+        """Close the connection and remove the engine's own spill folder (a second call does nothing more)."""
         self.con.close()
+        if self._spill_cleanup is not None:
+            self._spill_cleanup()
 
 
 def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str | os.PathLike | None = None) -> Engine:
-    """An engine over ``trace``: its in-memory spans, or its span files, as one ``spans`` relation."""
-    con = duckdb.connect(
-        config={
-            "memory_limit": f"{memory_limit or default_memory_limit()}B",
-            "temp_directory": str(spill_dir or Path(tempfile.gettempdir()) / "dsprof-duckdb"),
-            "preserve_insertion_order": True,
-        }
-    )
+    """An engine over ``trace``: its in-memory spans, or its span files, as one ``spans`` relation.
+
+    DuckDB spills to ``spill_dir``, or else to a folder of this engine's own:
+    made private (0700) under TMPDIR with a fresh name, so nothing planted at
+    a fixed path is followed, and removed by :meth:`Engine.close` or, for an
+    engine never closed, when it is collected or the process exits.
+    """
+    own_spill = None if spill_dir is not None else tempfile.mkdtemp(prefix="dsprof-duckdb-")
+    try:
+        con = duckdb.connect(
+            config={
+                "memory_limit": f"{memory_limit or default_memory_limit()}B",
+                "temp_directory": str(spill_dir if spill_dir is not None else own_spill),
+                "preserve_insertion_order": True,
+            }
+        )
+        engine = _registered(con, trace)
+    except BaseException:
+        if own_spill is not None:
+            shutil.rmtree(own_spill, ignore_errors=True)
+        raise
+    if own_spill is not None:
+        engine._spill_cleanup = weakref.finalize(engine, shutil.rmtree, own_spill, ignore_errors=True)
+    return engine
+
+
+def _registered(con: duckdb.DuckDBPyConnection, trace: Trace) -> Engine:
+    """The engine of ``con`` with the trace's relations registered."""
     con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
     con.execute("SET enable_progress_bar = false")  # progress is the caller's (one line per stage), not bars on stderr
     con.register("spans_in_memory", trace.spans)

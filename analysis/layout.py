@@ -57,6 +57,8 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     depth = np.maximum.reduceat(np.maximum(started - ended, 0), group_start)[group] + 1
     slot_known = np.logical_and.reduceat(known >= 0, group_start)[group]
     lane = np.where(slot_known, known, started % depth)
+    # lanes as their rank (same order): a slot_id near int64's end would make ``lane.max() + 1`` wrap, never settling
+    lane = np.unique(lane, return_inverse=True)[1].reshape(-1).astype(np.int64)
     while True:
         by_lane = np.lexsort((s, lane, t))
         same_lane = np.r_[False, (t[by_lane][1:] == t[by_lane][:-1]) & (lane[by_lane][1:] == lane[by_lane][:-1])]

@@ -96,6 +96,11 @@ PARQUET_SCHEMA = pa.schema([f.with_type(DICTIONARY_TYPE) if f.name in PER_FILE_C
 _INT_TEXT = r"^-?[0-9]{1,18}$"
 
 
+# The bound on span times (ts_ns, and ts_ns + dur_ns): 2**62 ns, about 146 years. Readers drop and count
+# rows beyond it, and the dataset reader refuses parts beyond it, so the sum or difference of two times
+# in the analysis' SQL never leaves int64.
+MAX_TIME_NS = 1 << 62
+
 ANCHOR_SCHEMA = pa.schema([("pid", pa.int64()), ("mono_ns", pa.int64()), ("wall_ns", pa.int64())])
 CHIP_SCHEMA = pa.schema([("pid", pa.int64()), ("device", pa.string())])
 

@@ -11,6 +11,12 @@ renamed output is as readable as the user's other files.
 A file that others append to as well (a CI job's step summary) cannot be
 replaced: :func:`atomic_append_text` adds its block with one ``O_APPEND`` write,
 so concurrent writers' blocks never interleave.
+
+Only a regular file or a missing path is ever written: a symbolic link, a
+device node, a FIFO or a socket at an output path is refused (checked with
+``lstat``, so a link is never followed), rather than replaced by a new file or
+written through. Inputs named by the user are checked the same way before
+they are opened (:func:`check_input_file`), so a FIFO cannot block a reader.
 """
 
 from __future__ import annotations
@@ -19,11 +25,12 @@ import contextlib
 import errno
 import os
 import secrets
+import stat
 from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
-from dsprof.errors import DsprofError
+from dsprof.errors import DsprofError, InputError
 
 # Random temporary names tried before giving up (a clash of 48 random bits is already unlikely).
 _NAME_TRIES = 8
@@ -37,6 +44,7 @@ class OutputError(DsprofError):
 def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
     """A binary file handle whose content replaces ``path`` only when the block ends without error."""
     path = Path(path)
+    refuse_non_regular(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, temporary = _create_temporary(path)
@@ -47,6 +55,7 @@ def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
+        refuse_non_regular(path)  # again: something may have been put there while the file was written
         os.replace(temporary, path)
         _sync_directory(path.parent)
     except OSError as exc:
@@ -68,14 +77,17 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
 
 
 def atomic_append_text(path: str | os.PathLike, text: str) -> Path:
-    """Append ``text`` to ``path`` (created if absent) as one write, then flush it to disk."""
+    """Append ``text`` to ``path`` (a regular file, created if absent) as one write, then flush it to disk."""
     path = Path(path)
     data = text.encode("utf-8")
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    refuse_non_regular(path, "append to")
+    try:  # no link followed, and a FIFO swapped in meanwhile fails at once instead of blocking
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         raise OutputError(f"{path}: cannot append: {exc.strerror or exc}") from None
     try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OutputError(f"{path}: refusing to append to {_kind(os.fstat(fd).st_mode)} (only a regular file or a new path is written)")
         written = os.write(fd, data)
         if written != len(data):  # a full disk or a file size limit: say so rather than leave a torn block unnoticed
             raise OutputError(f"{path}: cannot append: wrote {written} of {len(data)} bytes")
@@ -110,6 +122,42 @@ def _sync_directory(directory: Path) -> None:
             os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def refuse_non_regular(path: str | os.PathLike, action: str = "replace") -> None:
+    """OutputError unless ``path`` is missing or a regular file (``lstat``: a symbolic link counts as a link)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+    if not stat.S_ISREG(mode):
+        raise OutputError(f"{path}: refusing to {action} {_kind(mode)} (only a regular file or a new path is written)")
+
+
+def check_input_file(path: str | os.PathLike, expected: str) -> None:
+    """InputError when ``path`` exists but is not a regular file (links followed): a FIFO or a device would block or flood a reader."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        return  # missing or unreadable: the reader says so
+    if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+        raise InputError(path, f"is {_kind(mode)}, not a regular file", expected=expected)
+
+
+def _kind(mode: int) -> str:
+    for test, name in (
+        (stat.S_ISLNK, "a symbolic link"),
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
+        if test(mode):
+            return name
+    return "not a regular file"
 
 
 def _remove(temporary: str) -> None:

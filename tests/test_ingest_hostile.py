@@ -23,7 +23,7 @@ from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.ingest.chrome import read_chrome_trace
 from dsprof.analysis.ingest.sa_profile import read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
-from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.errors import InputError
 from dsprof.profiler import sa_profile
 from dsprof.profiler.chrome_json import JsonLimits
@@ -99,17 +99,18 @@ def test_numbers_past_int64_are_dropped_and_counted(tmp_path):
         '{"name":"h","ph":"X","ts":1,"dur":1,"pid":1e25,"tid":1}',
         '{"name":"i","ph":"X","ts":' + "9" * 5000 + ',"pid":1,"tid":1}',
         '{"name":"j","ph":"i","ts":1e-999999,"pid":1,"tid":1}',
-        good_line(ts=9_223_372_036_854_775, name="largest"),
+        good_line(ts=9_223_372_036_854_775),  # fits int64 in ns, but past MAX_TIME_NS (SQL adds times)
+        good_line(ts=(MAX_TIME_NS - 1) // 1000 - 1, name="largest"),  # its end (dur 1 µs) just inside
     ]
     path = tmp_path / "trace.1.jsonl"
     path.write_text("\n".join(lines) + "\n")
     trace = read_sa_profile(path)
     assert trace.spans.column("name").to_pylist() == ["j", "largest"]
-    assert trace.spans.column("ts_ns").to_pylist() == [0, 9_223_372_036_854_775_000]
-    assert trace.dropped == {"bad_value": 10}
+    assert trace.spans.column("ts_ns").to_pylist() == [0, ((MAX_TIME_NS - 1) // 1000 - 1) * 1000]
+    assert trace.dropped == {"bad_value": 11}
     document = tmp_path / "t.json"
     document.write_text('{"traceEvents": [' + ",".join(lines) + "]}")
-    assert read_chrome_trace(document).dropped == {"bad_value": 10}
+    assert read_chrome_trace(document).dropped == {"bad_value": 11}
 
 
 def test_base_time_past_int64_drops_the_events_it_would_overflow(tmp_path):

@@ -17,14 +17,14 @@ from hypothesis import strategies as st
 
 from dsprof.analysis.ingest import strace_pieces
 from dsprof.analysis.ingest.strace_log import parse_strace_bytes
-from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
+from dsprof.analysis.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import CLK_ATTR, format_prefix, format_strace_payload
 from dsprof.testing.strace_readers import READERS, outcome, select_reader
 
 # starts and durations whose spans are kept (a negative start, a negative
-# duration or an end past int64 is dropped: see test_ingest_strace.py)
-START = st.integers(0, 2**62)
+# duration or an end at or past MAX_TIME_NS is dropped: see test_ingest_strace.py)
+START = st.integers(0, MAX_TIME_NS // 2 - 1)
 # any characters, including the ones STRACE escapes: space, '[', ']', '%', '=', controls
 TEXT = st.text(alphabet=st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=12)
 # attribute names other than those that become columns (clk, rank, device, ...)

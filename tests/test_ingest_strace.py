@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsprof.analysis.ingest import read_paths, read_strace_log, strace_pieces
-from dsprof.analysis.spans import SPAN_COLUMNS, SPAN_SCHEMA
+from dsprof.analysis.spans import MAX_TIME_NS, SPAN_COLUMNS, SPAN_SCHEMA
 from dsprof.commands.ingest import format_ingest_report
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import (
@@ -71,7 +71,9 @@ def test_clean_records_exact_fields(tmp_path):
         tmp_path,
         [
             PREFIX
-            + payload(inv=2**64 - 1, ts_ns=2**63 - 1, dur_ns=0, attrs={"run_id": 12, "callable": "decode.main+verify+mtp", "note": "x"}),
+            + payload(
+                inv=2**64 - 1, ts_ns=MAX_TIME_NS - 1, dur_ns=0, attrs={"run_id": 12, "callable": "decode.main+verify+mtp", "note": "x"}
+            ),
             payload(pid=1, tid=2, inv=0, depth=3, name="chip.run.validate", ts_ns=5, dur_ns=9),  # no prefix
             "some text before " + payload(pid=9, name="x") + "",
         ],
@@ -83,7 +85,7 @@ def test_clean_records_exact_fields(tmp_path):
     assert (first["source"], first["file"], first["line"]) == ("strace", str(path), 1)
     assert (first["pid"], first["tid"], first["hid"], first["depth"], first["name"]) == (4242, 4243, "9f3c2a71d04be815", 0, "chip.run")
     assert first["inv"] == 2**64 - 1  # exact, not through a float
-    assert first["ts_ns"] == 2**63 - 1 and first["dur_ns"] == 0
+    assert first["ts_ns"] == MAX_TIME_NS - 1 and first["dur_ns"] == 0
     assert (first["ph"], first["cat"], first["clk"]) == ("X", "", "host")
     assert (first["run_id"], first["callable"]) == (12, "decode.main+verify+mtp")  # promoted to columns
     assert attrs_of(trace) == {"note": "x"}
@@ -239,17 +241,18 @@ def test_garbled_required_fields_dropped_with_reason(tmp_path, record, reason):
 
 
 def test_int64_extremes_are_kept(tmp_path):
+    """Ids and depths keep the whole int64 range; times stop just short of MAX_TIME_NS (SQL adds them)."""
     path = write(
         tmp_path,
         [
-            payload(ts_ns=0, dur_ns=2**63 - 1, pid=2**63 - 1, tid=-(2**63)),
+            payload(ts_ns=0, dur_ns=MAX_TIME_NS - 1, pid=2**63 - 1, tid=-(2**63)),
             payload(inv=0).replace("inv=0", "inv=" + "0" * 30 + "42"),
             payload(inv=0).replace("inv=0", "inv=" + "0" * 18 + "42") + " " + payload(inv=2**64 - 1, pid=-0, depth=2**63 - 1),
         ],
     )
     trace = read_strace_log(path)
     assert trace.dropped == {}
-    assert (row(trace)["ts_ns"], row(trace)["dur_ns"], row(trace)["pid"], row(trace)["tid"]) == (0, 2**63 - 1, 2**63 - 1, -(2**63))
+    assert (row(trace)["ts_ns"], row(trace)["dur_ns"], row(trace)["pid"], row(trace)["tid"]) == (0, MAX_TIME_NS - 1, 2**63 - 1, -(2**63))
     assert col(trace, "inv")[1:] == [42, 42, 2**64 - 1]  # leading zeros, one record on the line or two
     assert row(trace, 3)["depth"] == 2**63 - 1
 

@@ -10,13 +10,14 @@ import pytest
 
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.span_table import write_span_table
-from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload
 from dsprof.testing.strace_readers import READERS, select_reader
 
 BIG_INV = 2**64 - 1  # not representable as a float64
+BIG_TS = MAX_TIME_NS - 7  # past 2**53 (not exact as a float64), inside the span time bound
 NAME = 'chip.run\t"x"\\y\x01é'  # needs JSON escapes: tab, quote, backslash, a control byte
 ATTRS = {"run_id": "3", "note": 'a "quoted", comma', "rank": "x"}
 
@@ -29,7 +30,7 @@ def reader(request, monkeypatch):
 @pytest.fixture()
 def inputs(tmp_path):
     log = tmp_path / "server.log"
-    record = format_strace_payload(pid=7, tid=8, inv=BIG_INV, hid="beef", depth=0, name=NAME, ts_ns=2**62 + 1, dur_ns=5, attrs=ATTRS)
+    record = format_strace_payload(pid=7, tid=8, inv=BIG_INV, hid="beef", depth=0, name=NAME, ts_ns=BIG_TS, dur_ns=5, attrs=ATTRS)
     log.write_text(format_prefix(1, 2, "INFO", "f") + record + "\n")
     chrome = tmp_path / "k.json"
     chrome.write_text(json.dumps([{"name": "op", "cat": "cpu", "ph": "X", "ts": 1, "dur": 2, "pid": 1, "tid": 1, "args": {"n": {"k": 1}}}]))
@@ -43,7 +44,7 @@ def test_parquet_round_trip_keeps_schema(tmp_path, inputs):
     assert table.schema.equals(SPAN_SCHEMA, check_metadata=False)
     assert table.num_rows == 2 and trace.spans_written == {"chrome": 1, "strace": 1} and trace.span_files == [out]
     assert table.column("inv").to_pylist() == [BIG_INV, None]
-    assert table.column("ts_ns").to_pylist()[0] == 2**62 + 1
+    assert table.column("ts_ns").to_pylist()[0] == BIG_TS
     assert table.column("run_id").to_pylist() == [3, None]
     assert table.column("attrs").to_pylist() == [[("note", ATTRS["note"]), ("rank", "x")], [("n", '{"k":1}')]]
     assert table.column("name").to_pylist()[0] == NAME
@@ -54,7 +55,7 @@ def test_jsonl_exact_integers_and_attr_objects(tmp_path, inputs):
     ingest_paths(inputs, out)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert rows[0]["inv"] == BIG_INV and isinstance(rows[0]["inv"], int)
-    assert rows[0]["ts_ns"] == 2**62 + 1 and rows[0]["run_id"] == 3
+    assert rows[0]["ts_ns"] == BIG_TS and rows[0]["run_id"] == 3
     assert rows[0]["attrs"] == {"note": ATTRS["note"], "rank": "x"}
     assert rows[0]["name"] == NAME
     assert rows[1]["inv"] is None and rows[1]["depth"] is None and rows[1]["attrs"] == {"n": '{"k":1}'}

@@ -57,6 +57,8 @@
 #define MAX_THREADS 16
 #define KEY_TABLE 128
 #define MAX_PIECE_BYTES ((size_t)1 << 30)
+/* the bound on span times, analysis/spans.py MAX_TIME_NS: rows past it are left to the Python reader, which drops and counts them */
+#define MAX_TIME_NS ((int64_t)1 << 62)
 
 /* ------------------------------------------------------------------ memory */
 
@@ -941,7 +943,7 @@ static int read_record(Part *P, const Maps *M, size_t s, size_t e, size_t ce, in
     }
     /* values the Python reader drops: it counts them */
     int64_t ts = P->num[C->column[C->ts_field]][row], dur = P->num[C->column[C->dur_field]][row];
-    if (ts < 0 || dur < 0 || (dur > 0 && ts > INT64_MAX - dur))
+    if (ts < 0 || dur < 0 || ts >= MAX_TIME_NS || dur >= MAX_TIME_NS - ts)
         return PYTHON;
     /* attributes: " key=value" while they parse, greedily, as the reader's pattern takes them */
     uint64_t taken = 0;

@@ -79,7 +79,7 @@ from dsprof.analysis.ingest.chrome_columns import (
 )
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.sink import Progress, SpanSink
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
+from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
 from dsprof.profiler.chrome_json import (
     DEFAULT_LIMITS,
     INT64_MAX,
@@ -201,15 +201,21 @@ class SpanBuilder:
             self._ready.append(table)
 
     def _with_base(self, table: pa.Table, base_ns: int) -> pa.Table:
-        """``ts_ns + base_ns``, dropping (as ``bad_value``) rows that it would take past int64."""
-        if not base_ns:
-            return table
+        """``ts_ns + base_ns``, dropping (as ``bad_value``) rows it would take, start or end, past ±MAX_TIME_NS."""
         ts = table.column("ts_ns").to_numpy()
-        fits = ts <= INT64_MAX - base_ns if base_ns > 0 else ts >= INT64_MIN - base_ns
+        dur = table.column("dur_ns").to_numpy()
+        if abs(base_ns) >= 2 * MAX_TIME_NS:
+            fits = np.zeros(len(ts), bool)
+        else:  # |ts|, |dur| < MAX_TIME_NS (ns_column): nothing below leaves int64
+            low, high = max(-MAX_TIME_NS - base_ns, INT64_MIN), min(MAX_TIME_NS - base_ns, INT64_MAX)
+            fits = (ts > low) & (ts < high)
+            fits[fits] &= dur[fits] < MAX_TIME_NS - (ts[fits] + base_ns)
         if not fits.all():
             self.trace.count("bad_value", int((~fits).sum()))
             table = table.filter(pa.array(fits))
             ts = ts[fits]
+        if not base_ns:
+            return table
         return table.set_column(table.schema.get_field_index("ts_ns"), "ts_ns", pa.array(ts + base_ns, pa.int64()))
 
     def _convert(self, events: list[TraceEvent], where: np.ndarray) -> tuple[pa.Table, pa.Table]:

@@ -17,9 +17,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from dsprof.analysis.spans import MAX_TIME_NS
 from dsprof.profiler.chrome_json import (
-    INT64_MAX,
-    INT64_MIN,
     MEMBERS_DECODER,
     VALUE_DECODER,
     compact_json,
@@ -28,7 +27,7 @@ from dsprof.profiler.chrome_json import (
     string_delimiters,
 )
 
-_MAX_US = INT64_MAX // 1000  # the largest integer µs whose ns fit int64
+_MAX_US = (MAX_TIME_NS - 1) // 1000  # the largest integer µs whose ns lie within the span time bound
 _PHASE_CODES = {"X": 0, "B": 1, "E": 2, "i": 3, "I": 3, "M": 4}
 PH_X, PH_B, PH_E, PH_I, PH_M, PH_OTHER = range(6)
 _PHASE_NAMES = ["X", "B", "E", "i", "I", "M"]  # a list: pa.array at import would import pandas into dsprof ingest
@@ -71,8 +70,9 @@ def ns_column(values: list[Any], absent_is_zero: bool = False) -> tuple[np.ndarr
     elif kinds <= {int, Decimal}:
         try:
             decimals = pa.array(values)
-            ns = pc.cast(pc.round(pc.multiply(decimals, pa.scalar(Decimal(1000))), 0, round_mode="half_to_even"), pa.int64())
-            return ns.to_numpy().copy(), np.zeros(len(values), np.int8)
+            ns = pc.cast(pc.round(pc.multiply(decimals, pa.scalar(Decimal(1000))), 0, round_mode="half_to_even"), pa.int64()).to_numpy()
+            fits = (ns < MAX_TIME_NS) & (ns > -MAX_TIME_NS)
+            return np.where(fits, ns, 0), np.where(fits, VALUE_OK, VALUE_OUT_OF_RANGE).astype(np.int8)
         except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError):
             pass  # out of range, or beyond decimal256: value by value
     ns = np.zeros(len(values), np.int64)
@@ -94,7 +94,7 @@ def _scalar_ns(value: Any) -> tuple[int, int]:
         return 0, VALUE_OUT_OF_RANGE
     sign, digits, exponent = value.as_tuple()
     ns = int(Decimal((sign, digits, int(exponent) + 3)).to_integral_value(rounding=ROUND_HALF_EVEN))  # exact: no context rounding
-    return (ns, VALUE_OK) if INT64_MIN <= ns <= INT64_MAX else (0, VALUE_OUT_OF_RANGE)
+    return (ns, VALUE_OK) if -MAX_TIME_NS < ns < MAX_TIME_NS else (0, VALUE_OUT_OF_RANGE)
 
 
 def id_column(values: list[Any]) -> tuple[np.ndarray, list[str | None] | None, np.ndarray]:

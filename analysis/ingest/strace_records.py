@@ -20,6 +20,7 @@ from dsprof.analysis.spans import (
     ANCHOR_SCHEMA,
     CHIP_SCHEMA,
     DICTIONARY_TYPE,
+    MAX_TIME_NS,
     PARQUET_SCHEMA,
     PER_FILE_COLUMNS,
     SPAN_SCHEMA,
@@ -306,16 +307,15 @@ def add_table(
     """Append the span rows of ``records``; drop and count what cannot be a span.
 
     ``bad_value``: a number that does not fit 64 bits, a negative start, or an
-    end (ts + dur) past int64; ``negative_duration``: a span that ends before it
+    end (ts + dur) at or past MAX_TIME_NS (SQL over the spans adds and subtracts times); ``negative_duration``: a span that ends before it
     starts (it would inflate every figure built on it).
     """
     if not len(records):
         return
     number = records.numbers
     ts, dur = number[fmt.TS_FIELD], number[fmt.DUR_FIELD]
-    with np.errstate(over="ignore"):
-        past_int64 = (dur > 0) & (ts > np.iinfo(np.int64).max - dur)
-    bad = records.overflow | (ts < 0) | past_int64
+    past_bound = (ts >= MAX_TIME_NS) | ((ts >= 0) & (dur >= MAX_TIME_NS - np.clip(ts, 0, MAX_TIME_NS)))
+    bad = records.overflow | (ts < 0) | past_bound
     negative = ~bad & (dur < 0)
     count_drop(dropped, "bad_value", bad.sum())
     count_drop(dropped, "negative_duration", negative.sum())
@@ -342,7 +342,8 @@ def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     """One row per clock anchor that is a complete record (see ANCHOR_PATTERN); wall ns stay int64.
 
     Anything else that names ``[CLOCK_ANCHOR]`` (a copy inside another message,
-    a payload with text after it) is not an anchor and is counted as ``bad_anchor``.
+    a payload with text after it) is not an anchor and is counted as ``bad_anchor``,
+    and so is an anchor whose times lie outside ``[0, MAX_TIME_NS)``.
     """
     candidates = lines.filter(pc.match_substring(lines, fmt.ANCHOR_MARKER))
     if not len(candidates):
@@ -358,7 +359,14 @@ def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     count_drop(dropped, "bad_anchor", (~ok).sum())
     fields = fields.filter(pa.array(ok))
     columns = {column: fields.field(name).cast(pa.int64()) for column, name in zip(ANCHOR_SCHEMA.names, numbers, strict=True)}
-    return pa.table(columns, schema=ANCHOR_SCHEMA)
+    anchors = pa.table(columns, schema=ANCHOR_SCHEMA)
+    # times within [0, MAX_TIME_NS): a span's time moved by (wall - mono) then stays inside int64
+    in_bounds = np.ones(anchors.num_rows, bool)
+    for column in ("mono_ns", "wall_ns"):
+        values = anchors.column(column).to_numpy()
+        in_bounds &= (values >= 0) & (values < MAX_TIME_NS)
+    count_drop(dropped, "bad_anchor", (~in_bounds).sum())
+    return anchors.filter(pa.array(in_bounds)) if not in_bounds.all() else anchors
 
 
 def read_chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:

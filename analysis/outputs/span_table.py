@@ -37,6 +37,8 @@ from dsprof.fileio import atomic_output
 
 SPAN_TABLE_FORMATS = (".parquet", ".csv", ".jsonl")
 # CSV columns: the span table's, with attrs as JSON text.
+# What a spreadsheet reads as the start of a formula (OWASP's CSV injection list).
+_FORMULA_START = r"^[=+\-@\t\r]"
 _CSV_SCHEMA = pa.schema([f.with_type(pa.string()) if f.name == "attrs" else f for f in SPAN_SCHEMA])
 
 
@@ -77,7 +79,7 @@ class SpanTableWriter:
         table = _plain(table)
         if self._csv is not None:
             index = table.schema.get_field_index("attrs")
-            self._csv.write_table(table.set_column(index, "attrs", attrs_json(_column(table, "attrs"))))
+            self._csv.write_table(inert_cells(table.set_column(index, "attrs", attrs_json(_column(table, "attrs")))))
         elif self._handle is not None:
             self._handle.write(_jsonl_bytes(table))
 
@@ -112,6 +114,25 @@ def write_span_table(spans: pa.Table, path: str | os.PathLike) -> Path:
         writer.abort()
         raise
     return writer.finish()
+
+
+def inert_cells(table: pa.Table) -> pa.Table:
+    """Text cells a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first) behind a ``'``.
+
+    Span names and attributes come from traces anyone can write; opened in a
+    spreadsheet, ``=HYPERLINK(...)`` would be live. Each distinct value is
+    checked once (names repeat on millions of rows).
+    """
+    for index, field in enumerate(table.schema):
+        if not pa.types.is_string(field.type):
+            continue
+        encoded = pc.dictionary_encode(_column(table, field.name))
+        distinct = encoded.dictionary
+        risky = pc.match_substring_regex(distinct, _FORMULA_START)
+        if pc.any(risky).as_py():
+            distinct = pc.if_else(risky, pc.binary_join_element_wise("'", distinct, ""), distinct)
+            table = table.set_column(index, field.name, distinct.take(encoded.indices))
+    return table
 
 
 def _plain(table: pa.Table) -> pa.Table:

@@ -16,6 +16,7 @@ from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.summary_model import PercentileFigure
 from dsprof.fileio import atomic_write_text
+from dsprof.textsafe import terminal_safe
 
 # The workload fields a reviewer needs to recognise the run; model sizes and
 # other knobs stay in summary.json. A workload with none of these (another
@@ -49,12 +50,20 @@ HEADLINE_FIGURES: tuple[PercentileFigure, ...] = (
 LIST_LIMIT = 10
 _MARKDOWN_SPECIAL = re.compile(r"([\\`*_\[\]|<>&~])")
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_MENTION = re.compile(r"@(?=[A-Za-z0-9])")
 
 
 def md(text: object) -> str:
-    """Trace text made inert in markdown and HTML: specials backslash-escaped, control bytes shown as \\xNN."""
+    """Trace text made inert in markdown and HTML.
+
+    Specials are backslash-escaped, control bytes shown as \\xNN, bidirectional
+    overrides and line separators as visible escapes (:func:`terminal_safe`),
+    and ``@name`` broken with a zero-width space so that pasting the block into
+    a pull request notifies nobody.
+    """
     escaped = _MARKDOWN_SPECIAL.sub(r"\\\1", str(text))
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped)
+    escaped = _MENTION.sub("@&#8203;", _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", escaped))
+    return terminal_safe(escaped)
 
 
 def format_summary_md(summary: Summary) -> str:

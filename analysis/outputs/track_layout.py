@@ -184,7 +184,9 @@ def _build_serving_lanes(engine: Engine) -> None:
     engine.con.register(
         "serving_lanes_in", pa.table({"file": spans.column("file"), "line": spans.column("line"), "lane": pa.array(lanes, pa.int64())})
     )
-    engine.run("CREATE OR REPLACE TABLE serving_lanes AS SELECT * FROM serving_lanes_in")
+    # one lane per (file, line), the key serving spans are joined on: rows repeating a key (a crafted
+    # dataset) share its first lane, so the join stays one row per span instead of growing as n²
+    engine.run("CREATE OR REPLACE TABLE serving_lanes AS SELECT file, line, min(lane) AS lane FROM serving_lanes_in GROUP BY file, line")
 
 
 def serving_lanes_sql() -> str:
@@ -208,7 +210,8 @@ def _skew_counters(engine: Engine, per_step: list[StepRow]) -> list[Counter]:
     if not per_step:
         return []
     starts = dict(engine.rows("SELECT step, min_start_ns FROM steps"))
-    placed = sorted((starts[row["step"]], row) for row in per_step if row.get("step") in starts)  # one per step
+    # one per step, by start then step (two steps may start together: rows themselves do not compare)
+    placed = sorted(((starts[row["step"]], row) for row in per_step if row.get("step") in starts), key=lambda p: (p[0], p[1]["step"]))
     ts = np.array([ts for ts, _ in placed], np.int64)
     start_skews = np.array([float(row["runner_start_skew_ms"]) for _, row in placed], np.float64)
     end_skews = np.array([float(row["runner_end_skew_ms"]) for _, row in placed], np.float64)

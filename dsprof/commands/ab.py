@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from dsprof.analysis.summary import Summary
-from dsprof.commands.printing import Printer, note_line, print_err
+from dsprof.commands.printing import Printer, note_line, print_err, safe_lines, safe_progress
 from dsprof.commands.run import ProfileRunResult, profile_run
 from dsprof.errors import DsprofError
 from dsprof.fileio import atomic_write_text
@@ -212,6 +212,7 @@ def ab_command(
     config = RuntimeConfig.from_preset(preset, **settings)
     if out_dir is None:
         out_dir = Path("runs") / f"{preset}-ab-{time.strftime('%Y%m%d-%H%M%S')}"
+    progress, out, err = safe_progress(progress), safe_lines(out), safe_lines(err)
     result = run_ab(config, out_dir, pairs=pairs, threshold_ms=threshold_ms, progress=progress)
     out(format_ab(result))
     for line in result.problems:

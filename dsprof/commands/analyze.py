@@ -12,13 +12,16 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import duckdb
+
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold, parse_steps
-from dsprof.analysis.cluster import read_and_aggregate
+from dsprof.analysis.cluster import check_address, read_and_aggregate
 from dsprof.analysis.dataset import open_dataset
+from dsprof.analysis.dataset_check import corrupt_part
 from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
@@ -29,7 +32,7 @@ from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.summary import Summary
 from dsprof.commands.ingest import ingest_paths
-from dsprof.commands.printing import Printer
+from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.profiler import artifacts
 
@@ -74,6 +77,9 @@ def analyze_command(
     """
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
     window = None if steps is None else parse_steps(steps)
+    progress, out = safe_progress(progress), safe_lines(out)
+    if engine == "ray":
+        check_address(address)  # its form, before any input is read; whether it answers, when Ray starts
     outcome = analyze_paths(
         paths,
         default_out_dir(paths) if out_dir is None else out_dir,
@@ -86,9 +92,12 @@ def analyze_command(
         steps=window,
         progress=progress,
     )
-    out(format_console_summary(outcome.summary))
-    for name, path in outcome.outputs.items():
-        out(f"{name}: {path}")
+    try:
+        out(format_console_summary(outcome.summary))
+        for name, path in outcome.outputs.items():
+            out(f"{name}: {path}")
+    finally:
+        outcome.result.engine.close()  # its spill folder goes with it
 
 
 def default_out_dir(paths: Sequence[str | os.PathLike]) -> Path:
@@ -137,21 +146,22 @@ def analyze_paths(
         else:
             trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
         require_something_to_analyse(trace, paths)
-        result = analyze_trace(
-            trace,
-            threshold_ms=threshold_ms,
-            expect_ranks=expect_ranks,
-            memory_limit=memory_limit,
-            invocations=invocations,
-            steps=steps,
-            progress=progress,
-        )
-        kept = spans_dir if spans_dir is not None else _dataset_input(paths)
-        if kept is not None:  # where report and export find the spans again
-            result.summary["inputs"]["span_dataset"] = str(kept)
-        outcome = AnalyzeOutcome(result)
-        if out_dir is not None:
-            outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
+        with explained_query_errors(trace):
+            result = analyze_trace(
+                trace,
+                threshold_ms=threshold_ms,
+                expect_ranks=expect_ranks,
+                memory_limit=memory_limit,
+                invocations=invocations,
+                steps=steps,
+                progress=progress,
+            )
+            kept = spans_dir if spans_dir is not None else _dataset_input(paths)
+            if kept is not None:  # where report and export find the spans again
+                result.summary["inputs"]["span_dataset"] = str(kept)
+            outcome = AnalyzeOutcome(result)
+            if out_dir is not None:
+                outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
         return outcome
     finally:
         if spill is not None:
@@ -161,6 +171,27 @@ def analyze_paths(
 def _dataset_input(paths: Sequence[str | os.PathLike]) -> str | os.PathLike | None:
     """The span dataset analysed, when that is the one input."""
     return paths[0] if len(paths) == 1 and (Path(paths[0]) / artifacts.SPAN_DATASET_MANIFEST).is_file() else None
+
+
+@contextlib.contextmanager
+def explained_query_errors(trace: Trace) -> Iterator[None]:
+    """DuckDB errors as one line: a span dataset part whose data is corrupt is named, exhausted memory said so.
+
+    A part's footer and schema are checked before the first query
+    (:mod:`dsprof.analysis.dataset_check`); damage inside its pages shows only
+    when the query reads them, so the parts are searched for it then. Any
+    other error is a bug and keeps its traceback.
+    """
+    try:
+        yield
+    except duckdb.OutOfMemoryException as exc:
+        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "out of memory"
+        raise DsprofError(f"the analysis needs more memory than its limit ({detail}): raise --memory-limit") from None
+    except duckdb.Error:
+        culprit = corrupt_part(trace.span_files)
+        if culprit is None:
+            raise
+        raise culprit from None
 
 
 def read_inputs(

@@ -6,8 +6,10 @@ import os
 from collections.abc import Sequence
 
 from dsprof.analysis.diff import diff_summaries, format_diff
+from dsprof.analysis.summary import summary_path
 from dsprof.commands.printing import Printer
 from dsprof.errors import DsprofError
+from dsprof.fileio import check_input_file
 
 
 def diff_command(
@@ -24,6 +26,8 @@ def diff_command(
         raise DsprofError(
             "--fail-on-regression needs repeated runs on at least one side (A1,A2,A3) to tell a regression from run-to-run noise"
         )
+    for named in (*a, *b):
+        check_input_file(summary_path(named), expected="summary.json or an artifact directory holding one")
     result = diff_summaries(list(a), list(b), per_rank=per_rank)
     out(format_diff(result, show_all=show_all))
     if fail_on_regression and result.regressions:

@@ -25,10 +25,10 @@ from dsprof.analysis.outputs.gate_outputs import (
     write_junit,
     write_verdict_json,
 )
-from dsprof.analysis.summary import summary_with_path
+from dsprof.analysis.summary import summary_path, summary_with_path
 from dsprof.commands.printing import Printer, os_error_message
 from dsprof.errors import DsprofError
-from dsprof.fileio import atomic_append_text
+from dsprof.fileio import atomic_append_text, check_input_file
 
 
 def gate(
@@ -40,6 +40,9 @@ def gate(
     verdict_path: str | Path | None = None,
 ) -> GateVerdict:
     """Check a summary against a rules file; optionally write a JSON verdict and JUnit XML (atomically)."""
+    for named in (summary_or_dir, rules_path, baseline):
+        if isinstance(named, (str, os.PathLike)):
+            check_input_file(summary_path(named) if named is not rules_path else named, expected="a regular file")
     verdict = evaluate_gate(summary_or_dir, rules_path, baseline=baseline)
     if verdict_path is not None:
         write_verdict_json(verdict, verdict_path)
@@ -88,7 +91,7 @@ def _report_error_to_github(exc: DsprofError | OSError, step_summary: str | None
     if step_summary:
         try:
             atomic_append_text(step_summary, format_step_summary_error(message))
-        except OSError:
+        except (OSError, DsprofError):
             pass  # the step summary is a courtesy: the error that stopped the gate is the one to report
 
 

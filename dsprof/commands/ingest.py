@@ -26,7 +26,7 @@ from dsprof.analysis.dataset import MANIFEST, SpanDatasetWriter
 from dsprof.analysis.ingest import Progress, read_paths
 from dsprof.analysis.outputs.span_table import SpanTableWriter
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace
-from dsprof.commands.printing import Printer
+from dsprof.commands.printing import Printer, safe_lines, safe_progress
 
 
 class _Writer(Protocol):
@@ -61,6 +61,7 @@ def ingest_command(
     """
     gc.disable()
     keep_pandas_out()
+    progress, out = safe_progress(progress), safe_lines(out)
     trace = ingest_paths(paths, output, progress=progress)
     out(format_ingest_report(trace))
     out(output_description(output, trace))

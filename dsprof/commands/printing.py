@@ -29,6 +29,20 @@ def note_line(message: str) -> str:
     return f"dsprof: {terminal_safe(message)}"
 
 
+def safe_lines(printer: Printer) -> Printer:
+    """``printer`` with every line of what it is given made terminal-safe: file names and span names come from inputs."""
+
+    def safe(text: str) -> None:
+        printer("\n".join(terminal_safe(line) for line in text.split("\n")))
+
+    return safe
+
+
+def safe_progress(progress: Printer | None) -> Printer | None:
+    """A progress callback whose lines are terminal-safe (None stays None)."""
+    return None if progress is None else safe_lines(progress)
+
+
 def os_error_message(exc: OSError) -> str:
     """A file that cannot be read or written, as ``<file>: <reason>``."""
     where = exc.filename if exc.filename is not None else ""

@@ -23,10 +23,11 @@ from dsprof.analysis.analyze import AnalysisResult, layout_only
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
-from dsprof.analysis.summary import Summary, load_summary
-from dsprof.commands.analyze import read_inputs
-from dsprof.commands.printing import Printer, print_err
+from dsprof.analysis.summary import Summary, load_summary, summary_path
+from dsprof.commands.analyze import explained_query_errors, read_inputs
+from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
+from dsprof.fileio import check_input_file
 from dsprof.profiler import artifacts
 
 Progress = Callable[[str], None] | None
@@ -43,12 +44,14 @@ def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Pro
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise InputError(artifact_dir, "not a directory", expected="an artifact directory analysed by dsprof analyze")
+    check_input_file(summary_path(artifact_dir), expected="summary.json written by dsprof analyze")
     summary = load_summary(artifact_dir)
     sources = span_sources(artifact_dir, summary, inputs)
     note(f"reading the spans from {', '.join(map(str, sources))}")
     trace, spill = read_inputs(sources, progress=progress)
     try:
-        return layout_only(trace, summary), spill
+        with explained_query_errors(trace):
+            return layout_only(trace, summary), spill
     except BaseException:
         _remove(spill)
         raise
@@ -102,6 +105,7 @@ def report_from_dir(
 ) -> Path:
     """Write the report of an analysed artifact directory (``DIR/report.html`` by default); ``note`` says where the spans came from."""
     output = Path(output) if output is not None else Path(artifact_dir) / artifacts.REPORT_HTML
+    progress, note = safe_progress(progress), safe_lines(note)
     result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
         if progress:
@@ -140,6 +144,7 @@ def export_from_dir(
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
     _refuse_mismatched_name(output, format)
     output = Path(output) if output is not None else Path(artifact_dir) / _DEFAULT_NAMES[format]
+    progress, note = safe_progress(progress), safe_lines(note)
     result, spill = _analysed(artifact_dir, inputs, progress, note)
     try:
         if progress:

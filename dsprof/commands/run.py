@@ -17,7 +17,7 @@ from typing import Any
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.summary import Summary
 from dsprof.commands.analyze import AnalyzeOutcome, analyze_paths
-from dsprof.commands.printing import Printer, note_line, print_err
+from dsprof.commands.printing import Printer, note_line, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError
 from dsprof.profiler import artifacts
 from dsprof.runtime.config import RuntimeConfig
@@ -96,6 +96,7 @@ def run_command(
     config = RuntimeConfig.from_preset(preset, **settings)
     if out_dir is None:
         out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+    progress, out, err = safe_progress(progress), safe_lines(out), safe_lines(err)
     result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
     if result.summary is not None:
         out(format_console_summary(result.summary))
