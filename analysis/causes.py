@@ -83,7 +83,7 @@ def _cells_sql() -> str:
            runner_end_ns - runner_ts_ns AS runner_ns,
            fence_end_ns - fence_ts_ns AS fence_ns,
            fence_ts_ns - runner_ts_ns AS drain_lag_ns,
-           runner_end_ns - greatest(fence_ts_ns, runner_ts_ns + device_ts_ns + device_wall_ns) AS signal_lag_ns,
+           runner_end_ns - greatest(fence_ts_ns, CAST(runner_ts_ns AS HUGEINT) + device_ts_ns + device_wall_ns) AS signal_lag_ns,
            device_wall_ns,
            CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
            device_wall_ns - coalesce(device_wait_ns, 0) AS device_work_ns,

@@ -65,7 +65,7 @@ def step_intervals(engine: Engine, threshold_ms: float) -> StepIntervals:
 def collective_waits_sql(where: str = "TRUE") -> str:
     """Every collective wait of the decode runs meeting ``where``: which collective (name, occurrence), who waited how long, peer."""
     return f"""
-        SELECT step, rank, position, w.name, w.ts_ns AS offset_ns, runner_ts_ns + w.ts_ns AS arrival_ns, w.dur_ns AS wait_ns, w.peer,
+        SELECT step, rank, position, w.name, w.ts_ns AS offset_ns, CAST(runner_ts_ns AS HUGEINT) + w.ts_ns AS arrival_ns, w.dur_ns AS wait_ns, w.peer,
                CAST(row_number() OVER (PARTITION BY step, rank, w.name ORDER BY w.ts_ns) AS BIGINT) AS occurrence
         FROM (SELECT step, rank, position, runner_ts_ns, unnest(device_waits) AS w FROM decode
               WHERE device_waits IS NOT NULL AND ({where}))
