@@ -38,6 +38,9 @@ VIA_STEP_END = "step end"
 SOURCE_PEER = "peer"
 SOURCE_ARRIVAL = "arrival order"
 SOURCE_LATEST = "latest rank"
+SOURCE_STALL = "stalled inside"
+# a culprit's end named so has no cause of its own; its own evidence, where it has some, is the better answer
+_NO_CAUSE_OF_ITS_OWN = (fmt.MECH_UNATTRIBUTED, fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT)
 
 
 class StepIntervals(TypedDict):
@@ -72,7 +75,7 @@ def collective_waits_sql(where: str = "TRUE") -> str:
     """
 
 
-@stage("critical_path", reads=("decode", "step_intervals"), writes=("critical_path", "collective_waits"))
+@stage("critical_path", reads=("decode", "step_intervals", "gc", "processes"), writes=("critical_path", "collective_waits"))
 def critical_path(engine: Engine, threshold_ms: float) -> None:
     """``critical_path``: per slow step, the rank the others waited for, through which collective, and how it was known.
 
@@ -87,7 +90,7 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
     engine.run(f"""CREATE OR REPLACE TEMP TABLE collectives AS
         SELECT step, name, occurrence,
                min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS} AS aligned,
-               max(arrival_ns) AS last_arrival_ns,
+               max(arrival_ns) AS last_arrival_ns, min(arrival_ns + wait_ns) AS first_exit_ns,
                coalesce(mode(peer), CASE WHEN min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS}
                                          THEN arg_max(rank, (arrival_ns, -rank)) ELSE arg_min(rank, (wait_ns, rank)) END) AS last_rank,
                CASE WHEN count(peer) > 0 THEN 'peer' ELSE 'arrival order' END AS source
@@ -102,6 +105,7 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
                                   - coalesce(any_value(w.wait_ns) FILTER (WHERE w.rank = c.last_rank), 0), 0) END AS held_ns
         FROM collectives c LEFT JOIN waits w ON w.step = c.step AND w.name = c.name AND w.occurrence = c.occurrence
         GROUP BY c.step, c.name, c.occurrence, c.last_rank, c.source, c.aligned, c.last_arrival_ns""")
+    _stalls(engine, int(round(threshold_ms * 1e6)))
     through = f"(t.c.held_ns >= least({COLLECTIVE_SHARE} * i.excess_ns, {int(round(threshold_ms * 1e6))}))"
     engine.run(f"""CREATE OR REPLACE TABLE critical_path AS
         WITH top AS (SELECT step, arg_max(struct_pack(name, occurrence, last_rank, source, held_ns),
@@ -113,7 +117,7 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
                CASE WHEN {through} THEN t.c.name ELSE '{VIA_STEP_END}' END AS via,
                CASE WHEN {through} THEN t.c.occurrence END AS occurrence,
                CASE WHEN {through}
-                    THEN CASE WHEN t.c.source = 'peer' THEN '{SOURCE_PEER}' ELSE '{SOURCE_ARRIVAL}' END
+                    THEN CASE WHEN t.c.source IN ('peer', '{SOURCE_STALL}') THEN t.c.source ELSE '{SOURCE_ARRIVAL}' END
                     ELSE '{SOURCE_LATEST}' END AS source,
                coalesce(t.c.held_ns, 0) AS held_ns,
                (SELECT count(*) FROM waits w WHERE w.step = i.step) > 0 AS has_waits
@@ -156,6 +160,26 @@ def slow_step_items(engine: Engine, threshold_ms: float) -> list[SlowStep]:
     return items
 
 
+def _stalls(engine: Engine, threshold_ns: int) -> None:
+    """Add to ``held`` the collectives that a rank held up from inside, after everyone had arrived.
+
+    On a CPU device the collective runs on the rank's own threads: a
+    collection in that process (it holds the interpreter lock) stops its part
+    of the exchange, and every rank leaves late although none arrived late.
+    Where the collective took the threshold or more after the last arrival,
+    the rank whose collections cover at least half of that time held it.
+    """
+    engine.run(f"""INSERT INTO held
+        SELECT step, name, occurrence, rank, '{SOURCE_STALL}', stall_ns FROM (
+            SELECT c.step, c.name, c.occurrence, p.rank, c.first_exit_ns - c.last_arrival_ns AS own_ns,
+                   sum(least(g.gc_end_ns, c.first_exit_ns) - greatest(g.gc_ts_ns, c.last_arrival_ns)) AS stall_ns
+            FROM collectives c JOIN gc g ON g.gc_ts_ns < c.first_exit_ns AND g.gc_end_ns > c.last_arrival_ns
+            JOIN processes p ON p.pid = g.pid
+            WHERE c.aligned AND c.first_exit_ns - c.last_arrival_ns >= {threshold_ns}
+            GROUP BY c.step, c.name, c.occurrence, p.rank, own_ns)
+        WHERE stall_ns >= {COLLECTIVE_SHARE} * own_ns""")
+
+
 def _phase_of(span_name: str) -> str:
     """``device_wall.forward.a2a_wait`` for a device span name; other names unchanged."""
     prefix = fmt.RUNNER_RUN + "."
@@ -168,7 +192,11 @@ def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
     if row.get("end_mechanism") is None:
         return _unattributed(row, fmt.PHASE_RUNNER, "the culprit's run lacks the phases needed to say why")
     which = "end"
-    if row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
+    if row["end_mechanism"] in _NO_CAUSE_OF_ITS_OWN and row.get("end_own_mechanism") is not None:
+        # the culprit's own evidence: e.g. a collection that stalled it inside a collective after the release,
+        # which its device work and its start do not show
+        which = "end_own"
+    elif row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
         which = "start" if (row["start_excess_ns"] or 0) > threshold_ms * 1e6 else "end"
     if which == "end" and row["end_mechanism"] == fmt.MECH_PEER_WAIT:
         return _unattributed(
