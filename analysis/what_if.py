@@ -150,12 +150,14 @@ def _segments(runs: DecodeRuns) -> tuple[np.ndarray, np.ndarray]:
 class WhatIf:
     """Removals of causes from one run's replay model."""
 
-    def __init__(self, runs: DecodeRuns, rank_values: np.ndarray, step_values: np.ndarray):
+    def __init__(self, runs: DecodeRuns, rank_values: np.ndarray, step_values: np.ndarray, device_on_host: np.ndarray | None = None):
         self.runs = runs
         self.replayer = Replayer(runs)
         self.rank_of = {int(r): i for i, r in enumerate(rank_values)}
         self.step_of = {int(s): j for j, s in enumerate(step_values)}
         self.segments, self.segment_starts = _segments(runs)
+        # per rank index: its device is a thread of the rank process (a CPU device: its spans carry host evidence)
+        self.device_on_host = np.zeros(len(rank_values), bool) if device_on_host is None else device_on_host
         self.collections: dict[int, np.ndarray] = {}  # rank index -> [n, 2] GC start and end (ns)
         self._collections_taken: dict[int, set[tuple[int, float]]] = {}  # per scenario column, while building its removals
 
@@ -186,7 +188,30 @@ class WhatIf:
             amount = min(cause.evidence_ns, total)
             return [Removal(column, r, j, "device", amount * e / total, k) for k, e in enumerate(excess) if e > 0]
         target = _HOST_TARGET.get(cause.phase, RUNNER_END)
-        return [Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.replayer.lag(r, j, target)))]
+        own = Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.replayer.lag(r, j, target)))
+        if cause.mechanism == fmt.MECH_HOST_CPU and self.device_on_host[r]:
+            return [own, *self._device_stall_removals(r, *self._phase_window(r, j, cause.phase), column)]
+        return [own]
+
+    def _device_stall_removals(self, r: int, lo: float, hi: float, column: int) -> list[Removal]:
+        """Host work that holds the interpreter lock also stalls a device that is a thread of the same process.
+
+        What such a device lost inside [lo, hi] — its work segments and its
+        exits from collectives, beyond the other ranks' — goes with the work.
+        """
+        removals: list[Removal] = []
+        seg_start = self.segment_starts[r]
+        seg_overlap = np.minimum(seg_start + self.segments[r], hi) - np.maximum(seg_start, lo)
+        for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
+            amount = min(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k]))
+            if amount > 0:
+                removals.append(Removal(column, r, int(jj), "device", amount, int(k)))
+        exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], hi) - np.maximum(self.replayer.exit_start[r], lo)
+        for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
+            amount = min(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)))
+            if amount > 0:
+                removals.append(Removal(column, r, int(jj), "exit", amount, int(k)))
+        return removals
 
     def lag_excess(self, r: int, j: int, kind: int) -> float:
         """How much longer one host event's lag was than the other ranks' median at that step: the phase's excess.
@@ -309,7 +334,9 @@ def what_if_section(engine: Engine, causes: list[OwnCause]) -> WhatIfSection:
             by_rank={},
             items=[],
         )
-    model = WhatIf(*load_decode_runs(engine))
+    runs, rank_values, step_values = load_decode_runs(engine)
+    on_host = {int(r) for (r,) in engine.rows("SELECT DISTINCT rank FROM decode WHERE device_cpu_ns IS NOT NULL")}
+    model = WhatIf(runs, rank_values, step_values, np.array([int(r) in on_host for r in rank_values], bool))
     gcs = engine.arrow("SELECT p.rank, g.gc_ts_ns, g.gc_end_ns FROM gc g JOIN processes p USING (pid) ORDER BY p.rank, g.gc_ts_ns")
     model.add_collections(
         gcs.column("rank").to_numpy(), np.stack([gcs.column(c).to_numpy().astype(float) for c in ("gc_ts_ns", "gc_end_ns")], axis=1)

@@ -34,7 +34,7 @@ SHAPE = ["--output-tokens", "160"]
 FAULTS: dict[str, list[str]] = {
     "fence_tail": ["--inject", "fence_tail:p=0.3,ms=30"],
     "straggler": ["--inject", "straggler:rank=1,ms=10"],
-    "slow_bind": ["--inject", "slow_bind:rank=1,ms=20"],
+    "slow_bind": ["--inject", "slow_bind:rank=1,ms=30"],  # longer than a step: the pipeline cannot hide it
     "cpu_contention": ["--inject", "cpu_contention:rank=1,p=0.3,ms=30"],
     "gc_pause": ["--inject", "gc_pause:rank=1,p=0.3,ms=30"],
     "crash": ["--inject", "crash:rank=1,step=5"],
