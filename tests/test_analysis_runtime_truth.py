@@ -31,7 +31,7 @@ import pytest
 pytestmark = pytest.mark.runtime
 
 DSPROF = Path(sys.executable).with_name("dsprof")
-SHAPE = ["--ranks", "4", "--requests", "8", "--output-tokens", "64", "--seed", "5"]
+SHAPE = ["--ranks", "4", "--requests", "8", "--output-tokens", "128", "--seed", "5"]
 
 
 def _run(out: Path, *args: str) -> dict:
