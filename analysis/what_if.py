@@ -16,6 +16,7 @@ of runner_run, which cannot see a slowdown that every rank shares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -199,18 +200,25 @@ class WhatIf:
         What such a device lost inside [lo, hi] — its work segments and its
         exits from collectives, beyond the other ranks' — goes with the work.
         """
+        return self._device_removals(r, lo, hi, column, lambda overlap, excess, size: min(overlap, excess))
+
+    def _device_removals(self, r: int, lo: float, hi: float, column: int, amount: Callable[[float, float, float], float]) -> list[Removal]:
+        """Removals from rank r's device work segments and collective exits that [lo, hi] overlaps.
+
+        ``amount(overlap, excess over the other ranks, size)`` says how much of each to take.
+        """
         removals: list[Removal] = []
         seg_start = self.segment_starts[r]
         seg_overlap = np.minimum(seg_start + self.segments[r], hi) - np.maximum(seg_start, lo)
         for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
-            amount = min(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k]))
-            if amount > 0:
-                removals.append(Removal(column, r, int(jj), "device", amount, int(k)))
+            ns = amount(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k]), float(self.segments[r, jj, k]))
+            if ns > 0:
+                removals.append(Removal(column, r, int(jj), "device", ns, int(k)))
         exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], hi) - np.maximum(self.replayer.exit_start[r], lo)
         for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
-            amount = min(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)))
-            if amount > 0:
-                removals.append(Removal(column, r, int(jj), "exit", amount, int(k)))
+            ns = amount(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)), np.inf)
+            if ns > 0:
+                removals.append(Removal(column, r, int(jj), "exit", ns, int(k)))
         return removals
 
     def lag_excess(self, r: int, j: int, kind: int) -> float:
@@ -239,13 +247,17 @@ class WhatIf:
             if cause.mechanism != fmt.MECH_GC or r is None or j is None or r not in self.collections:
                 kept.append(cause)
                 continue
-            lo, hi = self._phase_window(r, j, cause.phase)
-            gcs = self.collections[r]
-            cited = {(r, float(g0)) for g0 in gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo), 0]}
+            cited = {(r, float(g0)) for g0 in self._cited_collections(r, j, cause.phase)[:, 0]}
             if not cited or not cited <= seen:
                 kept.append(cause)
             seen |= cited
         return kept
+
+    def _cited_collections(self, r: int, j: int, phase: str) -> np.ndarray:
+        """[n, 2]: the collections of rank r's process that overlap ``phase`` of its run at step index j."""
+        lo, hi = self._phase_window(r, j, phase)
+        gcs = self.collections[r]
+        return gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo)]
 
     def _phase_window(self, r: int, j: int, phase: str) -> tuple[float, float]:
         """Where on the host axis the cause's phase of run (r, j) lay."""
@@ -267,9 +279,7 @@ class WhatIf:
         one collection can lengthen a host phase of one run and the device
         work of the next; removing it removes it from both.
         """
-        lo, hi = self._phase_window(r, j, cause.phase)
-        gcs = self.collections[r]
-        hit = gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo)]
+        hit = self._cited_collections(r, j, cause.phase)
         removals: list[Removal] = []
         chains = self.replayer.chains
         m = chains.length[r]
@@ -283,16 +293,8 @@ class WhatIf:
             for i in np.flatnonzero(overlap > 0):
                 amount = min(max(float(overlap[i]), self.lag_excess(r, int(step[i]), int(kind[i]))), float(lag[i]))
                 removals.append(Removal(column, r, int(step[i]), int(kind[i]), amount))
-            seg_start = self.segment_starts[r]
-            seg_overlap = np.minimum(seg_start + self.segments[r], g1) - np.maximum(seg_start, g0)
-            for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
-                amount = min(max(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k])), float(self.segments[r, jj, k]))
-                removals.append(Removal(column, r, int(jj), "device", amount, int(k)))
-            exit_start = self.replayer.exit_start[r]
-            exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], g1) - np.maximum(exit_start, g0)
-            for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
-                amount = max(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)))
-                removals.append(Removal(column, r, int(jj), "exit", amount, int(k)))
+            # what the collection touched goes back to typical (the allocations that provoked it come with it)
+            removals += self._device_removals(r, g0, g1, column, lambda overlap, excess, size: min(max(overlap, excess), size))
         return removals + self._rest_of_phase(r, j, cause, column, removals)
 
     def _exit_excess(self, r: int, j: int, k: int) -> float:

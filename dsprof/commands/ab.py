@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,7 +21,7 @@ from typing import Any
 
 from dsprof.analysis.summary import Summary
 from dsprof.commands.printing import Printer, note_line, print_err, safe_lines, safe_progress
-from dsprof.commands.run import ProfileRunResult, profile_run
+from dsprof.commands.run import ProfileRunResult, default_run_dir, profile_run
 from dsprof.errors import DsprofError
 from dsprof.fileio import atomic_write_text
 from dsprof.runtime.config import RuntimeConfig
@@ -211,7 +210,7 @@ def ab_command(
     """``dsprof run --ab N``: the A/B verification of ``preset`` with ``settings``; prints its block, returns the exit status."""
     config = RuntimeConfig.from_preset(preset, **settings)
     if out_dir is None:
-        out_dir = Path("runs") / f"{preset}-ab-{time.strftime('%Y%m%d-%H%M%S')}"
+        out_dir = default_run_dir(preset, "ab")
     progress, out, err = safe_progress(progress), safe_lines(out), safe_lines(err)
     result = run_ab(config, out_dir, pairs=pairs, threshold_ms=threshold_ms, progress=progress)
     out(format_ab(result))

@@ -77,6 +77,11 @@ def profile_run(config: RuntimeConfig, out_dir: str | Path, *, threshold_ms: flo
     return ProfileRunResult(out_dir, outcome, analysis, problems)
 
 
+def default_run_dir(preset: str, kind: str = "") -> Path:
+    """``runs/<preset>[-<kind>]-<timestamp>``: where a run's artifacts go without ``-o``."""
+    return Path("runs") / f"{preset}{'-' + kind if kind else ''}-{time.strftime('%Y%m%d-%H%M%S')}"
+
+
 def run_command(
     preset: str = "demo",
     *,
@@ -95,7 +100,7 @@ def run_command(
     """
     config = RuntimeConfig.from_preset(preset, **settings)
     if out_dir is None:
-        out_dir = Path("runs") / f"{preset}-{time.strftime('%Y%m%d-%H%M%S')}"
+        out_dir = default_run_dir(preset)
     progress, out, err = safe_progress(progress), safe_lines(out), safe_lines(err)
     result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
     if result.summary is not None:
