@@ -30,6 +30,7 @@ from dsprof.analysis.swimlane import Swimlane, build_swimlane
 from dsprof.analysis.trends import trends_section
 from dsprof.analysis.validation import validate
 from dsprof.analysis.what_if import own_causes, tail_cost, what_if_section
+from dsprof.analysis.window import Window
 from dsprof.errors import DsprofError
 
 DEFAULT_THRESHOLD_MS = 5.0
@@ -42,24 +43,11 @@ class AnalysisResult:
     summary: Summary
     swimlane: Swimlane
     engine: Engine
+    window: Window | None = None  # the window of the run drawn or analysed (outputs say so)
 
     @property
     def trace(self) -> Trace:
         return self.engine.trace
-
-
-def parse_steps(text: str) -> tuple[int, int]:
-    """``A:B`` (either side may be left out) -> (first, last) step, both included; DsprofError on anything else."""
-    first, sep, last = text.strip().partition(":")
-    try:
-        if not sep or not (first or last):
-            raise ValueError
-        window = (int(first) if first else 0, int(last) if last else 2**62)
-    except ValueError:
-        raise DsprofError(f"bad step window {text!r} (expected A:B, e.g. 1000:1999, or 1000: for the rest)") from None
-    if window[0] < 0 or window[1] < window[0]:
-        raise DsprofError(f"bad step window {text!r}: the first step must be >= 0 and not after the last")
-    return window
 
 
 def check_threshold(threshold_ms: float) -> float:
@@ -76,15 +64,18 @@ def analyze_trace(
     expect_ranks: int | None = None,
     memory_limit: int | None = None,
     invocations: pa.Table | None = None,
-    steps: tuple[int, int] | None = None,
+    window: Window | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
-    """Every figure of an already-read trace; ``invocations`` may come precomputed (cluster engine)."""
+    """Every figure of an already-read trace; ``invocations`` may come precomputed (cluster engine).
+
+    ``window``: the trace was cut to it (:mod:`~dsprof.analysis.window_read`); the summary states it.
+    """
     threshold_ms = check_threshold(threshold_ms)
     engine = open_engine(trace, memory_limit=memory_limit)
     if progress:
         progress("swimlane: invocations, ranks, decode steps")
-    swimlane = build_swimlane(engine, invocations, steps)
+    swimlane = build_swimlane(engine, invocations, _positional_steps(window))
     if progress:
         progress("figures: skew, step intervals, causes, what-if replay, pipeline, serving")
     figures, per_step = skew_figures(engine)
@@ -107,8 +98,10 @@ def analyze_trace(
         dropped={str(k): int(v) for k, v in sorted(trace.dropped.items())},
         notes=list(trace.notes),
     )
-    if steps is not None:
-        inputs["steps"] = [int(steps[0]), int(steps[1])]  # the window of the run analysed
+    if window is not None:
+        inputs["window"] = window.block()
+        if window.steps is not None:
+            inputs["steps"] = [int(window.steps[0]), int(window.steps[1])]  # the window of decode steps analysed
     summary = build_summary(
         inputs=inputs,
         performance_summary=trace.performance_summary,
@@ -126,7 +119,12 @@ def analyze_trace(
         pipeline=pipeline_figures(engine, trace.performance_summary),
         serving=serving_figures(engine, trace),
     )
-    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)
+    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine, window=window)
+
+
+def _positional_steps(window: Window | None) -> tuple[int, int] | None:
+    """The steps the swimlane keeps by position: only where the cut could not (no root carries a step attribute)."""
+    return window.steps if window is not None and window.steps_by_position else None
 
 
 def _with_intervals(per_step: list[StepRow], engine: Engine) -> list[StepRow]:
@@ -135,13 +133,13 @@ def _with_intervals(per_step: list[StepRow], engine: Engine) -> list[StepRow]:
     return [{**row, "interval_ms": None if intervals.get(row["step"]) is None else ns_to_ms(intervals[row["step"]])} for row in per_step]
 
 
-def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = None) -> AnalysisResult:
+def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = None, window: Window | None = None) -> AnalysisResult:
     """The swimlane's structure of ``trace`` with an existing summary: what report and export draw from.
 
     The figures are the summary's, never recomputed; only where the spans go
     (runs, steps, lanes) is rebuilt from the spans themselves.
     """
     engine = open_engine(trace, memory_limit=memory_limit)
-    swimlane = build_swimlane(engine)
+    swimlane = build_swimlane(engine, None, _positional_steps(window))
     skew_figures(engine)  # the per-step table the span budget ranks steps by
-    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine)
+    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine, window=window)

@@ -22,6 +22,17 @@ class Percentiles(TypedDict):
     count: int
 
 
+class WindowBlock(TypedDict):
+    """The window of the run analysed (``--steps``, ``--since``, ``--until``; docs/FIGURES.md "Windows")."""
+
+    steps: list[int] | None  # [first, last] decode step, both included
+    since: str | None  # as given: an ISO 8601 instant or an offset from the run's start (+5m)
+    until: str | None
+    host_ns: list[int | None]  # [from, until) on the host monotonic clock; null: open
+    run_start_ns: int | None  # the run's start offsets count from: its earliest CLOCK_ANCHOR, else its earliest host span
+    steps_by: Literal["step attribute", "position"] | None  # how --steps picked the runs
+
+
 class Inputs(TypedDict):
     files: list[str]
     records_read: int
@@ -30,6 +41,7 @@ class Inputs(TypedDict):
     notes: list[str]
     span_dataset: NotRequired[str]  # the span dataset kept with --spans (or given as input): what report and export read
     steps: NotRequired[list[int]]  # [first, last]: the window of decode steps analysed (analyze --steps)
+    window: NotRequired[WindowBlock]  # the window analysed, whenever --steps, --since or --until is given
 
 
 class RunInfo(TypedDict):

@@ -289,6 +289,23 @@ def run(
 # --------------------------------------------------------------------------- analyze / ingest / merge
 
 
+def _window_options(command):
+    """``--steps``, ``--since``, ``--until``: the window of the run a reading command takes (docs/CLI.md "Windows")."""
+    options = (
+        click.option("--steps", metavar="A:B", show_default="every step", help="Only decode steps A to B (by the step numbers reported)."),
+        click.option(
+            "--since",
+            metavar="TIME",
+            show_default="the run's start",
+            help="Only runs starting at or after TIME: wall clock (2026-12-01T10:00:00Z) or offset from the run's start (+90s, +5m, 1h30m).",
+        ),
+        click.option("--until", metavar="TIME", show_default="the run's end", help="Only runs starting before TIME (as --since)."),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
 @cli.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
 @click.option(
@@ -324,8 +341,8 @@ def run(
     help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').",
 )
 @click.option("--address", show_default="start a local cluster", help="Ray cluster address for --engine ray.")
-@click.option("--steps", metavar="A:B", show_default="every step", help="Analyse only decode steps A to B (by the step numbers reported).")
-def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address, steps) -> None:
+@_window_options
+def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address, steps, since, until) -> None:
     """Analyse traces and write the figures.
 
     PATHS are artifact dirs, STRACE logs, SA_PROFILE fragment dirs or merged
@@ -343,6 +360,8 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
         engine=engine,
         address=address,
         steps=steps,
+        since=since,
+        until=until,
         progress=_progress(),
         out=_out,
     )
@@ -396,7 +415,8 @@ _INPUTS = click.option(
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="HTML file [default: ARTIFACT_DIR/report.html].")
 @_INPUTS
-def report(artifact_dir, output, inputs) -> None:
+@_window_options
+def report(artifact_dir, output, inputs, steps, since, until) -> None:
     """Write the HTML report of an analysed artifact directory.
 
     Every figure comes from ARTIFACT_DIR/summary.json (run `dsprof analyze` first);
@@ -404,7 +424,8 @@ def report(artifact_dir, output, inputs) -> None:
     (or the span dataset kept with `analyze --spans`); stderr says which (docs/REPORTS.md).
     """
     progress = _progress()
-    path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=_err)
+    window = {"steps": steps, "since": since, "until": until}
+    path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=_err, **window)
     progress.done()
     click.echo(f"report: {path}")
 
@@ -427,14 +448,16 @@ def report(artifact_dir, output, inputs) -> None:
     "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].",
 )
 @_INPUTS
-def export(artifact_dir, fmt, output, inputs) -> None:
+@_window_options
+def export(artifact_dir, fmt, output, inputs, steps, since, until) -> None:
     """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
     Both formats open in ui.perfetto.dev; the JSON also in chrome://tracing.
     The spans are read as for `dsprof report`.
     """
     progress = _progress()
-    path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=_err)
+    window = {"steps": steps, "since": since, "until": until}
+    path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=_err, **window)
     progress.done()
     click.echo(f"trace: {path}")
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsprof.analysis.analyze import parse_steps
+from dsprof.analysis.window import parse_steps
 from dsprof.commands.analyze import analyze_paths
 from dsprof.errors import DsprofError
 from dsprof.testing.synthetic import SyntheticRun

@@ -140,6 +140,7 @@ def write_chrome_trace(
         "clock": "host CLOCK_MONOTONIC, ts/dur in us; wall_ns args from CLOCK_ANCHOR",
         "runtime_spans": total,
         "steps_left_out": None if steps is None else int(engine.scalar("SELECT count(DISTINCT step) FROM decode")) - len(steps),
+        "window": None if result.window is None else result.window.block(),
     }
     with atomic_output(path) as raw:
         out: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) if path.suffix == ".gz" else raw  # type: ignore[assignment]

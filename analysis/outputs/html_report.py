@@ -511,6 +511,18 @@ def _asset(name: str) -> str:
     return resources.files("dsprof.analysis.outputs").joinpath(name).read_text(encoding="utf-8")
 
 
+def _window_note(result: AnalysisResult) -> str:
+    """Which window of the run the figures and the swimlane cover, when not the whole run."""
+    said = []
+    analysed = (result.summary.get("inputs") or {}).get("window")
+    if isinstance(analysed, dict):
+        shown = ", ".join(f"{k} {v if not isinstance(v, list) else f'{v[0]}:{v[1]}'}" for k, v in analysed.items() if k in ("steps", "since", "until") and v)
+        said.append(f"Figures of the window {shown} of the run.")
+    if result.window is not None:
+        said.append(f"Swimlane drawn for the window {result.window.describe()} only.")
+    return f'<p class="window-note">{_e(" ".join(said))}</p>' if said else ""
+
+
 def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGET) -> str:
     """The whole report page of ``result`` (figures from its summary) as text."""
     summary = result.summary
@@ -526,7 +538,7 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
 <title>dsprof report</title>
 <style>{_asset("report.css")}</style>
 </head><body>
-<header><h1>dsprof report</h1></header>
+<header><h1>dsprof report</h1>{_window_note(result)}</header>
 <main>
 {_findings_section(summary)}
 {_swimlane_section(swimlane)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import duckdb
 
-from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold, parse_steps
+from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
 from dsprof.analysis.cluster import check_address, read_and_aggregate
 from dsprof.analysis.dataset import open_dataset
 from dsprof.analysis.dataset_check import corrupt_part
@@ -31,6 +31,8 @@ from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.window import Window, WindowSpec, parse_window
+from dsprof.analysis.window_read import cut_trace
 from dsprof.commands.ingest import ingest_paths
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
@@ -68,15 +70,18 @@ def analyze_command(
     engine: str = "embedded",
     address: str | None = None,
     steps: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
     progress: Progress = None,
     out: Printer = print,
 ) -> None:
     """``dsprof analyze``: analyse ``paths`` into ``out_dir`` (default: :func:`default_out_dir`), print the findings and the files.
 
-    ``memory_limit`` is the option's text (``4GB``, ``25%``), checked before any input is read.
+    ``memory_limit`` and the window's options are the options' text (``4GB``, ``25%``; ``1000:1999``, ``+5m``),
+    checked before any input is read.
     """
     limit = None if memory_limit is None else parse_memory_limit(memory_limit)
-    window = None if steps is None else parse_steps(steps)
+    window = parse_window(steps, since, until)
     progress, out = safe_progress(progress), safe_lines(out)
     if engine == "ray":
         check_address(address)  # its form, before any input is read; whether it answers, when Ray starts
@@ -123,6 +128,7 @@ def analyze_paths(
     engine: str = "embedded",
     address: str | None = None,
     steps: tuple[int, int] | None = None,
+    window: WindowSpec | None = None,
     progress: Progress = None,
 ) -> AnalyzeOutcome:
     """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write the outputs there.
@@ -130,11 +136,16 @@ def analyze_paths(
     ``engine``: ``embedded`` (DuckDB in this process, out of core for big
     inputs) or ``ray`` (ingest and the span-sized aggregation as Ray tasks on
     the cluster at ``address``; docs/CLUSTER.md). Inputs without a single span
-    (and no serving summary) are an InputError.
+    (and no serving summary) are an InputError. ``window`` (or just ``steps``):
+    analyse that window of the run only (:mod:`dsprof.analysis.window_read`).
     """
     check_threshold(threshold_ms)
     if engine not in ENGINES:
         raise DsprofError(f"unknown engine {engine!r} (expected one of: {', '.join(ENGINES)})")
+    if window is None and steps is not None:
+        window = WindowSpec(steps=steps)
+    if window is not None and engine == "ray":
+        raise DsprofError("--steps, --since and --until need --engine embedded (the Ray engine reads the whole run)")
     invocations = None
     spill: Path | None = None
     try:
@@ -145,6 +156,9 @@ def analyze_paths(
             trace, invocations = read_and_aggregate(paths, dataset, address=address, memory_limit=memory_limit, progress=progress)
         else:
             trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
+        placed = None
+        if window is not None:
+            trace, placed = read_window(trace, window, progress=progress)
         require_something_to_analyse(trace, paths)
         with explained_query_errors(trace):
             result = analyze_trace(
@@ -153,7 +167,7 @@ def analyze_paths(
                 expect_ranks=expect_ranks,
                 memory_limit=memory_limit,
                 invocations=invocations,
-                steps=steps,
+                window=placed,
                 progress=progress,
             )
             kept = spans_dir if spans_dir is not None else _dataset_input(paths)
@@ -166,6 +180,15 @@ def analyze_paths(
     finally:
         if spill is not None:
             shutil.rmtree(spill, ignore_errors=True)
+
+
+def read_window(trace: Trace, window: WindowSpec, *, drawing: bool = False, progress: Progress = None) -> tuple[Trace, Window]:
+    """``trace`` cut to ``window`` (only the row groups of a span dataset it needs are read), and the window placed."""
+    with explained_query_errors(trace):
+        cut, placed, facts = cut_trace(trace, window, drawing=drawing, progress=progress)
+    if progress:
+        progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.spans.num_rows:,} spans kept")
+    return cut, placed
 
 
 def _dataset_input(paths: Sequence[str | os.PathLike]) -> str | os.PathLike | None:

@@ -24,7 +24,8 @@ from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.summary import Summary, load_summary, summary_path
-from dsprof.commands.analyze import explained_query_errors, read_inputs
+from dsprof.analysis.window import WindowSpec, parse_window
+from dsprof.commands.analyze import explained_query_errors, read_inputs, read_window
 from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.fileio import check_input_file
@@ -40,7 +41,9 @@ _DEFAULT_NAMES = {PERFETTO_PROTO: artifacts.PERFETTO_PROTO, PERFETTO_JSON: artif
 InputPaths = Sequence[str | os.PathLike] | None
 
 
-def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Progress, note: Printer) -> tuple[AnalysisResult, Path | None]:
+def _analysed(
+    artifact_dir: str | os.PathLike, inputs: InputPaths, window: WindowSpec | None, progress: Progress, note: Printer
+) -> tuple[AnalysisResult, Path | None]:
     artifact_dir = Path(artifact_dir)
     if not artifact_dir.is_dir():
         raise InputError(artifact_dir, "not a directory", expected="an artifact directory analysed by dsprof analyze")
@@ -50,8 +53,12 @@ def _analysed(artifact_dir: str | os.PathLike, inputs: InputPaths, progress: Pro
     note(f"reading the spans from {', '.join(map(str, sources))}")
     trace, spill = read_inputs(sources, progress=progress)
     try:
+        placed = None
+        if window is not None:
+            trace, placed = read_window(trace, window, drawing=True, progress=progress)
+            note(f"drawing only the window {placed.describe()}")
         with explained_query_errors(trace):
-            return layout_only(trace, summary), spill
+            return layout_only(trace, summary, window=placed), spill
     except BaseException:
         _remove(spill)
         raise
@@ -102,11 +109,18 @@ def report_from_dir(
     inputs: InputPaths = None,
     progress: Progress = None,
     note: Printer = print_err,
+    steps: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
 ) -> Path:
-    """Write the report of an analysed artifact directory (``DIR/report.html`` by default); ``note`` says where the spans came from."""
+    """Write the report of an analysed artifact directory (``DIR/report.html`` by default); ``note`` says where the spans came from.
+
+    ``steps``, ``since``, ``until``: draw only that window of the run (the options' text; the figures stay the summary's).
+    """
+    window = parse_window(steps, since, until)
     output = Path(output) if output is not None else Path(artifact_dir) / artifacts.REPORT_HTML
     progress, note = safe_progress(progress), safe_lines(note)
-    result, spill = _analysed(artifact_dir, inputs, progress, note)
+    result, spill = _analysed(artifact_dir, inputs, window, progress, note)
     try:
         if progress:
             progress(f"writing {output}")
@@ -132,20 +146,25 @@ def export_from_dir(
     inputs: InputPaths = None,
     progress: Progress = None,
     note: Printer = print_err,
+    steps: str | None = None,
+    since: str | None = None,
+    until: str | None = None,
 ) -> Path:
     """Export an analysed artifact directory for Perfetto.
 
     ``perfetto`` writes Perfetto's native protobuf trace (``.pftrace``),
     ``perfetto-json`` Chrome trace JSON (``.json``, or ``.json.gz`` compressed);
     without a format, the output's name decides (default: the protobuf).
+    ``steps``, ``since``, ``until``: only that window of the run (as for the report).
     """
+    window = parse_window(steps, since, until)
     format = format or export_format(output)
     if format not in EXPORT_FORMATS:
         raise DsprofError(f"unknown export format {format!r} (expected one of: {', '.join(EXPORT_FORMATS)})")
     _refuse_mismatched_name(output, format)
     output = Path(output) if output is not None else Path(artifact_dir) / _DEFAULT_NAMES[format]
     progress, note = safe_progress(progress), safe_lines(note)
-    result, spill = _analysed(artifact_dir, inputs, progress, note)
+    result, spill = _analysed(artifact_dir, inputs, window, progress, note)
     try:
         if progress:
             progress(f"writing {output}")

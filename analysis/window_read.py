@@ -1,0 +1,224 @@
+"""Cutting a window out of a trace, reading only the parts of a span dataset it needs.
+
+What a window keeps (docs/FIGURES.md "Windows") is what cutting the window
+out of the log by hand means, invocation by invocation:
+
+* every record of the window's invocations: the runtime invocations whose
+  host root has its ``step`` attribute in ``A..B`` (``--steps``) and starts in
+  ``[since, until)`` on the host clock. A whole invocation or none: with the
+  depth-2 pipeline step s's spans straddle step s+1's (its root closes after
+  s+1 began), and a cut by byte range or by time would tear them;
+* the garbage collections (``host.gc``) that overlap the window's runs,
+  first root start to last root end: the findings cite them;
+* every serving record (SA_PROFILE / Chrome): the profile window and the
+  serving figures stay those of the run; drawings (``report``, ``export``)
+  keep only those overlapping the window's runs.
+
+Without a single step attribute on the roots, steps are numbered by
+position; ``--steps`` then cannot be cut here and the swimlane keeps the
+steps by their position (:attr:`Window.steps_by_position`), after any time cut.
+
+A span dataset is read by Parquet row group, not whole: the footers hold
+each row group's min/max ``step`` (the roots' step attributes; rows of a log
+piece lie in one row group) and max ``ts_ns``, so a step window reads the
+row groups whose steps lie near it (within :data:`MARGIN_STEPS`: an
+invocation's records may sit in the piece before its root's) plus those
+holding serving rows; a time window first reads the roots' columns of the
+row groups that can hold them, to learn its steps. Footers of old datasets
+hold the same statistics, so every dataset is pruned this way.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans
+from dsprof.analysis.window import Window, WindowSpec, anchor_start_ns, resolve_window
+from dsprof.profiler import strace_format as fmt
+
+# Row groups whose root steps lie within this many steps of the window are read too: a rank's records
+# of step s may sit in the log piece before the one with its root, beside other ranks' roots of nearby steps.
+MARGIN_STEPS = 64
+# The columns the roots of a time window are found from, before the rows they need are read.
+_ROOT_COLUMNS = ["pid", "inv", "depth", "clk", "name", "ts_ns", "dur_ns", "step"]
+
+
+@dataclass(frozen=True)
+class RowGroup:
+    """One Parquet row group of a span file, with the statistics pruning uses (None: none recorded)."""
+
+    path: Path
+    index: int
+    rows: int
+    min_step: int | None
+    max_step: int | None
+    max_ts_ns: int | None
+    serving_rows: bool  # some row without inv: SA_PROFILE / Chrome rows, kept whatever the window
+
+
+@dataclass(frozen=True)
+class CutFacts:
+    """What a cut read and kept, for the printout."""
+
+    row_groups_read: int
+    row_groups: int
+    invocations: int
+    steps_by_position: bool
+
+
+def cut_trace(
+    trace: Trace, spec: WindowSpec, *, drawing: bool = False, progress: Callable[[str], None] | None = None
+) -> tuple[Trace, Window, CutFacts]:
+    """``trace`` cut to ``spec``'s window, its spans in memory; the window placed on the host clock; what was read.
+
+    ``drawing``: keep only the serving spans that overlap the window's runs (report, export).
+    """
+    groups = row_groups(trace.span_files)
+    start = anchor_start_ns(trace.anchors)
+    if start is None:
+        start = _host_start(trace, groups)
+    window = resolve_window(spec, trace.anchors, start)
+    by_position = spec.steps is not None and not _has_step_attributes(trace, groups)
+    chosen = _choose_row_groups(groups, window, by_position)
+    if progress and groups:
+        progress(f"window {window.describe()}: reading {len(chosen)} of {len(groups)} row groups")
+    spans = concat_spans([read_row_groups(chosen), trace.spans.cast(SPAN_SCHEMA)]) if groups else trace.spans
+    kept, invocations = cut_spans(spans, window, by_position=by_position, drawing=drawing)
+    cut = dataclasses.replace(trace, spans=kept, span_files=[])
+    window = dataclasses.replace(window, steps_by_position=by_position)
+    return cut, window, CutFacts(len(chosen), len(groups), invocations, by_position)
+
+
+def row_groups(files: list[Path]) -> list[RowGroup]:
+    """Every row group of ``files``, with its statistics from the footer."""
+    groups = []
+    for path in files:
+        meta = pq.ParquetFile(path).metadata
+        columns = {meta.schema.column(j).path: j for j in range(meta.num_columns)}
+        for i in range(meta.num_row_groups):
+            group = meta.row_group(i)
+            step = _stats(group.column(columns["step"]).statistics)
+            ts = _stats(group.column(columns["ts_ns"]).statistics)
+            inv = group.column(columns["inv"]).statistics
+            serving = inv is None or not inv.has_null_count or inv.null_count > 0
+            groups.append(RowGroup(path, i, group.num_rows, step[0], step[1], ts[1], serving))
+    return groups
+
+
+def _stats(stats: pq.Statistics | None) -> tuple[int | None, int | None]:
+    if stats is None or not stats.has_min_max:
+        return None, None
+    return int(stats.min), int(stats.max)
+
+
+def _has_step_attributes(trace: Trace, groups: list[RowGroup]) -> bool:
+    """Whether any root can carry a ``step`` attribute (footers for files; the column for spans in memory)."""
+    in_memory = trace.spans.num_rows and pc.any(pc.is_valid(trace.spans.column("step"))).as_py()
+    return bool(in_memory) or any(g.min_step is not None and not g.serving_rows for g in groups)
+
+
+def _host_start(trace: Trace, groups: list[RowGroup]) -> int | None:
+    """The earliest host-clock span of the trace (a run without CLOCK_ANCHOR lines starts there): one narrow pass."""
+    tables = [read_row_groups(groups, ["ts_ns", "clk"]), trace.spans.select(["ts_ns", "clk"])]
+    starts = [pc.min(pc.filter(t.column("ts_ns"), pc.not_equal(t.column("clk"), fmt.CLK_DEVICE))).as_py() for t in tables if t.num_rows]
+    starts = [s for s in starts if s is not None]
+    return min(starts) if starts else None
+
+
+def _choose_row_groups(groups: list[RowGroup], window: Window, by_position: bool) -> list[RowGroup]:
+    """The row groups that can hold the window's records (module docstring)."""
+    if not groups:
+        return []
+    candidates = [g for g in groups if g.serving_rows or window.from_ns is None or g.max_ts_ns is None or g.max_ts_ns >= window.from_ns]
+    if by_position:
+        return candidates
+    steps = window.steps
+    if window.spec.timed:  # the roots in the time range say which steps it covers
+        roots = _window_roots(read_row_groups(candidates, _ROOT_COLUMNS), window, by_position=False)
+        found = pc.min_max(roots.column("step")) if roots.num_rows else None
+        if found is None or found["min"].as_py() is None:
+            return [g for g in candidates if g.serving_rows or g.min_step is None] if roots.num_rows == 0 else candidates
+        steps = (found["min"].as_py(), found["max"].as_py())
+    if steps is None:
+        return candidates
+    low, high = steps[0] - MARGIN_STEPS, steps[1] + MARGIN_STEPS
+    return [g for g in candidates if g.serving_rows or g.min_step is None or (g.min_step <= high and g.max_step >= low)]  # type: ignore[operator]
+
+
+def read_row_groups(groups: list[RowGroup], columns: list[str] | None = None) -> pa.Table:
+    """The rows of ``groups`` (SPAN_SCHEMA's columns, or ``columns``), file by file."""
+    tables = []
+    for path in dict.fromkeys(g.path for g in groups):
+        indices = [g.index for g in groups if g.path == path]
+        tables.append(pq.ParquetFile(path).read_row_groups(indices, columns=columns))
+    if not tables:
+        return SPAN_SCHEMA.empty_table() if columns is None else pa.schema([SPAN_SCHEMA.field(c) for c in columns]).empty_table()
+    table = pa.concat_tables(tables, promote_options="permissive")
+    return table.cast(SPAN_SCHEMA) if columns is None else table
+
+
+def _root_rows(table: pa.Table) -> pa.Array:
+    """Mask: the host roots of runtime invocations (not another producer's, not a collection)."""
+    name = table.column("name")
+    return pc.and_(
+        pc.and_(pc.equal(table.column("depth"), 0), pc.is_valid(table.column("inv"))),
+        pc.and_(
+            pc.not_equal(table.column("clk"), fmt.CLK_DEVICE),
+            pc.and_(pc.invert(pc.starts_with(name, fmt.EXTERNAL_PREFIX)), pc.not_equal(name, fmt.GC)),
+        ),
+    )
+
+
+def _window_roots(table: pa.Table, window: Window, *, by_position: bool) -> pa.Table:
+    """The roots of the window's invocations: pid, inv, ts_ns, end_ns, step."""
+    keep = pc.fill_null(_root_rows(table), False)
+    ts = table.column("ts_ns")
+    if window.steps is not None and not by_position:
+        keep = pc.and_(keep, pc.fill_null(pc.and_(pc.greater_equal(table.column("step"), window.steps[0]), pc.less_equal(table.column("step"), window.steps[1])), False))
+    if window.from_ns is not None:
+        keep = pc.and_(keep, pc.greater_equal(ts, window.from_ns))
+    if window.until_ns is not None:
+        keep = pc.and_(keep, pc.less(ts, window.until_ns))
+    roots = table.filter(keep)
+    return pa.table(
+        {
+            "pid": roots.column("pid"),
+            "inv": roots.column("inv"),
+            "ts_ns": roots.column("ts_ns"),
+            "end_ns": pc.add(roots.column("ts_ns"), roots.column("dur_ns")),
+            "step": roots.column("step"),
+        }
+    )
+
+
+def cut_spans(spans: pa.Table, window: Window, *, by_position: bool = False, drawing: bool = False) -> tuple[pa.Table, int]:
+    """The rows the window keeps (module docstring), in their order; and how many invocations it kept."""
+    roots = _window_roots(spans, window, by_position=by_position)
+    keys = roots.select(["pid", "inv"]).group_by(["pid", "inv"]).aggregate([])
+    rows = pa.table({"pid": spans.column("pid"), "inv": spans.column("inv"), "row": pa.array(np.arange(spans.num_rows))})
+    member = np.zeros(spans.num_rows, bool)
+    member[rows.join(keys, keys=["pid", "inv"], join_type="inner").column("row").to_numpy()] = True
+    serving = pc.fill_null(pc.or_(pc.is_null(spans.column("inv")), pc.is_null(spans.column("depth"))), True)
+    first = pc.min(roots.column("ts_ns")).as_py() if roots.num_rows else None
+    last = pc.max(roots.column("end_ns")).as_py() if roots.num_rows else None
+    overlapping = _overlapping(spans, first, last)
+    gc = pc.and_(pc.equal(spans.column("name"), fmt.GC), pc.not_equal(spans.column("clk"), fmt.CLK_DEVICE))
+    keep = pc.or_(pc.fill_null(pc.and_(gc, overlapping), False), pa.array(member))
+    keep = pc.or_(keep, pc.and_(serving, overlapping) if drawing else serving)
+    return spans.filter(pc.fill_null(keep, False)), keys.num_rows
+
+
+def _overlapping(spans: pa.Table, first: int | None, last: int | None) -> pa.Array:
+    """Mask: host-clock rows that overlap ``[first, last]`` (none when the window kept no run)."""
+    if first is None or last is None:
+        return pa.array(np.zeros(spans.num_rows, bool))
+    ts = spans.column("ts_ns")
+    return pc.fill_null(pc.and_(pc.less_equal(ts, last), pc.greater_equal(pc.add(ts, spans.column("dur_ns")), first)), False)
