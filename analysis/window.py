@@ -32,7 +32,9 @@ from dsprof.errors import DsprofError
 _UNIT_NS = {"h": 3_600_000_000_000, "m": 60_000_000_000, "s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
 _OFFSET_TERM = re.compile(r"([0-9]{1,12}(?:\.[0-9]{1,9})?)(ms|us|ns|h|m|s)", re.ASCII)
 _OFFSET = re.compile(r"\+?(?:[0-9]{1,12}(?:\.[0-9]{1,9})?(?:ms|us|ns|h|m|s))+", re.ASCII)
-_ISO_SHAPE = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,9})?)?(?:Z|[+-][0-9]{2}:?[0-9]{2})", re.ASCII)
+_ISO_SHAPE = re.compile(
+    r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,9})?)?(?:Z|[+-][0-9]{2}:?[0-9]{2})", re.ASCII
+)
 _FRACTION = re.compile(r"\.([0-9]{1,9})")
 
 
@@ -189,7 +191,9 @@ def resolve_window(spec: WindowSpec, anchors: pa.Table, run_start_ns: int | None
             return None
         if bound.wall_ns is not None:
             if offset is None:
-                raise DsprofError(f"cannot place {bound.text!r} on the trace's clock: it has no CLOCK_ANCHOR line (use an offset such as +5m)")
+                raise DsprofError(
+                    f"cannot place {bound.text!r} on the trace's clock: it has no CLOCK_ANCHOR line (use an offset such as +5m)"
+                )
             return bound.wall_ns - offset
         if run_start_ns is None:
             raise DsprofError(f"cannot place {bound.text!r}: the trace has no host-clock span to start the run from")

@@ -182,7 +182,13 @@ def _window_roots(table: pa.Table, window: Window, *, by_position: bool) -> pa.T
     keep = pc.fill_null(_root_rows(table), False)
     ts = table.column("ts_ns")
     if window.steps is not None and not by_position:
-        keep = pc.and_(keep, pc.fill_null(pc.and_(pc.greater_equal(table.column("step"), window.steps[0]), pc.less_equal(table.column("step"), window.steps[1])), False))
+        keep = pc.and_(
+            keep,
+            pc.fill_null(
+                pc.and_(pc.greater_equal(table.column("step"), window.steps[0]), pc.less_equal(table.column("step"), window.steps[1])),
+                False,
+            ),
+        )
     if window.from_ns is not None:
         keep = pc.and_(keep, pc.greater_equal(ts, window.from_ns))
     if window.until_ns is not None:

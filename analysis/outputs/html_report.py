@@ -516,7 +516,11 @@ def _window_note(result: AnalysisResult) -> str:
     said = []
     analysed = (result.summary.get("inputs") or {}).get("window")
     if isinstance(analysed, dict):
-        shown = ", ".join(f"{k} {v if not isinstance(v, list) else f'{v[0]}:{v[1]}'}" for k, v in analysed.items() if k in ("steps", "since", "until") and v)
+        shown = ", ".join(
+            f"{k} {v if not isinstance(v, list) else f'{v[0]}:{v[1]}'}"
+            for k, v in analysed.items()
+            if k in ("steps", "since", "until") and v
+        )
         said.append(f"Figures of the window {shown} of the run.")
     if result.window is not None:
         said.append(f"Swimlane drawn for the window {result.window.describe()} only.")

@@ -94,7 +94,7 @@ def analyze_command(
         spans_dir=spans_dir,
         engine=engine,
         address=address,
-        steps=window,
+        window=window,
         progress=progress,
     )
     try:
