@@ -31,6 +31,8 @@ hold the same statistics, so every dataset is pruned this way.
 from __future__ import annotations
 
 import dataclasses
+import shutil
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
+from dsprof.analysis.dataset import SpanDatasetWriter
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans
 from dsprof.analysis.window import Window, WindowSpec, anchor_start_ns, resolve_window
 from dsprof.profiler import strace_format as fmt
@@ -47,6 +50,9 @@ from dsprof.profiler import strace_format as fmt
 # Row groups whose root steps lie within this many steps of the window are read too: a rank's records
 # of step s may sit in the log piece before the one with its root, beside other ranks' roots of nearby steps.
 MARGIN_STEPS = 64
+# A cut whose row groups hold more rows than this is written to a temporary span dataset, not held in memory.
+IN_MEMORY_ROWS = 4_000_000
+SPILL_PREFIX = "dsprof-window-"
 # The columns the roots of a time window are found from, before the rows they need are read.
 _ROOT_COLUMNS = ["pid", "inv", "depth", "clk", "name", "ts_ns", "dur_ns", "step"]
 
@@ -66,35 +72,71 @@ class RowGroup:
 
 @dataclass(frozen=True)
 class CutFacts:
-    """What a cut read and kept, for the printout."""
+    """What a cut read and kept, for the printout; ``spill``: the temporary dataset a wide window was written to."""
 
     row_groups_read: int
     row_groups: int
     invocations: int
     steps_by_position: bool
+    spill: Path | None = None
+
+
+@dataclass(frozen=True)
+class Kept:
+    """The window's invocations (``keys``: pid, inv) and the host time their runs cover, first start to last end."""
+
+    keys: pa.Table
+    first_ns: int | None
+    last_ns: int | None
 
 
 def cut_trace(
     trace: Trace, spec: WindowSpec, *, drawing: bool = False, progress: Callable[[str], None] | None = None
 ) -> tuple[Trace, Window, CutFacts]:
-    """``trace`` cut to ``spec``'s window, its spans in memory; the window placed on the host clock; what was read.
+    """``trace`` cut to ``spec``'s window; the window placed on the host clock; what was read.
 
-    ``drawing``: keep only the serving spans that overlap the window's runs (report, export).
+    The cut is held in memory, or, when the row groups it needs hold more than
+    :data:`IN_MEMORY_ROWS`, written to a temporary span dataset (``facts.spill``,
+    the caller's to remove). ``drawing``: keep only the serving spans that
+    overlap the window's runs (report, export).
     """
     groups = row_groups(trace.span_files)
     start = anchor_start_ns(trace.anchors)
     if start is None:
         start = _host_start(trace, groups)
-    window = resolve_window(spec, trace.anchors, start)
-    by_position = spec.steps is not None and not _has_step_attributes(trace, groups)
-    chosen = _choose_row_groups(groups, window, by_position)
+    window = dataclasses.replace(
+        resolve_window(spec, trace.anchors, start), steps_by_position=spec.steps is not None and not _has_step_attributes(trace, groups)
+    )
+    chosen = _choose_row_groups(groups, window)
     if progress and groups:
         progress(f"window {window.describe()}: reading {len(chosen)} of {len(groups)} row groups")
-    spans = concat_spans([read_row_groups(chosen), trace.spans.cast(SPAN_SCHEMA)]) if groups else trace.spans
-    kept, invocations = cut_spans(spans, window, by_position=by_position, drawing=drawing)
-    cut = dataclasses.replace(trace, spans=kept, span_files=[])
-    window = dataclasses.replace(window, steps_by_position=by_position)
-    return cut, window, CutFacts(len(chosen), len(groups), invocations, by_position)
+    memory = trace.spans.cast(SPAN_SCHEMA) if groups else trace.spans
+    kept = window_invocations([read_row_groups(chosen, _ROOT_COLUMNS), memory], window)
+    facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position)
+    if sum(g.rows for g in chosen) <= IN_MEMORY_ROWS:
+        spans = keep_rows(concat_spans([read_row_groups(chosen), memory]), kept, drawing=drawing)
+        return dataclasses.replace(trace, spans=spans, span_files=[]), window, facts
+    spill = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+    try:
+        cut = _cut_to_disk(trace, chosen, memory, kept, drawing, spill)
+    except BaseException:
+        shutil.rmtree(spill, ignore_errors=True)
+        raise
+    return cut, window, dataclasses.replace(facts, spill=spill)
+
+
+def _cut_to_disk(trace: Trace, chosen: list[RowGroup], memory: pa.Table, kept: Kept, drawing: bool, directory: Path) -> Trace:
+    """Write the cut a row group at a time to a span dataset in ``directory``: memory stays that of one row group."""
+    writer = SpanDatasetWriter(directory)
+    try:
+        for group in [*chosen, None]:
+            writer.add(keep_rows(memory if group is None else read_row_groups([group]), kept, drawing=drawing))
+        side = dataclasses.replace(trace, spans=SPAN_SCHEMA.empty_table(), span_files=[])
+        writer.finish(side)
+    except BaseException:
+        writer.abort()
+        raise
+    return dataclasses.replace(side, span_files=writer.span_files)
 
 
 def row_groups(files: list[Path]) -> list[RowGroup]:
@@ -120,9 +162,15 @@ def _stats(stats: pq.Statistics | None) -> tuple[int | None, int | None]:
 
 
 def _has_step_attributes(trace: Trace, groups: list[RowGroup]) -> bool:
-    """Whether any root can carry a ``step`` attribute (footers for files; the column for spans in memory)."""
-    in_memory = trace.spans.num_rows and pc.any(pc.is_valid(trace.spans.column("step"))).as_py()
-    return bool(in_memory) or any(g.min_step is not None and not g.serving_rows for g in groups)
+    """Whether any root carries a ``step`` attribute: from the footers where a row group holds only runtime rows,
+    else from the roots themselves (serving rows may carry a ``step`` of their own)."""
+    if any(g.min_step is not None and not g.serving_rows for g in groups):
+        return True
+    mixed = [g for g in groups if g.min_step is not None]
+    for table in (read_row_groups(mixed, _ROOT_COLUMNS), trace.spans):
+        if table.num_rows and pc.any(pc.is_valid(table.filter(pc.fill_null(_root_rows(table), False)).column("step"))).as_py():
+            return True
+    return False
 
 
 def _host_start(trace: Trace, groups: list[RowGroup]) -> int | None:
@@ -133,16 +181,16 @@ def _host_start(trace: Trace, groups: list[RowGroup]) -> int | None:
     return min(starts) if starts else None
 
 
-def _choose_row_groups(groups: list[RowGroup], window: Window, by_position: bool) -> list[RowGroup]:
+def _choose_row_groups(groups: list[RowGroup], window: Window) -> list[RowGroup]:
     """The row groups that can hold the window's records (module docstring)."""
     if not groups:
         return []
     candidates = [g for g in groups if g.serving_rows or window.from_ns is None or g.max_ts_ns is None or g.max_ts_ns >= window.from_ns]
-    if by_position:
+    if window.steps_by_position:
         return candidates
     steps = window.steps
     if window.spec.timed:  # the roots in the time range say which steps it covers
-        roots = _window_roots(read_row_groups(candidates, _ROOT_COLUMNS), window, by_position=False)
+        roots = _window_roots(read_row_groups(candidates, _ROOT_COLUMNS), window)
         found = pc.min_max(roots.column("step")) if roots.num_rows else None
         if found is None or found["min"].as_py() is None:
             return [g for g in candidates if g.serving_rows or g.min_step is None] if roots.num_rows == 0 else candidates
@@ -177,11 +225,11 @@ def _root_rows(table: pa.Table) -> pa.Array:
     )
 
 
-def _window_roots(table: pa.Table, window: Window, *, by_position: bool) -> pa.Table:
+def _window_roots(table: pa.Table, window: Window) -> pa.Table:
     """The roots of the window's invocations: pid, inv, ts_ns, end_ns, step."""
     keep = pc.fill_null(_root_rows(table), False)
     ts = table.column("ts_ns")
-    if window.steps is not None and not by_position:
+    if window.steps is not None and not window.steps_by_position:
         keep = pc.and_(
             keep,
             pc.fill_null(
@@ -205,21 +253,32 @@ def _window_roots(table: pa.Table, window: Window, *, by_position: bool) -> pa.T
     )
 
 
-def cut_spans(spans: pa.Table, window: Window, *, by_position: bool = False, drawing: bool = False) -> tuple[pa.Table, int]:
-    """The rows the window keeps (module docstring), in their order; and how many invocations it kept."""
-    roots = _window_roots(spans, window, by_position=by_position)
+def window_invocations(tables: list[pa.Table], window: Window) -> Kept:
+    """The window's invocations among the roots in ``tables`` (each with at least :data:`_ROOT_COLUMNS`)."""
+    roots = concat_spans([_window_roots(t, window) for t in tables if t.num_rows]) if any(t.num_rows for t in tables) else None
+    if roots is None or roots.num_rows == 0:
+        return Kept(pa.table({"pid": pa.array([], pa.int64()), "inv": pa.array([], pa.uint64())}), None, None)
     keys = roots.select(["pid", "inv"]).group_by(["pid", "inv"]).aggregate([])
+    return Kept(keys, pc.min(roots.column("ts_ns")).as_py(), pc.max(roots.column("end_ns")).as_py())
+
+
+def keep_rows(spans: pa.Table, kept: Kept, *, drawing: bool = False) -> pa.Table:
+    """The rows of ``spans`` the window keeps (module docstring), in their order."""
     rows = pa.table({"pid": spans.column("pid"), "inv": spans.column("inv"), "row": pa.array(np.arange(spans.num_rows))})
     member = np.zeros(spans.num_rows, bool)
-    member[rows.join(keys, keys=["pid", "inv"], join_type="inner").column("row").to_numpy()] = True
+    member[rows.join(kept.keys, keys=["pid", "inv"], join_type="inner").column("row").to_numpy()] = True
     serving = pc.fill_null(pc.or_(pc.is_null(spans.column("inv")), pc.is_null(spans.column("depth"))), True)
-    first = pc.min(roots.column("ts_ns")).as_py() if roots.num_rows else None
-    last = pc.max(roots.column("end_ns")).as_py() if roots.num_rows else None
-    overlapping = _overlapping(spans, first, last)
+    overlapping = _overlapping(spans, kept.first_ns, kept.last_ns)
     gc = pc.and_(pc.equal(spans.column("name"), fmt.GC), pc.not_equal(spans.column("clk"), fmt.CLK_DEVICE))
     keep = pc.or_(pc.fill_null(pc.and_(gc, overlapping), False), pa.array(member))
     keep = pc.or_(keep, pc.and_(serving, overlapping) if drawing else serving)
-    return spans.filter(pc.fill_null(keep, False)), keys.num_rows
+    return spans.filter(pc.fill_null(keep, False))
+
+
+def cut_spans(spans: pa.Table, window: Window, *, drawing: bool = False) -> tuple[pa.Table, int]:
+    """The rows of an in-memory span table the window keeps, and how many invocations it kept."""
+    kept = window_invocations([spans], window)
+    return keep_rows(spans, kept, drawing=drawing), kept.keys.num_rows
 
 
 def _overlapping(spans: pa.Table, first: int | None, last: int | None) -> pa.Array:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shutil
+import tempfile
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from cli.main import cli
 from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
+from dsprof.analysis import window_read
 from dsprof.analysis.window_read import cut_trace
 from dsprof.commands.analyze import analyze_paths
 from dsprof.errors import DsprofError
@@ -191,3 +193,19 @@ def test_report_and_export_draw_only_the_window(run, tmp_path):
     result = runner.invoke(cli, ["report", str(out), "-o", str(tmp_path / "r.html"), "--steps", f"{FIRST}:{LAST}"])
     assert result.exit_code == 0, result.output
     assert "Swimlane drawn for the window steps 30:59 only." in (tmp_path / "r.html").read_text()
+
+
+def test_a_wide_window_is_cut_to_disk_with_the_same_figures(run, tmp_path, monkeypatch):
+    spec = parse_window(f"{FIRST}:{LAST}")
+    in_memory = analyze_paths([run], None, window=spec).summary
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    monkeypatch.setattr(window_read, "IN_MEMORY_ROWS", 100)
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    dataset = _dataset_by_pieces(run, tmp_path / "spans", rows_per_piece=250)
+    cut, _, facts = cut_trace(open_dataset(dataset), spec)
+    assert facts.spill is not None and cut.span_files and cut.spans.num_rows == 0
+    shutil.rmtree(facts.spill)
+    on_disk = analyze_paths([dataset], None, window=spec).summary
+    assert _figures(on_disk) == _figures(in_memory)
+    assert not [p for p in scratch.iterdir() if p.name.startswith(window_read.SPILL_PREFIX)]

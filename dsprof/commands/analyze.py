@@ -158,7 +158,7 @@ def analyze_paths(
             trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
         placed = None
         if window is not None:
-            trace, placed = read_window(trace, window, progress=progress)
+            trace, placed, spill = read_window(trace, window, spill, progress=progress)
         require_something_to_analyse(trace, paths)
         with explained_query_errors(trace):
             result = analyze_trace(
@@ -182,13 +182,18 @@ def analyze_paths(
             shutil.rmtree(spill, ignore_errors=True)
 
 
-def read_window(trace: Trace, window: WindowSpec, *, drawing: bool = False, progress: Progress = None) -> tuple[Trace, Window]:
-    """``trace`` cut to ``window`` (only the row groups of a span dataset it needs are read), and the window placed."""
+def read_window(
+    trace: Trace, window: WindowSpec, spill: Path | None, *, drawing: bool = False, progress: Progress = None
+) -> tuple[Trace, Window, Path | None]:
+    """``trace`` cut to ``window`` (only the row groups of a span dataset it needs are read), the window placed,
+    and the temporary dataset to remove afterwards: ``spill`` (the one ``trace`` was read into) is removed once cut."""
     with explained_query_errors(trace):
         cut, placed, facts = cut_trace(trace, window, drawing=drawing, progress=progress)
+    if spill is not None:
+        shutil.rmtree(spill, ignore_errors=True)
     if progress:
-        progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.spans.num_rows:,} spans kept")
-    return cut, placed
+        progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.span_count:,} spans kept")
+    return cut, placed, facts.spill
 
 
 def _dataset_input(paths: Sequence[str | os.PathLike]) -> str | os.PathLike | None:

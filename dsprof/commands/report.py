@@ -55,7 +55,7 @@ def _analysed(
     try:
         placed = None
         if window is not None:
-            trace, placed = read_window(trace, window, drawing=True, progress=progress)
+            trace, placed, spill = read_window(trace, window, spill, drawing=True, progress=progress)
             note(f"drawing only the window {placed.describe()}")
         with explained_query_errors(trace):
             return layout_only(trace, summary, window=placed), spill
