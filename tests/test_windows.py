@@ -21,10 +21,10 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
+from dsprof.analysis import window_read
 from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
-from dsprof.analysis import window_read
 from dsprof.analysis.window_read import cut_trace
 from dsprof.commands.analyze import analyze_paths
 from dsprof.errors import DsprofError
