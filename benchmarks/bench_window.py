@@ -1,0 +1,133 @@
+"""Time ``dsprof analyze --steps A:B`` on a span dataset: a 1,000-step window read and analysed, beside the whole run.
+
+Target (issue 20, "Windows"): on the 64 x 100,000 dataset (64M spans, about
+15 GB of log) the 1,000-step window is read and analysed in under 5 s, the
+whole command (outputs written) printed beside it, and the window's figures
+equal those of the same window read whole (every row group) — so pruning
+changes what is read, never a figure.
+
+Shapes:
+
+* default: 64 x 10,000, generated in a temporary folder (a minute);
+* ``--large``: 64 x 100,000 (about 15 GB of log, minutes to generate and to
+  ingest, done once and reused from ``--keep``, default /work/runs/b64x100k).
+
+Each timing runs in a child process (``analyze`` as the command) or in this
+one (the window's read and figures through :func:`analyze_paths`, the part
+the target is about; outputs are the same for any window of 1,000 steps).
+
+    .venv/bin/python benchmarks/bench_window.py [--large] [--keep DIR] [--steps 50000:50999] [--full]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from child_process import run_child
+
+from dsprof.analysis import window_read
+from dsprof.analysis.dataset import open_dataset
+from dsprof.analysis.window import parse_window
+from dsprof.analysis.window_read import cut_trace
+from dsprof.commands.analyze import analyze_paths
+from dsprof.testing.synthetic import SyntheticRun
+
+DSPROF = Path(sys.executable).with_name("dsprof")
+TARGET_S = 5.0
+LARGE_DIR = Path("/work/runs/b64x100k")
+
+
+def dataset(base: Path, ranks: int, steps: int) -> Path:
+    """``base/spans``: the span dataset of a synthetic run with host evidence, generated and ingested once."""
+    run, spans = base / "run", base / "spans"
+    if not (run / "server.log").exists():
+        started = time.perf_counter()
+        SyntheticRun(ranks=ranks, steps=steps, host_evidence=True, sa_worker_spans=False).write(run)
+        print(f"  generated {ranks} x {steps}: {(run / 'server.log').stat().st_size / 1e9:.2f} GB in {time.perf_counter() - started:.0f} s")
+    if not (spans / "dataset.json").exists():
+        measured = run_child([str(DSPROF), "ingest", str(run), "-o", f"{spans}/"])
+        print(f"  ingested: {measured.seconds:.0f} s, peak RSS {measured.peak_rss_mib / 1024:.2f} GB")
+    return spans
+
+
+def time_window(spans: Path, steps: str) -> dict:
+    """The window's read (row groups read of all) and its figures, in this process."""
+    spec = parse_window(steps)
+    assert spec is not None
+    started = time.perf_counter()
+    outcome = analyze_paths([spans], None, window=spec)
+    analysed_s = time.perf_counter() - started
+    outcome.result.engine.close()
+    started = time.perf_counter()
+    _, _, facts = cut_trace(open_dataset(spans), spec)
+    read_s = time.perf_counter() - started
+    return {"read_s": read_s, "analysed_s": analysed_s, "facts": facts, "summary": outcome.summary}
+
+
+def unpruned_figures(spans: Path, steps: str) -> dict:
+    """The same window with every row group read (pruning off): the figures the pruned read must give."""
+    spec = parse_window(steps)
+    keep = window_read.MARGIN_STEPS
+    window_read.MARGIN_STEPS = 1 << 62  # every row group is "near" the window
+    try:
+        outcome = analyze_paths([spans], None, window=spec)
+    finally:
+        window_read.MARGIN_STEPS = keep
+    outcome.result.engine.close()
+    return outcome.summary
+
+
+FIGURES = ("figures", "per_step", "late_starts", "tail_steps", "slow_steps", "what_if", "trends", "tail_cost")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--large", action="store_true", help="the 64 x 100,000 dataset (about 15 GB of log)")
+    parser.add_argument("--keep", type=Path, help=f"generate and keep the inputs here (default with --large: {LARGE_DIR})")
+    parser.add_argument("--steps", help="the window (default: 1,000 steps in the middle of the run)")
+    parser.add_argument("--full", action="store_true", help="also time the whole run's analyze, for the ratio")
+    parser.add_argument("--check", action="store_true", help="also read the window unpruned and compare the figures")
+    args = parser.parse_args()
+    ranks, steps = 64, 100_000 if args.large else 10_000
+    base = args.keep or (LARGE_DIR if args.large else Path(tempfile.mkdtemp(prefix="dsprof-bench-window-")))
+    window = args.steps or f"{steps // 2}:{steps // 2 + 999}"
+    try:
+        print(f"== {ranks} x {steps:,}: analyze --steps {window}; target < {TARGET_S:.0f} s")
+        spans = dataset(base, ranks, steps)
+        result = time_window(spans, window)
+        facts = result["facts"]
+        print(
+            f"  window read: {result['read_s']:.2f} s ({facts.row_groups_read} of {facts.row_groups} row groups, {facts.invocations:,} invocations)"
+        )
+        print(f"  window read and figures (analyze_paths, no outputs): {result['analysed_s']:.2f} s")
+        ok = result["analysed_s"] < TARGET_S
+        print(f"  {'meets' if ok else 'misses'} the {TARGET_S:.0f} s target")
+        out = base / "out-window"
+        shutil.rmtree(out, ignore_errors=True)
+        command = run_child([str(DSPROF), "analyze", str(spans), "--steps", window, "-o", str(out)])
+        print(
+            f"  dsprof analyze --steps (all outputs written): {command.seconds:.1f} s wall, peak RSS {command.peak_rss_mib / 1024:.2f} GB"
+        )
+        if args.check:
+            same = {k: result["summary"][k] for k in FIGURES} == {k: v for k, v in unpruned_figures(spans, window).items() if k in FIGURES}
+            print(f"  figures equal to the unpruned read of the window: {'yes' if same else 'NO'}")
+        if args.full:
+            out = base / "out-full"
+            shutil.rmtree(out, ignore_errors=True)
+            whole = run_child([str(DSPROF), "analyze", str(spans), "-o", str(out)])
+            print(
+                f"  whole run: {whole.seconds:.1f} s wall, peak RSS {whole.peak_rss_mib / 1024:.2f} GB; "
+                f"the window takes {command.seconds / whole.seconds:.1%} of it"
+            )
+    finally:
+        if args.keep is None and not args.large:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
