@@ -26,6 +26,7 @@ from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
 from dsprof.analysis.window_read import cut_trace
+from dsprof.commands import analyze as analyze_command_module
 from dsprof.commands.analyze import analyze_paths
 from dsprof.errors import DsprofError
 from dsprof.testing.synthetic import SyntheticRun
@@ -209,3 +210,12 @@ def test_a_wide_window_is_cut_to_disk_with_the_same_figures(run, tmp_path, monke
     on_disk = analyze_paths([dataset], None, window=spec).summary
     assert _figures(on_disk) == _figures(in_memory)
     assert not [p for p in scratch.iterdir() if p.name.startswith(window_read.SPILL_PREFIX)]
+
+
+def test_a_big_log_read_through_a_temporary_dataset_is_cut_before_the_figures(run, monkeypatch):
+    spec = parse_window(f"{FIRST}:{LAST}")
+    in_memory = analyze_paths([run], None, window=spec).summary
+    monkeypatch.setattr(analyze_command_module, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
+    spilled = analyze_paths([run], None, window=spec)
+    assert spilled.result.trace.span_files == [] and spilled.summary["inputs"]["spans"] == in_memory["inputs"]["spans"]
+    assert _figures(spilled.summary) == _figures(in_memory)
