@@ -111,11 +111,13 @@ def cut_trace(
     if progress and groups:
         progress(f"window {window.describe()}: reading {len(chosen)} of {len(groups)} row groups")
     memory = trace.spans.cast(SPAN_SCHEMA) if groups else trace.spans
+    if sum(g.rows for g in chosen) <= IN_MEMORY_ROWS:
+        spans = concat_spans([read_row_groups(chosen), memory])
+        kept = window_invocations([spans], window)
+        facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position)
+        return dataclasses.replace(trace, spans=keep_rows(spans, kept, drawing=drawing), span_files=[]), window, facts
     kept = window_invocations([read_row_groups(chosen, _ROOT_COLUMNS), memory], window)
     facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position)
-    if sum(g.rows for g in chosen) <= IN_MEMORY_ROWS:
-        spans = keep_rows(concat_spans([read_row_groups(chosen), memory]), kept, drawing=drawing)
-        return dataclasses.replace(trace, spans=spans, span_files=[]), window, facts
     spill = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
     try:
         cut = _cut_to_disk(trace, chosen, memory, kept, drawing, spill)
