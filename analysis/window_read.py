@@ -31,9 +31,11 @@ hold the same statistics, so every dataset is pruned this way.
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,6 +55,8 @@ MARGIN_STEPS = 64
 # A cut whose row groups hold more rows than this is written to a temporary span dataset, not held in memory.
 IN_MEMORY_ROWS = 4_000_000
 SPILL_PREFIX = "dsprof-window-"
+# Span files read at once (each a row group or a few; many small ones hold the serving rows of their time window).
+READ_THREADS = max(1, min(8, os.cpu_count() or 1))
 # The columns the roots of a time window are found from, before the rows they need are read.
 _ROOT_COLUMNS = ["pid", "inv", "depth", "clk", "name", "ts_ns", "dur_ns", "step"]
 
@@ -205,10 +209,11 @@ def _choose_row_groups(groups: list[RowGroup], window: Window) -> list[RowGroup]
 
 def read_row_groups(groups: list[RowGroup], columns: list[str] | None = None) -> pa.Table:
     """The rows of ``groups`` (SPAN_SCHEMA's columns, or ``columns``), file by file."""
-    tables = []
-    for path in dict.fromkeys(g.path for g in groups):
-        indices = [g.index for g in groups if g.path == path]
-        tables.append(pq.ParquetFile(path).read_row_groups(indices, columns=columns))
+    by_file: dict[Path, list[int]] = {}
+    for group in groups:
+        by_file.setdefault(group.path, []).append(group.index)
+    with ThreadPoolExecutor(min(READ_THREADS, max(1, len(by_file)))) as pool:  # decoding releases the GIL
+        tables = list(pool.map(lambda item: pq.ParquetFile(item[0]).read_row_groups(item[1], columns=columns), by_file.items()))
     if not tables:
         return SPAN_SCHEMA.empty_table() if columns is None else pa.schema([SPAN_SCHEMA.field(c) for c in columns]).empty_table()
     table = pa.concat_tables(tables, promote_options="permissive")
@@ -229,6 +234,7 @@ def _root_rows(table: pa.Table) -> pa.Array:
 
 def _window_roots(table: pa.Table, window: Window) -> pa.Table:
     """The roots of the window's invocations: pid, inv, ts_ns, end_ns, step."""
+    table = table.select(_ROOT_COLUMNS).filter(pc.fill_null(pc.equal(table.column("depth"), 0), False))  # few rows from here
     keep = pc.fill_null(_root_rows(table), False)
     ts = table.column("ts_ns")
     if window.steps is not None and not window.steps_by_position:
