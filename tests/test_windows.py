@@ -219,3 +219,15 @@ def test_a_big_log_read_through_a_temporary_dataset_is_cut_before_the_figures(ru
     spilled = analyze_paths([run], None, window=spec)
     assert spilled.result.trace.span_files == [] and spilled.summary["inputs"]["spans"] == in_memory["inputs"]["spans"]
     assert _figures(spilled.summary) == _figures(in_memory)
+
+
+@pytest.mark.parametrize("options", [["--steps", "500:600"], ["--since", "+10m"], ["--until", "+1ns"]])
+def test_a_window_with_no_run_is_one_line_and_exit_2(run, tmp_path, options):
+    result = CliRunner().invoke(cli, ["analyze", str(run), "-o", str(tmp_path / "out"), *options])
+    last = result.output.strip().splitlines()[-1]  # after the reading progress
+    assert result.exit_code == 2 and last.startswith("dsprof: error: ") and "no run of the trace lies in the window" in last
+
+
+def test_the_ray_engine_takes_no_window(run):
+    with pytest.raises(DsprofError, match="need --engine embedded"):
+        analyze_paths([run], None, engine="ray", window=parse_window("1:2"))

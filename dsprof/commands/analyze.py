@@ -189,6 +189,13 @@ def read_window(
     and the temporary dataset to remove afterwards: ``spill`` (the one ``trace`` was read into) is removed once cut."""
     with explained_query_errors(trace):
         cut, placed, facts = cut_trace(trace, window, drawing=drawing, progress=progress)
+    if facts.invocations == 0:
+        if facts.spill is not None:
+            shutil.rmtree(facts.spill, ignore_errors=True)
+        what = ", ".join(trace.files[:3]) + (", ..." if len(trace.files) > 3 else "") or "the inputs"
+        raise DsprofError(
+            f"{what}: no run of the trace lies in the window {placed.describe()} (no runtime root has its step there or starts then)"
+        )
     if spill is not None:
         shutil.rmtree(spill, ignore_errors=True)
     if progress:
