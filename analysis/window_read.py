@@ -189,22 +189,48 @@ def _host_start(trace: Trace, groups: list[RowGroup]) -> int | None:
 
 def _choose_row_groups(groups: list[RowGroup], window: Window) -> list[RowGroup]:
     """The row groups that can hold the window's records (module docstring)."""
-    if not groups:
-        return []
     candidates = [g for g in groups if g.serving_rows or window.from_ns is None or g.max_ts_ns is None or g.max_ts_ns >= window.from_ns]
-    if window.steps_by_position:
+    if window.steps_by_position or not candidates:
         return candidates
-    steps = window.steps
+    if window.steps is not None:
+        candidates = _near_steps(candidates, window.steps)
     if window.spec.timed:  # the roots in the time range say which steps it covers
+        candidates = _started_before(candidates, window.until_ns)
         roots = _window_roots(read_row_groups(candidates, _ROOT_COLUMNS), window)
         found = pc.min_max(roots.column("step")) if roots.num_rows else None
-        if found is None or found["min"].as_py() is None:
-            return [g for g in candidates if g.serving_rows or g.min_step is None] if roots.num_rows == 0 else candidates
-        steps = (found["min"].as_py(), found["max"].as_py())
-    if steps is None:
-        return candidates
+        if found is None:
+            return [g for g in candidates if g.serving_rows or g.min_step is None]
+        if found["min"].as_py() is not None:
+            candidates = _near_steps(candidates, (found["min"].as_py(), found["max"].as_py()))
+    return candidates
+
+
+def _near_steps(groups: list[RowGroup], steps: tuple[int, int]) -> list[RowGroup]:
+    """The row groups whose root steps lie within MARGIN_STEPS of ``steps``, those with serving rows and those without statistics."""
     low, high = steps[0] - MARGIN_STEPS, steps[1] + MARGIN_STEPS
-    return [g for g in candidates if g.serving_rows or g.min_step is None or (g.min_step <= high and g.max_step >= low)]  # type: ignore[operator]
+    return [g for g in groups if g.serving_rows or g.min_step is None or g.max_step is None or (g.min_step <= high and g.max_step >= low)]
+
+
+def _started_before(groups: list[RowGroup], until_ns: int | None) -> list[RowGroup]:
+    """Leave out the runtime row groups whose runs all start at or after ``until_ns``, from the footers alone.
+
+    A rank's runs of step s + MARGIN_STEPS start after its runs of step s ended (the pipeline is
+    at most MARGIN_STEPS deep, and ranks keep within it of each other); so once a row group of
+    steps up to s holds a span at or after ``until_ns`` (its max ``ts_ns``), the row groups of
+    steps from s + MARGIN_STEPS on hold no run starting before it.
+    """
+    known = [g for g in groups if not g.serving_rows and g.min_step is not None and g.max_step is not None and g.max_ts_ns is not None]
+    if until_ns is None or not known:
+        return groups
+    by_last_step = sorted(known, key=lambda g: g.max_step)  # type: ignore[arg-type, return-value]
+    last_steps = np.array([g.max_step for g in by_last_step], np.int64)
+    latest = np.maximum.accumulate(np.array([g.max_ts_ns for g in by_last_step], np.int64))
+    late = set()
+    for group in known:  # one per row group: a few hundred for a day-long run
+        before = int(np.searchsorted(last_steps, int(group.min_step) - MARGIN_STEPS, side="right"))  # type: ignore[arg-type]
+        if before and latest[before - 1] >= until_ns:
+            late.add((group.path, group.index))
+    return [g for g in groups if (g.path, g.index) not in late]
 
 
 def read_row_groups(groups: list[RowGroup], columns: list[str] | None = None) -> pa.Table:

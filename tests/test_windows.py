@@ -139,6 +139,13 @@ def test_a_dataset_window_reads_few_row_groups_and_gives_the_same_figures(tmp_pa
     assert [r["step"] for r in from_dataset["per_step"]] == list(range(250, 280))
     assert _figures(from_dataset) == _figures(from_log)
     assert from_dataset["inputs"]["window"] == from_log["inputs"]["window"]
+    starts, run_start, _ = _root_starts(run)
+    timed = parse_window(None, f"+{starts[250] - run_start}ns", f"+{starts[280] - run_start}ns")
+    assert timed is not None
+    _, _, facts = cut_trace(open_dataset(dataset), timed)
+    assert facts.row_groups_read < facts.row_groups / 2 and facts.invocations == 60
+    by_time = analyze_paths([dataset], None, window=timed).summary
+    assert _figures(by_time) == _figures(analyze_paths([run], None, window=timed).summary) == _figures(from_log)
 
 
 def _root_starts(run: Path) -> tuple[dict[int, int], int, int]:
