@@ -222,15 +222,14 @@ def _started_before(groups: list[RowGroup], until_ns: int | None) -> list[RowGro
     known = [g for g in groups if not g.serving_rows and g.min_step is not None and g.max_step is not None and g.max_ts_ns is not None]
     if until_ns is None or not known:
         return groups
-    by_last_step = sorted(known, key=lambda g: g.max_step)  # type: ignore[arg-type, return-value]
+    by_last_step = sorted(known, key=lambda g: int(g.max_step or 0))
     last_steps = np.array([g.max_step for g in by_last_step], np.int64)
     latest = np.maximum.accumulate(np.array([g.max_ts_ns for g in by_last_step], np.int64))
-    late = set()
-    for group in known:  # one per row group: a few hundred for a day-long run
-        before = int(np.searchsorted(last_steps, int(group.min_step) - MARGIN_STEPS, side="right"))  # type: ignore[arg-type]
-        if before and latest[before - 1] >= until_ns:
-            late.add((group.path, group.index))
-    return [g for g in groups if (g.path, g.index) not in late]
+    firsts = np.array([g.min_step for g in known], np.int64) - MARGIN_STEPS
+    before = np.searchsorted(last_steps, firsts, side="right")  # row groups wholly of steps up to each one's first - margin
+    late = (before > 0) & (latest[np.maximum(before - 1, 0)] >= until_ns)
+    left_out = {(g.path, g.index) for g, out in zip(known, late.tolist(), strict=True) if out}
+    return [g for g in groups if (g.path, g.index) not in left_out]
 
 
 def read_row_groups(groups: list[RowGroup], columns: list[str] | None = None) -> pa.Table:
