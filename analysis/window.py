@@ -201,5 +201,6 @@ def resolve_window(spec: WindowSpec, anchors: pa.Table, run_start_ns: int | None
 
     first, last = host_ns(spec.since), host_ns(spec.until)
     if first is not None and last is not None and last <= first:
-        raise DsprofError(f"bad time window: --until {spec.until.text!r} is not after --since {spec.since.text!r}")  # type: ignore[union-attr]
+        said = {name: bound.text if bound else "" for name, bound in (("since", spec.since), ("until", spec.until))}
+        raise DsprofError(f"bad time window: --until {said['until']!r} is not after --since {said['since']!r} on the trace's clock")
     return Window(spec, from_ns=first, until_ns=last, run_start_ns=run_start_ns)

@@ -238,3 +238,9 @@ def test_a_window_with_no_run_is_one_line_and_exit_2(run, tmp_path, options):
 def test_the_ray_engine_takes_no_window(run):
     with pytest.raises(DsprofError, match="need --engine embedded"):
         analyze_paths([run], None, engine="ray", window=parse_window("1:2"))
+
+
+def test_mixed_bounds_out_of_order_on_the_trace_clock_are_refused(run):
+    _, run_start, offset = _root_starts(run)
+    with pytest.raises(DsprofError, match="not after --since '\\+1s' on the trace's clock"):
+        analyze_paths([run], None, window=parse_window(None, "+1s", _iso(run_start + offset)))
