@@ -9,7 +9,7 @@ pruning changes what is read, never a figure.
 Shapes:
 
 * default: 64 x 10,000, generated in a temporary folder (a minute);
-* ``--large``: 64 x 100,000 (14.8 GB of log: 7 min to generate and 4 min to
+* ``--large`` (or ``DSPROF_BENCH_LARGE=1``): 64 x 100,000 (14.8 GB of log: 7 min to generate and 4 min to
   ingest on a shared 2-core machine, done once and reused from ``--keep``,
   default /work/runs/b64x100k).
 
@@ -23,6 +23,7 @@ the target is about; outputs are the same for any window of 1,000 steps).
 from __future__ import annotations
 
 import argparse
+import os
 import shutil
 import sys
 import tempfile
@@ -100,6 +101,7 @@ def main() -> None:
         help="also read the window with this margin (e.g. 5000; 0: every row group) and compare the figures",
     )
     args = parser.parse_args()
+    args.large = args.large or os.environ.get("DSPROF_BENCH_LARGE") == "1"  # as bench_analyze.py
     ranks, steps = 64, 100_000 if args.large else 10_000
     base = args.keep or (LARGE_DIR if args.large else Path(tempfile.mkdtemp(prefix="dsprof-bench-window-")))
     window = args.steps or f"{steps // 2}:{steps // 2 + 999}"
