@@ -244,3 +244,10 @@ def test_mixed_bounds_out_of_order_on_the_trace_clock_are_refused(run):
     _, run_start, offset = _root_starts(run)
     with pytest.raises(DsprofError, match="not after --since '\\+1s' on the trace's clock"):
         analyze_paths([run], None, window=parse_window(None, "+1s", _iso(run_start + offset)))
+
+
+def test_without_step_attributes_steps_count_by_position(tmp_path):
+    SyntheticRun(ranks=2, steps=20, root_attrs=False).write(tmp_path / "run")
+    summary = analyze_paths([tmp_path / "run"], None, window=parse_window("5:9")).summary
+    assert summary["inputs"]["window"]["steps_by"] == "position" and summary["validation"]["step_numbering"] == "position"
+    assert [r["step"] for r in summary["per_step"]] == [5, 6, 7, 8, 9]
