@@ -251,3 +251,11 @@ def test_without_step_attributes_steps_count_by_position(tmp_path):
     summary = analyze_paths([tmp_path / "run"], None, window=parse_window("5:9")).summary
     assert summary["inputs"]["window"]["steps_by"] == "position" and summary["validation"]["step_numbering"] == "position"
     assert [r["step"] for r in summary["per_step"]] == [5, 6, 7, 8, 9]
+
+
+def test_a_report_of_a_windowed_analysis_draws_its_window(run, tmp_path):
+    out = tmp_path / "out"
+    analyze_paths([run], out, window=parse_window(f"{FIRST}:{LAST}"))
+    result = CliRunner().invoke(cli, ["export", str(out), "-o", str(tmp_path / "t.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "t.json").read_text())["otherData"]["window"]["steps"] == [FIRST, LAST]

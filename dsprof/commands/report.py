@@ -51,6 +51,7 @@ def _analysed(
     summary = load_summary(artifact_dir)
     sources = span_sources(artifact_dir, summary, inputs)
     note(f"reading the spans from {', '.join(map(str, sources))}")
+    window = window or analysed_window(summary)
     trace, spill = read_inputs(sources, progress=progress)
     try:
         placed = None
@@ -62,6 +63,17 @@ def _analysed(
     except BaseException:
         _remove(spill)
         raise
+
+
+def analysed_window(summary: Summary) -> WindowSpec | None:
+    """The window ``analyze`` was given (``inputs.window``), so that a report of its directory draws the same steps."""
+    block = (summary.get("inputs") or {}).get("window")
+    if not isinstance(block, dict):
+        return None
+    steps = block.get("steps")
+    text = f"{steps[0]}:{steps[1]}" if isinstance(steps, list) and len(steps) == 2 else None
+    since, until = block.get("since"), block.get("until")
+    return parse_window(text, since if isinstance(since, str) else None, until if isinstance(until, str) else None)
 
 
 def span_sources(artifact_dir: Path, summary: Summary, inputs: InputPaths = None) -> list[Path]:
