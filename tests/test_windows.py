@@ -24,6 +24,7 @@ from cli.main import cli
 from dsprof.analysis import window_read
 from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
 from dsprof.analysis.window_read import cut_trace
 from dsprof.commands import analyze as analyze_command_module
@@ -259,3 +260,12 @@ def test_a_report_of_a_windowed_analysis_draws_its_window(run, tmp_path):
     result = CliRunner().invoke(cli, ["export", str(out), "-o", str(tmp_path / "t.json")])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["window"]["steps"] == [FIRST, LAST]
+
+
+def test_every_output_states_the_window(run, tmp_path):
+    outcome = analyze_paths([run], tmp_path / "out", window=parse_window(f"{FIRST}:{LAST}", "+0s"))
+    stated = "steps 30:59, since +0s only (figures of this window of the run)"
+    assert stated in (tmp_path / "out" / "summary.md").read_text()
+    assert stated in (tmp_path / "out" / "report.html").read_text()
+    assert stated in format_console_summary(outcome.summary)
+    assert "window" not in analyze_paths([run], None).summary["inputs"]

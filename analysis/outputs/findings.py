@@ -77,6 +77,15 @@ def worst_first(items: Sequence[ItemT]) -> list[ItemT]:
     return sorted(items, key=lambda i: (-(i.get("excess_ms") or 0.0), i.get("step") or 0, i.get("rank") or 0))
 
 
+def window_text(summary: Summary) -> str | None:
+    """``steps 1000:1999, since +5m``: the window of the run the figures cover (``inputs.window``), None for the whole run."""
+    block: Mapping[str, Any] = (summary.get("inputs") or {}).get("window") or {}
+    steps = block.get("steps")
+    said = [f"steps {steps[0]}:{steps[1]}"] if isinstance(steps, list) and len(steps) == 2 else []
+    said += [f"{side} {block[side]}" for side in ("since", "until") if block.get(side)]
+    return ", ".join(said) + " only (figures of this window of the run)" if said else None
+
+
 def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     """(label, text) of each verdict: validity, the run's outcome, pipeline, straggler, tail cost."""
     validation = summary.get("validation") or {}
@@ -84,6 +93,9 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     tails = summary.get("tail_steps") or {}
     cost = summary.get("tail_cost") or {}
     lines = [("swimlane", "valid" if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []))]
+    window = window_text(summary)
+    if window:
+        lines.insert(0, ("window", window))
     lines.append(("run", run_outcome(summary)))
     serialized = pipeline.get("serialized")
     pipe = "n/a" if serialized is None else ("SERIALIZED" if serialized else "healthy")

@@ -46,7 +46,7 @@ from plotly.offline import get_plotlyjs
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.layout import collection_row, device_spans_sql, drawn_runs_sql, runtime_spans_sql
-from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, worst_first
+from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, window_text, worst_first
 from dsprof.analysis.outputs.report_charts import chart_data, list_items
 from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, lane_name, serving_lanes_sql
 from dsprof.analysis.skew import PERCENTILES
@@ -513,15 +513,8 @@ def _asset(name: str) -> str:
 
 def _window_note(result: AnalysisResult) -> str:
     """Which window of the run the figures and the swimlane cover, when not the whole run."""
-    said = []
-    analysed = (result.summary.get("inputs") or {}).get("window")
-    if isinstance(analysed, dict):
-        shown = ", ".join(
-            f"{k} {v if not isinstance(v, list) else f'{v[0]}:{v[1]}'}"
-            for k, v in analysed.items()
-            if k in ("steps", "since", "until") and v
-        )
-        said.append(f"Figures of the window {shown} of the run.")
+    analysed = window_text(result.summary)
+    said = [f"Window: {analysed}."] if analysed else []
     if result.window is not None:
         said.append(f"Swimlane drawn for the window {result.window.describe()} only.")
     return f'<p class="window-note">{_e(" ".join(said))}</p>' if said else ""
