@@ -53,7 +53,7 @@ from dsprof.profiler import strace_format as fmt
 # of step s may sit in the log piece before the one with its root, beside other ranks' roots of nearby steps.
 MARGIN_STEPS = 64
 # A cut whose row groups hold more rows than this is written to a temporary span dataset, not held in memory.
-IN_MEMORY_ROWS = 4_000_000
+IN_MEMORY_ROWS = 2_000_000
 SPILL_PREFIX = "dsprof-window-"
 # Span files read at once (each a row group or a few; many small ones hold the serving rows of their time window).
 READ_THREADS = max(1, min(8, os.cpu_count() or 1))
