@@ -106,8 +106,8 @@ def cut_trace(
     """
     groups = row_groups(trace.span_files)
     start = anchor_start_ns(trace.anchors)
-    if start is None:
-        start = _host_start(trace, groups)
+    if start is None and any(b is not None and b.offset_ns is not None for b in (spec.since, spec.until)):
+        start = _host_start(trace, groups)  # a pass over every row group: only where an offset needs it
     window = dataclasses.replace(
         resolve_window(spec, trace.anchors, start), steps_by_position=spec.steps is not None and not _has_step_attributes(trace, groups)
     )

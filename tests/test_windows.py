@@ -151,17 +151,20 @@ def test_a_dataset_window_reads_few_row_groups_and_gives_the_same_figures(tmp_pa
 
 def _root_starts(run: Path) -> tuple[dict[int, int], int, int]:
     """step -> earliest root start (host ns) of the decode steps, the run's start and the anchors' wall − mono."""
-    trace = read_paths([run])
+    return _root_starts_of(read_paths([run]))
+
+
+def _root_starts_of(trace) -> tuple[dict[int, int], int | None, int | None]:
     spans = trace.spans
     roots = spans.filter(pc.and_(pc.equal(spans.column("depth"), 0), pc.is_valid(spans.column("step"))))
     starts: dict[int, int] = {}
     for step, ts in zip(roots.column("step").to_pylist(), roots.column("ts_ns").to_pylist(), strict=True):
         starts[step] = min(ts, starts.get(step, ts))
     anchors = trace.anchors
+    if not anchors.num_rows:
+        return starts, None, None
     offset = anchors.column("wall_ns")[0].as_py() - anchors.column("mono_ns")[0].as_py()
-    start = anchor_start_ns(anchors)
-    assert start is not None
-    return starts, start, offset
+    return starts, anchor_start_ns(anchors), offset
 
 
 def _iso(wall_ns: int) -> str:
@@ -269,3 +272,13 @@ def test_every_output_states_the_window(run, tmp_path):
     assert stated in (tmp_path / "out" / "report.html").read_text()
     assert stated in format_console_summary(outcome.summary)
     assert "window" not in analyze_paths([run], None).summary["inputs"]
+
+
+def test_offsets_without_clock_anchors_count_from_the_earliest_host_span(tmp_path):
+    SyntheticRun(ranks=2, steps=20, anchors=False, sa_profile=False).write(tmp_path / "run")
+    starts, _, _ = _root_starts_of(read_paths([tmp_path / "run"]))
+    first = min(starts.values())
+    summary = analyze_paths(
+        [tmp_path / "run"], None, window=parse_window(None, f"+{starts[5] - first}ns", f"+{starts[10] - first}ns")
+    ).summary
+    assert summary["inputs"]["window"]["run_start_ns"] == first and [r["step"] for r in summary["per_step"]] == [5, 6, 7, 8, 9]
