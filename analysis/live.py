@@ -1,0 +1,224 @@
+"""Following a running job: its logs read as they grow, a window of recent steps analysed on demand.
+
+:class:`LiveAnalysis` follows the text logs among its paths (a directory's
+``*.log``, as :func:`~dsprof.analysis.ingest.read_paths` reads it; logs that
+appear later are picked up) with one :class:`~dsprof.analysis.ingest.follow.LogFollower`
+each. Every span table parsed goes to two places:
+
+* the span dataset on disk (:class:`~dsprof.analysis.dataset.SpanDatasetWriter`,
+  what ``dsprof ingest`` writes), so memory stays bounded however long the job
+  runs, and the final analysis reads everything seen;
+* a :class:`StepRing` in memory holding the last ``window`` decode steps.
+
+:meth:`LiveAnalysis.window` analyses the ring with the same stages as
+``dsprof analyze`` (:func:`~dsprof.analysis.analyze.analyze_trace`).
+:meth:`LiveAnalysis.finish` parses what is left, reads the inputs that are not
+followed (SA_PROFILE fragments and merges, Kineto traces, side files) once,
+through the same sink, and completes the dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+
+from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace
+from dsprof.analysis.dataset import SpanDatasetWriter
+from dsprof.analysis.ingest import is_text_log, read_paths
+from dsprof.analysis.ingest.follow import LogFollower
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
+from dsprof.errors import InputError
+from dsprof.profiler import artifacts
+from dsprof.profiler.strace_format import CLK_DEVICE
+
+DEFAULT_WINDOW_STEPS = 200
+_RING_COLUMNS = ["pid", "inv", "step", "ts_ns", "depth", "clk"]
+
+
+@dataclass
+class RingCut:
+    """Which rows of the ring stay (``keep``) and which are analysed now (``analyse``: complete steps only)."""
+
+    keep: np.ndarray
+    analyse: np.ndarray
+
+
+class StepRing:
+    """The STRACE rows of the last ``window`` decode steps (by when their invocations started), and the open ones after them.
+
+    Trimmed by invocation: a row stays with its invocation (``pid, inv``),
+    whose step is its root's. The window is the ``window`` steps that started
+    last; rows of invocations that started before the window's span again
+    before its start are let go (a step number met again after a restart is
+    a new step), so memory is bounded by the window, not by the job.
+    Invocations whose root is not written yet and steps that not every rank
+    has reached are kept but not analysed: a step is analysed complete or not
+    at all.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW_STEPS):
+        if window < 2:
+            raise InputError("--window", f"{window} steps is too few", expected="a window of at least 2 steps")
+        self.window = window
+        self._tables: list[pa.Table] = []
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._tables.append(table)
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for t in self._tables)
+
+    def take_window(self) -> pa.Table:
+        """Trim the ring to the window and return the rows of its complete steps (SPAN_SCHEMA)."""
+        if not self._tables:
+            return SPAN_SCHEMA.empty_table()
+        ring = pa.concat_tables(self._tables, promote_options="permissive") if len(self._tables) > 1 else self._tables[0]
+        cut = self._cut(ring)
+        ring = ring.filter(pa.array(cut.keep))
+        self._tables = [ring]
+        return ring.filter(pa.array(cut.analyse[cut.keep])).cast(SPAN_SCHEMA)
+
+    def _cut(self, ring: pa.Table) -> RingCut:
+        rows = ring.select(_RING_COLUMNS).to_pandas(types_mapper=pd.ArrowDtype)
+        host = (rows["clk"] != CLK_DEVICE).to_numpy(bool, na_value=True)
+        ts = rows["ts_ns"].to_numpy(np.int64)
+        keyed = pd.DataFrame(
+            {
+                "pid": rows["pid"].to_numpy(np.int64, na_value=0),
+                "inv": rows["inv"].to_numpy(np.float64, na_value=np.nan),
+                "step": rows["step"].to_numpy(np.float64, na_value=np.nan),
+                "host_ts": np.where(host, ts, np.nan),
+                "root": host & (rows["depth"].to_numpy(np.float64, na_value=np.nan) == 0),
+            }
+        )
+        with_inv = keyed["inv"].notna().to_numpy()
+        inv_key = [keyed["pid"].to_numpy(), rows["inv"].to_numpy(np.uint64, na_value=0)]
+        invs = keyed[with_inv].groupby([inv_key[0][with_inv], inv_key[1][with_inv]]).agg(
+            step=("step", "max"), start=("host_ts", "min"), rooted=("root", "any")
+        )
+        steps = invs[invs["step"].notna()].groupby("step").agg(latest=("start", "max"), roots=("rooted", "sum"))
+        if steps.empty:  # no step yet: everything stays, nothing is analysed but rooted invocations
+            analysed_inv = invs["rooted"]
+            return RingCut(np.ones(len(rows), bool), _per_row(analysed_inv, inv_key, with_inv, np.ones(len(rows), bool)))
+        window = steps.sort_values("latest").tail(self.window)
+        first, last = float(window["latest"].min()), float(window["latest"].max())
+        floor = first - (last - first)
+        complete = window[window["roots"] >= window["roots"].max()]
+        done = float(complete["latest"].max())
+        step_latest = invs["step"].map(window["latest"])
+        in_window = invs["step"].isna() | step_latest.notna()
+        recent = invs["start"].isna() | (invs["start"] >= floor)
+        keep_inv = in_window & recent
+        settled = step_latest.le(done) | (invs["step"].isna() & invs["start"].le(done))
+        analyse_inv = keep_inv & invs["rooted"] & settled
+        loose_ts = np.where(with_inv, floor, ts)  # rows outside any invocation go by their own time
+        keep_loose = ~with_inv & (loose_ts >= floor)
+        keep = _per_row(keep_inv, inv_key, with_inv, keep_loose)
+        analyse = _per_row(analyse_inv, inv_key, with_inv, keep_loose & (loose_ts <= done))
+        return RingCut(keep, analyse)
+
+
+def _per_row(flags: pd.Series, inv_key: list[np.ndarray], with_inv: np.ndarray, loose: np.ndarray) -> np.ndarray:
+    """An invocation's flag on each of its rows; ``loose`` for rows outside any invocation."""
+    index = pd.MultiIndex.from_arrays([inv_key[0], inv_key[1]])
+    looked_up = flags.reindex(index).to_numpy(dtype=object)
+    return np.where(with_inv, looked_up == True, loose)  # noqa: E712  (object array: None where absent)
+
+
+class LiveAnalysis:
+    """The followed logs of ``paths``, their rows written to ``dataset_dir`` and kept for a window in memory."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike],
+        dataset_dir: str | os.PathLike,
+        *,
+        window: int = DEFAULT_WINDOW_STEPS,
+        threshold_ms: float = DEFAULT_THRESHOLD_MS,
+    ):
+        self.paths = [Path(p) for p in paths]
+        for path in self.paths:
+            if not path.exists():
+                raise InputError(path, "no such file or directory")
+        self.threshold_ms = threshold_ms
+        self.ring = StepRing(window)
+        self.followers: dict[Path, LogFollower] = {}
+        self.writer = SpanDatasetWriter(dataset_dir)
+        self.bytes_read = 0
+
+    def poll(self) -> int:
+        """Read the logs' new bytes (picking up new logs in watched directories); how many bytes were new."""
+        self._discover()
+        before = self.bytes_read
+        for follower in self.followers.values():
+            for table in follower.poll():
+                self._take(table)
+        self.bytes_read = sum(f.total_read for f in self.followers.values())
+        return self.bytes_read - before
+
+    def job_ended(self) -> bool:
+        """Whether a watched artifact directory holds the runtime's performance_summary.json (written at the job's end)."""
+        return any((path / artifacts.PERFORMANCE_SUMMARY).is_file() for path in self.paths if path.is_dir())
+
+    def window(self) -> AnalysisResult | None:
+        """The analysis of the window's complete steps, or None while it holds none. Close its engine when done."""
+        spans = self.ring.take_window()
+        if not spans.num_rows:
+            return None
+        trace = Trace(spans=spans, files=list(map(str, self.followers)))
+        trace.anchors, trace.chip_devices = self._side_tables()
+        return analyze_trace(trace, threshold_ms=self.threshold_ms)
+
+    def finish(self) -> Trace:
+        """Parse what is left, read the inputs not followed, complete the dataset; its Trace (spans on disk)."""
+        self._discover()
+        for follower in self.followers.values():
+            for table in follower.finish():
+                self._take(table)
+        others = read_paths(self.paths, sink=self.writer, logs=False)
+        self.writer.add(others.spans)
+        others.spans = SPAN_SCHEMA.empty_table()
+        in_order = [self.followers[log] for log in self._logs()]  # read_paths' order, whenever each log appeared
+        trace = merge_traces([*(f.trace() for f in in_order), others])
+        trace.dropped = dict(sorted(trace.dropped.items()))
+        self.writer.finish(trace)
+        return trace
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+    def _take(self, table: pa.Table) -> None:
+        self.writer.add(table)
+        self.ring.add(table)
+
+    def _side_tables(self) -> tuple[pa.Table, pa.Table]:
+        anchors = [t for f in self.followers.values() for t in f.counts.anchors]
+        chips = [t for f in self.followers.values() for t in f.counts.chips]
+        return (
+            pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table(),
+            pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table(),
+        )
+
+    def _discover(self) -> None:
+        """Follow every text log named, and every ``*.log`` that now is in a watched directory."""
+        for log in self._logs():
+            if log not in self.followers:
+                self.followers[log] = LogFollower(log)
+
+    def _logs(self) -> list[Path]:
+        """The text logs of the paths, in read_paths' order: each path's, a directory's ``*.log`` sorted by name."""
+        logs: list[Path] = []
+        for path in self.paths:
+            if path.is_dir():
+                logs.extend(sorted(p for p in path.glob("*.log") if p.is_file()))
+            elif path in self.followers or (path.is_file() and is_text_log(path)):
+                logs.append(path)
+        return [log for i, log in enumerate(logs) if log not in logs[:i]]
