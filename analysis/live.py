@@ -101,8 +101,10 @@ class StepRing:
         )
         with_inv = keyed["inv"].notna().to_numpy()
         inv_key = [keyed["pid"].to_numpy(), rows["inv"].to_numpy(np.uint64, na_value=0)]
-        invs = keyed[with_inv].groupby([inv_key[0][with_inv], inv_key[1][with_inv]]).agg(
-            step=("step", "max"), start=("host_ts", "min"), rooted=("root", "any")
+        invs = (
+            keyed[with_inv]
+            .groupby([inv_key[0][with_inv], inv_key[1][with_inv]])
+            .agg(step=("step", "max"), start=("host_ts", "min"), rooted=("root", "any"))
         )
         steps = invs[invs["step"].notna()].groupby("step").agg(latest=("start", "max"), roots=("rooted", "sum"))
         if steps.empty:  # no step yet: everything stays, nothing is analysed but rooted invocations

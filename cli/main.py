@@ -26,6 +26,7 @@ from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
 from dsprof.commands.printing import error_line, os_error_message
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
+from dsprof.commands.watch import WatchOptions, watch_command
 from dsprof.errors import DsprofError
 
 _DEBUG_KEY = "dsprof.debug"
@@ -364,6 +365,37 @@ def ingest(paths, output) -> None:
     Prints the records read, the spans kept and the records dropped by reason.
     """
     ingest_command(paths, output, progress=_progress(), out=_out)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Final outputs [default: as analyze].")
+@click.option("--window", type=click.IntRange(min=2), default=200, show_default=True, help="Decode steps analysed live (the last N).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between refreshes.")
+@_THRESHOLD
+@click.option(
+    "--idle-exit", type=click.FloatRange(min=0, min_open=True), show_default="never", help="End after S seconds without new bytes."
+)
+@click.option("--alert", "alert_rules", type=click.Path(dir_okay=False, path_type=Path), help="Gate rules (TOML) checked on every window.")
+@click.option("--on-alert", metavar="CMD", help="Run CMD (shell; $DSPROF_ALERT holds the line) on an alert and go on watching.")
+@click.option("--events", type=click.Path(dir_okay=False, path_type=Path), help="Append one JSON line per refresh to FILE.")
+@click.option(
+    "--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept", help="Keep the span dataset here."
+)
+def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir) -> None:
+    """Follow a running job's logs: a live view of its last steps, then analyze's outputs.
+
+    Ends on Ctrl-C, when performance_summary.json appears in a watched artifact dir, or after --idle-exit. Exit status:
+    0, 1 when an --alert rule failed (without --on-alert), 2 on bad input (docs/WATCH.md).
+    """
+    options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir)
+    screen = _screen if sys.stdout.isatty() else None
+    click.get_current_context().exit(watch_command(paths, options, out=_out, screen=screen))
+
+
+def _screen(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 @cli.command()

@@ -81,9 +81,7 @@ def scanner_of(module: Any) -> Any:
     )
 
 
-def scanned_pieces(
-    scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0
-) -> Iterator[Chunk | int]:
+def scanned_pieces(scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[Chunk | int]:
     """Each piece read by ``scanner`` (or the count of overlong lines skipped); drops are added to ``dropped``.
 
     ``line_base``: lines of the file before the first piece (a follower hands on a file's new bytes only).
