@@ -57,9 +57,9 @@ class StepRing:
     last; rows of invocations that started before the window's span again
     before its start are let go (a step number met again after a restart is
     a new step), so memory is bounded by the window, not by the job.
-    Invocations whose root is not written yet and steps that not every rank
-    has reached are kept but not analysed: a step is analysed complete or not
-    at all.
+    Invocations whose root is not written yet and steps with fewer roots than
+    the fullest step of the window (not every rank has reached them yet) are
+    kept but not analysed: a step is analysed complete or not at all.
     """
 
     def __init__(self, window: int = DEFAULT_WINDOW_STEPS):
@@ -119,7 +119,7 @@ class StepRing:
         in_window = invs["step"].isna() | step_latest.notna()
         recent = invs["start"].isna() | (invs["start"] >= floor)
         keep_inv = in_window & recent
-        settled = step_latest.le(done) | (invs["step"].isna() & invs["start"].le(done))
+        settled = invs["step"].isin(complete.index) | (invs["step"].isna() & invs["start"].le(done))
         analyse_inv = keep_inv & invs["rooted"] & settled
         loose_ts = np.where(with_inv, floor, ts)  # rows outside any invocation go by their own time
         keep_loose = ~with_inv & (loose_ts >= floor)
@@ -179,12 +179,16 @@ class LiveAnalysis:
         trace.anchors, trace.chip_devices = self._side_tables()
         return analyze_trace(trace, threshold_ms=self.threshold_ms)
 
-    def finish(self) -> Trace:
-        """Parse what is left, read the inputs not followed, complete the dataset; its Trace (spans on disk)."""
+    def drain(self) -> None:
+        """Parse every followed log to its last byte (a torn last record too): the job has ended."""
         self._discover()
         for follower in self.followers.values():
             for table in follower.finish():
                 self._take(table)
+
+    def finish(self) -> Trace:
+        """Parse what is left, read the inputs not followed, complete the dataset; its Trace (spans on disk)."""
+        self.drain()
         others = read_paths(self.paths, sink=self.writer, logs=False)
         self.writer.add(others.spans)
         others.spans = SPAN_SCHEMA.empty_table()

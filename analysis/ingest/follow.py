@@ -64,10 +64,13 @@ class LogFollower:
         self._held = bytearray()  # read but not parsed yet: from the last line opening with '['
         self._line_base = 0  # lines of the open file parsed so far
         self._head_checked = False
+        self.finished = False  # finish() was called: nothing more is read
 
     def poll(self) -> list[pa.Table]:
         """Read what was written since the last poll; the span tables of the records now complete."""
         tables: list[pa.Table] = []
+        if self.finished:
+            return tables
         try:
             current = os.stat(self.path)
         except FileNotFoundError:
@@ -93,6 +96,7 @@ class LogFollower:
         if self._handle is not None:
             self._drain(tables)
             self._close()
+        self.finished = True
         return tables
 
     def trace(self) -> Trace:

@@ -45,7 +45,8 @@ class FindingLines:
         self.said: set[tuple[str, int, int]] = set()
         self.straggler: tuple[Any, Any] | None = None
 
-    def new_lines(self, summary: Summary) -> list[str]:
+    def new_lines(self, summary: Summary, final: bool = False) -> list[str]:
+        """The findings of this window not said before (``final``: the job ended, its last step is final too)."""
         steps = window_steps(summary)
         if steps is None:
             return []
@@ -54,7 +55,7 @@ class FindingLines:
             block: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
             for item in block.get("items") or []:
                 step, rank = item.get("step"), item.get("rank")
-                if not isinstance(step, int) or step >= steps[1] or (key, step, rank) in self.said:
+                if not isinstance(step, int) or (step >= steps[1] and not final) or (key, step, rank) in self.said:
                     continue
                 self.said.add((key, step, rank))
                 found.append((step, f"{title[:-1]}: {item_line(item)}"))

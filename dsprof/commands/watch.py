@@ -238,15 +238,15 @@ class _Follower:
                         return "an alert fired"
                 ended = self._ended(stop, now - last_new)
                 if ended is not None:
-                    self.live.poll()
-                    self.refresh()  # the last window's findings
+                    self.live.drain()
+                    self.refresh(final=True)  # the last window, to its last record
                     return ended
                 time.sleep(POLL_S)
         except KeyboardInterrupt as interrupt:
             return f"stopped by {interrupt or 'Ctrl-C'}"
 
-    def refresh(self) -> bool:
-        """Analyse the window, print what is new, evaluate the alerts; whether one fired."""
+    def refresh(self, final: bool = False) -> bool:
+        """Analyse the window, print what is new, evaluate the alerts; whether one fired (``final``: the job ended)."""
         result = self.live.window()
         summary, steps, fired = None, None, []
         if result is not None:
@@ -264,7 +264,7 @@ class _Follower:
             )
             self.screen(CLEAR_SCREEN + view + "\n")
         else:
-            for line in ([] if summary is None else self.findings.new_lines(summary)) + fired:
+            for line in ([] if summary is None else self.findings.new_lines(summary, final)) + fired:
                 self.out(line)
         return bool(fired)
 
