@@ -228,6 +228,7 @@ _THRESHOLD = click.option(
     type=click.Path(file_okay=False, path_type=Path),
     help="Artifact directory [default: runs/<preset>-<timestamp>].",
 )
+@click.option("--live", is_flag=True, help="Follow the run while it runs, as `dsprof watch` does (a live view on a terminal).")
 def run(
     preset,
     ranks,
@@ -248,6 +249,7 @@ def run(
     ab_pairs,
     threshold_ms,
     out_dir,
+    live,
 ) -> None:
     """Run the bundled decode runtime, profiled, then analyse it.
 
@@ -260,6 +262,8 @@ def run(
     from dsprof.commands.ab import ab_command
     from dsprof.commands.run import run_command
 
+    if live and ab_pairs is not None:
+        raise click.UsageError("--live follows one run; it does not go with --ab")
     command = run_command if ab_pairs is None else functools.partial(ab_command, pairs=ab_pairs)
     exit_code = command(
         preset,  # None below means "the preset's value"
@@ -280,6 +284,7 @@ def run(
         inject=list(inject) or None,
         threshold_ms=threshold_ms,
         out_dir=out_dir,
+        **({"live": True} if live else {}),
         progress=_progress(),
         out=_out,
         err=_err,
@@ -382,13 +387,16 @@ def ingest(paths, output) -> None:
 @click.option(
     "--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept", help="Keep the span dataset here."
 )
-def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir) -> None:
+@click.option(
+    "--expect-ranks", type=click.IntRange(min=1), show_default="any number", help="Fail validation unless this many ranks appear."
+)
+def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks) -> None:
     """Follow a running job's logs: a live view of its last steps, then analyze's outputs.
 
     Ends on Ctrl-C, when performance_summary.json appears in a watched artifact dir, or after --idle-exit. Exit status:
     0, 1 when an --alert rule failed (without --on-alert), 2 on bad input (docs/WATCH.md).
     """
-    options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir)
+    options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks)
     screen = _screen if sys.stdout.isatty() else None
     click.get_current_context().exit(watch_command(paths, options, out=_out, screen=screen))
 

@@ -86,9 +86,9 @@ def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequen
             "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6}".format(name, *(value(block.get(k)) for k, _ in PERCENTILES), block.get("count", 0))
         )
     for key, title in LATE_LISTS:
-        block = summary.get(key) or {}  # type: ignore[assignment]
-        items = sorted(worst_first(block.get("items") or [])[:VIEW_LIST_LIMIT], key=lambda i: i.get("step") or 0)
-        lines += ["", f"{title} in the window: {len(block.get('items') or [])}"] + [f"  {item_line(i)}" for i in items]
+        late: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
+        items = sorted(worst_first(late.get("items") or [])[:VIEW_LIST_LIMIT], key=lambda i: i.get("step") or 0)
+        lines += ["", f"{title} in the window: {len(late.get('items') or [])}"] + [f"  {item_line(i)}" for i in items]
     if alerts:
         lines += ["", "alerts:"] + [f"  {line}" for line in alerts]
     return "\n".join(terminal_safe(line) for line in lines)

@@ -41,6 +41,8 @@ from dsprof.textsafe import terminal_safe
 
 DEFAULT_INTERVAL_S = 1.0
 POLL_S = 0.1  # how often the logs are polled between refreshes
+# The runtime writes faults.json just after performance_summary.json: the watch ends this long after the latter appears.
+JOB_END_GRACE_S = 1.0
 ALERT_ENV = "DSPROF_ALERT"
 Screen = Callable[[str], None]
 
@@ -70,7 +72,7 @@ class WatchOptions:
         if self.on_alert is not None and self.alert_rules is None:
             raise DsprofError("--on-alert needs --alert RULES.toml")
         if self.alert_rules is not None:
-            load_rules(self.alert_rules)
+            load_rules(Path(self.alert_rules))
 
 
 @dataclass
@@ -96,7 +98,7 @@ class Alerts:
         if self.rules is None:
             return []
         lines = []
-        for result in evaluate_gate(dict(summary), self.rules).results:
+        for result in evaluate_gate(dict(summary), Path(self.rules)).results:
             if not result.failed or self.quiet_until.get(result.title, -1) >= steps[0]:
                 continue
             self.quiet_until[result.title] = steps[1]
@@ -223,6 +225,7 @@ class _Follower:
         self.live, self.options, self.out, self.screen, self.events = live, options, out, screen, events
         self.findings = FindingLines()
         self.alerts = Alerts(options.alert_rules, options.on_alert)
+        self.end_seen: float | None = None
 
     def run(self, stop: threading.Event | None) -> str:
         """Follow until the job ends; why it ended."""
@@ -272,7 +275,9 @@ class _Follower:
         if stop is not None and stop.is_set():
             return "the job ended"
         if self.live.job_ended():
-            return "the job ended (performance_summary.json written)"
+            self.end_seen = self.end_seen or time.monotonic()
+            if time.monotonic() - self.end_seen >= JOB_END_GRACE_S:
+                return "the job ended (performance_summary.json written)"
         if self.options.idle_exit_s is not None and idle_s >= self.options.idle_exit_s:
             return f"no new bytes for {self.options.idle_exit_s:g} s"
         return None
