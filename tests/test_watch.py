@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -241,3 +243,37 @@ def test_cli_watch_refuses_bad_input_in_one_line(tmp_path):
     done = _dsprof("watch", str(tmp_path), "--on-alert", "true")
     assert done.returncode == 2 and "--on-alert needs --alert" in done.stderr
     assert not os.path.exists(tmp_path / "out" / artifacts.SUMMARY_JSON)
+
+
+def test_ctrl_c_ends_the_watch_with_analyzes_outputs(tmp_path, faulty):
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "server.log").write_bytes(faulty[0])
+    events = tmp_path / "ev.jsonl"
+    command = [sys.executable, "-m", "dsprof.cli.main", "watch", str(run), "-o", str(tmp_path / "w"), "--events", str(events)]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        while not (events.is_file() and events.read_text()):  # the first refresh is written: the watch is under way
+            assert watcher.poll() is None, watcher.communicate()
+            time.sleep(0.1)
+        watcher.send_signal(signal.SIGINT)
+        stdout, stderr = watcher.communicate(timeout=300)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, stderr
+    assert "watch ended: stopped by SIGINT" in stdout
+    reference = _dsprof("analyze", str(run), "-o", str(tmp_path / "a"))
+    assert (tmp_path / "w" / artifacts.SUMMARY_JSON).read_bytes() == (tmp_path / "a" / artifacts.SUMMARY_JSON).read_bytes(), (
+        reference.stderr
+    )
+
+
+@pytest.mark.runtime
+def test_run_live_writes_the_runs_outputs_as_analyze_does(tmp_path):
+    out_dir = tmp_path / "live"
+    done = _dsprof("run", "--live", "--ranks", "2", "--output-tokens", "12", "-o", str(out_dir))
+    assert done.returncode == 0, done.stderr
+    assert f"artifacts: {out_dir}" in done.stdout and "watch ended: the job ended" in done.stdout
+    reference = _dsprof("analyze", str(out_dir), "-o", str(tmp_path / "a"), "--expect-ranks", "2")
+    assert reference.returncode == 0, reference.stderr
+    assert (out_dir / artifacts.SUMMARY_JSON).read_bytes() == (tmp_path / "a" / artifacts.SUMMARY_JSON).read_bytes()

@@ -15,14 +15,16 @@ everything read.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
@@ -184,7 +186,8 @@ def watch_paths(
         live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms)
         follower = _Follower(live, options, out, screen, events)
         try:
-            ended_by = follower.run(stop)
+            with _signals_end(follower):
+                ended_by = follower.run(stop)
         except BaseException:
             live.abort()
             raise
@@ -218,6 +221,30 @@ def finish_watch(live: LiveAnalysis, out_dir: Path, options: WatchOptions, *, ke
     return analysis
 
 
+@contextlib.contextmanager
+def _signals_end(follower: _Follower) -> Iterator[None]:
+    """While following, Ctrl-C and SIGTERM end the watch at the next poll instead of interrupting a read half done.
+
+    Only in the main thread (where signal handlers live); the handlers before are back for the final outputs, so a
+    second Ctrl-C there stops at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def end(signum: int, _frame: object) -> None:
+        follower.signalled = follower.signalled or f"stopped by {signal.Signals(signum).name}"
+
+    try:
+        for signum in previous:
+            signal.signal(signum, end)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
 class _Follower:
     """The watch loop: poll, refresh the window every interval, print, alert, and say why it ended."""
 
@@ -226,6 +253,7 @@ class _Follower:
         self.findings = FindingLines()
         self.alerts = Alerts(options.alert_rules, options.on_alert)
         self.end_seen: float | None = None
+        self.signalled: str | None = None  # set by a signal handler (_signals_end)
 
     def run(self, stop: threading.Event | None) -> str:
         """Follow until the job ends; why it ended."""
@@ -272,6 +300,8 @@ class _Follower:
         return bool(fired)
 
     def _ended(self, stop: threading.Event | None, idle_s: float) -> str | None:
+        if self.signalled is not None:
+            return self.signalled
         if stop is not None and stop.is_set():
             return "the job ended"
         if self.live.job_ended():
