@@ -139,10 +139,10 @@ def test_final_summary_equals_analyze_with_rotation_and_a_torn_end(tmp_path, fau
     log = run / "server.log"
     log.touch()
     live = LiveAnalysis([run], tmp_path / "spans", window=20)
-    _follow(live, _pieces(data[:middle], seed=2), log, finished=True)
+    _follow(live, _pieces(data[:middle], seed=2), log, every=10, finished=True)
     log.rename(run / "server.log.1")  # rotated: the old file keeps its name ending, a new server.log starts
     (run / "server.log").touch()
-    _follow(live, _pieces(_torn(data)[middle:], seed=3), log, finished=True)
+    _follow(live, _pieces(_torn(data)[middle:], seed=3), log, every=10, finished=True)
     watched = finish_watch(live, tmp_path / "watch-out", WatchOptions(), keep_dataset=False)
     watched.result.engine.close()
     reference = analyze_paths([run / "server.log.1", log], tmp_path / "analyze-out")
@@ -160,20 +160,23 @@ def test_findings_name_the_injected_ranks_and_the_ring_stays_bounded(tmp_path, f
     log.touch()
     live = LiveAnalysis([log], tmp_path / "spans", window=15)
     findings, lines, ring = FindingLines(), [], []
-    for summary in _follow(live, _pieces(data, seed=4, most=60_000), log, every=2):
+    for summary in _follow(live, _pieces(data, seed=4, most=120_000), log, every=2):
         lines += findings.new_lines(summary)
         ring.append(live.ring.rows)
         assert "steps" in format_live_view(summary, bytes_read=live.bytes_read)
     expected = {(TITLES[f["section"]], f["step"], f["rank"]) for fault in answers["faults"] for f in fault["flags"]}
-    said = {
-        (title, step, rank)
-        for title, step, rank in expected
-        if any(line.startswith(f"{title}: step {step} · rank {rank} ") for line in lines)
-    }
-    assert len(said) >= 0.8 * len(expected), (sorted(expected - said), lines)  # a flag at the window's very end may be missed
+    said = {_finding(line) for line in lines if not line.startswith("straggler: ")}
+    assert said == expected, lines  # every flag of every injected fault, with its rank, and nothing else
     assert len(lines) == len(set(lines))  # each finding said once
     rows_per_step = read_strace_log(log).spans.num_rows / SHAPE.steps
     assert max(ring) < 3 * 15 * rows_per_step  # the ring holds about the window, not the run
+
+
+def _finding(line: str) -> tuple[str, int, int]:
+    """(list title, step, rank) of a finding line: ``slow step: step 32 · rank 2 (cpu:2) · ...``."""
+    title, _, rest = line.partition(": step ")
+    step, _, rest = rest.partition(" · rank ")
+    return title, int(step), int(rest.split()[0])
 
 
 def test_a_clean_run_says_nothing(tmp_path, clean):
@@ -182,7 +185,7 @@ def test_a_clean_run_says_nothing(tmp_path, clean):
     live = LiveAnalysis([log], tmp_path / "spans", window=15)
     findings, alerts = FindingLines(), Alerts(_rules(tmp_path), None)
     lines = []
-    for summary in _follow(live, _pieces(clean, seed=5, most=60_000), log, every=2):
+    for summary in _follow(live, _pieces(clean, seed=5, most=120_000), log, every=2):
         lines += findings.new_lines(summary) + alerts.check(summary, (summary["per_step"][0]["step"], summary["per_step"][-1]["step"]))
     assert lines == []
 
@@ -194,7 +197,7 @@ def test_an_alert_runs_the_hook_once_per_window(tmp_path, faulty):
     fired_to = tmp_path / "fired.txt"
     alerts = Alerts(_rules(tmp_path), f'printf "%s\\n" "$DSPROF_ALERT" >> {fired_to}')
     events = Events(tmp_path / "events.jsonl")
-    for summary in _follow(live, _pieces(faulty[0], seed=6, most=60_000), log, every=2):
+    for summary in _follow(live, _pieces(faulty[0], seed=6, most=120_000), log, every=2):
         steps = (min(r["step"] for r in summary["per_step"]), max(r["step"] for r in summary["per_step"]))
         events.write(steps, alerts.check(summary, steps))
     events.close()
