@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace
 from dsprof.analysis.dataset import SpanDatasetWriter
@@ -38,7 +39,6 @@ from dsprof.profiler import artifacts
 from dsprof.profiler.strace_format import CLK_DEVICE
 
 DEFAULT_WINDOW_STEPS = 200
-_RING_COLUMNS = ["pid", "inv", "step", "ts_ns", "depth", "clk"]
 
 
 @dataclass
@@ -87,52 +87,54 @@ class StepRing:
         return ring.filter(pa.array(cut.analyse[cut.keep])).cast(SPAN_SCHEMA)
 
     def _cut(self, ring: pa.Table) -> RingCut:
-        rows = ring.select(_RING_COLUMNS).to_pandas(types_mapper=pd.ArrowDtype)
-        host = (rows["clk"] != CLK_DEVICE).to_numpy(bool, na_value=True)
-        ts = rows["ts_ns"].to_numpy(np.int64)
-        keyed = pd.DataFrame(
+        """Which rows stay and which are analysed: aggregated per invocation (Arrow), decided per step (a few thousand rows)."""
+        host = pc.fill_null(pc.not_equal(ring["clk"].cast(pa.string()), CLK_DEVICE), True)
+        keyed = pa.table(
             {
-                "pid": rows["pid"].to_numpy(np.int64, na_value=0),
-                "inv": rows["inv"].to_numpy(np.float64, na_value=np.nan),
-                "step": rows["step"].to_numpy(np.float64, na_value=np.nan),
-                "host_ts": np.where(host, ts, np.nan),
-                "root": host & (rows["depth"].to_numpy(np.float64, na_value=np.nan) == 0),
+                "pid": ring["pid"],
+                "inv": ring["inv"],
+                "step": ring["step"],
+                "start": pc.if_else(host, ring["ts_ns"], pa.scalar(None, pa.int64())),
+                "root": pc.and_(host, pc.fill_null(pc.equal(ring["depth"], 0), False)),
+                "row": pa.array(np.arange(ring.num_rows)),
             }
         )
-        with_inv = keyed["inv"].notna().to_numpy()
-        inv_key = [keyed["pid"].to_numpy(), rows["inv"].to_numpy(np.uint64, na_value=0)]
+        with_inv = pc.is_valid(ring["inv"])
+        in_invs = keyed.filter(with_inv)
         invs = (
-            keyed[with_inv]
-            .groupby([inv_key[0][with_inv], inv_key[1][with_inv]])
-            .agg(step=("step", "max"), start=("host_ts", "min"), rooted=("root", "any"))
+            in_invs.group_by(["pid", "inv"])
+            .aggregate([("step", "max"), ("start", "min"), ("root", "any")])
+            .rename_columns(["pid", "inv", "step", "start", "rooted"])
+            .to_pandas()
         )
+        ts = ring["ts_ns"].to_numpy()
+        loose = ~with_inv.to_numpy(zero_copy_only=False)
         steps = invs[invs["step"].notna()].groupby("step").agg(latest=("start", "max"), roots=("rooted", "sum"))
         if steps.empty:  # no step yet: everything stays, nothing is analysed but rooted invocations
-            analysed_inv = invs["rooted"]
-            return RingCut(np.ones(len(rows), bool), _per_row(analysed_inv, inv_key, with_inv, np.ones(len(rows), bool)))
+            return RingCut(np.ones(ring.num_rows, bool), _per_row(in_invs, invs, invs["rooted"].to_numpy(), loose))
         window = steps.sort_values("latest").tail(self.window)
-        first, last = float(window["latest"].min()), float(window["latest"].max())
+        first, last = int(window["latest"].min()), int(window["latest"].max())
         floor = first - (last - first)
         complete = window[window["roots"] >= window["roots"].max()]
-        done = float(complete["latest"].max())
-        step_latest = invs["step"].map(window["latest"])
-        in_window = invs["step"].isna() | step_latest.notna()
-        recent = invs["start"].isna() | (invs["start"] >= floor)
-        keep_inv = in_window & recent
-        settled = invs["step"].isin(complete.index) | (invs["step"].isna() & invs["start"].le(done))
+        done = int(complete["latest"].max())
+        no_step = invs["step"].isna()
+        keep_inv = (no_step | invs["step"].isin(window.index)) & (invs["start"].isna() | (invs["start"] >= floor))
+        settled = invs["step"].isin(complete.index) | (no_step & invs["start"].le(done))
         analyse_inv = keep_inv & invs["rooted"] & settled
-        loose_ts = np.where(with_inv, floor, ts)  # rows outside any invocation go by their own time
-        keep_loose = ~with_inv & (loose_ts >= floor)
-        keep = _per_row(keep_inv, inv_key, with_inv, keep_loose)
-        analyse = _per_row(analyse_inv, inv_key, with_inv, keep_loose & (loose_ts <= done))
-        return RingCut(keep, analyse)
+        keep_loose = loose & (ts >= floor)  # rows outside any invocation go by their own time
+        return RingCut(
+            _per_row(in_invs, invs, keep_inv.to_numpy(bool), keep_loose),
+            _per_row(in_invs, invs, analyse_inv.to_numpy(bool), keep_loose & (ts <= done)),
+        )
 
 
-def _per_row(flags: pd.Series, inv_key: list[np.ndarray], with_inv: np.ndarray, loose: np.ndarray) -> np.ndarray:
-    """An invocation's flag on each of its rows; ``loose`` for rows outside any invocation."""
-    index = pd.MultiIndex.from_arrays([inv_key[0], inv_key[1]])
-    looked_up = flags.reindex(index).to_numpy(dtype=object)
-    return np.where(with_inv, looked_up == True, loose)  # noqa: E712  (object array: None where absent)
+def _per_row(in_invs: pa.Table, invs: pd.DataFrame, flags: np.ndarray, loose: np.ndarray) -> np.ndarray:
+    """Each invocation's flag on its rows (``in_invs``: their pid, inv and row number); ``loose`` for the other rows."""
+    flagged = pa.table({"pid": pa.array(invs["pid"].to_numpy()), "inv": pa.array(invs["inv"].to_numpy()), "flag": flags})
+    rows = in_invs.select(["pid", "inv", "row"]).join(flagged, ["pid", "inv"])
+    out = loose.copy()
+    out[rows["row"].to_numpy()] = rows["flag"].to_numpy(zero_copy_only=False)
+    return out
 
 
 class LiveAnalysis:
