@@ -39,6 +39,8 @@ from dsprof.profiler import artifacts
 from dsprof.profiler.strace_format import CLK_DEVICE
 
 DEFAULT_WINDOW_STEPS = 200
+# Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.
+WRITE_ROWS = 1 << 16
 
 
 @dataclass
@@ -156,6 +158,8 @@ class LiveAnalysis:
         self.ring = StepRing(window)
         self.followers: dict[Path, LogFollower] = {}
         self.writer = SpanDatasetWriter(dataset_dir)
+        self._unwritten: list[pa.Table] = []
+        self._unwritten_rows = 0
         self.bytes_read = 0
 
     def poll(self) -> int:
@@ -187,6 +191,7 @@ class LiveAnalysis:
         for follower in self.followers.values():
             for table in follower.finish():
                 self._take(table)
+        self._write()
 
     def finish(self) -> Trace:
         """Parse what is left, read the inputs not followed, complete the dataset; its Trace (spans on disk)."""
@@ -194,7 +199,8 @@ class LiveAnalysis:
         others = read_paths(self.paths, sink=self.writer, logs=False)
         self.writer.add(others.spans)
         others.spans = SPAN_SCHEMA.empty_table()
-        in_order = [self.followers[log] for log in self._logs()]  # read_paths' order, whenever each log appeared
+        listed = [log for log in self._logs() if log in self.followers]  # read_paths' order, whenever each log appeared
+        in_order = [self.followers[log] for log in [*listed, *(log for log in self.followers if log not in listed)]]
         trace = merge_traces([*(f.trace() for f in in_order), others])
         trace.dropped = dict(sorted(trace.dropped.items()))
         self.writer.finish(trace)
@@ -204,8 +210,17 @@ class LiveAnalysis:
         self.writer.abort()
 
     def _take(self, table: pa.Table) -> None:
-        self.writer.add(table)
         self.ring.add(table)
+        self._unwritten.append(table)
+        self._unwritten_rows += table.num_rows
+        if self._unwritten_rows >= WRITE_ROWS:
+            self._write()
+
+    def _write(self) -> None:
+        """Hand the rows gathered to the dataset writer, as one table."""
+        if self._unwritten:
+            self.writer.add(pa.concat_tables(self._unwritten))
+        self._unwritten, self._unwritten_rows = [], 0
 
     def _side_tables(self) -> tuple[pa.Table, pa.Table]:
         anchors = [t for f in self.followers.values() for t in f.counts.anchors]
@@ -218,8 +233,16 @@ class LiveAnalysis:
     def _discover(self) -> None:
         """Follow every text log named, and every ``*.log`` that now is in a watched directory."""
         for log in self._logs():
-            if log not in self.followers:
+            if log not in self.followers and not self._followed_elsewhere(log):
                 self.followers[log] = LogFollower(log)
+
+    def _followed_elsewhere(self, log: Path) -> bool:
+        """Whether ``log`` is a file already followed under another name (rotated to a name that also ends in .log)."""
+        try:
+            status = log.stat()
+        except OSError:
+            return True  # gone again: nothing to follow
+        return any((status.st_dev, status.st_ino) in f.identities for f in self.followers.values())
 
     def _logs(self) -> list[Path]:
         """The text logs of the paths, in read_paths' order: each path's, a directory's ``*.log`` sorted by name."""

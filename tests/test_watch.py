@@ -131,7 +131,8 @@ def _follow(live: LiveAnalysis, pieces: list[bytes], log: Path, every: int = 3, 
     return summaries
 
 
-def test_final_summary_equals_analyze_with_rotation_and_a_torn_end(tmp_path, faulty):
+@pytest.mark.parametrize("rotated_name", ["server.log.1", "server-1.log"])  # the second one a watched directory lists too
+def test_final_summary_equals_analyze_with_rotation_and_a_torn_end(tmp_path, faulty, rotated_name):
     data = faulty[0]
     middle = data.index(b"\n[", len(data) // 2) + 1  # a logger rotates between lines
     run = tmp_path / "run"
@@ -140,16 +141,16 @@ def test_final_summary_equals_analyze_with_rotation_and_a_torn_end(tmp_path, fau
     log.touch()
     live = LiveAnalysis([run], tmp_path / "spans", window=20)
     _follow(live, _pieces(data[:middle], seed=2), log, every=10, finished=True)
-    log.rename(run / "server.log.1")  # rotated: the old file keeps its name ending, a new server.log starts
+    log.rename(run / rotated_name)  # rotated: a new server.log starts
     (run / "server.log").touch()
     _follow(live, _pieces(_torn(data)[middle:], seed=3), log, every=10, finished=True)
     watched = finish_watch(live, tmp_path / "watch-out", WatchOptions(), keep_dataset=False)
     watched.result.engine.close()
-    reference = analyze_paths([run / "server.log.1", log], tmp_path / "analyze-out")
+    reference = analyze_paths([run / rotated_name, log], tmp_path / "analyze-out")
     reference.result.engine.close()
     got, want = (json.loads((tmp_path / d / artifacts.SUMMARY_JSON).read_text()) for d in ("watch-out", "analyze-out"))
     assert got["inputs"].pop("files") == [str(log)]
-    assert want["inputs"].pop("files") == [str(run / "server.log.1"), str(log)]
+    assert want["inputs"].pop("files") == [str(run / rotated_name), str(log)]
     assert got == want
     assert want["inputs"]["dropped"] == {"torn_record": 1}
 

@@ -65,6 +65,7 @@ class LogFollower:
         self._line_base = 0  # lines of the open file parsed so far
         self._head_checked = False
         self.finished = False  # finish() was called: nothing more is read
+        self.identities: set[tuple[int, int]] = set()  # (device, inode) of every file followed under this path
 
     def poll(self) -> list[pa.Table]:
         """Read what was written since the last poll; the span tables of the records now complete."""
@@ -119,6 +120,7 @@ class LogFollower:
             raise InputError(self.path, f"cannot read: {exc.strerror or exc}") from None
         status = os.fstat(self._handle.fileno())
         self._identity = (status.st_dev, status.st_ino)
+        self.identities.add(self._identity)
         self._restart()
 
     def _restart(self) -> None:
