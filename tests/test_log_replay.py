@@ -70,9 +70,11 @@ def test_backlog_counts_written_steps_not_yet_shown():
     event_wall = np.array([0.5, 2.5, 4.5, 5.5])
     new_last = np.array([0, 1, 2, 3])
     assert backlog_steps(step, written, event_wall, new_last).tolist() == [0, 1, 2, 2]
-    growing = np.array([0, 1, 1, 2, 3, 4, 5, 6])
-    assert backlog_growth(np.arange(8.0), growing, 0.0, 8.0) == 4.0  # medians 5.5 (last quarter) - 1.5 (second)
-    assert np.isnan(backlog_growth(np.arange(8.0), growing, 100.0, 108.0))
+    saw_tooth = np.array([0, 3, 0, 3, 0, 3, 0, 3, 0])
+    assert backlog_growth(np.arange(9.0), saw_tooth, 0.0, 8.0) == pytest.approx(0.0, abs=1e-9)
+    growing = np.arange(9) * 2
+    assert backlog_growth(np.arange(9.0), growing, 0.0, 8.0) == pytest.approx(16.0)
+    assert np.isnan(backlog_growth(np.arange(9.0), growing, 7.5, 8.5))  # one event in the span
 
 
 def test_the_appender_writes_the_loops_byte_for_byte_and_notes_every_step(tmp_path):

@@ -151,13 +151,17 @@ def backlog_steps(step: np.ndarray, step_written_wall: np.ndarray, event_wall: n
 
 
 def backlog_growth(event_wall: np.ndarray, backlog: np.ndarray, start: float, stop: float) -> float:
-    """Median backlog over the last quarter of [start, stop] minus that over its second quarter (steps)."""
-    span = stop - start
-    second = backlog[(event_wall >= start + span / 4) & (event_wall < start + span / 2)]
-    last = backlog[(event_wall >= start + 3 * span / 4) & (event_wall <= stop)]
-    if len(second) == 0 or len(last) == 0:
+    """How much the backlog grew over [start, stop] (steps): the slope of a straight-line fit times the span.
+
+    A follower that keeps up has a saw-tooth backlog (it grows between refreshes
+    and drops at each one), so its fit stays flat; one that falls behind grows
+    by the steps it fails to read. NaN with fewer than three events in the span.
+    """
+    inside = (event_wall >= start) & (event_wall <= stop)
+    if inside.sum() < 3:
         return float("nan")
-    return float(np.median(last) - np.median(second))
+    slope = np.polyfit(event_wall[inside] - start, backlog[inside].astype(np.float64), 1)[0]
+    return float(slope * (stop - start))
 
 
 @dataclass
