@@ -87,7 +87,7 @@ def loop_log(cache: Path, arguments: dict, k: int) -> Loop:
 def loops_for(cache: Path, arguments: dict, step_ms: float, seconds: float, pace: float) -> list[Loop]:
     """Enough loops to keep the appender writing for ``seconds`` at ``pace``."""
     cache.mkdir(parents=True, exist_ok=True)
-    needed = int(np.ceil(seconds * pace * 1000 / step_ms / arguments["steps"])) + 1
+    needed = max(1, int(np.ceil(seconds * pace * 1000 / step_ms / arguments["steps"])))
     return [loop_log(cache, arguments, k) for k in range(needed)]
 
 
