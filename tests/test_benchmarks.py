@@ -1,7 +1,7 @@
 """The benchmark scripts still run against the current library (`make bench` is not part of CI).
 
-Only a quick section of one script, on the small demo shape: the figures are
-not checked here (they belong to `make bench`), only that the script reaches them.
+Only quick sections of two scripts, on small shapes: the figures are not
+checked here (they belong to `make bench`), only that the scripts reach them.
 """
 
 from __future__ import annotations
