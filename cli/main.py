@@ -26,6 +26,7 @@ from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
 from dsprof.commands.printing import error_line, os_error_message
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
+from dsprof.commands.watch import WatchOptions, watch_command
 from dsprof.errors import DsprofError
 
 _DEBUG_KEY = "dsprof.debug"
@@ -227,6 +228,7 @@ _THRESHOLD = click.option(
     type=click.Path(file_okay=False, path_type=Path),
     help="Artifact directory [default: runs/<preset>-<timestamp>].",
 )
+@click.option("--live", is_flag=True, help="Follow the run while it runs, as `dsprof watch` does (a live view on a terminal).")
 def run(
     preset,
     ranks,
@@ -247,6 +249,7 @@ def run(
     ab_pairs,
     threshold_ms,
     out_dir,
+    live,
 ) -> None:
     """Run the bundled decode runtime, profiled, then analyse it.
 
@@ -259,6 +262,8 @@ def run(
     from dsprof.commands.ab import ab_command
     from dsprof.commands.run import run_command
 
+    if live and ab_pairs is not None:
+        raise click.UsageError("--live follows one run; it does not go with --ab")
     command = run_command if ab_pairs is None else functools.partial(ab_command, pairs=ab_pairs)
     exit_code = command(
         preset,  # None below means "the preset's value"
@@ -279,6 +284,7 @@ def run(
         inject=list(inject) or None,
         threshold_ms=threshold_ms,
         out_dir=out_dir,
+        **({"live": True} if live else {}),
         progress=_progress(),
         out=_out,
         err=_err,
@@ -383,6 +389,40 @@ def ingest(paths, output) -> None:
     Prints the records read, the spans kept and the records dropped by reason.
     """
     ingest_command(paths, output, progress=_progress(), out=_out)
+
+
+@cli.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Final outputs [default: as analyze].")
+@click.option("--window", type=click.IntRange(min=2), default=200, show_default=True, help="Decode steps analysed live (the last N).")
+@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between refreshes.")
+@_THRESHOLD
+@click.option(
+    "--idle-exit", type=click.FloatRange(min=0, min_open=True), show_default="never", help="End after S seconds without new bytes."
+)
+@click.option("--alert", "alert_rules", type=click.Path(dir_okay=False, path_type=Path), help="Gate rules (TOML) checked on every window.")
+@click.option("--on-alert", metavar="CMD", help="Run CMD (shell; $DSPROF_ALERT holds the line) on an alert and go on watching.")
+@click.option("--events", type=click.Path(dir_okay=False, path_type=Path), help="Append one JSON line per refresh to FILE.")
+@click.option(
+    "--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept", help="Keep the span dataset here."
+)
+@click.option(
+    "--expect-ranks", type=click.IntRange(min=1), show_default="any number", help="Fail validation unless this many ranks appear."
+)
+def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks) -> None:
+    """Follow a running job's logs: a live view of its last steps, then analyze's outputs.
+
+    Ends on Ctrl-C, when performance_summary.json appears in a watched artifact dir, or after --idle-exit. Exit status:
+    0, 1 when an --alert rule failed (without --on-alert), 2 on bad input (docs/WATCH.md).
+    """
+    options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks)
+    screen = _screen if sys.stdout.isatty() else None
+    click.get_current_context().exit(watch_command(paths, options, out=_out, screen=screen))
+
+
+def _screen(text: str) -> None:
+    sys.stdout.write(text)
+    sys.stdout.flush()
 
 
 @cli.command()

@@ -81,19 +81,21 @@ def scanner_of(module: Any) -> Any:
     )
 
 
-def scanned_pieces(scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int]) -> Iterator[Chunk | int]:
-    """Each piece read by ``scanner`` (or the count of overlong lines skipped); drops are added to ``dropped``."""
+def scanned_pieces(scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[Chunk | int]:
+    """Each piece read by ``scanner`` (or the count of overlong lines skipped); drops are added to ``dropped``.
+
+    ``line_base``: lines of the file before the first piece (a follower hands on a file's new bytes only).
+    """
     assemble = _Assembler(file, dropped)
-    for scanned in _read_ahead(_scanned(scanner, pieces)):
+    for scanned in _read_ahead(_scanned(scanner, pieces, line_base)):
         yield scanned if isinstance(scanned, int) else assemble(*scanned)
 
 
 _Scanned = tuple[dict, int]  # the scanner's result for a piece, and the piece's size
 
 
-def _scanned(scanner: Any, chunks: Iterable[Piece]) -> Iterator[_Scanned | int]:
+def _scanned(scanner: Any, chunks: Iterable[Piece], line_base: int) -> Iterator[_Scanned | int]:
     """Each piece scanned (the scan copies what it keeps, so the piece's buffer is free again at once)."""
-    line_base = 0
     for data in chunks:
         if isinstance(data, int):
             line_base += data

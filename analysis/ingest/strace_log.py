@@ -58,7 +58,7 @@ from dsprof.profiler.strace_format import ANCHOR_MARKER, CHIP_READY_MARKER, STRA
 
 _MARKERS = tuple(marker.encode() for marker in (STRACE_MARKER, ANCHOR_MARKER, CHIP_READY_MARKER))
 
-__all__ = ["PURE_PYTHON_ENV", "SpanSink", "compiled_module", "compiled_scanner", "parse_strace_bytes", "read_strace_log"]
+__all__ = ["PURE_PYTHON_ENV", "SpanSink", "compiled_module", "compiled_scanner", "parse_strace_bytes", "parsed_pieces", "read_strace_log"]
 
 
 def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: SpanSink | None = None) -> Trace:
@@ -113,7 +113,7 @@ def _parse_chunks(chunks: Iterable[Piece], file: str, size: int, progress: Progr
     chips: list[pa.Table] = []
     records_found = n_lines = bytes_done = 0
     binary_at: int | None = None
-    for part in _parsed_pieces(chunks, file, trace.dropped):
+    for part in parsed_pieces(chunks, file, trace.dropped):
         if isinstance(part, int):  # an overlong line, skipped
             trace.count("overlong_line", part)
             n_lines += part
@@ -145,18 +145,20 @@ def _parse_chunks(chunks: Iterable[Piece], file: str, size: int, progress: Progr
     return trace
 
 
-def _parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int]) -> Iterator[Chunk | int]:
-    """Each piece parsed (or the count of overlong lines skipped), by the compiled scanner where it is available."""
+def parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[Chunk | int]:
+    """Each piece parsed (or the count of overlong lines skipped), by the compiled scanner where it is available.
+
+    Lines are numbered from ``line_base`` + 1: a follower (:mod:`.follow`) parses a file's new bytes, numbered as in the whole file.
+    """
     scanner = compiled_scanner()
     if scanner is None:
-        yield from _python_pieces(chunks, file, dropped)
+        yield from _python_pieces(chunks, file, dropped, line_base)
     else:
-        yield from scanned_pieces(scanner, chunks, file, dropped)
+        yield from scanned_pieces(scanner, chunks, file, dropped, line_base)
 
 
-def _python_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int]) -> Iterator[Chunk | int]:
+def _python_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int) -> Iterator[Chunk | int]:
     """The pure-Python reader: each piece parsed by :func:`parse_chunk`."""
-    line_base = 0
     for data in chunks:
         if isinstance(data, int):
             line_base += data

@@ -8,6 +8,9 @@ toolkit is to explain bad runs, not only good ones.
 from __future__ import annotations
 
 import dataclasses
+import json
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -90,18 +93,22 @@ def run_command(
     progress: Progress = None,
     out: Printer = print,
     err: Printer = print_err,
+    live: bool = False,
     **settings: Any,
 ) -> int:
     """``dsprof run``: profile a run of ``preset`` with ``settings`` (RuntimeConfig fields, None: the preset's) and print what came of it.
 
     Prints the findings, what went wrong (on ``err``), the report and the
     artifact directory (default ``runs/<preset>-<timestamp>``); returns the
-    exit status (:attr:`ProfileRunResult.exit_code`).
+    exit status (:attr:`ProfileRunResult.exit_code`). ``live``: the run is
+    followed while it runs (:func:`live_run`).
     """
     config = RuntimeConfig.from_preset(preset, **settings)
     if out_dir is None:
         out_dir = default_run_dir(preset)
     progress, out, err = safe_progress(progress), safe_lines(out), safe_lines(err)
+    if live:
+        return live_run(config, Path(out_dir), threshold_ms=threshold_ms, out=out, err=err)
     result = profile_run(config, out_dir, threshold_ms=threshold_ms, progress=progress)
     if result.summary is not None:
         out(format_console_summary(result.summary))
@@ -112,3 +119,44 @@ def run_command(
         out(f"report: {report}")
     out(f"artifacts: {result.out_dir}")
     return result.exit_code
+
+
+def live_run(config: RuntimeConfig, out_dir: Path, *, threshold_ms: float = 5.0, out: Printer = print, err: Printer = print_err) -> int:
+    """``dsprof run --live``: the runtime here, ``dsprof watch`` of its run directory in a child process beside it.
+
+    A child, not a thread: the runtime forks its ranks, which must not inherit
+    a thread in the middle of a query. The watch draws its live view on this
+    terminal (or prints its findings in a pipe), ends when the runtime has
+    written performance_summary.json, and writes ``analyze``'s outputs into
+    the run directory. Exit status as ``dsprof run``'s (1 also when the watch
+    could not write its outputs).
+    """
+    config = config if config.profile else dataclasses.replace(config, profile=True)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / artifacts.SERVER_LOG).unlink(missing_ok=True)  # the runtime truncates it anyway: no stale bytes are followed
+    (out_dir / artifacts.PERFORMANCE_SUMMARY).unlink(missing_ok=True)  # nor is an old run's end taken for this one's
+    (out_dir / artifacts.SERVER_LOG).touch()
+    watch = [sys.executable, "-m", "dsprof.cli.main", "watch", str(out_dir), "-o", str(out_dir)]
+    watch += ["--threshold-ms", str(threshold_ms), "--expect-ranks", str(config.ranks)]
+    watcher = subprocess.Popen(watch)
+    try:
+        outcome = run_workload(config, out_dir)
+    except BaseException:
+        watcher.terminate()  # SIGTERM: the watch writes what it saw and ends
+        watcher.wait()
+        raise
+    watched = watcher.wait()
+    problems = []
+    if outcome.exit_status != 0:
+        rank = "" if outcome.failed_rank is None else f" on rank {outcome.failed_rank}"
+        problems.append(f"runtime failed{rank} (exit status {outcome.exit_status}): {outcome.message}")
+    summary_path = out_dir / artifacts.SUMMARY_JSON
+    valid = watched == 0 and summary_path.is_file() and bool(json.loads(summary_path.read_text()).get("validation", {}).get("valid"))
+    if watched != 0:
+        problems.append(f"dsprof watch ended with exit status {watched}")
+    elif not valid:
+        problems.append(f"swimlane not valid: see {out_dir / artifacts.SUMMARY_MD}")
+    for line in problems:
+        err(note_line(line))
+    out(f"artifacts: {out_dir}")
+    return 0 if outcome.exit_status == 0 and valid else 1

@@ -117,6 +117,7 @@ class SyntheticRun:
     chip_ready_lines: bool = True
     anchors: bool = True
     warmup_steps: int = 0  # decode invocations before the serving window
+    first_step: int = 0  # number of the first measured step: > 0 continues an earlier run of the plan on its grid
     prefill: bool = True  # one non-decode invocation per rank before decode
     dispatch_ids: bool = False  # roots carry dispatch_id = run_epoch + 1 (else 0: no scheduler allocates one)
     host_evidence: bool = False  # os.* attributes (SPEC §2.1) on every span: CPU time = duration, no run-queue wait
@@ -159,7 +160,7 @@ class SyntheticRun:
 
     def timings(self) -> Timings:
         """Ground truth of the decode steps inside the window (warm-up excluded)."""
-        return self._timings(self.steps, self._measured_origin_ns())
+        return self._timings(self.steps, self._measured_origin_ns() + self.first_step * self.period)
 
     def _measured_origin_ns(self) -> int:
         """Warm-up rounds come first, then a pause longer than a root, then the measured steps."""
@@ -227,7 +228,7 @@ class SyntheticRun:
         blocks = []
         if self.warmup_steps and first == 0:
             blocks.append((self._timings(self.warmup_steps, 0), 0, False, 0))
-        blocks.append((_step_slice(timings, first, stop), self.warmup_steps + first, True, first))
+        blocks.append((_step_slice(timings, first, stop), self.warmup_steps + self.first_step + first, True, first))
         columns: dict[str, list] = {k: [] for k in ("rank", "epoch", "depth", "name", "ts", "dur", "end", "clk", "hid", "callable", "step")}
 
         def add(rank, epoch, depth, name, ts, dur, hid, callable_, step, clk="host", end=None):
@@ -253,7 +254,7 @@ class SyntheticRun:
             r = rank_grid[keep]
             s = step_grid[keep]
             epoch = s + first_epoch + (1 if self.prefill else 0)
-            step = s + step0 if measured else np.full(len(s), -1)
+            step = s + step0 + self.first_step if measured else np.full(len(s), -1)
 
             def sel(values: np.ndarray, keep: np.ndarray = keep) -> np.ndarray:
                 return values[keep]
@@ -291,7 +292,7 @@ class SyntheticRun:
             vs, ve = sel(t.validate_start_ns), sel(t.validate_end_ns)
             add(r, epoch, 1, fmt.VALIDATE, vs, ve - vs, hid, callable_, step)
 
-        if self.prefill and first == 0:
+        if self.prefill and first == 0 and self.first_step == 0:  # a continuation had its prefill earlier
             r = np.arange(self.ranks)
             ts = np.full(self.ranks, T0_MONO_NS - 50_000_000, dtype=np.int64)
             dur = np.full(self.ranks, 30_000_000, dtype=np.int64)
@@ -390,7 +391,7 @@ class SyntheticRun:
         keys, texts = [end], [join_text("[mono_ns=", end, "][T0x", _hex(tid), "][INFO] strace: ", payload)]
         if self.unrelated_lines_per_step:
             n = (stop - first) * self.unrelated_lines_per_step
-            index = first * self.unrelated_lines_per_step + np.arange(n, dtype=np.int64)
+            index = (self.first_step + first) * self.unrelated_lines_per_step + np.arange(n, dtype=np.int64)
             when = T0_MONO_NS + index * (self.period // self.unrelated_lines_per_step) + 7_777
             keys.append(when)
             texts.append(
@@ -508,7 +509,7 @@ class SyntheticRun:
                 ', "dur": ',
                 step_end - step_start,
                 f', "pid": {serving_pid}, "tid": 2, "args": {{"step": ',
-                steps,
+                self.first_step + steps,
                 "}}",
             )
         ]
@@ -520,7 +521,7 @@ class SyntheticRun:
                     ', "dur": ',
                     step_end - step_start,
                     f', "pid": {serving_pid}, "tid": 3, "args": {{"step": ',
-                    steps,
+                    self.first_step + steps,
                     "}}",
                 )
             )
@@ -543,7 +544,7 @@ class SyntheticRun:
                         ', "tid": ',
                         pid,
                         ', "args": {"step": ',
-                        ss,
+                        self.first_step + ss,
                         "}}",
                     )
                 )

@@ -1,0 +1,182 @@
+"""Following a growing STRACE log: each poll parses only the bytes written since the last one.
+
+A :class:`LogFollower` remembers the file it has open (device, inode), the
+bytes read from it and the lines parsed. It hands on the new bytes only up to
+the start of the last line that opens with '[': no record spans such a cut
+(:mod:`.strace_pieces`), so a record torn at the current end of the file waits
+for its rest, and every cut parses exactly as it would within the whole file.
+The bytes go through the same reader as ``read_strace_log``
+(:func:`~dsprof.analysis.ingest.strace_log.parsed_pieces`, the compiled
+scanner where built) with lines numbered on from the file's count, so the
+rows equal those of a whole-file read.
+
+* Rotation (the path now names another file): the old file is read to its end
+  and parsed to the last byte, then the new one is followed from its start.
+* Truncation (the file is now shorter than what was read): what was held back
+  is parsed, the file is read again from its start, and a note says so.
+* :meth:`LogFollower.finish` parses everything left, torn record included,
+  exactly as a whole-file read would at the file's end.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO
+
+import pyarrow as pa
+
+from dsprof.analysis.ingest.strace_log import parsed_pieces, refuse_binary
+from dsprof.analysis.ingest.strace_pieces import CHUNK_BYTES, HEAD_BYTES, MAX_LINE_BYTES, mapped_pieces
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, Trace
+from dsprof.errors import InputError
+
+# Bytes read from one file in one poll, at most: a follower that starts on a big log catches up piece by piece.
+POLL_BYTES = CHUNK_BYTES
+# Held-back bytes without a line opening with '[' that are handed on anyway (cut as the whole-file reader cuts).
+HOLD_LIMIT = CHUNK_BYTES + MAX_LINE_BYTES
+
+
+@dataclass
+class FollowedCounts:
+    """What a whole-file read keeps beside the rows: the side tables and the counts behind ``Trace``'s fields."""
+
+    anchors: list[pa.Table] = field(default_factory=list)
+    chips: list[pa.Table] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    records_found: int = 0
+    lines: int = 0
+    notes: list[str] = field(default_factory=list)
+
+
+class LogFollower:
+    """One followed text log (see the module docstring); :meth:`poll` returns the span tables of the new records."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.name = str(path)
+        self.counts = FollowedCounts()
+        self._handle: BinaryIO | None = None
+        self._identity: tuple[int, int] | None = None
+        self._read = 0  # bytes read from the open file
+        self.total_read = 0  # bytes read from every file this path has named (rotations, truncations)
+        self._held = bytearray()  # read but not parsed yet: from the last line opening with '['
+        self._line_base = 0  # lines of the open file parsed so far
+        self._head_checked = False
+        self.finished = False  # finish() was called: nothing more is read
+        self.identities: set[tuple[int, int]] = set()  # (device, inode) of every file followed under this path
+
+    def poll(self) -> list[pa.Table]:
+        """Read what was written since the last poll; the span tables of the records now complete."""
+        tables: list[pa.Table] = []
+        if self.finished:
+            return tables
+        try:
+            current = os.stat(self.path)
+        except FileNotFoundError:
+            current = None  # renamed away, the new file not made yet: keep reading the old one
+        if self._handle is not None and current is not None and (current.st_dev, current.st_ino) != self._identity:
+            self._drain(tables)  # rotated: the old file to its end, then the new one
+            self._close()
+        if self._handle is None:
+            if current is None:
+                return tables
+            self._open()
+        assert self._handle is not None
+        if os.fstat(self._handle.fileno()).st_size < self._read:
+            self._parse(bytes(self._held), tables)
+            self.counts.notes.append(f"{self.name}: truncated after {self._read:,} bytes were read; read again from its start")
+            self._restart()
+        self._read_new(tables, final=False)
+        return tables
+
+    def finish(self) -> list[pa.Table]:
+        """The tables of everything left (a torn last record too), as a whole-file read ends; the file is closed."""
+        tables = self.poll()
+        if self._handle is not None:
+            self._drain(tables)
+            self._close()
+        self.finished = True
+        return tables
+
+    def trace(self) -> Trace:
+        """A Trace of what was followed, without its spans (they went to the caller): the fields a whole-file read fills."""
+        counts = self.counts
+        trace = Trace(files=[self.name])
+        trace.anchors = pa.concat_tables(counts.anchors) if counts.anchors else ANCHOR_SCHEMA.empty_table()
+        trace.chip_devices = pa.concat_tables(counts.chips) if counts.chips else CHIP_SCHEMA.empty_table()
+        trace.dropped = {k: v for k, v in sorted(counts.dropped.items()) if v}
+        side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
+        trace.records_read = counts.records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
+        trace.lines_read = counts.lines
+        trace.notes = list(counts.notes)
+        return trace
+
+    def _open(self) -> None:
+        try:
+            self._handle = self.path.open("rb")
+        except OSError as exc:
+            raise InputError(self.path, f"cannot read: {exc.strerror or exc}") from None
+        status = os.fstat(self._handle.fileno())
+        self._identity = (status.st_dev, status.st_ino)
+        self.identities.add(self._identity)
+        self._restart()
+
+    def _restart(self) -> None:
+        """From the open file's start: nothing read, nothing held, lines counted from 1."""
+        assert self._handle is not None
+        self._handle.seek(0)
+        self._read, self._held, self._line_base, self._head_checked = 0, bytearray(), 0, False
+
+    def _close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+        self._handle, self._identity = None, None
+
+    def _drain(self, tables: list[pa.Table]) -> None:
+        """Read the open file to its end and parse all of it (its last record, torn or not, included)."""
+        while self._read_new(tables, final=False):
+            pass
+        self._read_new(tables, final=True)
+
+    def _read_new(self, tables: list[pa.Table], final: bool) -> int:
+        """Read up to POLL_BYTES more and parse what is complete (``final``: everything held); the bytes read."""
+        assert self._handle is not None
+        data = self._handle.read(POLL_BYTES)
+        self._read += len(data)
+        self.total_read += len(data)
+        self._held += data
+        if not self._head_checked and self._held:
+            refuse_binary(bytes(self._held[:HEAD_BYTES]), self.name)
+            self._head_checked = True
+        cut = len(self._held) if final or len(self._held) >= HOLD_LIMIT else self._held.rfind(b"\n[") + 1
+        if cut > 0:
+            ready = bytes(self._held[:cut])
+            del self._held[:cut]
+            self._parse(ready, tables)
+        return len(data)
+
+    def _parse(self, data: bytes, tables: list[pa.Table]) -> None:
+        """Parse complete bytes with the whole-file reader's functions, lines numbered on from the file's count."""
+        if not data:
+            return
+        counts = self.counts
+        for part in parsed_pieces(mapped_pieces(data), self.name, counts.dropped, self._line_base):
+            if isinstance(part, int):  # an overlong line, skipped
+                counts.dropped["overlong_line"] = counts.dropped.get("overlong_line", 0) + part
+                self._line_base += part
+                counts.lines += part
+                continue
+            if part.table.num_rows:
+                tables.append(part.table)
+            if part.anchors.num_rows:
+                counts.anchors.append(part.anchors)
+            if part.chips.num_rows:
+                counts.chips.append(part.chips)
+            counts.records_found += part.records_found
+            self._line_base += part.n_lines
+            counts.lines += part.n_lines
+
+
+__all__ = ["FollowedCounts", "LogFollower"]

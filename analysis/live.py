@@ -1,0 +1,255 @@
+"""Following a running job: its logs read as they grow, a window of recent steps analysed on demand.
+
+:class:`LiveAnalysis` follows the text logs among its paths (a directory's
+``*.log``, as :func:`~dsprof.analysis.ingest.read_paths` reads it; logs that
+appear later are picked up) with one :class:`~dsprof.analysis.ingest.follow.LogFollower`
+each. Every span table parsed goes to two places:
+
+* the span dataset on disk (:class:`~dsprof.analysis.dataset.SpanDatasetWriter`,
+  what ``dsprof ingest`` writes), so memory stays bounded however long the job
+  runs, and the final analysis reads everything seen;
+* a :class:`StepRing` in memory holding the last ``window`` decode steps.
+
+:meth:`LiveAnalysis.window` analyses the ring with the same stages as
+``dsprof analyze`` (:func:`~dsprof.analysis.analyze.analyze_trace`).
+:meth:`LiveAnalysis.finish` parses what is left, reads the inputs that are not
+followed (SA_PROFILE fragments and merges, Kineto traces, side files) once,
+through the same sink, and completes the dataset.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace
+from dsprof.analysis.dataset import SpanDatasetWriter
+from dsprof.analysis.ingest import is_text_log, read_paths
+from dsprof.analysis.ingest.follow import LogFollower
+from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
+from dsprof.errors import InputError
+from dsprof.profiler import artifacts
+from dsprof.profiler.strace_format import CLK_DEVICE
+
+DEFAULT_WINDOW_STEPS = 200
+# Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.
+WRITE_ROWS = 1 << 16
+
+
+@dataclass
+class RingCut:
+    """Which rows of the ring stay (``keep``) and which are analysed now (``analyse``: complete steps only)."""
+
+    keep: np.ndarray
+    analyse: np.ndarray
+
+
+class StepRing:
+    """The STRACE rows of the last ``window`` decode steps (by when their invocations started), and the open ones after them.
+
+    Trimmed by invocation: a row stays with its invocation (``pid, inv``),
+    whose step is its root's. The window is the ``window`` steps that started
+    last; rows of invocations that started before the window's span again
+    before its start are let go (a step number met again after a restart is
+    a new step), so memory is bounded by the window, not by the job.
+    Invocations whose root is not written yet and steps with fewer roots than
+    the fullest step of the window (not every rank has reached them yet) are
+    kept but not analysed: a step is analysed complete or not at all.
+    """
+
+    def __init__(self, window: int = DEFAULT_WINDOW_STEPS):
+        if window < 2:
+            raise InputError("--window", f"{window} steps is too few", expected="a window of at least 2 steps")
+        self.window = window
+        self._tables: list[pa.Table] = []
+
+    def add(self, table: pa.Table) -> None:
+        if table.num_rows:
+            self._tables.append(table)
+
+    @property
+    def rows(self) -> int:
+        return sum(t.num_rows for t in self._tables)
+
+    def take_window(self) -> pa.Table:
+        """Trim the ring to the window and return the rows of its complete steps (SPAN_SCHEMA)."""
+        if not self._tables:
+            return SPAN_SCHEMA.empty_table()
+        ring = pa.concat_tables(self._tables, promote_options="permissive") if len(self._tables) > 1 else self._tables[0]
+        cut = self._cut(ring)
+        ring = ring.filter(pa.array(cut.keep))
+        self._tables = [ring]
+        return ring.filter(pa.array(cut.analyse[cut.keep])).cast(SPAN_SCHEMA)
+
+    def _cut(self, ring: pa.Table) -> RingCut:
+        """Which rows stay and which are analysed: aggregated per invocation (Arrow), decided per step (a few thousand rows)."""
+        host = pc.fill_null(pc.not_equal(ring["clk"].cast(pa.string()), CLK_DEVICE), True)
+        keyed = pa.table(
+            {
+                "pid": ring["pid"],
+                "inv": ring["inv"],
+                "step": ring["step"],
+                "start": pc.if_else(host, ring["ts_ns"], pa.scalar(None, pa.int64())),
+                "root": pc.and_(host, pc.fill_null(pc.equal(ring["depth"], 0), False)),
+                "row": pa.array(np.arange(ring.num_rows)),
+            }
+        )
+        with_inv = pc.is_valid(ring["inv"])
+        in_invs = keyed.filter(with_inv)
+        invs = (
+            in_invs.group_by(["pid", "inv"])
+            .aggregate([("step", "max"), ("start", "min"), ("root", "any")])
+            .rename_columns(["pid", "inv", "step", "start", "rooted"])
+            .to_pandas()
+        )
+        ts = ring["ts_ns"].to_numpy()
+        loose = ~with_inv.to_numpy(zero_copy_only=False)
+        steps = invs[invs["step"].notna()].groupby("step").agg(latest=("start", "max"), roots=("rooted", "sum"))
+        if steps.empty:  # no step yet: everything stays, nothing is analysed but rooted invocations
+            return RingCut(np.ones(ring.num_rows, bool), _per_row(in_invs, invs, invs["rooted"].to_numpy(), loose))
+        window = steps.sort_values("latest").tail(self.window)
+        first, last = int(window["latest"].min()), int(window["latest"].max())
+        floor = first - (last - first)
+        complete = window[window["roots"] >= window["roots"].max()]
+        done = int(complete["latest"].max())
+        no_step = invs["step"].isna()
+        keep_inv = (no_step | invs["step"].isin(window.index)) & (invs["start"].isna() | (invs["start"] >= floor))
+        settled = invs["step"].isin(complete.index) | (no_step & invs["start"].le(done))
+        analyse_inv = keep_inv & invs["rooted"] & settled
+        keep_loose = loose & (ts >= floor)  # rows outside any invocation go by their own time
+        return RingCut(
+            _per_row(in_invs, invs, keep_inv.to_numpy(bool), keep_loose),
+            _per_row(in_invs, invs, analyse_inv.to_numpy(bool), keep_loose & (ts <= done)),
+        )
+
+
+def _per_row(in_invs: pa.Table, invs: pd.DataFrame, flags: np.ndarray, loose: np.ndarray) -> np.ndarray:
+    """Each invocation's flag on its rows (``in_invs``: their pid, inv and row number); ``loose`` for the other rows."""
+    flagged = pa.table({"pid": pa.array(invs["pid"].to_numpy()), "inv": pa.array(invs["inv"].to_numpy()), "flag": flags})
+    rows = in_invs.select(["pid", "inv", "row"]).join(flagged, ["pid", "inv"])
+    out = loose.copy()
+    out[rows["row"].to_numpy()] = rows["flag"].to_numpy(zero_copy_only=False)
+    return out
+
+
+class LiveAnalysis:
+    """The followed logs of ``paths``, their rows written to ``dataset_dir`` and kept for a window in memory."""
+
+    def __init__(
+        self,
+        paths: Sequence[str | os.PathLike],
+        dataset_dir: str | os.PathLike,
+        *,
+        window: int = DEFAULT_WINDOW_STEPS,
+        threshold_ms: float = DEFAULT_THRESHOLD_MS,
+    ):
+        self.paths = [Path(p) for p in paths]
+        for path in self.paths:
+            if not path.exists():
+                raise InputError(path, "no such file or directory")
+        self.threshold_ms = threshold_ms
+        self.ring = StepRing(window)
+        self.followers: dict[Path, LogFollower] = {}
+        self.writer = SpanDatasetWriter(dataset_dir)
+        self._unwritten: list[pa.Table] = []
+        self._unwritten_rows = 0
+        self.bytes_read = 0
+
+    def poll(self) -> int:
+        """Read the logs' new bytes (picking up new logs in watched directories); how many bytes were new."""
+        self._discover()
+        before = self.bytes_read
+        for follower in self.followers.values():
+            for table in follower.poll():
+                self._take(table)
+        self.bytes_read = sum(f.total_read for f in self.followers.values())
+        return self.bytes_read - before
+
+    def job_ended(self) -> bool:
+        """Whether a watched artifact directory holds the runtime's performance_summary.json (written at the job's end)."""
+        return any((path / artifacts.PERFORMANCE_SUMMARY).is_file() for path in self.paths if path.is_dir())
+
+    def window(self) -> AnalysisResult | None:
+        """The analysis of the window's complete steps, or None while it holds none. Close its engine when done."""
+        spans = self.ring.take_window()
+        if not spans.num_rows:
+            return None
+        trace = Trace(spans=spans, files=list(map(str, self.followers)))
+        trace.anchors, trace.chip_devices = self._side_tables()
+        return analyze_trace(trace, threshold_ms=self.threshold_ms)
+
+    def drain(self) -> None:
+        """Parse every followed log to its last byte (a torn last record too): the job has ended."""
+        self._discover()
+        for follower in self.followers.values():
+            for table in follower.finish():
+                self._take(table)
+        self._write()
+
+    def finish(self) -> Trace:
+        """Parse what is left, read the inputs not followed, complete the dataset; its Trace (spans on disk)."""
+        self.drain()
+        others = read_paths(self.paths, sink=self.writer, logs=False)
+        self.writer.add(others.spans)
+        others.spans = SPAN_SCHEMA.empty_table()
+        listed = [log for log in self._logs() if log in self.followers]  # read_paths' order, whenever each log appeared
+        in_order = [self.followers[log] for log in [*listed, *(log for log in self.followers if log not in listed)]]
+        trace = merge_traces([*(f.trace() for f in in_order), others])
+        trace.dropped = dict(sorted(trace.dropped.items()))
+        self.writer.finish(trace)
+        return trace
+
+    def abort(self) -> None:
+        self.writer.abort()
+
+    def _take(self, table: pa.Table) -> None:
+        self.ring.add(table)
+        self._unwritten.append(table)
+        self._unwritten_rows += table.num_rows
+        if self._unwritten_rows >= WRITE_ROWS:
+            self._write()
+
+    def _write(self) -> None:
+        """Hand the rows gathered to the dataset writer, as one table."""
+        if self._unwritten:
+            self.writer.add(pa.concat_tables(self._unwritten))
+        self._unwritten, self._unwritten_rows = [], 0
+
+    def _side_tables(self) -> tuple[pa.Table, pa.Table]:
+        anchors = [t for f in self.followers.values() for t in f.counts.anchors]
+        chips = [t for f in self.followers.values() for t in f.counts.chips]
+        return (
+            pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table(),
+            pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table(),
+        )
+
+    def _discover(self) -> None:
+        """Follow every text log named, and every ``*.log`` that now is in a watched directory."""
+        for log in self._logs():
+            if log not in self.followers and not self._followed_elsewhere(log):
+                self.followers[log] = LogFollower(log)
+
+    def _followed_elsewhere(self, log: Path) -> bool:
+        """Whether ``log`` is a file already followed under another name (rotated to a name that also ends in .log)."""
+        try:
+            status = log.stat()
+        except OSError:
+            return True  # gone again: nothing to follow
+        return any((status.st_dev, status.st_ino) in f.identities for f in self.followers.values())
+
+    def _logs(self) -> list[Path]:
+        """The text logs of the paths, in read_paths' order: each path's, a directory's ``*.log`` sorted by name."""
+        logs: list[Path] = []
+        for path in self.paths:
+            if path.is_dir():
+                logs.extend(sorted(p for p in path.glob("*.log") if p.is_file()))
+            elif path in self.followers or (path.is_file() and is_text_log(path)):
+                logs.append(path)
+        return [log for i, log in enumerate(logs) if log not in logs[:i]]

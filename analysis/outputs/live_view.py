@@ -1,0 +1,94 @@
+"""What ``dsprof watch`` prints of a window summary: the terminal's live view, and one line per new finding in a pipe.
+
+Both read the window's summary only (the same sections ``dsprof analyze``
+writes) and word findings with :mod:`.findings`, so a late step reads the same
+live and after the fact. Text from traces is made terminal-safe.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, worst_first
+from dsprof.analysis.skew import PERCENTILES
+from dsprof.analysis.summary import Summary
+from dsprof.textsafe import terminal_safe
+
+# The window's figures the live view shows (ms): skew at both ends of the device run, and the step interval.
+VIEW_FIGURES = ("runner_start_skew_ms", "runner_end_skew_ms", "step_interval_ms")
+VIEW_LIST_LIMIT = 6
+CLEAR_SCREEN = "\x1b[H\x1b[2J"
+
+
+def window_steps(summary: Summary) -> tuple[int, int] | None:
+    """The first and last decode step of a window summary (None: no step yet)."""
+    steps = [row["step"] for row in summary.get("per_step") or [] if isinstance(row.get("step"), int)]
+    return (min(steps), max(steps)) if steps else None
+
+
+def straggler_of(summary: Summary) -> dict[str, Any]:
+    """The straggler block of the tail steps (empty when there is none)."""
+    tails: Mapping[str, Any] = summary.get("tail_steps") or {}
+    straggler = tails.get("straggler")
+    return straggler if isinstance(straggler, dict) else {}
+
+
+class FindingLines:
+    """One line per finding, each said once across refreshes: a late item by (list, step, rank), the verdict when it changes.
+
+    A step's finding is said once the window has a later step: its cause may
+    be seen in the next step (the bind of the next run), so it is final then.
+    """
+
+    def __init__(self) -> None:
+        self.said: set[tuple[str, int, int]] = set()
+        self.straggler: tuple[Any, Any] | None = None
+
+    def new_lines(self, summary: Summary, final: bool = False) -> list[str]:
+        """The findings of this window not said before (``final``: the job ended, its last step is final too)."""
+        steps = window_steps(summary)
+        if steps is None:
+            return []
+        found: list[tuple[int, str]] = []
+        for key, title in LATE_LISTS:
+            block: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
+            for item in block.get("items") or []:
+                step, rank = item.get("step"), item.get("rank")
+                if not isinstance(step, int) or (step >= steps[1] and not final) or (key, step, rank) in self.said:
+                    continue
+                self.said.add((key, step, rank))
+                found.append((step, f"{title[:-1]}: {item_line(item)}"))
+        lines = [terminal_safe(line) for _, line in sorted(found, key=lambda pair: pair[0])]
+        straggler = straggler_of(summary)
+        current = None if straggler.get("rank") is None else (straggler.get("rank"), straggler.get("mechanism"))
+        if current != self.straggler and (current is not None or self.straggler is not None):
+            lines.append(terminal_safe(f"straggler: {straggler.get('verdict') if current is not None else 'none'}"))
+        self.straggler = current
+        return lines
+
+
+def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequence[str] = (), clock: str = "") -> str:
+    """The terminal view of one refresh: the window, its figures, its late steps with causes, the verdict, alerts."""
+    head = f"dsprof watch · {bytes_read / 2**20:,.1f} MiB read" + (f" · {clock}" if clock else "")
+    steps = None if summary is None else window_steps(summary)
+    if summary is None or steps is None:
+        return terminal_safe(head) + "\nwaiting for complete decode steps…"
+    ranks = len((summary.get("figures") or {}).get("per_rank") or {})
+    lines = [f"{head} · steps {steps[0]}–{steps[1]} ({len(summary.get('per_step') or [])} steps, {ranks} ranks)", ""]
+    straggler = straggler_of(summary).get("verdict") or "none"
+    lines.append(f"straggler  {straggler}")
+    lines += ["", "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6}".format("window figure (ms)", "p50", "p95", "p99", "max", "count")]
+    figures: Mapping[str, Any] = summary.get("figures") or {}
+    for name in VIEW_FIGURES:
+        block = figures.get(name) or {}
+        lines.append(
+            "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6}".format(name, *(value(block.get(k)) for k, _ in PERCENTILES), block.get("count", 0))
+        )
+    for key, title in LATE_LISTS:
+        late: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
+        items = sorted(worst_first(late.get("items") or [])[:VIEW_LIST_LIMIT], key=lambda i: i.get("step") or 0)
+        lines += ["", f"{title} in the window: {len(late.get('items') or [])}"] + [f"  {item_line(i)}" for i in items]
+    if alerts:
+        lines += ["", "alerts:"] + [f"  {line}" for line in alerts]
+    return "\n".join(terminal_safe(line) for line in lines)

@@ -1,0 +1,313 @@
+"""``dsprof watch``: follow a running job's logs, analyse a window of its last steps every second, and at the end
+write what ``dsprof analyze`` writes for the same bytes (docs/WATCH.md).
+
+The loop polls the logs (new bytes only, :mod:`dsprof.analysis.live`) and,
+every ``interval`` seconds, analyses the window with the stages of
+``analyze``. On a terminal the window is drawn as a live view; in a pipe each
+finding is printed once. ``--alert`` evaluates gate rules on every window;
+``--events`` appends one JSON line per refresh (what benchmarks/bench_watch.py
+reads). The watch ends on Ctrl-C/SIGTERM, when ``performance_summary.json``
+appears in a watched artifact directory (the runtime writes it at the end), after
+``idle_exit`` seconds without a new byte, when ``stop`` is set, or on an alert
+without a hook; then the final outputs are written from the span dataset of
+everything read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, check_threshold
+from dsprof.analysis.gate import evaluate_gate
+from dsprof.analysis.gate_rules import load_rules
+from dsprof.analysis.live import DEFAULT_WINDOW_STEPS, LiveAnalysis
+from dsprof.analysis.outputs.console import format_console_summary
+from dsprof.analysis.outputs.live_view import CLEAR_SCREEN, FindingLines, format_live_view, window_steps
+from dsprof.analysis.summary import Summary
+from dsprof.commands.analyze import SPILL_PREFIX, AnalyzeOutcome, analyze_paths, default_out_dir, write_outputs
+from dsprof.commands.printing import Printer, safe_lines
+from dsprof.errors import DsprofError
+from dsprof.textsafe import terminal_safe
+
+DEFAULT_INTERVAL_S = 1.0
+POLL_S = 0.1  # how often the logs are polled between refreshes
+# The runtime writes faults.json just after performance_summary.json: the watch ends this long after the latter appears.
+JOB_END_GRACE_S = 1.0
+ALERT_ENV = "DSPROF_ALERT"
+Screen = Callable[[str], None]
+
+
+@dataclass
+class WatchOptions:
+    """What ``dsprof watch`` is told besides its paths (defaults: the CLI's)."""
+
+    out_dir: str | os.PathLike | None = None
+    window: int = DEFAULT_WINDOW_STEPS
+    interval_s: float = DEFAULT_INTERVAL_S
+    threshold_ms: float = DEFAULT_THRESHOLD_MS
+    idle_exit_s: float | None = None
+    alert_rules: str | os.PathLike | None = None
+    on_alert: str | None = None
+    events: str | os.PathLike | None = None
+    spans_dir: str | os.PathLike | None = None
+    expect_ranks: int | None = None
+
+    def check(self) -> None:
+        """Refuse bad options before anything is read (one line, exit 2)."""
+        check_threshold(self.threshold_ms)
+        if not self.interval_s > 0:
+            raise DsprofError(f"--interval must be a number of seconds > 0, got {self.interval_s!r}")
+        if self.idle_exit_s is not None and not self.idle_exit_s > 0:
+            raise DsprofError(f"--idle-exit must be a number of seconds > 0, got {self.idle_exit_s!r}")
+        if self.on_alert is not None and self.alert_rules is None:
+            raise DsprofError("--on-alert needs --alert RULES.toml")
+        if self.alert_rules is not None:
+            load_rules(Path(self.alert_rules))
+
+
+@dataclass
+class WatchOutcome:
+    """The final analysis, the outputs written, why the watch ended and its exit status."""
+
+    analysis: AnalyzeOutcome
+    ended_by: str
+    exit_code: int
+    alerts: list[str] = field(default_factory=list)
+
+
+class Alerts:
+    """Gate rules evaluated on each window; a failure fires once, then not again until the window has moved past where it fired."""
+
+    def __init__(self, rules: str | os.PathLike | None, hook: str | None):
+        self.rules, self.hook = rules, hook
+        self.quiet_until: dict[str, int] = {}  # rule title -> last step of the window it fired in
+        self.fired: list[str] = []
+
+    def check(self, summary: Summary, steps: tuple[int, int]) -> list[str]:
+        """The lines of the rules that fail on this window and have not fired on it yet (each runs the hook)."""
+        if self.rules is None:
+            return []
+        lines = []
+        for result in evaluate_gate(dict(summary), Path(self.rules)).results:
+            if not result.failed or self.quiet_until.get(result.title, -1) >= steps[0]:
+                continue
+            self.quiet_until[result.title] = steps[1]
+            line = terminal_safe(f"alert: steps {steps[0]}-{steps[1]}: {result.title}: {result.detail or result.status}")
+            lines.append(line)
+            if self.hook is not None:
+                subprocess.run(self.hook, shell=True, env={**os.environ, ALERT_ENV: line}, check=False)
+        self.fired.extend(lines)
+        return lines
+
+
+class Events:
+    """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them)."""
+
+    def __init__(self, path: str | os.PathLike | None):
+        self.handle: IO[str] | None = None if path is None else open(path, "a", encoding="utf-8")
+        self.last_shown: int | None = None
+
+    def write(self, steps: tuple[int, int] | None, alerts: list[str]) -> None:
+        last = None if steps is None else steps[1]
+        new_last = last if last is not None and (self.last_shown is None or last > self.last_shown) else None
+        if new_last is not None:
+            self.last_shown = new_last
+        if self.handle is None:
+            return
+        event = {
+            "wall_s": time.time(),
+            "first_step": None if steps is None else steps[0],
+            "last_step": last,
+            "new_last_step": new_last,
+            "alerts": alerts,
+        }
+        self.handle.write(json.dumps(event) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        if self.handle is not None:
+            self.handle.close()
+
+
+def watch_command(
+    paths: Sequence[str | os.PathLike],
+    options: WatchOptions,
+    *,
+    out: Printer = print,
+    screen: Screen | None = None,
+    stop: threading.Event | None = None,
+) -> int:
+    """``dsprof watch``: follow ``paths`` until the job ends (see the module docstring), print the findings and the files.
+
+    ``screen`` (a terminal's writer) gets the live view; without it each finding is a line on ``out``. Returns the exit
+    status: 0, or 1 when an alert fired without ``--on-alert``.
+    """
+    out = safe_lines(out)
+    outcome = watch_paths(paths, options, out=out, screen=screen, stop=stop)
+    try:
+        if screen is None:
+            out(f"watch ended: {outcome.ended_by}")
+        out(format_console_summary(outcome.analysis.summary))
+        for name, path in outcome.analysis.outputs.items():
+            out(f"{name}: {path}")
+    finally:
+        outcome.analysis.result.engine.close()
+    return outcome.exit_code
+
+
+def watch_paths(
+    paths: Sequence[str | os.PathLike],
+    options: WatchOptions,
+    *,
+    out: Printer = print,
+    screen: Screen | None = None,
+    stop: threading.Event | None = None,
+) -> WatchOutcome:
+    """Follow ``paths`` until the job ends, then write the final outputs; the caller closes ``analysis.result.engine``."""
+    options.check()
+    out_dir = Path(default_out_dir(paths) if options.out_dir is None else options.out_dir)
+    temporary = None if options.spans_dir is not None else Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+    dataset = Path(options.spans_dir) if options.spans_dir is not None else temporary
+    assert dataset is not None
+    events = Events(options.events)
+    try:
+        live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms)
+        follower = _Follower(live, options, out, screen, events)
+        try:
+            with _signals_end(follower):
+                ended_by = follower.run(stop)
+        except BaseException:
+            live.abort()
+            raise
+        analysis = finish_watch(live, out_dir, options, keep_dataset=temporary is None)
+    finally:
+        events.close()
+        if temporary is not None:
+            shutil.rmtree(temporary, ignore_errors=True)
+    code = 1 if follower.alerts.fired and options.on_alert is None else 0
+    return WatchOutcome(analysis, ended_by, code, follower.alerts.fired)
+
+
+def finish_watch(live: LiveAnalysis, out_dir: Path, options: WatchOptions, *, keep_dataset: bool) -> AnalyzeOutcome:
+    """Complete the dataset and write ``analyze``'s outputs from it; the caller closes ``result.engine`` (and removes the dataset after).
+
+    ``keep_dataset``: the dataset stays (``--spans``) and the summary names it, as ``analyze --spans`` does.
+    """
+    try:
+        live.finish()
+    except BaseException:
+        live.abort()
+        raise
+    analysis = analyze_paths([live.writer.directory], None, threshold_ms=options.threshold_ms, expect_ranks=options.expect_ranks)
+    try:
+        if not keep_dataset:  # analyze of the same bytes keeps no dataset, and names none
+            analysis.summary["inputs"].pop("span_dataset", None)
+        analysis.outputs = write_outputs(analysis.result, out_dir)
+    except BaseException:
+        analysis.result.engine.close()
+        raise
+    return analysis
+
+
+@contextlib.contextmanager
+def _signals_end(follower: _Follower) -> Iterator[None]:
+    """While following, Ctrl-C and SIGTERM end the watch at the next poll instead of interrupting a read half done.
+
+    Only in the main thread (where signal handlers live); the handlers before are back for the final outputs, so a
+    second Ctrl-C there stops at once.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+
+    def end(signum: int, _frame: object) -> None:
+        follower.signalled = follower.signalled or f"stopped by {signal.Signals(signum).name}"
+
+    try:
+        for signum in previous:
+            signal.signal(signum, end)
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+class _Follower:
+    """The watch loop: poll, refresh the window every interval, print, alert, and say why it ended."""
+
+    def __init__(self, live: LiveAnalysis, options: WatchOptions, out: Printer, screen: Screen | None, events: Events):
+        self.live, self.options, self.out, self.screen, self.events = live, options, out, screen, events
+        self.findings = FindingLines()
+        self.alerts = Alerts(options.alert_rules, options.on_alert)
+        self.end_seen: float | None = None
+        self.signalled: str | None = None  # set by a signal handler (_signals_end)
+
+    def run(self, stop: threading.Event | None) -> str:
+        """Follow until the job ends; why it ended."""
+        last_new = next_refresh = time.monotonic()
+        try:
+            while True:
+                if self.live.poll():
+                    last_new = time.monotonic()
+                now = time.monotonic()
+                if now >= next_refresh:
+                    next_refresh = now + self.options.interval_s
+                    if self.refresh() and self.options.on_alert is None:
+                        return "an alert fired"
+                ended = self._ended(stop, now - last_new)
+                if ended is not None:
+                    self.live.drain()
+                    self.refresh(final=True)  # the last window, to its last record
+                    return ended
+                time.sleep(POLL_S)
+        except KeyboardInterrupt as interrupt:
+            return f"stopped by {interrupt or 'Ctrl-C'}"
+
+    def refresh(self, final: bool = False) -> bool:
+        """Analyse the window, print what is new, evaluate the alerts; whether one fired (``final``: the job ended)."""
+        result = self.live.window()
+        summary, steps, fired = None, None, []
+        if result is not None:
+            try:
+                summary = result.summary
+            finally:
+                result.engine.close()
+            steps = window_steps(summary)
+            if steps is not None:
+                fired = self.alerts.check(summary, steps)
+        self.events.write(steps, fired)
+        if self.screen is not None:
+            view = format_live_view(
+                summary, bytes_read=self.live.bytes_read, alerts=self.alerts.fired[-5:], clock=time.strftime("%H:%M:%S")
+            )
+            self.screen(CLEAR_SCREEN + view + "\n")
+        else:
+            for line in ([] if summary is None else self.findings.new_lines(summary, final)) + fired:
+                self.out(line)
+        return bool(fired)
+
+    def _ended(self, stop: threading.Event | None, idle_s: float) -> str | None:
+        if self.signalled is not None:
+            return self.signalled
+        if stop is not None and stop.is_set():
+            return "the job ended"
+        if self.live.job_ended():
+            self.end_seen = self.end_seen or time.monotonic()
+            if time.monotonic() - self.end_seen >= JOB_END_GRACE_S:
+                return "the job ended (performance_summary.json written)"
+        if self.options.idle_exit_s is not None and idle_s >= self.options.idle_exit_s:
+            return f"no new bytes for {self.options.idle_exit_s:g} s"
+        return None
