@@ -56,7 +56,16 @@ def test_a_giant_line_lets_its_pages_go_as_it_is_skipped(monkeypatch, tmp_path):
 
 def _chrome_events(n: int) -> list[dict]:
     return [
-        {"ph": "X", "name": f"op{i % 7}", "cat": "cpu_op", "pid": 1 + i % 3, "tid": i % 4, "ts": 1000 + i * 10, "dur": 3.5, "args": {"i": i}}
+        {
+            "ph": "X",
+            "name": f"op{i % 7}",
+            "cat": "cpu_op",
+            "pid": 1 + i % 3,
+            "tid": i % 4,
+            "ts": 1000 + i * 10,
+            "dur": 3.5,
+            "args": {"i": i},
+        }
         for i in range(n)
     ]
 
@@ -85,8 +94,11 @@ def test_large_json_inputs_are_spilled_like_text_logs(tmp_path, monkeypatch, lay
         assert spill is not None and on_disk.spans.num_rows == 0 and on_disk.span_files
         written = pa.concat_tables(pq.read_table(f) for f in on_disk.span_files)
         columns = ["file", "line", "pid", "tid", "name", "ts_ns", "dur_ns"]
-        assert written.select(columns).cast(in_memory.spans.select(columns).schema).sort_by("line").equals(
-            in_memory.spans.select(columns).sort_by("line")
+        assert (
+            written.select(columns)
+            .cast(in_memory.spans.select(columns).schema)
+            .sort_by("line")
+            .equals(in_memory.spans.select(columns).sort_by("line"))
         )
     finally:
         shutil.rmtree(spill, ignore_errors=True)
