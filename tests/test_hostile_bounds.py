@@ -17,9 +17,12 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dsprof.analysis.ingest import strace_pieces
+from dsprof.analysis.ingest import sa_profile, strace_pieces
+from dsprof.analysis.ingest.chrome import SpanBuilder
 from dsprof.analysis.ingest.strace_log import read_strace_log
+from dsprof.analysis.spans import merge_traces
 from dsprof.commands import analyze as analyze_module
+from dsprof.profiler.chrome_json import DEFAULT_LIMITS
 
 # -- 1. one-line logs ------------------------------------------------------------------------------------
 
@@ -102,3 +105,57 @@ def test_large_json_inputs_are_spilled_like_text_logs(tmp_path, monkeypatch, lay
         )
     finally:
         shutil.rmtree(spill, ignore_errors=True)
+
+
+# -- 3. many fragments -----------------------------------------------------------------------------------
+
+
+def _fragment_lines(i: int) -> list[str]:
+    """A fragment's lines: kinds of content that are decided per fragment (pairs, NaN, garbage, nothing)."""
+    x = {"ph": "X", "name": f"req{i}", "cat": "request", "pid": 7, "tid": 1, "ts": 100 + i, "dur": 2, "args": {"request_id": f"r{i}"}}
+    begin = {"ph": "B", "name": f"b{i}", "pid": 7, "tid": 1, "ts": 50 + i, "args": {"k": i}}
+    end = {"ph": "E", "pid": 7, "tid": 1, "ts": 60 + i}
+    kinds = [
+        [json.dumps(x)],
+        [json.dumps(begin), json.dumps(x)],  # a B whose E is in the next fragment: never paired across files
+        [json.dumps(end), json.dumps(begin), json.dumps(end)],
+        [json.dumps(x).replace('"dur": 2', '"dur": NaN')],
+        ["not json", "{"],  # no line is an event
+        [],
+        [json.dumps({"ph": "M", "name": "process_name", "pid": 7, "args": {"name": f"p{i}"}}), json.dumps(x)],
+    ]
+    return kinds[i % len(kinds)]
+
+
+@pytest.mark.parametrize("with_sink", [False, True])
+def test_many_small_fragments_read_in_batches_read_as_one_by_one(tmp_path, monkeypatch, with_sink):
+    """Fragments are converted many at a time (a bounded number of conversions), with what each gives read alone."""
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    for i in range(150):
+        (fragments / f"trace.{i + 1}.jsonl").write_text("".join(line + "\n" for line in _fragment_lines(i)))
+    (fragments / "trace.1000.jsonl").write_text("".join(json.dumps(e) + "\n" for e in _chrome_events(40)))  # a big one
+    monkeypatch.setattr(sa_profile, "SMALL_FRAGMENT_BYTES", 1000)
+    monkeypatch.setattr(sa_profile, "BATCH_FRAGMENTS", 32)
+    files = sorted(fragments.iterdir(), key=lambda p: int(p.name.split(".")[1]))
+    alone = merge_traces([sa_profile._read_fragment(f, DEFAULT_LIMITS, None)[0] for f in files])
+    conversions = []
+    add = SpanBuilder.add
+    monkeypatch.setattr(SpanBuilder, "add", lambda self, *a, **k: (conversions.append(1), add(self, *a, **k))[1])
+    rows: list[pa.Table] = []
+    sink = type("Sink", (), {"add": lambda self, table: rows.append(table)})() if with_sink else None
+    batched = sa_profile.read_sa_profile(fragments, sink=sink)
+    assert len(conversions) <= 150 // 32 + 2  # not one per fragment
+    spans = pa.concat_tables(rows) if with_sink else batched.spans
+    assert spans.num_rows == alone.spans.num_rows > 0
+    order = ["file", "line"]
+    assert spans.sort_by([(c, "ascending") for c in order]).equals(alone.spans.sort_by([(c, "ascending") for c in order]))
+    if not with_sink:
+        assert batched.spans.equals(alone.spans)  # in file order, as read one by one
+    assert batched.dropped == {**alone.dropped} and batched.dropped["unmatched_end"] and batched.dropped["unmatched_begin"]
+    assert batched.records_read == alone.records_read and batched.files == [str(f) for f in files]
+    assert batched.process_names == alone.process_names
+    garbage_notes = [n for n in batched.notes if "no line is a JSON event" in n]
+    assert len(garbage_notes) == len(range(4, 150, 7)) and [n for n in batched.notes if "NaN" in n] == [
+        n for n in alone.notes if "NaN" in n
+    ]
