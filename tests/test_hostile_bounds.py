@@ -11,18 +11,28 @@ from __future__ import annotations
 import gzip
 import json
 import mmap
+import re
 import shutil
+from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from dsprof.analysis import cluster
+from dsprof.analysis import dataset as dataset_module
+from dsprof.analysis.analyze import analyze_trace
+from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, open_dataset
+from dsprof.analysis.engine import open_engine
 from dsprof.analysis.ingest import sa_profile, strace_pieces
 from dsprof.analysis.ingest.chrome import SpanBuilder
 from dsprof.analysis.ingest.strace_log import read_strace_log
-from dsprof.analysis.spans import merge_traces
+from dsprof.analysis.invocations import invocation_query
+from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.commands import analyze as analyze_module
+from dsprof.commands.ingest import ingest_paths
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS
+from dsprof.testing.synthetic import SyntheticRun
 
 # -- 1. one-line logs ------------------------------------------------------------------------------------
 
@@ -159,3 +169,74 @@ def test_many_small_fragments_read_in_batches_read_as_one_by_one(tmp_path, monke
     assert len(garbage_notes) == len(range(4, 150, 7)) and [n for n in batched.notes if "NaN" in n] == [
         n for n in alone.notes if "NaN" in n
     ]
+
+
+# -- 4. sparse timestamps --------------------------------------------------------------------------------
+
+
+def _sparse_log(path: Path, spans: int, gap_ns: int, first_inv: int = 1) -> Path:
+    """A log of one root span per ``gap_ns``: a window (or more) apart each, as far apart as the caller likes."""
+    run = SyntheticRun(ranks=1, steps=2).write(path.parent / "run")
+    record = next(line for line in (run / "server.log").read_text().splitlines() if "[STRACE]" in line and " depth=1 " in line)
+    head = record.partition(" ts=")[0].replace(" depth=1 ", " depth=0 ")
+    path.write_text(
+        "".join(f"{re.sub(r'inv=[0-9]+', f'inv={first_inv + i}', head)} ts={i * gap_ns} dur={10 + i % 3}\n" for i in range(1, spans + 1))
+    )
+    return path
+
+
+@pytest.mark.parametrize("gap_windows", [1, 1000])
+def test_sparse_timestamps_make_a_bounded_number_of_windows_and_parts(tmp_path, monkeypatch, gap_windows):
+    """Past MAX_WINDOWS the windows grow (parts moved, small ones merged): few windows and parts, the same rows and figures."""
+    log = _sparse_log(tmp_path / "sparse.log", 200, gap_windows * DEFAULT_WINDOW_NS)
+    monkeypatch.setattr(dataset_module, "MAX_WINDOWS", 10**6)
+    plain = ingest_paths([log], tmp_path / "plain")
+    monkeypatch.setattr(dataset_module, "MAX_WINDOWS", 8)
+    monkeypatch.setattr(dataset_module, "SMALL_PART_ROWS", 50)  # some parts are too big to merge
+    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 4096)  # many pieces: windows grow between them
+    bounded = ingest_paths([log], tmp_path / "bounded")
+    manifest = json.loads((tmp_path / "bounded" / "dataset.json").read_text())
+    windows = {f["window"] for f in manifest["files"]}
+    assert len(windows) <= 8 and manifest["window_ns"] > DEFAULT_WINDOW_NS
+    assert len(manifest["files"]) <= 2 * 8 + 200 // 50
+    assert sorted(p.relative_to(tmp_path / "bounded").as_posix() for p in (tmp_path / "bounded").rglob("*.parquet")) == sorted(
+        f["path"] for f in manifest["files"]
+    )  # nothing left behind by the moves and merges
+    for f in manifest["files"]:  # every row in the window its part claims
+        ts = pq.read_table(tmp_path / "bounded" / f["path"], columns=["ts_ns"]).column("ts_ns").to_numpy()
+        assert set((ts // manifest["window_ns"]).tolist()) == {f["window"]}
+    rows = [pa.concat_tables(pq.read_table(p) for p in trace.span_files).sort_by("line") for trace in (plain, bounded)]
+    assert rows[0].equals(rows[1]) and rows[0].num_rows == 200
+    figures = [analyze_trace(open_dataset(tmp_path / name)) for name in ("plain", "bounded")]
+    for result in figures:
+        result.engine.close()
+    same = [{k: v for k, v in result.summary.items() if k != "inputs"} for result in figures]
+    assert same[0] == same[1] and figures[0].summary["figures"]
+
+
+def test_cluster_windows_of_logs_grown_apart_are_aggregated_alike(tmp_path, monkeypatch):
+    """The cluster engine's logs may grow their windows differently: it regroups them on the longest, losing no invocation."""
+    monkeypatch.setattr(dataset_module, "MAX_WINDOWS", 8)
+    dense = _sparse_log(tmp_path / "a" / "dense.log", 40, DEFAULT_WINDOW_NS // 8)  # 5 windows: never grows
+    sparse = _sparse_log(tmp_path / "b" / "sparse.log", 60, 3 * DEFAULT_WINDOW_NS, first_inv=1000)  # grows a few times
+    target = tmp_path / "spans"
+    parts = [cluster._ingest_log(str(log), str(target), f"log{i}", DEFAULT_WINDOW_NS) for i, log in enumerate([dense, sparse])]
+    assert parts[0][2] == DEFAULT_WINDOW_NS < parts[1][2]
+    by_window, window_ns = cluster._common_windows(parts, DEFAULT_WINDOW_NS)
+    assert window_ns == parts[1][2] and len(by_window) <= 8
+    per_window = [
+        cluster._window_invocations(sorted(f for w in (k - 1, k, k + 1) for f in by_window.get(w, [])), k, window_ns, None)
+        for k in sorted(by_window)
+    ]
+    every = [Path(f) for files in by_window.values() for f in files]
+    engine = open_engine(Trace(span_files=every))
+    try:
+        whole = engine.arrow(invocation_query())
+    finally:
+        engine.close()
+    assert whole.num_rows == 100
+    assert (
+        pa.concat_tables(per_window)
+        .sort_by([("pid", "ascending"), ("inv", "ascending")])
+        .equals(whole.sort_by([("pid", "ascending"), ("inv", "ascending")]))
+    )
