@@ -31,6 +31,7 @@ from dsprof.analysis.invocations import invocation_query
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.commands import analyze as analyze_module
 from dsprof.commands.ingest import ingest_paths
+from dsprof.errors import DsprofError
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -240,3 +241,18 @@ def test_cluster_windows_of_logs_grown_apart_are_aggregated_alike(tmp_path, monk
         .sort_by([("pid", "ascending"), ("inv", "ascending")])
         .equals(whole.sort_by([("pid", "ascending"), ("inv", "ascending")]))
     )
+
+
+# -- 5. a memory limit the analysis cannot keep ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("as_dataset", [False, True])
+def test_a_memory_limit_too_small_is_one_line_and_leaves_nothing(tmp_path, as_dataset):
+    """DuckDB's OutOfMemoryException (7.5M spans under ``--memory-limit 300MB``; here a small run under 1 MiB) is one line."""
+    run = SyntheticRun(ranks=2, steps=20).write(tmp_path / "run")
+    if as_dataset:
+        ingest_paths([run], tmp_path / "spans")
+    given = tmp_path / "spans" if as_dataset else run
+    with pytest.raises(DsprofError, match=r"^the analysis needs more memory than its limit \(.*\): raise --memory-limit$"):
+        analyze_module.analyze_paths([given], tmp_path / "out", memory_limit=1 << 20)
+    assert not (tmp_path / "out").exists()
