@@ -24,10 +24,11 @@ from dsprof.analysis import dataset as dataset_module
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, open_dataset
 from dsprof.analysis.engine import open_engine
-from dsprof.analysis.ingest import sa_profile, strace_pieces
+from dsprof.analysis.ingest import read_paths, sa_profile, strace_pieces
 from dsprof.analysis.ingest.chrome import SpanBuilder
 from dsprof.analysis.ingest.strace_log import read_strace_log
 from dsprof.analysis.invocations import invocation_query
+from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.commands import analyze as analyze_module
 from dsprof.commands.ingest import ingest_paths
@@ -256,3 +257,25 @@ def test_a_memory_limit_too_small_is_one_line_and_leaves_nothing(tmp_path, as_da
     with pytest.raises(DsprofError, match=r"^the analysis needs more memory than its limit \(.*\): raise --memory-limit$"):
         analyze_module.analyze_paths([given], tmp_path / "out", memory_limit=1 << 20)
     assert not (tmp_path / "out").exists()
+
+
+# -- 2b. the swimlane budgets hold for serving (Chrome) spans too --------------------------------------------
+
+
+def test_serving_spans_past_the_budget_are_left_out_of_the_combined_swimlane_and_said(tmp_path):
+    """A Chrome trace's spans are laid out and drawn up to the span budget (earliest first), not all of them.
+
+    (The HTML report keeps its own budget: spans of no step past it are drawn as aggregate bars.)
+    """
+    path = tmp_path / "kineto.json"
+    events = _chrome_events(120)
+    path.write_text(json.dumps({"traceEvents": events}))
+    result = analyze_trace(read_paths([path]))
+    try:
+        swimlane = write_chrome_trace(result, tmp_path / "swimlane.json", span_budget=50)
+    finally:
+        result.engine.close()
+    written = json.loads(swimlane.read_text())
+    assert written["otherData"]["serving_spans"] == 120 and written["otherData"]["serving_spans_left_out"] == 70
+    drawn = sorted(e["ts"] for e in written["traceEvents"] if e["ph"] == "X")
+    assert len(drawn) == 50 and drawn == sorted(float(e["ts"]) for e in events)[:50]  # the earliest
