@@ -16,7 +16,9 @@ so the device-clock rows of an invocation land beside its host rows. An
 invocation whose rows were cut between two chunks may straddle two adjacent
 windows; a query for window k therefore reads windows k-1..k+1 and keeps the
 invocations whose root starts in k. A window's rows may lie in several part
-files (see :class:`SpanDatasetWriter`).
+files (see :class:`SpanDatasetWriter`). ``window_ns`` starts at
+DEFAULT_WINDOW_NS and doubles whenever the dataset would hold more than
+MAX_WINDOWS windows (sparse timestamps), the manifest recording the last.
 
 ``dataset.json`` (schema ``dsprof.span_dataset/1``)::
 
