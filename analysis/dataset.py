@@ -332,12 +332,12 @@ class SpanDatasetWriter:
 
     def _bounded(self, windows: np.ndarray) -> np.ndarray:
         """The rows' ``windows``, after windows were made longer as often as it takes to stay within MAX_WINDOWS."""
-        touched = np.unique(windows)
-        while len(self._windows.union(touched.tolist())) > MAX_WINDOWS:
+        touched = _distinct(windows)
+        while len(self._windows.union(touched)) > MAX_WINDOWS:
             self._lengthen()
             windows = np.floor_divide(windows, 2)  # exact: floor(floor(t / w) / 2) == floor(t / 2w)
-            touched = np.unique(windows)
-        self._windows.update(touched.tolist())
+            touched = _distinct(windows)
+        self._windows.update(touched)
         return windows
 
     def _lengthen(self) -> None:
@@ -456,6 +456,12 @@ class SpanDatasetWriter:
         for folder in reversed(self._made_folders):  # the window folders, then the dataset's
             with contextlib.suppress(OSError):  # not empty: another writer's or the user's files are kept there
                 folder.rmdir()
+
+
+def _distinct(windows: np.ndarray) -> list[int]:
+    """The windows a table's rows touch (one, mostly: no sort then)."""
+    first, last = int(windows.min()), int(windows.max())
+    return [first] if first == last else np.unique(windows).tolist()
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:
