@@ -78,8 +78,11 @@ def _ray():
     return ray
 
 
-def _ingest_log(path: str, dataset: str, prefix: str, window_ns: int) -> tuple[Trace, dict[int, list[str]]]:
-    """Ray task: one text log into the shared dataset; its Trace (spans on disk) and its files by window."""
+def _ingest_log(path: str, dataset: str, prefix: str, window_ns: int) -> tuple[Trace, dict[int, list[str]], int]:
+    """Ray task: one text log into the shared dataset; its Trace (spans on disk), its files by window, and the window length.
+
+    The writer makes windows longer (doubling them) where the log's times are sparse, so logs may come back with different lengths.
+    """
     writer = SpanDatasetWriter(dataset, window_ns, part_prefix=prefix)
     trace = read_paths([path], sink=writer)
     writer.close()
@@ -87,7 +90,18 @@ def _ingest_log(path: str, dataset: str, prefix: str, window_ns: int) -> tuple[T
     for written in writer.files:
         by_window.setdefault(written["window"], []).append(str(Path(dataset) / written["path"]))
     trace.span_files = [Path(f) for files in by_window.values() for f in files]
-    return trace, by_window
+    return trace, by_window, writer.window_ns
+
+
+def _common_windows(parts: list[tuple[Trace, dict[int, list[str]], int]], window_ns: int) -> tuple[dict[int, list[str]], int]:
+    """The files of every log by window of the longest window length: windows of length w * 2**k are exactly window >> k."""
+    window_ns = max((length for _, _, length in parts), default=window_ns)
+    by_window: dict[int, list[str]] = {}
+    for _, files_by_window, length in parts:
+        shift = (window_ns // length).bit_length() - 1
+        for window, files in files_by_window.items():
+            by_window.setdefault(window >> shift, []).extend(files)
+    return by_window, window_ns
 
 
 def _window_invocations(files: list[str], window: int, window_ns: int, memory_limit: int | None) -> pa.Table:
@@ -121,11 +135,8 @@ def read_and_aggregate(
         ingest = ray.remote(_ingest_log)
         parts = ray.get([ingest.remote(str(log), str(dataset), f"log{i}", window_ns) for i, log in enumerate(logs)])
         local = read_paths(others, progress=progress, logs=False) if others else Trace()
-        trace = merge_traces([*(t for t, _ in parts), local])
-        by_window: dict[int, list[str]] = {}
-        for _, files_by_window in parts:
-            for window, files in files_by_window.items():
-                by_window.setdefault(window, []).extend(files)
+        trace = merge_traces([*(t for t, _, _ in parts), local])
+        by_window, window_ns = _common_windows(parts, window_ns)
         if progress:
             progress(f"cluster: aggregating invocations in {len(by_window)} time window(s)")
         aggregate = ray.remote(_window_invocations)

@@ -16,7 +16,9 @@ so the device-clock rows of an invocation land beside its host rows. An
 invocation whose rows were cut between two chunks may straddle two adjacent
 windows; a query for window k therefore reads windows k-1..k+1 and keeps the
 invocations whose root starts in k. A window's rows may lie in several part
-files (see :class:`SpanDatasetWriter`).
+files (see :class:`SpanDatasetWriter`). ``window_ns`` starts at
+DEFAULT_WINDOW_NS and doubles whenever the dataset would hold more than
+MAX_WINDOWS windows (sparse timestamps), the manifest recording the last.
 
 ``dataset.json`` (schema ``dsprof.span_dataset/1``)::
 
@@ -77,6 +79,12 @@ OPEN_WINDOWS_BEHIND = 1
 # Part files open at once, at most: a log whose spans lie many windows apart (sparse timestamps)
 # would otherwise open one file per window of a chunk and run out of file descriptors and memory.
 MAX_OPEN_PARTS = 32
+# Time windows in a dataset, at most: past it the windows are made twice as long (window_ns doubled, each
+# part moved to the window that holds its own, a window's small parts merged), so timestamps however
+# sparse make a bounded number of windows and parts, not one per span.
+MAX_WINDOWS = 1024
+# Parts of fewer rows than this are merged with the other small parts of their window when windows grow.
+SMALL_PART_ROWS = 1 << 16
 
 # How span Parquet files are written (the dataset's parts and ``dsprof ingest -o
 # FILE.parquet``), chosen with benchmarks/bench_ingest.py and measured per column
@@ -171,12 +179,16 @@ class BackgroundWrites:
             self._pending.popleft()
         self._pending.append(self._pool.submit(job, *args))
 
+    def settle(self) -> None:
+        """Wait for every job queued so far (more may be queued after); raises the first error."""
+        while self._pending:
+            self._pending[0].result()
+            self._pending.popleft()
+
     def wait(self) -> None:
-        """Wait for every job; raises the first error."""
+        """Wait for every job and stop the worker; raises the first error."""
         try:
-            while self._pending:
-                self._pending[0].result()
-                self._pending.popleft()
+            self.settle()
         finally:
             self._pool.shutdown()
 
@@ -262,7 +274,8 @@ class SpanDatasetWriter:
     Each window touched gets a part file, kept open (so a window's rows fill
     few files) until the rows being written have moved more than
     OPEN_WINDOWS_BEHIND windows past it; rows of a window already closed go to
-    a new part. The caller's thread splits tables by window; the encoding and
+    a new part. Windows are made longer (:meth:`_lengthen`) whenever the
+    dataset would hold more than MAX_WINDOWS of them. The caller's thread splits tables by window; the encoding and
     the closing run on a worker (:class:`BackgroundWrites`). At most
     MAX_OPEN_PARTS files are open at once. Files appear
     atomically when closed; until :meth:`finish` writes ``dataset.json`` the
@@ -275,6 +288,7 @@ class SpanDatasetWriter:
         self.part_prefix = part_prefix  # writers sharing a directory (cluster ingest) use distinct prefixes
         self.files: list[dict] = []
         self._parts = 0
+        self._windows: set[int] = set()  # every window written to
         self._open: dict[int, tuple[str, SpanParquetFile]] = {}
         self._closed: list[tuple[int, str, SpanParquetFile]] = []
         self._jobs = BackgroundWrites()
@@ -288,7 +302,7 @@ class SpanDatasetWriter:
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
             return
-        windows = window_of_rows(table, self.window_ns)
+        windows = self._bounded(window_of_rows(table, self.window_ns))
         first, last = int(windows.min()), int(windows.max())
         if first == last:  # the common case: a piece of a log within one window
             self._jobs.run(self._file(first).write, table)
@@ -302,13 +316,77 @@ class SpanDatasetWriter:
         if window not in self._open:
             if len(self._open) >= MAX_OPEN_PARTS:  # the earliest window open goes; its later rows get a new part
                 self._close_behind(min(self._open) + 1)
-            relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
-            self._parts += 1
-            folder = (self.directory / relative).parent
-            if not folder.exists():
-                self._made_folders.append(folder)
+            relative = self._new_part(window)
             self._open[window] = (relative, SpanParquetFile(self.directory / relative))
         return self._open[window][1]
+
+    def _new_part(self, window: int) -> str:
+        """The relative path of a new part of ``window`` (its folder made)."""
+        relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
+        self._parts += 1
+        folder = (self.directory / relative).parent
+        if not folder.exists():
+            self._made_folders.append(folder)
+            folder.mkdir()
+        return relative
+
+    def _bounded(self, windows: np.ndarray) -> np.ndarray:
+        """The rows' ``windows``, after windows were made longer as often as it takes to stay within MAX_WINDOWS."""
+        touched = _distinct(windows)
+        while len(self._windows.union(touched)) > MAX_WINDOWS:
+            self._lengthen()
+            windows = np.floor_divide(windows, 2)  # exact: floor(floor(t / w) / 2) == floor(t / 2w)
+            touched = _distinct(windows)
+        self._windows.update(touched)
+        return windows
+
+    def _lengthen(self) -> None:
+        """Double ``window_ns``: each part written so far goes to the window holding its own; a window's small parts become one."""
+        self._close_behind(np.iinfo(np.int64).max)
+        self._jobs.settle()
+        self.window_ns *= 2
+        by_window: dict[int, list[tuple[str, SpanParquetFile]]] = {}
+        for window, relative, part in self._closed:
+            by_window.setdefault(window // 2, []).append((relative, part))
+        self._closed = []
+        for window, parts in sorted(by_window.items()):
+            small = [relative for relative, part in parts if part.rows < SMALL_PART_ROWS]
+            if len(small) > 1:
+                self._closed.append((window, *self._merged(window, small)))
+            for relative, part in parts:
+                if len(small) <= 1 or relative not in small:
+                    self._closed.append((window, self._moved(relative, window), part))
+        self._windows = set(by_window)
+
+    def _moved(self, relative: str, window: int) -> str:
+        """Move a closed part to ``window``'s folder; its new relative path."""
+        target = f"{WINDOW_DIR}{window}/{Path(relative).name}"
+        if target != relative:
+            folder = (self.directory / target).parent
+            if not folder.exists():
+                self._made_folders.append(folder)
+                folder.mkdir()
+            os.replace(self.directory / relative, self.directory / target)
+            with contextlib.suppress(OSError):  # the old window's folder, now empty
+                (self.directory / relative).parent.rmdir()
+        return target
+
+    def _merged(self, window: int, parts: list[str]) -> tuple[str, SpanParquetFile]:
+        """One new part of ``window`` holding the rows of ``parts`` (small ones), which are removed."""
+        relative = self._new_part(window)
+        merged = SpanParquetFile(self.directory / relative)
+        try:
+            for old in parts:
+                merged.write(pq.read_table(self.directory / old, columns=PARQUET_SCHEMA.names))
+            merged.close()
+        except BaseException:
+            merged.discard()
+            raise
+        for old in parts:
+            (self.directory / old).unlink()
+            with contextlib.suppress(OSError):
+                (self.directory / old).parent.rmdir()
+        return relative, merged
 
     def _close_behind(self, window: int) -> None:
         for old in [w for w in self._open if w < window]:
@@ -373,9 +451,17 @@ class SpanDatasetWriter:
         for _, relative, _part in self._closed:
             (self.directory / relative).unlink(missing_ok=True)
         self._closed.clear()
+        for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=self.part_prefix, n='*')}"):
+            stale.unlink(missing_ok=True)  # this writer's, wherever an interrupted _lengthen left it
         for folder in reversed(self._made_folders):  # the window folders, then the dataset's
             with contextlib.suppress(OSError):  # not empty: another writer's or the user's files are kept there
                 folder.rmdir()
+
+
+def _distinct(windows: np.ndarray) -> list[int]:
+    """The windows a table's rows touch (one, mostly: no sort then)."""
+    first, last = int(windows.min()), int(windows.max())
+    return [first] if first == last else np.unique(windows).tolist()
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:

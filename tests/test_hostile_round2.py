@@ -555,13 +555,13 @@ def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path)
 
 
 def test_sparse_timestamps_do_not_open_a_file_per_window(run_dir, tmp_path):
-    from dsprof.analysis.dataset import DEFAULT_WINDOW_NS
+    from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, MAX_WINDOWS
 
     lines = (run_dir / "server.log").read_text().splitlines()
     record = next(line for line in lines if "[STRACE]" in line and " depth=1 " in line)
     head, _, _ = record.partition(" ts=")
     head = head.replace(" depth=1 ", " depth=0 ")
-    spans = 600
+    spans = MAX_WINDOWS + 300  # windows grow past MAX_WINDOWS (tests/test_hostile_bounds.py)
     log = tmp_path / "sparse.log"
     log.write_text("".join(f"{re.sub(r'inv=[0-9]+', f'inv={i}', head)} ts={i * DEFAULT_WINDOW_NS} dur=10\n" for i in range(1, spans + 1)))
     limit = 128  # far fewer descriptors than windows
@@ -576,7 +576,7 @@ def test_sparse_timestamps_do_not_open_a_file_per_window(run_dir, tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     manifest = json.loads((out / "dataset.json").read_text())
     assert sum(f["rows"] for f in manifest["files"]) == spans
-    assert len({f["window"] for f in manifest["files"]}) == spans
+    assert len({f["window"] for f in manifest["files"]}) <= MAX_WINDOWS < spans
 
 
 # -- property: any one manifest value replaced --------------------------------------------------------------

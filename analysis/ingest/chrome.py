@@ -56,6 +56,7 @@ from typing import Any
 import msgspec
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from pyarrow import ipc
 
 from dsprof.analysis.ingest.chrome_columns import (
@@ -91,6 +92,7 @@ from dsprof.profiler.chrome_json import (
 # B/E rows kept until the end of a file, where they are paired
 _BEGIN_END_SCHEMA = pa.schema(
     [
+        ("file", pa.int32()),  # the row's file: its index in SpanBuilder.files
         ("line", pa.int64()),
         ("pid", pa.int64()),
         ("tid", pa.int64()),
@@ -135,6 +137,12 @@ def read_document(
 class SpanBuilder:
     """Span rows of one file from batches of decoded events (see the module docstring for the rules).
 
+    ``file`` names the one file the events come from; a list of names makes
+    one builder serve many small files (SA_PROFILE fragments, a few events
+    each), every batch then saying which file each event is from: their rows
+    are converted together instead of a file at a time. ``B``/``E`` pair only
+    within their file.
+
     ``base_ns`` is added to every ``ts``; ``None`` while it is not known yet
     (Kineto writes ``baseTimeNanoseconds`` after ``traceEvents``): rows are then
     held — in memory, or in a temporary Arrow file when a ``sink`` bounds
@@ -142,28 +150,38 @@ class SpanBuilder:
     :meth:`finish` too, where they are paired.
     """
 
-    def __init__(self, file: str, source: str, sink: SpanSink | None = None):
-        self.file = file
+    def __init__(self, file: str | list[str], source: str, sink: SpanSink | None = None):
+        self.files = [file] if isinstance(file, str) else list(file)
+        self.file = self.files[0] if self.files else ""  # for notes on a one-file builder
         self.source = source
         self.sink = sink
         self.base_ns: int | None = 0
-        self.trace = Trace(files=[file])
+        self.trace = Trace(files=list(self.files))
         self.nulled = 0  # NaN/Infinity values read as null
         self._ready: list[pa.Table] = []  # rows with their final ts (kept when there is no sink)
         self._held = _HeldTables(spill=sink is not None)  # rows waiting for base_ns
         self._begin_end: list[pa.Table] = []
 
-    def add(self, events: list[TraceEvent], where: np.ndarray, *, skipped: dict[str, int] | None = None, nulled: int = 0) -> None:
+    def add(
+        self,
+        events: list[TraceEvent],
+        where: np.ndarray,
+        *,
+        skipped: dict[str, int] | None = None,
+        nulled: int = 0,
+        file_of: np.ndarray | None = None,
+    ) -> None:
         """Convert one batch; ``where`` holds each event's line number or index.
 
         ``skipped`` counts the batch's records that were no events, by reason;
-        ``nulled`` the NaN/Infinity values its events held (read as null).
+        ``nulled`` the NaN/Infinity values its events held (read as null);
+        ``file_of`` each event's file (an index into ``files``; None: the first).
         """
         self.trace.records_read += len(events) + sum((skipped or {}).values())
         for reason, count in (skipped or {}).items():
             self.trace.count(reason, count)
         self.nulled += nulled
-        table, begin_end = self._convert(events, where)
+        table, begin_end = self._convert(events, where, np.zeros(len(events), np.int32) if file_of is None else file_of)
         if begin_end.num_rows:
             self._begin_end.append(begin_end)
         if not table.num_rows:
@@ -186,11 +204,18 @@ class SpanBuilder:
                 paired = True
         if self.sink is None:
             spans = pa.concat_tables(self._ready) if self._ready else SPAN_SCHEMA.empty_table()
-            self.trace.spans = spans.sort_by("line") if paired else spans  # pairs were made last (a stable sort)
+            self.trace.spans = self._in_file_order(spans) if paired else spans  # pairs were made last
         if self.nulled:
-            self.trace.notes.append(f"{self.file}: {self.nulled} NaN/Infinity value(s) read as null (not JSON)")
+            self.trace.notes.append(nulled_note(self.file, self.nulled))
         self.trace.dropped = {k: v for k, v in self.trace.dropped.items() if v}
         return self.trace
+
+    def _in_file_order(self, spans: pa.Table) -> pa.Table:
+        """Rows by file (in ``files`` order), then line: as if each file had been read on its own (a stable sort)."""
+        if len(self.files) == 1:
+            return spans.sort_by("line")
+        file_index = pc.index_in(spans.column("file"), value_set=pa.array(self.files)).to_numpy(zero_copy_only=False)
+        return spans.take(pa.array(np.lexsort((spans.column("line").to_numpy(), file_index))))
 
     def _emit(self, table: pa.Table) -> None:
         if not table.num_rows:
@@ -218,7 +243,7 @@ class SpanBuilder:
             return table
         return table.set_column(table.schema.get_field_index("ts_ns"), "ts_ns", pa.array(ts + base_ns, pa.int64()))
 
-    def _convert(self, events: list[TraceEvent], where: np.ndarray) -> tuple[pa.Table, pa.Table]:
+    def _convert(self, events: list[TraceEvent], where: np.ndarray, file_of: np.ndarray) -> tuple[pa.Table, pa.Table]:
         """X/i rows (span table) and B/E rows (kept for pairing) of one batch; drops are counted."""
         phase = phase_codes([e.ph for e in events])
         for i in np.flatnonzero(phase == PH_M).tolist():  # metadata: a few per process
@@ -227,7 +252,7 @@ class SpanBuilder:
         keep = np.flatnonzero(phase <= PH_I)
         if len(keep) < len(events):
             events = [events[i] for i in keep.tolist()]
-            where, phase = where[keep], phase[keep]
+            where, phase, file_of = where[keep], phase[keep], file_of[keep]
         ts_ns, ts_status = ns_column([e.ts for e in events])
         dur_ns, dur_status = ns_column([e.dur for e in events], absent_is_zero=True)
         is_x = phase == PH_X
@@ -243,6 +268,7 @@ class SpanBuilder:
         usable = (status == VALUE_OK) & ~negative
         counts, keys, values = attribute_pairs([e.args for e in events], pid_labels, tid_labels)
         columns = {
+            "file": file_of,
             "line": where,
             "pid": pid,
             "tid": tid,
@@ -259,7 +285,7 @@ class SpanBuilder:
         be_rows = _rows(columns, phase, counts, keys, values, begin_end)
         be_table = pa.table(
             {
-                **{k: be_rows[k] for k in ("line", "pid", "tid", "ts_ns")},
+                **{k: be_rows[k] for k in ("file", "line", "pid", "tid", "ts_ns")},
                 "begin": pa.array(be_rows["phase"] == PH_B),
                 "name": be_rows["name"],
                 "cat": be_rows["cat"],
@@ -292,7 +318,7 @@ class SpanBuilder:
         promoted, attrs = split_attributes(offsets, keys, values)
         columns = {
             "source": pa.repeat(pa.scalar(self.source), n),
-            "file": pa.repeat(pa.scalar(self.file), n),
+            "file": pa.repeat(pa.scalar(self.file), n) if len(self.files) == 1 else pa.array(self.files).take(pa.array(rows["file"])),
             "line": pa.array(rows["line"], pa.int64()),
             "pid": pa.array(rows["pid"], pa.int64()),
             "tid": pa.array(rows["tid"], pa.int64()),
@@ -309,6 +335,11 @@ class SpanBuilder:
             "attrs": attrs,
         }
         return pa.table([columns[name] for name in SPAN_SCHEMA.names], schema=SPAN_SCHEMA)
+
+
+def nulled_note(file: str, nulled: int) -> str:
+    """The note on a file whose NaN/Infinity values were read as null."""
+    return f"{file}: {nulled} NaN/Infinity value(s) read as null (not JSON)"
 
 
 class _HeldTables:
@@ -363,9 +394,9 @@ def _rows(
 
 
 def _pair_begin_end(rows: pa.Table, trace: Trace) -> dict[str, Any]:
-    """Match each E to the innermost open B of its (pid, tid), in time order (file order breaks ties); vectorised.
+    """Match each E to the innermost open B of its (file, pid, tid), in time order (file order breaks ties); vectorised.
 
-    Per (pid, tid), in time order, the stack depth is the running sum of +1
+    Per (file, pid, tid), in time order, the stack depth is the running sum of +1
     (B) / -1 (E), where an E that finds the stack empty is unmatched and does
     not move it: such an E makes a new minimum of the running sum below zero.
     Matched Bs and Es then alternate at each depth, B first, so a B followed
@@ -373,12 +404,13 @@ def _pair_begin_end(rows: pa.Table, trace: Trace) -> dict[str, Any]:
     """
     pid, tid = rows.column("pid").to_numpy(), rows.column("tid").to_numpy()
     ts, line = rows.column("ts_ns").to_numpy(), rows.column("line").to_numpy()
+    file = rows.column("file").to_numpy()
     begin = rows.column("begin").to_numpy(zero_copy_only=False)
-    order = np.lexsort((line, ts, tid, pid))
-    pid, tid, begin = pid[order], tid[order], begin[order]
+    order = np.lexsort((line, ts, tid, pid, file))
+    pid, tid, begin, in_file = pid[order], tid[order], begin[order], file[order]
     n = len(order)
     new_group = np.ones(n, bool)
-    new_group[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1])
+    new_group[1:] = (pid[1:] != pid[:-1]) | (tid[1:] != tid[:-1]) | (in_file[1:] != in_file[:-1])
     group = np.cumsum(new_group) - 1
     running = np.cumsum(np.where(begin, 1, -1))
     start = np.flatnonzero(new_group)
@@ -397,9 +429,10 @@ def _pair_begin_end(rows: pa.Table, trace: Trace) -> dict[str, Any]:
     b_rows, e_rows = order[b[pair]], order[e[pair]]
     trace.count("unmatched_end", int(unmatched_end.sum()))
     trace.count("unmatched_begin", int(begin.sum()) - len(b_rows))
-    by_line = np.argsort(line[b_rows], kind="stable")  # rows in the order of their B
+    by_line = np.lexsort((line[b_rows], file[b_rows]))  # rows in the order of their B
     b_rows, e_rows = b_rows[by_line], e_rows[by_line]
     return {
+        "file": file[b_rows],
         "line": line[b_rows],
         "pid": rows.column("pid").to_numpy()[b_rows],
         "tid": rows.column("tid").to_numpy()[b_rows],

@@ -120,6 +120,8 @@ def mapped_pieces(data: mmap.mmap | bytes) -> Iterator[Piece]:
             newline = data.find(b"\n", start, start + filled)
             skipping = newline < 0
             start, kept = (start + filled, 0) if skipping else (newline + 1, start + filled - newline - 1)
+            if isinstance(data, mmap.mmap):  # the skipped bytes were read through: let their pages go
+                dropped = _drop_pages(data, dropped, start)
             continue
         cut = data.rfind(b"\n[", start, start + filled) + 1
         if cut == 0 and filled >= limit:

@@ -14,7 +14,8 @@ the native protobuf writer; this module only spells it as Chrome trace events:
   attribute as the text it was read as.
 
 The combined swimlane keeps a span budget: beyond it, the steps with the
-largest runner-end skew are kept in full and the others left out, as
+largest runner-end skew are kept in full and the others left out, and of
+the serving (SA_PROFILE / Chrome) spans the earliest that many are drawn, as
 ``otherData`` says. A path ending in ``.gz`` is written gzip-compressed.
 """
 
@@ -40,6 +41,7 @@ from dsprof.analysis.outputs.track_layout import (
     build_track_layout,
     flow_links,
     serving_lanes_sql,
+    serving_span_count,
 )
 from dsprof.analysis.spans import PROMOTED_INT_ATTRS
 from dsprof.fileio import atomic_output
@@ -129,7 +131,8 @@ def write_chrome_trace(
     path = Path(path)
     engine = result.engine
     steps, total = detailed_steps(engine, span_budget)
-    layout = build_track_layout(result, steps)
+    layout = build_track_layout(result, steps, serving_budget=span_budget)
+    serving_total = serving_span_count(engine)
     if steps is not None:
         engine.con.register("kept_steps", pa.table({"step": pa.array(steps, pa.int64())}))
     keep = "TRUE" if steps is None else "(r.step IS NULL OR r.step IN (SELECT step FROM kept_steps))"
@@ -141,6 +144,8 @@ def write_chrome_trace(
         "runtime_spans": total,
         "steps_left_out": None if steps is None else int(engine.scalar("SELECT count(DISTINCT step) FROM decode")) - len(steps),
         "window": None if result.window is None else result.window.block(),
+        "serving_spans": serving_total,
+        "serving_spans_left_out": max(0, serving_total - span_budget) if span_budget is not None else 0,
     }
     with atomic_output(path) as raw:
         out: BinaryIO = gzip.GzipFile(fileobj=raw, mode="wb", compresslevel=6, mtime=0) if path.suffix == ".gz" else raw  # type: ignore[assignment]

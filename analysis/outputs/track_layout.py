@@ -118,16 +118,17 @@ class TrackLayout:
         )
 
 
-def build_track_layout(result: AnalysisResult, steps: list[int] | None = None) -> TrackLayout:
+def build_track_layout(result: AnalysisResult, steps: list[int] | None = None, serving_budget: int | None = None) -> TrackLayout:
     """Processes, tracks and counters of ``result``'s trace; ``steps``: the decode steps drawn (None: all).
 
     Creates the engine's ``lanes`` (runs) and ``serving_lanes`` (``file, line, lane`` of every serving
-    span; :func:`serving_lanes_sql` is the serving spans with their lane).
+    span drawn; :func:`serving_lanes_sql` is the serving spans drawn with their lane): with a
+    ``serving_budget``, the earliest that many (by time, then file and line), else all.
     """
     engine = result.engine
     build_lanes(engine)
     runtime = _runtime_threads(engine)
-    _build_serving_lanes(engine)
+    _build_serving_lanes(engine, serving_budget)
     serving = _serving_threads(engine, result.trace.thread_names, first_tid=TRACK_TID_BASE + len(runtime))
     pids = {t.pid for t in runtime.values()} | {t.pid for t in serving.values()}
     return TrackLayout(
@@ -175,11 +176,14 @@ def lane_name(lane: int) -> str:
     return "garbage collections" if lane == GC_LANE else f"lane {lane}"
 
 
-def _build_serving_lanes(engine: Engine) -> None:
-    """``serving_lanes``: a lane per serving span within its (pid, tid, category), overlapping spans on different lanes."""
+def _build_serving_lanes(engine: Engine, budget: int | None) -> None:
+    """``serving_lanes``: a lane per serving span drawn within its (pid, tid, category), overlapping spans on different lanes."""
+    drawn = f"SELECT pid, tid, cat, file, line, ts_ns, dur_ns FROM spans WHERE {serving_row()} AND ph IN ('X', 'i')"
+    if budget is not None:  # a top-N: memory for the budget's rows, not the trace's
+        drawn += f" ORDER BY ts_ns, file, line LIMIT {int(budget)}"
     spans = engine.arrow(f"""SELECT file, line, ts_ns, ts_ns + dur_ns AS end_ns,
                                     dense_rank() OVER (ORDER BY pid, tid, cat) AS thread_cat
-                             FROM spans WHERE {serving_row()} AND ph IN ('X', 'i') ORDER BY thread_cat, ts_ns, file, line""")
+                             FROM ({drawn}) ORDER BY thread_cat, ts_ns, file, line""")
     lanes = assign_lanes(spans.column("thread_cat").to_numpy(), spans.column("ts_ns").to_numpy(), spans.column("end_ns").to_numpy(), None)
     engine.con.register(
         "serving_lanes_in", pa.table({"file": spans.column("file"), "line": spans.column("line"), "lane": pa.array(lanes, pa.int64())})
@@ -189,9 +193,14 @@ def _build_serving_lanes(engine: Engine) -> None:
     engine.run("CREATE OR REPLACE TABLE serving_lanes AS SELECT file, line, min(lane) AS lane FROM serving_lanes_in GROUP BY file, line")
 
 
+def serving_span_count(engine: Engine) -> int:
+    """Serving spans and instants there are to draw, before any budget."""
+    return int(engine.scalar(f"SELECT count(*) FROM spans WHERE {serving_row()} AND ph IN ('X', 'i')") or 0)
+
+
 def serving_lanes_sql() -> str:
-    """The serving spans to draw (:func:`~dsprof.analysis.layout.serving_spans_sql`) with their ``lane``."""
-    return f"SELECT s.*, coalesce(l.lane, 0) AS lane FROM ({serving_spans_sql()}) s LEFT JOIN serving_lanes l USING (file, line)"
+    """The serving spans to draw (:func:`~dsprof.analysis.layout.serving_spans_sql`, those given a lane) with their ``lane``."""
+    return f"SELECT s.*, l.lane FROM ({serving_spans_sql()}) s JOIN serving_lanes l USING (file, line)"
 
 
 def _serving_threads(engine: Engine, thread_names: dict[tuple[int, int], str], first_tid: int) -> dict[tuple[int, int, str, int], Thread]:

@@ -1,7 +1,9 @@
 """``dsprof analyze``: read artifacts, compute every figure, write summary.json, summary.md,
 combined-swimlane.json and report.html.
 
-Text logs larger than :data:`SPILL_BYTES` are read into a span dataset on disk
+Inputs whose spans would take more than about :data:`SPILL_BYTES` of memory
+(text logs by their size; JSON traces, whose rows take several times their
+text, weighted by :data:`JSON_WEIGHT`) are read into a span dataset on disk
 (Parquet, :mod:`dsprof.analysis.dataset`) instead of memory, and analysed out
 of core; ``spans_dir`` keeps that dataset for later queries.
 """
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -23,7 +26,7 @@ from dsprof.analysis.cluster import check_address, read_and_aggregate
 from dsprof.analysis.dataset import open_dataset
 from dsprof.analysis.dataset_check import corrupt_part
 from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
-from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.ingest import SIDE_FILES, read_paths
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.html_report import write_html_report
@@ -41,6 +44,11 @@ from dsprof.profiler import artifacts
 Progress = Callable[[str], None] | None
 # Inputs bigger than this are analysed out of core (a span dataset on disk).
 SPILL_BYTES = 256 << 20
+# A byte of Chrome / SA_PROFILE JSON weighs this many bytes of text log (its rows in memory: ~12x the JSON, a log's ~1.5x);
+# a gzip-compressed one, GZIP_WEIGHT times more again.
+JSON_WEIGHT = 8
+GZIP_WEIGHT = 10
+_JSON_SUFFIXES = (".json", ".jsonl", ".gz")
 ENGINES = ("embedded", "ray")
 MEMORY_LIMIT_DEFAULT = f"{DEFAULT_MEMORY_SHARE:.0%} of RAM"  # what the engine takes without --memory-limit
 FALLBACK_OUT_DIR = Path("dsprof-analysis")
@@ -236,7 +244,7 @@ def read_inputs(
     if _dataset_input(paths) is not None:
         return open_dataset(paths[0]), None
     temporary = None
-    if spans_dir is None and _text_bytes(paths) > SPILL_BYTES:
+    if spans_dir is None and spill_weight(paths) > SPILL_BYTES:
         temporary = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
     target = spans_dir if spans_dir is not None else temporary
     if target is None:
@@ -250,13 +258,37 @@ def read_inputs(
     return trace, temporary
 
 
-def _text_bytes(paths: Sequence[str | os.PathLike]) -> int:
-    """Bytes of the text logs among ``paths`` (directories: their ``*.log``)."""
+def spill_weight(paths: Sequence[str | os.PathLike]) -> int:
+    """What reading ``paths`` into memory would weigh, in bytes of text log (see :data:`JSON_WEIGHT`).
+
+    Directories: their ``*.log``, and the JSON where the readers look for it
+    (beside the logs, ``serving-trace/``, ``fragments/``); a merge and its
+    fragments both count, which only makes a spill likelier.
+    """
     total = 0
     for path in map(Path, paths):
-        logs = list(path.glob("*.log")) if path.is_dir() else [path] if path.suffix not in (".json", ".jsonl", ".gz") else []
-        total += sum(p.stat().st_size for p in logs if p.is_file())
+        files = _input_files(path) if path.is_dir() else [path]
+        total += sum(_weight(file) for file in files)
     return total
+
+
+def _input_files(directory: Path) -> list[Path]:
+    folders = [directory, directory / artifacts.SERVING_TRACE_DIR, directory / artifacts.FRAGMENTS_DIR]
+    folders.append(directory / artifacts.SERVING_TRACE_DIR / artifacts.FRAGMENTS_DIR)
+    return [file for folder in folders if folder.is_dir() for file in folder.iterdir() if file.suffix in (".log", *_JSON_SUFFIXES)]
+
+
+def _weight(file: Path) -> int:
+    """A regular file's size, weighted by its kind (a pipe or device counts nothing: its size is unknown)."""
+    try:
+        info = file.stat()
+    except OSError:
+        return 0  # the reader says what is wrong with it
+    if not stat.S_ISREG(info.st_mode) or file.name in SIDE_FILES:
+        return 0
+    if file.suffix not in _JSON_SUFFIXES:
+        return info.st_size
+    return info.st_size * JSON_WEIGHT * (GZIP_WEIGHT if file.suffix == ".gz" else 1)
 
 
 def require_something_to_analyse(trace: Trace, paths: Sequence[str | os.PathLike]) -> None:
