@@ -2,7 +2,7 @@
 
 Each command parses its options and calls one function of :mod:`dsprof.commands`,
 so everything here can also be done from Python; of dsprof, this module imports
-only those and :mod:`dsprof.errors`. Errors the user can act on
+only those, :mod:`dsprof.errors` and the group (:mod:`dsprof.cli.group`). Errors the user can act on
 (:class:`~dsprof.errors.DsprofError`, and files that cannot be read or written)
 print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 ``--debug`` shows the traceback instead. Progress goes to stderr.
@@ -11,159 +11,22 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 from __future__ import annotations
 
 import functools
-import shutil
 import signal
 import sys
 from pathlib import Path
 
 import click
 
-from dsprof.commands import __version__
+from dsprof.cli.group import PRESET, THRESHOLD, cli, err_line, out_line, progress_printer, raise_stopped, window_options
 from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
 from dsprof.commands.diff import diff_command
 from dsprof.commands.gate import gate_command, suggest_command
 from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
-from dsprof.commands.printing import error_line, os_error_message
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
 from dsprof.commands.watch import WatchOptions, watch_command
-from dsprof.errors import DsprofError
 
-_DEBUG_KEY = "dsprof.debug"
-_PROGRESS_KEY = "dsprof.progress"
-
-
-class UserError(click.ClickException):
-    """A one-line error with the exit status of the error that caused it."""
-
-    def __init__(self, message: str, exit_code: int = 2):
-        super().__init__(message)
-        self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; this error's own status
-
-    def show(self, file=None) -> None:
-        click.echo(error_line(self.format_message()), err=True)
-
-
-def _usage_error_message(exc: click.UsageError) -> str:
-    """Click's message on one line, pointing at the command's help instead of printing the usage block."""
-    message = " ".join(exc.format_message().split())
-    return f"{message} (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else message
-
-
-class Stopped(KeyboardInterrupt):
-    """SIGTERM, raised in the main thread like Ctrl-C, so that every ``finally`` and cleanup runs on the way out."""
-
-    def __init__(self, signum: int = signal.SIGTERM):
-        super().__init__(f"stopped by {signal.Signals(signum).name}")
-        self.signum = signum
-
-
-def _raise_stopped(signum: int, _frame) -> None:
-    raise Stopped(signum)
-
-
-def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:
-    """One line and the shell's status (128 + signal) for Ctrl-C or SIGTERM (ours, or the runtime's, which has ``signum``)."""
-    signum = getattr(interrupt, "signum", signal.SIGINT)
-    name = signal.Signals(signum).name
-    return f"stopped by {name}; no partial output is left", 128 + signum
-
-
-class DsprofGroup(click.Group):
-    """Turns library errors, bad options and Ctrl-C/SIGTERM into one-line messages unless ``--debug`` was given."""
-
-    def invoke(self, ctx: click.Context):
-        try:
-            return super().invoke(ctx)
-        except click.UsageError as exc:
-            raise UserError(_usage_error_message(exc), exc.exit_code) from exc
-        except KeyboardInterrupt as exc:
-            printer = ctx.meta.get(_PROGRESS_KEY)
-            if printer is not None:
-                printer.done()
-            if ctx.meta.get(_DEBUG_KEY):
-                raise
-            message, status = _stop_message(exc)
-            raise UserError(message, status) from None
-        except (DsprofError, OSError) as exc:
-            printer = ctx.meta.get(_PROGRESS_KEY)
-            if printer is not None:
-                printer.done()  # the error starts on its own line
-            if ctx.meta.get(_DEBUG_KEY):
-                raise
-            if isinstance(exc, DsprofError):
-                raise UserError(str(exc), exc.exit_code) from exc
-            raise UserError(os_error_message(exc)) from exc
-
-
-class ProgressPrinter:
-    """Progress lines on stderr: rewritten in place on a terminal, one per line otherwise."""
-
-    def __init__(self, stream=None):
-        self.stream = stream if stream is not None else sys.stderr
-        self.in_place = self.stream.isatty()
-        self.pending = False
-
-    def __call__(self, message: str) -> None:
-        if self.in_place:
-            width = shutil.get_terminal_size((100, 20)).columns - 1
-            self.stream.write("\r\x1b[K" + message[:width])
-            self.stream.flush()
-            self.pending = True
-        else:
-            click.echo(message, file=self.stream)
-
-    def done(self) -> None:
-        """End an in-place line so that what follows starts on a fresh one."""
-        if self.pending:
-            self.stream.write("\n")
-            self.stream.flush()
-            self.pending = False
-
-
-@click.group(cls=DsprofGroup, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(__version__, "--version", prog_name="dsprof")
-@click.option("--debug", is_flag=True, help="Show the full traceback of errors.")
-@click.pass_context
-def cli(ctx: click.Context, debug: bool) -> None:
-    """Profile a multi-rank LLM decode runtime and explain why decode steps were late.
-
-    Exit status: 0 success, 1 a failed check (gate failed, run failed or invalid),
-    2 an error (bad input, bad rules, bad options).
-    """
-    ctx.meta[_DEBUG_KEY] = debug
-
-
-def _progress() -> ProgressPrinter:
-    """The command's progress printer, registered so that an error can end its line."""
-    printer = ProgressPrinter()
-    click.get_current_context().meta[_PROGRESS_KEY] = printer
-    return printer
-
-
-def _end_progress() -> None:
-    printer = click.get_current_context().meta.get(_PROGRESS_KEY)
-    if printer is not None:
-        printer.done()
-
-
-def _out(line: str) -> None:
-    """A line of the command's printout (stdout), after any progress line."""
-    _end_progress()
-    click.echo(line)
-
-
-def _err(line: str) -> None:
-    """A note of the command (stderr), after any progress line."""
-    _end_progress()
-    click.echo(line, err=True)
-
-
-_PRESET = "the preset's"
-_THRESHOLD = click.option(
-    "--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True, help="Late-start / tail-step threshold."
-)
-
+__all__ = ["cli", "main"]
 
 # --------------------------------------------------------------------------- run
 
@@ -176,27 +39,27 @@ _THRESHOLD = click.option(
     show_default=True,
     help="Workload shape (docs/RUNTIME.md); the options below override it.",
 )
-@click.option("--ranks", type=click.IntRange(min=1), show_default=_PRESET, help="Rank processes (EP = ranks, DP = ranks / TP).")
-@click.option("--tp", show_default=_PRESET, type=click.IntRange(min=1), help="Tensor-parallel size.")
-@click.option("--requests", show_default=_PRESET, type=click.IntRange(min=1), help="Concurrent requests in the batch.")
-@click.option("--prompt-tokens", show_default=_PRESET, type=click.IntRange(min=1), help="Prompt tokens per request.")
-@click.option("--output-tokens", show_default=_PRESET, type=click.IntRange(min=1), help="Output tokens per request.")
-@click.option("--layers", show_default=_PRESET, type=click.IntRange(min=1), help="Model layers.")
-@click.option("--rounds", show_default=_PRESET, type=click.IntRange(min=1), help="Measured rounds (microbench preset).")
-@click.option("--warmup", show_default=_PRESET, type=click.IntRange(min=0), help="Warm-up rounds (microbench preset).")
-@click.option("--acceptance-rate", show_default=_PRESET, type=click.FloatRange(0, 1), help="MTP draft acceptance rate.")
+@click.option("--ranks", type=click.IntRange(min=1), show_default=PRESET, help="Rank processes (EP = ranks, DP = ranks / TP).")
+@click.option("--tp", show_default=PRESET, type=click.IntRange(min=1), help="Tensor-parallel size.")
+@click.option("--requests", show_default=PRESET, type=click.IntRange(min=1), help="Concurrent requests in the batch.")
+@click.option("--prompt-tokens", show_default=PRESET, type=click.IntRange(min=1), help="Prompt tokens per request.")
+@click.option("--output-tokens", show_default=PRESET, type=click.IntRange(min=1), help="Output tokens per request.")
+@click.option("--layers", show_default=PRESET, type=click.IntRange(min=1), help="Model layers.")
+@click.option("--rounds", show_default=PRESET, type=click.IntRange(min=1), help="Measured rounds (microbench preset).")
+@click.option("--warmup", show_default=PRESET, type=click.IntRange(min=0), help="Warm-up rounds (microbench preset).")
+@click.option("--acceptance-rate", show_default=PRESET, type=click.FloatRange(0, 1), help="MTP draft acceptance rate.")
 @click.option(
     "--metadata",
     type=click.Choice(["host-shared", "device-resident"]),
-    show_default=_PRESET,
+    show_default=PRESET,
     help="Metadata update path; device-resident serializes the pipeline (the regression to catch).",
 )
-@click.option("--profile-level", show_default=_PRESET, help="SA_PROFILE levels, comma-separated: e2e, kernel, verbose.")
-@click.option("--device-phases/--no-device-phases", default=None, show_default=_PRESET, help="Emit device-phase markers inside runner_run.")
+@click.option("--profile-level", show_default=PRESET, help="SA_PROFILE levels, comma-separated: e2e, kernel, verbose.")
+@click.option("--device-phases/--no-device-phases", default=None, show_default=PRESET, help="Emit device-phase markers inside runner_run.")
 @click.option(
     "--host-evidence/--no-host-evidence",
     default=None,
-    show_default=_PRESET,
+    show_default=PRESET,
     help="Attach what the OS saw of each span's thread (os.cpu_ns, os.rq_ns, ...) [default: on].",
 )
 @click.option(
@@ -208,7 +71,7 @@ _THRESHOLD = click.option(
     "slow_bind:rank=R,ms=X[,step=K] | cpu_contention:[rank=R,]p=P,ms=X[,at=device] | "
     "gc_pause:[rank=R,]p=P,ms=X[,at=host|device] | crash:rank=R,step=K.",
 )
-@click.option("--seed", type=int, show_default=_PRESET, help="Random seed of the workload and injected faults.")
+@click.option("--seed", type=int, show_default=PRESET, help="Random seed of the workload and injected faults.")
 @click.option(
     "--ab",
     "ab_pairs",
@@ -220,7 +83,7 @@ _THRESHOLD = click.option(
     help="A/B verification: N interleaved pairs (default 3) of runs with and without the --inject faults; "
     "compares the predicted saving with the measured one and writes ab.json.",
 )
-@_THRESHOLD
+@THRESHOLD
 @click.option(
     "-o",
     "--output",
@@ -285,31 +148,14 @@ def run(
         threshold_ms=threshold_ms,
         out_dir=out_dir,
         **({"live": True} if live else {}),
-        progress=_progress(),
-        out=_out,
-        err=_err,
+        progress=progress_printer(),
+        out=out_line,
+        err=err_line,
     )
     click.get_current_context().exit(exit_code)
 
 
 # --------------------------------------------------------------------------- analyze / ingest / merge
-
-
-def _window_options(command):
-    """``--steps``, ``--since``, ``--until``: the window of the run a reading command takes (docs/CLI.md "Windows")."""
-    options = (
-        click.option("--steps", metavar="A:B", show_default="every step", help="Only decode steps A to B (by the step numbers reported)."),
-        click.option(
-            "--since",
-            metavar="TIME",
-            show_default="the run's start",
-            help="Only runs starting at or after TIME: wall clock (2026-12-01T10:00:00Z) or offset from the run's start (+90s, +5m, 1h30m).",
-        ),
-        click.option("--until", metavar="TIME", show_default="the run's end", help="Only runs starting before TIME (as --since)."),
-    )
-    for option in reversed(options):
-        command = option(command)
-    return command
 
 
 @cli.command()
@@ -321,7 +167,7 @@ def _window_options(command):
     type=click.Path(file_okay=False, path_type=Path),
     help="Where to write the outputs [default: the artifact dir when one directory is given, else ./dsprof-analysis].",
 )
-@_THRESHOLD
+@THRESHOLD
 @click.option(
     "--expect-ranks", type=click.IntRange(min=1), show_default="any number", help="Fail validation unless this many ranks appear."
 )
@@ -347,7 +193,7 @@ def _window_options(command):
     help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').",
 )
 @click.option("--address", show_default="start a local cluster", help="Ray cluster address for --engine ray.")
-@_window_options
+@window_options
 def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address, steps, since, until) -> None:
     """Analyse traces and write the figures.
 
@@ -368,8 +214,8 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
         steps=steps,
         since=since,
         until=until,
-        progress=_progress(),
-        out=_out,
+        progress=progress_printer(),
+        out=out_line,
     )
 
 
@@ -388,7 +234,7 @@ def ingest(paths, output) -> None:
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
-    ingest_command(paths, output, progress=_progress(), out=_out)
+    ingest_command(paths, output, progress=progress_printer(), out=out_line)
 
 
 @cli.command()
@@ -396,7 +242,7 @@ def ingest(paths, output) -> None:
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Final outputs [default: as analyze].")
 @click.option("--window", type=click.IntRange(min=2), default=200, show_default=True, help="Decode steps analysed live (the last N).")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between refreshes.")
-@_THRESHOLD
+@THRESHOLD
 @click.option(
     "--idle-exit", type=click.FloatRange(min=0, min_open=True), show_default="never", help="End after S seconds without new bytes."
 )
@@ -417,7 +263,7 @@ def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules
     """
     options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks)
     screen = _screen if sys.stdout.isatty() else None
-    click.get_current_context().exit(watch_command(paths, options, out=_out, screen=screen))
+    click.get_current_context().exit(watch_command(paths, options, out=out_line, screen=screen))
 
 
 def _screen(text: str) -> None:
@@ -434,7 +280,7 @@ def merge(output) -> None:
     OUTPUT is the SA_PROFILE output: a directory, or a path ending in .json.
     Torn or malformed lines are skipped and counted.
     """
-    merge_command(output, progress=_progress(), out=_out)
+    merge_command(output, progress=progress_printer(), out=out_line)
 
 
 # --------------------------------------------------------------------------- report / export
@@ -455,7 +301,7 @@ _INPUTS = click.option(
 @click.argument("artifact_dir", type=click.Path(exists=True, file_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), help="HTML file [default: ARTIFACT_DIR/report.html].")
 @_INPUTS
-@_window_options
+@window_options
 def report(artifact_dir, output, inputs, steps, since, until) -> None:
     """Write the HTML report of an analysed artifact directory.
 
@@ -463,9 +309,9 @@ def report(artifact_dir, output, inputs, steps, since, until) -> None:
     only the swimlane's spans are read again, from the inputs the summary names
     (or the span dataset kept with `analyze --spans`); stderr says which (docs/REPORTS.md).
     """
-    progress = _progress()
+    progress = progress_printer()
     window = {"steps": steps, "since": since, "until": until}
-    path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=_err, **window)
+    path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=err_line, **window)
     progress.done()
     click.echo(f"report: {path}")
 
@@ -488,16 +334,16 @@ def report(artifact_dir, output, inputs, steps, since, until) -> None:
     "[default: ARTIFACT_DIR/perfetto-trace.pftrace, or perfetto-trace.json for perfetto-json].",
 )
 @_INPUTS
-@_window_options
+@window_options
 def export(artifact_dir, fmt, output, inputs, steps, since, until) -> None:
     """Export an analysed artifact directory for Perfetto (docs/REPORTS.md).
 
     Both formats open in ui.perfetto.dev; the JSON also in chrome://tracing.
     The spans are read as for `dsprof report`.
     """
-    progress = _progress()
+    progress = progress_printer()
     window = {"steps": steps, "since": since, "until": until}
-    path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=_err, **window)
+    path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=err_line, **window)
     progress.done()
     click.echo(f"trace: {path}")
 
@@ -558,12 +404,12 @@ def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path) 
     if suggest:
         if rules_path or baseline or junit or verdict_path:
             raise click.UsageError("--suggest prints rules: it takes no --rules, --baseline, --junit or --verdict")
-        click.get_current_context().exit(suggest_command(summaries, margin=margin, out=_out))
+        click.get_current_context().exit(suggest_command(summaries, margin=margin, out=out_line))
     if rules_path is None:
         raise click.UsageError("Missing option '--rules'")
     if len(summaries) != 1:
         raise click.UsageError(f"give one SUMMARY to check (got {len(summaries)}; several are for --suggest)")
-    exit_code = gate_command(summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=_out)
+    exit_code = gate_command(summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=out_line)
     click.get_current_context().exit(exit_code)
 
 
@@ -599,14 +445,14 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
     beyond noise; 2 when a summary cannot be read.
     """
     exit_code = diff_command(
-        _runs(a, "A"), _runs(b, "B"), per_rank=per_rank, show_all=show_all, fail_on_regression=fail_on_regression, out=_out
+        _runs(a, "A"), _runs(b, "B"), per_rank=per_rank, show_all=show_all, fail_on_regression=fail_on_regression, out=out_line
     )
     click.get_current_context().exit(exit_code)
 
 
 def main() -> None:
     """Console-script entry point; SIGTERM stops a command as Ctrl-C does (cleanup runs, one line, exit 143)."""
-    signal.signal(signal.SIGTERM, _raise_stopped)
+    signal.signal(signal.SIGTERM, raise_stopped)
     cli(prog_name="dsprof")
 
 

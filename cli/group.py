@@ -1,0 +1,172 @@
+"""The ``dsprof`` click group and what every command shares: one-line errors, progress on stderr, common options.
+
+Split from :mod:`dsprof.cli.main` (the commands) so each stays short; see its
+docstring for the error and exit-status conventions.
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+
+import click
+
+from dsprof.commands import __version__
+from dsprof.commands.printing import error_line, os_error_message
+from dsprof.errors import DsprofError
+
+_DEBUG_KEY = "dsprof.debug"
+_PROGRESS_KEY = "dsprof.progress"
+
+
+class UserError(click.ClickException):
+    """A one-line error with the exit status of the error that caused it."""
+
+    def __init__(self, message: str, exit_code: int = 2):
+        super().__init__(message)
+        self.exit_code = exit_code  # type: ignore[misc]  # click declares it on the class; this error's own status
+
+    def show(self, file=None) -> None:
+        click.echo(error_line(self.format_message()), err=True)
+
+
+def _usage_error_message(exc: click.UsageError) -> str:
+    """Click's message on one line, pointing at the command's help instead of printing the usage block."""
+    message = " ".join(exc.format_message().split())
+    return f"{message} (see '{exc.ctx.command_path} --help')" if exc.ctx is not None else message
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread like Ctrl-C, so that every ``finally`` and cleanup runs on the way out."""
+
+    def __init__(self, signum: int = signal.SIGTERM):
+        super().__init__(f"stopped by {signal.Signals(signum).name}")
+        self.signum = signum
+
+
+def raise_stopped(signum: int, _frame) -> None:
+    raise Stopped(signum)
+
+
+def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:
+    """One line and the shell's status (128 + signal) for Ctrl-C or SIGTERM (ours, or the runtime's, which has ``signum``)."""
+    signum = getattr(interrupt, "signum", signal.SIGINT)
+    name = signal.Signals(signum).name
+    return f"stopped by {name}; no partial output is left", 128 + signum
+
+
+class DsprofGroup(click.Group):
+    """Turns library errors, bad options and Ctrl-C/SIGTERM into one-line messages unless ``--debug`` was given."""
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except click.UsageError as exc:
+            raise UserError(_usage_error_message(exc), exc.exit_code) from exc
+        except KeyboardInterrupt as exc:
+            printer = ctx.meta.get(_PROGRESS_KEY)
+            if printer is not None:
+                printer.done()
+            if ctx.meta.get(_DEBUG_KEY):
+                raise
+            message, status = _stop_message(exc)
+            raise UserError(message, status) from None
+        except (DsprofError, OSError) as exc:
+            printer = ctx.meta.get(_PROGRESS_KEY)
+            if printer is not None:
+                printer.done()  # the error starts on its own line
+            if ctx.meta.get(_DEBUG_KEY):
+                raise
+            if isinstance(exc, DsprofError):
+                raise UserError(str(exc), exc.exit_code) from exc
+            raise UserError(os_error_message(exc)) from exc
+
+
+class ProgressPrinter:
+    """Progress lines on stderr: rewritten in place on a terminal, one per line otherwise."""
+
+    def __init__(self, stream=None):
+        self.stream = stream if stream is not None else sys.stderr
+        self.in_place = self.stream.isatty()
+        self.pending = False
+
+    def __call__(self, message: str) -> None:
+        if self.in_place:
+            width = shutil.get_terminal_size((100, 20)).columns - 1
+            self.stream.write("\r\x1b[K" + message[:width])
+            self.stream.flush()
+            self.pending = True
+        else:
+            click.echo(message, file=self.stream)
+
+    def done(self) -> None:
+        """End an in-place line so that what follows starts on a fresh one."""
+        if self.pending:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.pending = False
+
+
+@click.group(cls=DsprofGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="dsprof")
+@click.option("--debug", is_flag=True, help="Show the full traceback of errors.")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool) -> None:
+    """Profile a multi-rank LLM decode runtime and explain why decode steps were late.
+
+    Exit status: 0 success, 1 a failed check (gate failed, run failed or invalid),
+    2 an error (bad input, bad rules, bad options).
+    """
+    ctx.meta[_DEBUG_KEY] = debug
+
+
+def progress_printer() -> ProgressPrinter:
+    """The command's progress printer, registered so that an error can end its line."""
+    printer = ProgressPrinter()
+    click.get_current_context().meta[_PROGRESS_KEY] = printer
+    return printer
+
+
+def _endprogress_printer() -> None:
+    printer = click.get_current_context().meta.get(_PROGRESS_KEY)
+    if printer is not None:
+        printer.done()
+
+
+def out_line(line: str) -> None:
+    """A line of the command's printout (stdout), after any progress line."""
+    _endprogress_printer()
+    click.echo(line)
+
+
+def err_line(line: str) -> None:
+    """A note of the command (stderr), after any progress line."""
+    _endprogress_printer()
+    click.echo(line, err=True)
+
+
+PRESET = "the preset's"
+THRESHOLD = click.option(
+    "--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True, help="Late-start / tail-step threshold."
+)
+
+
+# --------------------------------------------------------------------------- run
+
+
+def window_options(command):
+    """``--steps``, ``--since``, ``--until``: the window of the run a reading command takes (docs/CLI.md "Windows")."""
+    options = (
+        click.option("--steps", metavar="A:B", show_default="every step", help="Only decode steps A to B (by the step numbers reported)."),
+        click.option(
+            "--since",
+            metavar="TIME",
+            show_default="the run's start",
+            help="Only runs starting at or after TIME: wall clock (2026-12-01T10:00:00Z) or offset from the run's start (+90s, +5m, 1h30m).",
+        ),
+        click.option("--until", metavar="TIME", show_default="the run's end", help="Only runs starting before TIME (as --since)."),
+    )
+    for option in reversed(options):
+        command = option(command)
+    return command
