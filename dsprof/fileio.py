@@ -146,6 +146,24 @@ def check_input_file(path: str | os.PathLike, expected: str) -> None:
         raise InputError(path, f"is {_kind(mode)}, not a regular file", expected=expected)
 
 
+def read_regular_file(path: str | os.PathLike, *, max_bytes: int, expected: str) -> bytes:
+    """The bytes of ``path``, opened without blocking and checked on the open file: a FIFO, device or directory is an InputError.
+
+    Missing or unreadable files raise the OSError, for the caller to word.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise InputError(path, f"is {_kind(status.st_mode)}, not a regular file", expected=expected)
+        if status.st_size > max_bytes:  # the reader holds several times the text in memory
+            raise InputError(path, f"{status.st_size} bytes is too large", expected=f"at most {max_bytes >> 20} MiB")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+
+
 def _kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISLNK, "a symbolic link"),
