@@ -26,11 +26,12 @@ import fcntl
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from dsprof.fileio import OutputError, atomic_write_text, refuse_non_regular
+from dsprof.fileio import OutputError, atomic_write_text, file_kind, refuse_non_regular
 
 STAGING_PREFIX = ".dsprof-staging-"
 LOCK_NAME = ".dsprof.lock"
@@ -62,6 +63,10 @@ def output_set(out_dir: str | os.PathLike) -> Iterator[OutputSet]:
     """Stage the outputs written in the block; move them into ``out_dir`` as one set when it ends without error."""
     out_dir = Path(out_dir)
     made = not out_dir.exists()
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.stat(out_dir).st_mode
+        if not stat.S_ISDIR(mode):
+            raise OutputError(f"{out_dir}: refusing to write into {file_kind(mode)} (the outputs go into a directory)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         staging, owner = _new_staging(out_dir)
@@ -159,13 +164,23 @@ def _roll_forward(out_dir: Path) -> None:
     except (OSError, ValueError, KeyError, TypeError):  # torn or foreign: nothing can be completed from it
         journal.unlink(missing_ok=True)
         return
+    if not _is_staging(staging):  # a journal naming anything else is not ours: nothing is moved from it
+        journal.unlink(missing_ok=True)
+        return
     for name in names:
         with contextlib.suppress(FileNotFoundError):
             os.replace(staging / name, out_dir / name)
     _sync(out_dir)
     journal.unlink(missing_ok=True)
-    if staging.name.startswith(STAGING_PREFIX):
-        shutil.rmtree(staging, ignore_errors=True)
+    shutil.rmtree(staging, ignore_errors=True)
+
+
+def _is_staging(path: Path) -> bool:
+    """A staging directory of ours: the name, and a real directory (``lstat``: a planted link is never followed)."""
+    try:
+        return path.name.startswith(STAGING_PREFIX) and stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _journalled(out_dir: Path, staging: Path) -> bool:
@@ -178,6 +193,8 @@ def _journalled(out_dir: Path, staging: Path) -> bool:
 def _remove_dead_staging(out_dir: Path) -> None:
     """Remove staging directories whose writer died (its owner lock can be taken); live writers' stay."""
     for staging in out_dir.glob(STAGING_PREFIX + "*"):
+        if not _is_staging(staging):
+            continue
         try:
             fd = os.open(staging / _OWNER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
         except FileNotFoundError:  # died before taking it (or a stray directory of ours): nothing to wait for

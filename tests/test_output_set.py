@@ -184,3 +184,45 @@ def test_a_set_refuses_a_link_or_a_nested_name(tmp_path):
         with pytest.raises(ValueError):
             outputs.path("../b.txt")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+
+
+# -- planted files: nothing outside the output directory is read, moved or written ------------------------
+
+
+def _analyze_into(run: Path, out: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([str(DSPROF), "analyze", str(run), "-o", str(out)], check=False, capture_output=True, text=True, timeout=300)
+
+
+def test_an_output_directory_that_is_a_fifo_is_refused_in_one_line(two_runs, tmp_path):
+    (run, _), _ = two_runs
+    os.mkfifo(tmp_path / "out")
+    done = _analyze_into(run, tmp_path / "out")
+    assert done.returncode == 2
+    assert (
+        done.stderr.strip().splitlines()[-1]
+        == f"dsprof: error: {tmp_path / 'out'}: refusing to write into a FIFO (the outputs go into a directory)"
+    )
+
+
+def test_a_planted_lock_link_is_never_followed(two_runs, tmp_path):
+    (run, _), _ = two_runs
+    out, victim = tmp_path / "out", tmp_path / "victim"
+    out.mkdir()
+    victim.write_text("keep me")
+    (out / ".dsprof.lock").symlink_to(victim)
+    done = _analyze_into(run, out)
+    assert done.returncode == 2 and done.stderr.strip().splitlines()[-1].startswith(f"dsprof: error: {out}: cannot write")
+    assert victim.read_text() == "keep me" and sorted(p.name for p in out.iterdir()) == [".dsprof.lock"]
+
+
+def test_a_planted_journal_moves_nothing_in_from_outside(two_runs, tmp_path):
+    """A journal naming a staging "directory" that is a link elsewhere: the reader drops it and moves nothing."""
+    (run, _), (old, _) = two_runs
+    out, victim = _old_outputs(tmp_path / "out", old), tmp_path / "victim"
+    victim.mkdir()
+    (victim / "summary.json").write_text("keep me")
+    (out / ".dsprof-staging-planted").symlink_to(victim)
+    (out / ".dsprof-journal.json").write_text('{"staging": ".dsprof-staging-planted", "files": ["summary.json"]}')
+    load_summary(out)
+    assert (victim / "summary.json").read_text() == "keep me" and _outputs(out) == old
+    assert not (out / ".dsprof-journal.json").exists() and (out / ".dsprof-staging-planted").is_symlink()
