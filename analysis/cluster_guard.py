@@ -63,6 +63,13 @@ def guarded_local_cluster(scratch: Sequence[Path] = ()) -> Iterator[None]:
             guard.wait(timeout=_GUARD_WAIT_S)
 
 
+def _carries(pid: int, needle: bytes) -> bool:
+    try:
+        return needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:  # gone meanwhile, or not ours to read
+        return False
+
+
 def kill_marked(token: str, spare: set[int]) -> int:
     """SIGKILL every process (but ``spare``) whose environment holds ``MARKER=token``; how many were found in the last pass."""
     needle = f"{MARKER}={token}".encode()
@@ -70,14 +77,10 @@ def kill_marked(token: str, spare: set[int]) -> int:
     for _ in range(_PASSES):
         found = 0
         for entry in Path("/proc").iterdir():
-            if not entry.name.isdigit() or int(entry.name) in spare:
-                continue
-            try:
-                if needle in (entry / "environ").read_bytes().split(b"\0"):
+            if entry.name.isdigit() and int(entry.name) not in spare and _carries(int(entry.name), needle):
+                with contextlib.suppress(OSError):
                     os.kill(int(entry.name), signal.SIGKILL)
                     found += 1
-            except OSError:  # gone meanwhile, or not ours to read
-                continue
         if not found:
             break
     return found
@@ -110,21 +113,34 @@ def descendants(root: int, table: dict[int, tuple[int, str]]) -> dict[int, str]:
     return found
 
 
-def watch(driver: int, token: str) -> None:
-    """Until the pipe from ``driver`` ends, note its descendants; then kill them and whatever else carries the marker.
+def cluster_processes(driver: int, token: str) -> dict[int, str]:
+    """pid -> start time of the driver's descendants that carry the marker, and of everything below them.
 
     Ray renames some of its processes (the per-node agents) over their own
-    environment, so the marker alone misses them; the ones noted here (the
-    same start time: not a reused pid) are killed too.
+    environment, so the marker alone misses them; they are below a marked
+    process (the raylet). A process the driver's program started for itself
+    carries no marker and is left alone.
     """
+    needle = f"{MARKER}={token}".encode()
+    table = _processes()
+    found: dict[int, str] = {}
+    for pid in descendants(driver, table):
+        if pid not in found and _carries(pid, needle):
+            found[pid] = table[pid][1]
+            found.update(descendants(pid, table))
+    return found
+
+
+def watch(driver: int, token: str) -> None:
+    """Until the pipe from ``driver`` ends, note the cluster's processes; then kill them and whatever else carries the marker."""
     seen: dict[int, str] = {}
     while not select.select([sys.stdin.buffer], [], [], _WATCH_INTERVAL_S)[0]:
-        seen.update(descendants(driver, _processes()))
+        seen.update(cluster_processes(driver, token))
     sys.stdin.buffer.read()  # EOF (or what the driver wrote): it is done or gone
-    seen.update(descendants(driver, _processes()))
+    seen.update(cluster_processes(driver, token))
     table = _processes()
     for pid, started in seen.items():
-        if pid != os.getpid() and table.get(pid, (0, ""))[1] == started:
+        if pid != os.getpid() and table.get(pid, (0, ""))[1] == started:  # the same start time: not a reused pid
             with contextlib.suppress(OSError):
                 os.kill(pid, signal.SIGKILL)
     kill_marked(token, spare={os.getpid(), driver})

@@ -3,7 +3,8 @@
 A "driver" here is a Python process that enters ``guarded_local_cluster`` and
 starts an orphan (a process that double-forks away, as Ray's agents end up
 once their parent dies), then either leaves the block or is SIGKILLed. The
-orphan and the scratch directory must be gone afterwards.
+orphan and the scratch directory must be gone afterwards; a child the driver
+started for itself before the block must not be touched.
 """
 
 from __future__ import annotations
@@ -20,12 +21,16 @@ import subprocess, sys
 from pathlib import Path
 from dsprof.analysis.cluster_guard import guarded_local_cluster
 scratch = Path(sys.argv[1])
+own = subprocess.Popen(["sleep", "600"])  # the program's own child, started before: not the cluster's
+print(own.pid, flush=True)
 with guarded_local_cluster([scratch]):
     # an orphan: its parent (a shell) exits at once, so it is nobody's child here
     out = subprocess.run(["sh", "-c", "sleep 600 >/dev/null 2>&1 & echo $!"], capture_output=True, text=True, check=True)
     print(out.stdout.strip(), flush=True)
     if sys.argv[2] == "wait":
         sys.stdin.readline()
+print(own.poll() is None, flush=True)
+own.kill()
 """
 
 
@@ -36,14 +41,15 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def _driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int]:
+def _driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, int]:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
     (scratch / "file").write_text("x")
     proc = subprocess.Popen([sys.executable, "-c", DRIVER, str(scratch), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
+    own = int(proc.stdout.readline())
     orphan = int(proc.stdout.readline())
-    return proc, orphan
+    return proc, own, orphan
 
 
 def _gone(pid: int, bound_s: float = 60.0) -> bool:
@@ -55,14 +61,16 @@ def _gone(pid: int, bound_s: float = 60.0) -> bool:
 
 
 def test_leaving_the_block_kills_what_was_started_in_it(tmp_path):
-    proc, orphan = _driver(tmp_path, "leave")
-    assert proc.wait(timeout=60) == 0
+    proc, _, orphan = _driver(tmp_path, "leave")
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 0
     assert not _alive(orphan), "the driver waits for its guard, which killed the orphan"
+    assert out.strip() == "True", "the guard killed a process the driver started for itself, outside the block"
     assert not (tmp_path / "scratch").exists()
 
 
 def test_a_sigkilled_driver_takes_what_it_started_with_it(tmp_path):
-    proc, orphan = _driver(tmp_path, "wait")
+    proc, own, orphan = _driver(tmp_path, "wait")
     assert _alive(orphan)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
@@ -71,5 +79,7 @@ def test_a_sigkilled_driver_takes_what_it_started_with_it(tmp_path):
     while (tmp_path / "scratch").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not (tmp_path / "scratch").exists()
+    assert _alive(own), "the guard killed a process the driver started for itself, outside the block"
+    os.kill(own, signal.SIGKILL)
     if _alive(orphan):  # never reached when the test passes; keeps a failure from leaving a sleeper behind
         os.kill(orphan, signal.SIGKILL)
