@@ -8,8 +8,8 @@ wait in the staging directory), the process either kills itself with SIGKILL
 (ACTION ``kill``: a crash between two renames), sends itself SIGTERM (``term``:
 a stop asked for while the set moves), or prints ``paused after NAME`` and
 waits for a line on stdin before it goes on (``pause``: a writer caught holding
-the directory's lock). ``term-staged`` sends SIGTERM once NAME is complete in
-the staging directory, before any move. No product code knows about this.
+the directory's lock). ``term-staged`` (``int-staged``) sends SIGTERM (SIGINT)
+once NAME is complete in the staging directory, before any move. No product code knows about this.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dsprof.output_set import STAGING_PREFIX
 _real_replace = os.replace
 
 
-ACTIONS = ("kill", "pause", "term", "term-staged")
+ACTIONS = ("kill", "pause", "term", "term-staged", "int-staged")
 
 
 def _wrap(action: str, name: str):
@@ -35,6 +35,8 @@ def _wrap(action: str, name: str):
         staged = Path(target).parent.name.startswith(STAGING_PREFIX)  # complete in staging, not yet moved
         if action == "term-staged" and staged:
             os.kill(os.getpid(), signal.SIGTERM)
+        elif action == "int-staged" and staged:
+            os.kill(os.getpid(), signal.SIGINT)
         elif action == "kill" and not staged:
             os.kill(os.getpid(), signal.SIGKILL)
         elif action == "term" and not staged:

@@ -58,7 +58,14 @@ def _old_outputs(directory: Path, old: dict[str, bytes]) -> Path:
 
 def _stopped(action: str, name: str, run: Path, out: Path, **kwargs) -> subprocess.Popen:
     command = [sys.executable, str(STOP_INSIDE_COMMIT), action, name, "--", "analyze", str(run), "-o", str(out)]
-    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
+    return subprocess.Popen(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kwargs
+    )
+
+
+def _default_sigint() -> None:
+    """A shell ignores SIGINT in its background jobs, and Python keeps an ignored SIGINT: give the command Ctrl-C back."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def _only_outputs(out: Path) -> None:
@@ -123,14 +130,16 @@ def test_sigterm_between_two_renames_waits_for_the_set(two_runs, tmp_path):
     _only_outputs(out)
 
 
+@pytest.mark.parametrize(("action", "signum"), [("term-staged", signal.SIGTERM), ("int-staged", signal.SIGINT)])
 @pytest.mark.parametrize("staged", ["summary.json", "report.html"])
-def test_sigterm_while_staging_leaves_the_previous_set_and_no_staging(two_runs, tmp_path, staged):
+def test_a_signal_while_staging_leaves_the_previous_set_and_no_staging(two_runs, tmp_path, staged, action, signum):
     (_, new_run), (old, _) = two_runs
     out = _old_outputs(tmp_path / "out", old)
-    proc = _stopped("term-staged", staged, new_run, out)
+    proc = _stopped(action, staged, new_run, out)
     _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 128 + signal.SIGTERM, err
-    assert err.strip().splitlines()[-1] == "dsprof: error: stopped by SIGTERM; no partial output is left", err
+    assert proc.returncode == 128 + signum, err
+    name = signal.Signals(signum).name
+    assert err.strip().splitlines()[-1] == f"dsprof: error: stopped by {name}; no partial output is left", err
     assert _outputs(out) == old
     _only_outputs(out)
 
