@@ -110,12 +110,14 @@ def test_ray_engine_on_two_nodes_gives_the_embedded_summary(cluster, tmp_path):
 
 
 def _process_table() -> dict[int, tuple[int, str, str]]:
-    """pid -> (parent pid, start time, command line) of every live process."""
+    """pid -> (parent pid, start time, command line) of every live process (zombies are dead)."""
     table = {}
     for entry in Path("/proc").iterdir():
         try:
             if entry.name.isdigit():
                 fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+                if fields[0] == "Z":  # dead, waiting to be reaped
+                    continue
                 command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
                 table[int(entry.name)] = (int(fields[1]), fields[19], command)
         except (OSError, IndexError):
