@@ -22,14 +22,20 @@ Workers must see the input logs and the dataset directory at the same paths
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
+import shutil
+import signal
 import socket
-from collections.abc import Callable, Sequence
+import tempfile
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pyarrow as pa
 
+from dsprof.analysis.cluster_guard import guarded_local_cluster
 from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, SpanDatasetWriter
 from dsprof.analysis.engine import open_engine
 from dsprof.analysis.ingest import is_text_log, read_paths
@@ -45,6 +51,11 @@ RAY_KEYWORDS = ("auto", "local")
 # host:port (a hostname, IPv4 or [IPv6]), optionally ray:// (Ray Client; port 10001 when left out).
 _ADDRESS = re.compile(r"(ray://)?(\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9](?:[A-Za-z0-9.-]{0,252}))(?::([0-9]{1,5}))?", re.ASCII)
 RAY_CLIENT_PORT = 10001
+RAY_TEMP_PREFIX = "dsprof-ray-"  # a local cluster's session directory, removed when it stops
+_WAIT_S = 0.2  # longest a signal waits while Ray tasks run
+_AF_UNIX_PATH_MAX = 107
+# What Ray appends to its temporary directory for its longest socket: "XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store".
+_RAY_SOCKET_TAIL = 8 + 64
 
 
 def check_address(address: str | None) -> tuple[str, int] | None:
@@ -125,30 +136,110 @@ def read_and_aggregate(
     """Read ``paths`` and aggregate their invocations on a Ray cluster (``address``; None: a local one)."""
     probe_address(address)
     ray = _ray()
-    started_here = not ray.is_initialized()
-    if started_here:
-        ray.init(address=address, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
+    with contextlib.ExitStack() as session:
+        if not ray.is_initialized():
+            _start_ray(ray, address, session)
+        return _read_and_aggregate(ray, paths, dataset, window_ns, memory_limit, progress)
+
+
+def _start_ray(ray, address: str | None, session: contextlib.ExitStack) -> None:
+    """Connect to the cluster at ``address``, or start a local one that dies with this process; ``session`` ends it.
+
+    A local cluster gets a private session directory (removed afterwards,
+    nothing left in ``TMPDIR``) and a guard (:mod:`dsprof.analysis.cluster_guard`)
+    that kills its processes even when this one is SIGKILLed. Ray's native
+    signal handler (a stack dump on SIGTERM) is replaced by the one it replaced.
+    """
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+    options: dict = {"address": address}
+    if address is None:
+        private = Path(tempfile.mkdtemp(prefix=RAY_TEMP_PREFIX, dir=_ray_temp_base()))
+        session.callback(shutil.rmtree, private, ignore_errors=True)
+        session.enter_context(guarded_local_cluster([private]))
+        options = {"address": "local", "_temp_dir": str(private)}  # never a cluster RAY_ADDRESS points at: one of our own
+    session.callback(ray.shutdown)
     try:
-        logs, others = _split_inputs(paths)
-        if progress:
-            progress(f"cluster: ingesting {len(logs)} log(s) on {int(ray.cluster_resources().get('CPU', 0))} CPUs")
-        ingest = ray.remote(_ingest_log)
-        parts = ray.get([ingest.remote(str(log), str(dataset), f"log{i}", window_ns) for i, log in enumerate(logs)])
-        local = read_paths(others, progress=progress, logs=False) if others else Trace()
-        trace = merge_traces([*(t for t, _, _ in parts), local])
-        by_window, window_ns = _common_windows(parts, window_ns)
-        if progress:
-            progress(f"cluster: aggregating invocations in {len(by_window)} time window(s)")
-        aggregate = ray.remote(_window_invocations)
-        tasks = [
-            aggregate.remote(sorted(f for w in (k - 1, k, k + 1) for f in by_window.get(w, [])), k, window_ns, memory_limit)
-            for k in sorted(by_window)
-        ]
-        tables = [t for t in ray.get(tasks) if t.num_rows]
-        return trace, (pa.concat_tables(tables) if tables else None)
+        ray.init(**options, logging_level="ERROR", log_to_driver=False, include_dashboard=False)
     finally:
-        if started_here:
-            ray.shutdown()
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in handlers.items():
+                if handler is not None:
+                    signal.signal(signum, handler)
+
+
+def _ray_temp_base() -> str:
+    """TMPDIR, unless Ray's socket paths under it would not fit AF_UNIX's 107 bytes (then /tmp, as Ray's own default)."""
+    base = tempfile.gettempdir()
+    return base if len(base) + len(RAY_TEMP_PREFIX) + _RAY_SOCKET_TAIL <= _AF_UNIX_PATH_MAX else "/tmp"
+
+
+def _read_and_aggregate(
+    ray, paths: Sequence[str | os.PathLike], dataset: str | os.PathLike, window_ns: int, memory_limit: int | None, progress: Progress
+) -> tuple[Trace, pa.Table]:
+    """Ingest as one task per log, then aggregate as one task per time window, on the connected cluster."""
+    logs, others = _split_inputs(paths)
+    if progress:
+        progress(f"cluster: ingesting {len(logs)} log(s) on {int(ray.cluster_resources().get('CPU', 0))} CPUs")
+    ingest = ray.remote(_ingest_log)
+    parts = _gather(ray, [ingest.remote(str(log), str(dataset), f"log{i}", window_ns) for i, log in enumerate(logs)])
+    local = read_paths(others, progress=progress, logs=False) if others else Trace()
+    trace = merge_traces([*(t for t, _, _ in parts), local])
+    by_window, window_ns = _common_windows(parts, window_ns)
+    if progress:
+        progress(f"cluster: aggregating invocations in {len(by_window)} time window(s)")
+    aggregate = ray.remote(_window_invocations)
+    tasks = [
+        aggregate.remote(sorted(f for w in (k - 1, k, k + 1) for f in by_window.get(w, [])), k, window_ns, memory_limit)
+        for k in sorted(by_window)
+    ]
+    tables = [t for t in _gather(ray, tasks) if t.num_rows]
+    return trace, (pa.concat_tables(tables) if tables else None)
+
+
+def _gather(ray, tasks: list) -> list:
+    """The tasks' results; a task that failed on bad input raises that input's one-line error, not Ray's traceback.
+
+    Ray's blocking calls turn whatever a signal handler raises into a bare
+    KeyboardInterrupt (a SIGTERM would read as Ctrl-C), so signals wait while
+    Ray waits and are handled between its short waits.
+    """
+    pending = list(tasks)
+    with _signals_between_waits() as handle_signals:
+        while pending:
+            _, pending = ray.wait(pending, num_returns=len(pending), timeout=_WAIT_S)
+            handle_signals()
+    try:
+        return ray.get(tasks)
+    except ray.exceptions.RayTaskError as exc:
+        if isinstance(exc.cause, (DsprofError, OSError)):
+            raise exc.cause from None
+        raise
+
+
+@contextlib.contextmanager
+def _signals_between_waits() -> Iterator[Callable[[], None]]:
+    """SIGTERM and SIGINT noted instead of handled; the function given hands a noted one to its own handler."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: None
+        return
+    noted: list[int] = []
+    handlers = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+    def handle_noted() -> None:
+        if noted:
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
+            signal.raise_signal(noted[0])
+
+    for signum, handler in handlers.items():
+        if handler is not None:
+            signal.signal(signum, lambda number, _frame: noted.append(number))
+    try:
+        yield handle_noted
+    finally:
+        for signum, handler in handlers.items():
+            if handler is not None:
+                signal.signal(signum, handler)
 
 
 def _split_inputs(paths: Sequence[str | os.PathLike]) -> tuple[list[Path], list[Path]]:

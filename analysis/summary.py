@@ -39,6 +39,8 @@ from dsprof.analysis.summary_model import (
     WhatIf,
 )
 from dsprof.errors import InputError
+from dsprof.fileio import read_regular_file
+from dsprof.output_set import settle
 from dsprof.profiler import artifacts
 
 SUMMARY_SCHEMA = "dsprof.summary/2"
@@ -117,15 +119,11 @@ def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
     """
     path = summary_path(summary_or_dir)
     expected = "summary.json or an artifact directory holding one (run dsprof analyze first)"
+    settle(path.parent)  # a set of outputs whose move a crash cut short is completed before it is read
     try:
-        size = path.stat().st_size
-        if size > MAX_SUMMARY_BYTES:  # json.loads holds several times the text in memory
-            raise InputError(path, f"{size} bytes is too large for a summary", expected=f"at most {MAX_SUMMARY_BYTES >> 20} MiB")
-        text = path.read_text()
+        text = read_regular_file(path, max_bytes=MAX_SUMMARY_BYTES, expected="summary.json").decode("utf-8")
     except FileNotFoundError:
         raise InputError(path, "not found", expected=expected) from None
-    except IsADirectoryError:
-        raise InputError(path, "is a directory", expected="summary.json") from None
     except UnicodeDecodeError:
         raise InputError(path, "binary data, not JSON text", expected="summary.json") from None
     except OSError as exc:

@@ -22,3 +22,7 @@ class InputError(DsprofError):
         if expected:
             message += f" (expected {expected})"
         super().__init__(message)
+
+    def __reduce__(self):
+        """Rebuilt from its fields, so that it crosses a process boundary (a Ray task's error) whole."""
+        return type(self), (self.path, self.what, self.line, self.expected)

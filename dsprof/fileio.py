@@ -87,7 +87,9 @@ def atomic_append_text(path: str | os.PathLike, text: str) -> Path:
         raise OutputError(f"{path}: cannot append: {exc.strerror or exc}") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OutputError(f"{path}: refusing to append to {_kind(os.fstat(fd).st_mode)} (only a regular file or a new path is written)")
+            raise OutputError(
+                f"{path}: refusing to append to {file_kind(os.fstat(fd).st_mode)} (only a regular file or a new path is written)"
+            )
         written = os.write(fd, data)
         if written != len(data):  # a full disk or a file size limit: say so rather than leave a torn block unnoticed
             raise OutputError(f"{path}: cannot append: wrote {written} of {len(data)} bytes")
@@ -133,7 +135,7 @@ def refuse_non_regular(path: str | os.PathLike, action: str = "replace") -> None
     except OSError as exc:
         raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
     if not stat.S_ISREG(mode):
-        raise OutputError(f"{path}: refusing to {action} {_kind(mode)} (only a regular file or a new path is written)")
+        raise OutputError(f"{path}: refusing to {action} {file_kind(mode)} (only a regular file or a new path is written)")
 
 
 def check_input_file(path: str | os.PathLike, expected: str) -> None:
@@ -143,10 +145,28 @@ def check_input_file(path: str | os.PathLike, expected: str) -> None:
     except OSError:
         return  # missing or unreadable: the reader says so
     if not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
-        raise InputError(path, f"is {_kind(mode)}, not a regular file", expected=expected)
+        raise InputError(path, f"is {file_kind(mode)}, not a regular file", expected=expected)
 
 
-def _kind(mode: int) -> str:
+def read_regular_file(path: str | os.PathLike, *, max_bytes: int, expected: str) -> bytes:
+    """The bytes of ``path``, opened without blocking and checked on the open file: a FIFO, device or directory is an InputError.
+
+    Missing or unreadable files raise the OSError, for the caller to word.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
+            raise InputError(path, f"is {file_kind(status.st_mode)}, not a regular file", expected=expected)
+        if status.st_size > max_bytes:  # the reader holds several times the text in memory
+            raise InputError(path, f"{status.st_size} bytes is too large", expected=f"at most {max_bytes >> 20} MiB")
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            return handle.read(max_bytes + 1)
+    finally:
+        os.close(fd)
+
+
+def file_kind(mode: int) -> str:
     for test, name in (
         (stat.S_ISLNK, "a symbolic link"),
         (stat.S_ISDIR, "a directory"),

@@ -8,6 +8,9 @@ one output's new bytes are in its temporary file: the kill provably lands
 inside that write. Then every output must equal the old bytes or what an
 uninterrupted run writes, the one being written must be the old one, and the
 half-written temporary file must be hidden (a dot file), never an output.
+analyze's four outputs are one set (dsprof/output_set.py): a kill inside any of
+their writes leaves all four old, and only a hidden staging directory, which
+the next writer or reader removes.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import numpy as np
 import pytest
 
 from dsprof.fileio import OutputError, atomic_write_text
+from dsprof.output_set import STAGING_PREFIX, settle
 from dsprof.testing.synthetic import SyntheticRun
 
 DSPROF = Path(sys.executable).with_name("dsprof")
@@ -78,16 +82,22 @@ def test_sigkill_inside_the_write_of_an_output_leaves_old_or_new_outputs(old_and
     assert proc.returncode == -signal.SIGKILL, proc.stderr.decode()
     landed = json.loads(evidence.read_text())  # written just before the kill, from inside the write
     temporary = Path(landed["temporary"])
-    assert temporary.parent == run, "the temporary file is in the output's directory (a rename within one file system)"
+    staged = killed in ANALYZE_OUTPUTS  # analyze writes its outputs as one set, staged in a private directory inside the run's
+    leftover = temporary.parent if staged else temporary
+    assert leftover.parent == run, "the temporary file is in the output's directory (a rename within one file system)"
+    assert not staged or leftover.name.startswith(STAGING_PREFIX)
     assert temporary.name.startswith(f".{killed}.") and temporary.name.endswith(".tmp"), f"{killed} was written in place"
     assert temporary.read_bytes() == new[killed][:half], "the kill landed inside the write, half of the new bytes written"
     assert (run / killed).read_bytes() == old[killed], f"{killed} is not the previous complete file after a kill inside its write"
     for name, content in old.items():
         assert (run / name).read_bytes() in (content, new[name]), f"{name} is torn after a kill"
+        assert not staged or name not in ANALYZE_OUTPUTS or (run / name).read_bytes() == content, "analyze's outputs are not one set"
     json.loads((run / "summary.json").read_text())
     visible = {p.name for p in run.iterdir() if not p.name.startswith(".")}
     assert visible == {"server.log", "serving-trace", "performance_summary.json", *old}, "a temporary file is visible as an output"
-    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [temporary.name]
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == [leftover.name]
+    settle(run)  # what the next writer or reader does first: a dead writer's staging directory goes
+    assert [p.name for p in run.iterdir() if p.name.startswith(".")] == ([] if staged else [temporary.name])
 
 
 def test_a_failed_write_names_the_file_and_keeps_the_previous_output(tmp_path, monkeypatch):

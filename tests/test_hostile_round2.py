@@ -336,6 +336,33 @@ def test_unreachable_ray_address_fails_fast(run_dir, tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("dsprof: error: cannot reach the Ray cluster"), done.stderr[-2000:]
 
 
+def test_ray_missing_is_one_line_and_leaves_nothing_in_tmpdir(run_dir, tmp_path):
+    (tmp_path / "no-ray").mkdir()
+    (tmp_path / "no-ray" / "ray.py").write_text("raise ImportError('no module named ray')\n")  # shadows any installed Ray
+    (tmp_path / "tmp").mkdir()
+    env = {
+        "TMPDIR": str(tmp_path / "tmp"),
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path / "no-ray"), os.environ.get("PYTHONPATH")])),
+    }
+    done = run_cli("analyze", str(run_dir), "-o", str(tmp_path / "out"), "--engine", "ray", env=env)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1] == "dsprof: error: the ray engine needs Ray: pip install 'dsprof[cluster]'"
+    assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "out").exists()
+
+
+def test_unreachable_ray_address_leaves_nothing_in_tmpdir(run_dir, tmp_path):
+    import socket
+
+    (tmp_path / "tmp").mkdir()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        address = f"127.0.0.1:{taken.getsockname()[1]}"
+        args = ("analyze", str(run_dir), "-o", str(tmp_path / "out"), "--engine", "ray", "--address", address)
+        done = run_cli(*args, timeout=100, env={"TMPDIR": str(tmp_path / "tmp")})
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert list((tmp_path / "tmp").iterdir()) == [] and not (tmp_path / "out").exists()
+
+
 # -- 5. the spill folder ---------------------------------------------------------------------------------
 
 

@@ -28,10 +28,14 @@ def _default_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def _command(args: list[str], cwd) -> subprocess.Popen:
+# the CLI with every text log spilled to a temporary span dataset, as a log over SPILL_BYTES is
+SPILLING_CLI = "import sys; from dsprof.commands import analyze; analyze.SPILL_BYTES = 0; from dsprof.cli.main import main; main()"
+
+
+def _command(args: list[str], cwd, launcher: tuple[str, ...] = ("-m", "dsprof.cli.main")) -> subprocess.Popen:
     env = {**os.environ, "TMPDIR": str(cwd)}  # any temporary dataset would be made here, where the test looks
     return subprocess.Popen(
-        [sys.executable, "-m", "dsprof.cli.main", *args],
+        [sys.executable, *launcher, *args],
         cwd=cwd,
         env=env,
         stderr=subprocess.PIPE,
@@ -55,14 +59,14 @@ def _feed_without_end(fifo, data: bytes, done: threading.Event) -> threading.Thr
     return thread
 
 
-def _stop_while_reading(args: list[str], tmp_path, signum: int) -> tuple[int, str]:
+def _stop_while_reading(args: list[str], tmp_path, signum: int, **launch) -> tuple[int, str]:
     SyntheticRun(ranks=2, steps=6).write(tmp_path / "run")
     (tmp_path / "side").mkdir()
     fifo = tmp_path / "side" / "performance_summary.json"
     os.mkfifo(fifo)
     done = threading.Event()
     feeder = _feed_without_end(fifo, b'{"exit_status": 0, ', done)
-    process = _command([*args, "run", str(fifo)], tmp_path)
+    process = _command([*args, "run", str(fifo)], tmp_path, **launch)
     try:
         assert process.stderr is not None
         process.stderr.readline()  # the first progress line: the CLI is running (its handler is in place)
@@ -90,6 +94,14 @@ def test_sigterm_stops_analyze_leaving_no_output_dir_and_no_temporary_files(tmp_
     code, stderr = _stop_while_reading(["analyze", "-o", "out"], tmp_path, signal.SIGTERM)
     assert code == 143 and "Traceback" not in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]  # no out/, no dsprof-spans-*, no .tmp
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_a_spilled_analyze_leaving_no_temporary_dataset(tmp_path, signum):
+    """A big log is analysed out of core, from a span dataset in TMPDIR: the signal lands while it is being written."""
+    code, stderr = _stop_while_reading(["analyze", "-o", "out"], tmp_path, signum, launcher=("-c", SPILLING_CLI))
+    assert code == 128 + signum and stderr.strip().splitlines()[-1].startswith("dsprof: error: stopped by"), stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]  # no dsprof-spans-*, no dsprof-duckdb-*
 
 
 def test_read_inputs_removes_its_temporary_dataset_on_error(tmp_path, monkeypatch):

@@ -39,6 +39,7 @@ from dsprof.analysis.window_read import cut_trace
 from dsprof.commands.ingest import ingest_paths
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
+from dsprof.output_set import output_set
 from dsprof.profiler import artifacts
 
 Progress = Callable[[str], None] | None
@@ -307,35 +308,19 @@ def require_something_to_analyse(trace: Trace, paths: Sequence[str | os.PathLike
 
 
 def write_outputs(result: AnalysisResult, out_dir: Path, progress: Progress = None) -> dict[str, Path]:
-    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``.
+    """summary.json, summary.md, combined-swimlane.json and report.html in ``out_dir``, as one set.
 
-    All or nothing in a directory this call creates: after an error or an
-    interrupt, the outputs already written there and the directory are removed.
+    They are staged and moved into place together (:mod:`dsprof.output_set`):
+    after an error or an interrupt the previous outputs are all still there,
+    and a concurrent analysis into the same directory leaves one whole set.
     """
-    made = not out_dir.exists()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    outputs: dict[str, Path] = {}
-    try:
-        _write_each_output(result, out_dir, outputs, progress)
-    except BaseException:
-        if made:
-            for path in outputs.values():
-                path.unlink(missing_ok=True)
-            with contextlib.suppress(OSError):  # someone else put files there meanwhile: keep them
-                out_dir.rmdir()
-        raise
-    return outputs
-
-
-def _write_each_output(result: AnalysisResult, out_dir: Path, outputs: dict[str, Path], progress: Progress) -> None:
-    """Write the outputs one by one, recording each in ``outputs`` as it is complete."""
-    outputs[artifacts.SUMMARY_JSON] = write_summary_json(result.summary, out_dir / artifacts.SUMMARY_JSON)
-    outputs[artifacts.SUMMARY_MD] = write_summary_md(result.summary, out_dir / artifacts.SUMMARY_MD)
-    if progress:
-        progress(f"writing {out_dir / artifacts.COMBINED_SWIMLANE}")
-    outputs[artifacts.COMBINED_SWIMLANE] = write_chrome_trace(
-        result, out_dir / artifacts.COMBINED_SWIMLANE, span_budget=COMBINED_SPAN_BUDGET, progress=progress
-    )
-    if progress:
-        progress(f"writing {out_dir / artifacts.REPORT_HTML}")
-    outputs[artifacts.REPORT_HTML] = write_html_report(result, out_dir / artifacts.REPORT_HTML)
+    with output_set(out_dir) as outputs:
+        write_summary_json(result.summary, outputs.path(artifacts.SUMMARY_JSON))
+        write_summary_md(result.summary, outputs.path(artifacts.SUMMARY_MD))
+        if progress:
+            progress(f"writing {out_dir / artifacts.COMBINED_SWIMLANE}")
+        write_chrome_trace(result, outputs.path(artifacts.COMBINED_SWIMLANE), span_budget=COMBINED_SPAN_BUDGET, progress=progress)
+        if progress:
+            progress(f"writing {out_dir / artifacts.REPORT_HTML}")
+        write_html_report(result, outputs.path(artifacts.REPORT_HTML))
+    return {name: outputs.target(name) for name in outputs.names}
