@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
-import tempfile
 import weakref
 from dataclasses import dataclass, field
 
@@ -26,11 +24,14 @@ import pyarrow as pa
 
 from dsprof.analysis.spans import Trace
 from dsprof.errors import DsprofError
+from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 # Share of physical memory DuckDB may hold before spilling (``--memory-limit`` overrides):
 # at 10% a 64 x 100k analysis stays under 4 GB peak RSS on a 24 GiB machine (benchmarks/bench_analyze.py).
 DEFAULT_MEMORY_SHARE = 0.10
 MIN_MEMORY_LIMIT = 256 << 20
+# DuckDB spills into a private folder of each engine (dsprof.tempdirs: a killed process's folder is removed by the next)
+SPILL_PREFIX = "dsprof-duckdb-"
 
 
 def default_memory_limit() -> int:
@@ -126,7 +127,7 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
     a fixed path is followed, and removed by :meth:`Engine.close` or, for an
     engine never closed, when it is collected or the process exits.
     """
-    own_spill = None if spill_dir is not None else tempfile.mkdtemp(prefix="dsprof-duckdb-")
+    own_spill = None if spill_dir is not None else make_owned_dir(SPILL_PREFIX)
     try:
         con = duckdb.connect(
             config={
@@ -138,10 +139,10 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
         engine = _registered(con, trace)
     except BaseException:
         if own_spill is not None:
-            shutil.rmtree(own_spill, ignore_errors=True)
+            remove_owned_dir(own_spill)
         raise
     if own_spill is not None:
-        engine._spill_cleanup = weakref.finalize(engine, shutil.rmtree, own_spill, ignore_errors=True)
+        engine._spill_cleanup = weakref.finalize(engine, remove_owned_dir, own_spill)
     return engine
 
 

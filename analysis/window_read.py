@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -48,6 +46,7 @@ from dsprof.analysis.dataset import SpanDatasetWriter
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans
 from dsprof.analysis.window import Window, WindowSpec, anchor_start_ns, resolve_window
 from dsprof.profiler import strace_format as fmt
+from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 # Row groups whose root steps lie within this many steps of the window are read too: a rank's records
 # of step s may sit in the log piece before the one with its root, beside other ranks' roots of nearby steps.
@@ -122,11 +121,11 @@ def cut_trace(
         return dataclasses.replace(trace, spans=keep_rows(spans, kept, drawing=drawing), span_files=[]), window, facts
     kept = window_invocations([read_row_groups(chosen, _ROOT_COLUMNS), memory], window)
     facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position)
-    spill = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+    spill = make_owned_dir(SPILL_PREFIX)
     try:
         cut = _cut_to_disk(trace, chosen, memory, kept, drawing, spill)
     except BaseException:
-        shutil.rmtree(spill, ignore_errors=True)
+        remove_owned_dir(spill)
         raise
     return cut, window, dataclasses.replace(facts, spill=spill)
 

@@ -27,16 +27,15 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from dsprof.fileio import OutputError, atomic_write_text, file_kind, refuse_non_regular
+from dsprof.tempdirs import make_owned_dir, release_owned_dir, remove_dead
 
 STAGING_PREFIX = ".dsprof-staging-"
 LOCK_NAME = ".dsprof.lock"
 JOURNAL_NAME = ".dsprof-journal.json"
-_OWNER_NAME = ".owner"  # flocked by the writer for the staging directory's life: free means its writer is gone
 
 
 class OutputSet:
@@ -69,7 +68,8 @@ def output_set(out_dir: str | os.PathLike) -> Iterator[OutputSet]:
             raise OutputError(f"{out_dir}: refusing to write into {file_kind(mode)} (the outputs go into a directory)")
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
-        staging, owner = _new_staging(out_dir)
+        with _locked(out_dir):  # made under the directory's lock, so no cleaner sees it before its owner lock is held
+            staging = make_owned_dir(STAGING_PREFIX, out_dir)
     except OSError as exc:
         raise OutputError(f"{out_dir}: cannot write: {exc.strerror or exc}") from None
     try:
@@ -86,16 +86,7 @@ def output_set(out_dir: str | os.PathLike) -> Iterator[OutputSet]:
             raise OutputError(str(exc).replace(f"{staging}{os.sep}", f"{out_dir}{os.sep}")) from None
         raise
     finally:
-        os.close(owner)
-
-
-def _new_staging(out_dir: Path) -> tuple[Path, int]:
-    """A staging directory and its owner lock, made under the directory's lock so no cleaner sees it unowned."""
-    with _locked(out_dir):
-        staging = Path(tempfile.mkdtemp(prefix=STAGING_PREFIX, dir=out_dir))
-        owner = os.open(staging / _OWNER_NAME, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        fcntl.flock(owner, fcntl.LOCK_EX)
-    return staging, owner
+        release_owned_dir(staging)
 
 
 def settle(out_dir: str | os.PathLike) -> None:
@@ -144,7 +135,7 @@ def _locked(out_dir: Path) -> Iterator[None]:
         os.close(fd)
     try:
         _roll_forward(out_dir)
-        _remove_dead_staging(out_dir)
+        remove_dead(out_dir, STAGING_PREFIX, young_s=0)  # staging is made under this lock: no age is needed
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -188,27 +179,6 @@ def _journalled(out_dir: Path, staging: Path) -> bool:
         return json.loads((out_dir / JOURNAL_NAME).read_text()).get("staging") == staging.name
     except (OSError, ValueError, AttributeError):
         return False
-
-
-def _remove_dead_staging(out_dir: Path) -> None:
-    """Remove staging directories whose writer died (its owner lock can be taken); live writers' stay."""
-    for staging in out_dir.glob(STAGING_PREFIX + "*"):
-        if not _is_staging(staging):
-            continue
-        try:
-            fd = os.open(staging / _OWNER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-        except FileNotFoundError:  # died before taking it (or a stray directory of ours): nothing to wait for
-            shutil.rmtree(staging, ignore_errors=True)
-            continue
-        except OSError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            continue
-        finally:
-            os.close(fd)
-        shutil.rmtree(staging, ignore_errors=True)
 
 
 def _sync(directory: Path) -> None:

@@ -104,6 +104,20 @@ def test_a_signal_stops_a_spilled_analyze_leaving_no_temporary_dataset(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]  # no dsprof-spans-*, no dsprof-duckdb-*
 
 
+def test_the_folders_a_killed_analyze_left_are_removed_by_the_next_one(tmp_path):
+    """SIGKILL leaves the temporary dataset and DuckDB's spill; the next analysis sees their owner gone and removes them."""
+    code, _ = _stop_while_reading(["analyze", "-o", "out"], tmp_path, signal.SIGKILL, launcher=("-c", SPILLING_CLI))
+    assert code == -signal.SIGKILL
+    left = sorted(p for p in tmp_path.iterdir() if p.name.startswith(("dsprof-spans-", "dsprof-duckdb-")))
+    assert [p.name.startswith("dsprof-spans-") for p in left][:1] == [True]  # killed while writing the dataset
+    for folder in left:
+        os.utime(folder, (0, 0))  # older than tempdirs.YOUNG_S: not a folder another process is making right now
+    process = _command(["analyze", "-o", "again", "run"], tmp_path, launcher=("-c", SPILLING_CLI))
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 0, stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["again", "run", "side"]
+
+
 def test_read_inputs_removes_its_temporary_dataset_on_error(tmp_path, monkeypatch):
     monkeypatch.setattr(analyze_module, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))

@@ -12,9 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import stat
-import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,6 +39,7 @@ from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.output_set import output_set
 from dsprof.profiler import artifacts
+from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 Progress = Callable[[str], None] | None
 # Inputs bigger than this are analysed out of core (a span dataset on disk).
@@ -159,7 +158,7 @@ def analyze_paths(
     spill: Path | None = None
     try:
         if engine == "ray":
-            spill = None if spans_dir is not None else Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+            spill = None if spans_dir is not None else make_owned_dir(SPILL_PREFIX)
             dataset = Path(spans_dir) if spans_dir is not None else spill
             assert dataset is not None
             trace, invocations = read_and_aggregate(paths, dataset, address=address, memory_limit=memory_limit, progress=progress)
@@ -188,7 +187,7 @@ def analyze_paths(
         return outcome
     finally:
         if spill is not None:
-            shutil.rmtree(spill, ignore_errors=True)
+            remove_owned_dir(spill)
 
 
 def read_window(
@@ -200,13 +199,13 @@ def read_window(
         cut, placed, facts = cut_trace(trace, window, drawing=drawing, progress=progress)
     if facts.invocations == 0:
         if facts.spill is not None:
-            shutil.rmtree(facts.spill, ignore_errors=True)
+            remove_owned_dir(facts.spill)
         what = ", ".join(trace.files[:3]) + (", ..." if len(trace.files) > 3 else "") or "the inputs"
         raise DsprofError(
             f"{what}: no run of the trace lies in the window {placed.describe()} (no runtime root has its step there or starts then)"
         )
     if spill is not None:
-        shutil.rmtree(spill, ignore_errors=True)
+        remove_owned_dir(spill)
     if progress:
         progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.span_count:,} spans kept")
     return cut, placed, facts.spill
@@ -246,7 +245,7 @@ def read_inputs(
         return open_dataset(paths[0]), None
     temporary = None
     if spans_dir is None and spill_weight(paths) > SPILL_BYTES:
-        temporary = Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+        temporary = make_owned_dir(SPILL_PREFIX)
     target = spans_dir if spans_dir is not None else temporary
     if target is None:
         return read_paths(paths, progress=progress), None
@@ -254,7 +253,7 @@ def read_inputs(
         trace = ingest_paths(paths, target, progress=progress)
     except BaseException:  # an error, Ctrl-C or SIGTERM: the temporary dataset goes with it
         if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
+            remove_owned_dir(temporary)
         raise
     return trace, temporary
 

@@ -15,7 +15,6 @@ OUT`` then ``report OUT`` works, and inputs that moved get one line naming
 from __future__ import annotations
 
 import os
-import shutil
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -30,6 +29,7 @@ from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progre
 from dsprof.errors import DsprofError, InputError
 from dsprof.fileio import check_input_file
 from dsprof.profiler import artifacts
+from dsprof.tempdirs import remove_owned_dir
 
 Progress = Callable[[str], None] | None
 # export format -> its default file name in the artifact directory
@@ -208,4 +208,4 @@ def _refuse_mismatched_name(output: str | os.PathLike | None, format: str) -> No
 
 def _remove(spill: Path | None) -> None:
     if spill is not None:
-        shutil.rmtree(spill, ignore_errors=True)
+        remove_owned_dir(spill)

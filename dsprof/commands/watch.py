@@ -18,10 +18,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -39,6 +37,7 @@ from dsprof.analysis.summary import Summary
 from dsprof.commands.analyze import SPILL_PREFIX, AnalyzeOutcome, analyze_paths, default_out_dir, write_outputs
 from dsprof.commands.printing import Printer, safe_lines
 from dsprof.errors import DsprofError
+from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 from dsprof.textsafe import terminal_safe
 
 DEFAULT_INTERVAL_S = 1.0
@@ -178,7 +177,7 @@ def watch_paths(
     """Follow ``paths`` until the job ends, then write the final outputs; the caller closes ``analysis.result.engine``."""
     options.check()
     out_dir = Path(default_out_dir(paths) if options.out_dir is None else options.out_dir)
-    temporary = None if options.spans_dir is not None else Path(tempfile.mkdtemp(prefix=SPILL_PREFIX))
+    temporary = None if options.spans_dir is not None else make_owned_dir(SPILL_PREFIX)
     dataset = Path(options.spans_dir) if options.spans_dir is not None else temporary
     assert dataset is not None
     events = Events(options.events)
@@ -195,7 +194,7 @@ def watch_paths(
     finally:
         events.close()
         if temporary is not None:
-            shutil.rmtree(temporary, ignore_errors=True)
+            remove_owned_dir(temporary)
     code = 1 if follower.alerts.fired and options.on_alert is None else 0
     return WatchOutcome(analysis, ended_by, code, follower.alerts.fired)
 

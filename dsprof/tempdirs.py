@@ -1,0 +1,96 @@
+"""Temporary directories that not even a SIGKILL leaves behind for good.
+
+Every folder dsprof makes under TMPDIR (span datasets, DuckDB's spill, a
+window's cut) has a fresh private name (``mkdtemp``, mode 0700) and holds an
+``.owner`` file that this process keeps ``flock``-ed while the folder lives.
+Errors, Ctrl-C and SIGTERM remove the folder on the way out; a process killed
+outright cannot, so whoever next makes a folder with the same prefix removes
+those whose owner lock is free (their process is gone). The staging folders
+of :mod:`dsprof.output_set` are cleaned the same way.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import shutil
+import stat
+import tempfile
+import time
+from pathlib import Path
+
+OWNER_NAME = ".owner"
+# A folder this young may be one another process is making right now (its owner file not locked yet): it is left alone.
+YOUNG_S = 10.0
+
+_owners: dict[Path, int] = {}  # the folders this process owns, and the descriptor holding each one's lock
+
+
+def make_owned_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path:
+    """A new private folder ``parent/prefix*`` (default parent: TMPDIR) owned by this process until :func:`remove_owned_dir`.
+
+    Folders of the same prefix whose owner died are removed first.
+    """
+    base = Path(tempfile.gettempdir() if parent is None else parent)
+    remove_dead(base, prefix)
+    folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
+    try:
+        owner = os.open(folder / OWNER_NAME, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except BaseException:
+        shutil.rmtree(folder, ignore_errors=True)
+        raise
+    fcntl.flock(owner, fcntl.LOCK_EX)
+    _owners[folder] = owner
+    return folder
+
+
+def remove_owned_dir(folder: str | os.PathLike) -> None:
+    """Remove a folder made by :func:`make_owned_dir` and let its lock go; removing it twice is harmless."""
+    shutil.rmtree(folder, ignore_errors=True)
+    release_owned_dir(folder)
+
+
+def release_owned_dir(folder: str | os.PathLike) -> None:
+    """Let a folder's lock go without removing it (it was moved away, or is left for the next process to finish)."""
+    owner = _owners.pop(Path(folder), None)
+    if owner is not None:
+        os.close(owner)
+
+
+def remove_dead(parent: Path, prefix: str, young_s: float = YOUNG_S) -> None:
+    """Remove this user's folders ``parent/prefix*`` older than ``young_s`` whose owner lock is free or missing.
+
+    A planted link is never followed (``lstat``); another user's folder is left alone.
+    """
+    now = time.time()
+    for folder in parent.glob(glob_escape(prefix) + "*"):
+        if folder in _owners:
+            continue
+        try:
+            info = os.lstat(folder)
+        except OSError:
+            continue
+        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and now - info.st_mtime >= young_s and _owner_gone(folder):
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def glob_escape(text: str) -> str:
+    """``text`` matched literally by ``Path.glob``."""
+    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
+
+
+def _owner_gone(folder: Path) -> bool:
+    """Whether no process holds the folder's owner lock (or it has none)."""
+    try:
+        fd = os.open(folder / OWNER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return True
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return False
+    finally:
+        os.close(fd)
+    return True
