@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -84,6 +85,15 @@ def main() -> int:
     parser.add_argument("--check", action="store_true", help="exit 1 unless every healthy run passes and every faulty run fails")
     args = parser.parse_args()
     base = args.keep or Path(tempfile.mkdtemp(prefix="dsprof-rules-"))
+    try:
+        return _run_plan(args, base)
+    finally:
+        if args.keep is None:
+            shutil.rmtree(base, ignore_errors=True)
+
+
+def _run_plan(args: argparse.Namespace, base: Path) -> int:
+    """Run every healthy and faulty shape into ``base``, gate each, print the table; 1 on a wrong outcome with --check."""
     small = ["--ranks", str(args.ranks), *SHAPE]
     plan = [(f"healthy {i + 1}", True, small) for i in range(args.healthy)]
     plan.append(("healthy default demo", True, []))

@@ -34,7 +34,14 @@ from dsprof.analysis.live import DEFAULT_WINDOW_STEPS, LiveAnalysis
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.live_view import CLEAR_SCREEN, FindingLines, format_live_view, window_steps
 from dsprof.analysis.summary import Summary
-from dsprof.commands.analyze import SPILL_PREFIX, AnalyzeOutcome, analyze_paths, default_out_dir, write_outputs
+from dsprof.commands.analyze import (
+    SPILL_PREFIX,
+    AnalyzeOutcome,
+    analyze_paths,
+    default_out_dir,
+    require_something_to_analyse,
+    write_outputs,
+)
 from dsprof.commands.printing import Printer, safe_lines
 from dsprof.errors import DsprofError
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
@@ -205,7 +212,8 @@ def finish_watch(live: LiveAnalysis, out_dir: Path, options: WatchOptions, *, ke
     ``keep_dataset``: the dataset stays (``--spans``) and the summary names it, as ``analyze --spans`` does.
     """
     try:
-        live.finish()
+        trace = live.finish()
+        require_something_to_analyse(trace, live.paths)  # names the inputs followed, not the dataset made of them
     except BaseException:
         live.abort()
         raise
