@@ -58,7 +58,7 @@ def release_owned_dir(folder: str | os.PathLike) -> None:
 
 
 def remove_dead(parent: Path, prefix: str, young_s: float = YOUNG_S) -> None:
-    """Remove this user's folders ``parent/prefix*`` older than ``young_s`` whose owner lock is free or missing.
+    """Remove this user's folders ``parent/prefix*`` older than ``young_s`` whose owner lock is free.
 
     A planted link is never followed (``lstat``); another user's folder is left alone.
     """
@@ -80,12 +80,10 @@ def glob_escape(text: str) -> str:
 
 
 def _owner_gone(folder: Path) -> bool:
-    """Whether no process holds the folder's owner lock (or it has none)."""
+    """Whether the folder has an owner file and no process holds its lock."""
     try:
         fd = os.open(folder / OWNER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        return True
-    except OSError:
+    except OSError:  # none: not one of ours (or an older dsprof's, which may be alive), left alone
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -30,9 +30,13 @@ def test_a_folder_stays_while_its_owner_lives_and_goes_when_it_is_killed(tmp_pat
     assert not folder.exists()
 
 
-def test_young_folders_planted_links_and_other_prefixes_are_left_alone(tmp_path):
+def test_young_or_unowned_folders_planted_links_and_other_prefixes_are_left_alone(tmp_path):
     young = tmp_path / (PREFIX + "young")
-    young.mkdir()  # no owner file yet: maybe another process making it right now
+    young.mkdir()
+    (young / ".owner").touch()  # not locked yet: maybe another process making it right now
+    unowned = tmp_path / (PREFIX + "unowned")
+    unowned.mkdir()  # no owner file: an older dsprof's folder, perhaps in use
+    os.utime(unowned, (0, 0))
     target = tmp_path / "precious"
     target.mkdir()
     (target / "keep").write_text("x")
@@ -41,10 +45,10 @@ def test_young_folders_planted_links_and_other_prefixes_are_left_alone(tmp_path)
     other.mkdir()
     os.utime(other, (0, 0))
     remove_dead(tmp_path, PREFIX)
-    assert young.is_dir() and (target / "keep").is_file() and other.is_dir()
+    assert young.is_dir() and (target / "keep").is_file() and other.is_dir() and unowned.is_dir()
     os.utime(young, (0, 0))
     remove_dead(tmp_path, PREFIX)
-    assert not young.exists() and (target / "keep").is_file()
+    assert not young.exists() and (target / "keep").is_file() and unowned.is_dir()
 
 
 def test_this_process_keeps_its_own_folders_until_it_removes_them(tmp_path):
