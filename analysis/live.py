@@ -23,9 +23,9 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import pandas as pd
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -37,6 +37,9 @@ from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.strace_format import CLK_DEVICE
+
+if TYPE_CHECKING:  # annotations only: the CLI imports this module, and `dsprof ingest` starts without pandas
+    import pandas as pd
 
 DEFAULT_WINDOW_STEPS = 200
 # Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.

@@ -213,7 +213,8 @@ def finish_watch(live: LiveAnalysis, out_dir: Path, options: WatchOptions, *, ke
     """
     try:
         trace = live.finish()
-        require_something_to_analyse(trace, live.paths)  # names the inputs followed, not the dataset made of them
+        if not any(part["rows"] for part in live.writer.files):  # named here: the inputs followed, not the dataset made of them
+            require_something_to_analyse(trace, live.paths)
     except BaseException:
         live.abort()
         raise
