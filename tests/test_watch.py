@@ -250,7 +250,9 @@ def test_cli_watch_refuses_bad_input_in_one_line(tmp_path):
     quiet = tmp_path / "quiet.log"
     quiet.write_text("a job that wrote no [STRACE] record\n")
     done = _dsprof("watch", str(quiet), "--idle-exit", "0.5", "-o", str(tmp_path / "out"))
-    assert done.returncode == 2 and done.stderr.count("\n") == 1 and f"{quiet}: no spans to analyse" in done.stderr  # the input, not a dataset
+    assert (
+        done.returncode == 2 and done.stderr.count("\n") == 1 and f"{quiet}: no spans to analyse" in done.stderr
+    )  # the input, not a dataset
 
 
 def test_ctrl_c_ends_the_watch_with_analyzes_outputs(tmp_path, faulty):
