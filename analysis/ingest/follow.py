@@ -21,15 +21,14 @@ rows equal those of a whole-file read.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
 import pyarrow as pa
 
-from dsprof.analysis.ingest.strace_log import parsed_pieces, refuse_binary
+from dsprof.analysis.ingest.strace_log import LogTally, parsed_pieces, refuse_binary
 from dsprof.analysis.ingest.strace_pieces import CHUNK_BYTES, HEAD_BYTES, MAX_LINE_BYTES, mapped_pieces
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, Trace
+from dsprof.analysis.spans import Trace
 from dsprof.errors import InputError
 
 # Bytes read from one file in one poll, at most: a follower that starts on a big log catches up piece by piece.
@@ -38,25 +37,13 @@ POLL_BYTES = CHUNK_BYTES
 HOLD_LIMIT = CHUNK_BYTES + MAX_LINE_BYTES
 
 
-@dataclass
-class FollowedCounts:
-    """What a whole-file read keeps beside the rows: the side tables and the counts behind ``Trace``'s fields."""
-
-    anchors: list[pa.Table] = field(default_factory=list)
-    chips: list[pa.Table] = field(default_factory=list)
-    dropped: dict[str, int] = field(default_factory=dict)
-    records_found: int = 0
-    lines: int = 0
-    notes: list[str] = field(default_factory=list)
-
-
 class LogFollower:
     """One followed text log (see the module docstring); :meth:`poll` returns the span tables of the new records."""
 
     def __init__(self, path: str | os.PathLike):
         self.path = Path(path)
         self.name = str(path)
-        self.counts = FollowedCounts()
+        self.counts = LogTally()
         self._handle: BinaryIO | None = None
         self._identity: tuple[int, int] | None = None
         self._read = 0  # bytes read from the open file
@@ -102,16 +89,7 @@ class LogFollower:
 
     def trace(self) -> Trace:
         """A Trace of what was followed, without its spans (they went to the caller): the fields a whole-file read fills."""
-        counts = self.counts
-        trace = Trace(files=[self.name])
-        trace.anchors = pa.concat_tables(counts.anchors) if counts.anchors else ANCHOR_SCHEMA.empty_table()
-        trace.chip_devices = pa.concat_tables(counts.chips) if counts.chips else CHIP_SCHEMA.empty_table()
-        trace.dropped = {k: v for k, v in sorted(counts.dropped.items()) if v}
-        side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
-        trace.records_read = counts.records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
-        trace.lines_read = counts.lines
-        trace.notes = list(counts.notes)
-        return trace
+        return self.counts.trace(self.name)
 
     def _open(self) -> None:
         try:
@@ -161,22 +139,14 @@ class LogFollower:
         """Parse complete bytes with the whole-file reader's functions, lines numbered on from the file's count."""
         if not data:
             return
-        counts = self.counts
-        for part in parsed_pieces(mapped_pieces(data), self.name, counts.dropped, self._line_base):
-            if isinstance(part, int):  # an overlong line, skipped
-                counts.dropped["overlong_line"] = counts.dropped.get("overlong_line", 0) + part
+        for part in parsed_pieces(mapped_pieces(data), self.name, self.counts.dropped, self._line_base):
+            self.counts.add(part)
+            if isinstance(part, int):  # overlong lines skipped
                 self._line_base += part
-                counts.lines += part
                 continue
             if part.table.num_rows:
                 tables.append(part.table)
-            if part.anchors.num_rows:
-                counts.anchors.append(part.anchors)
-            if part.chips.num_rows:
-                counts.chips.append(part.chips)
-            counts.records_found += part.records_found
             self._line_base += part.n_lines
-            counts.lines += part.n_lines
 
 
-__all__ = ["FollowedCounts", "LogFollower"]
+__all__ = ["LogFollower"]

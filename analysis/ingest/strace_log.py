@@ -43,6 +43,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow as pa
@@ -107,42 +108,71 @@ def refuse_binary(head: bytes, file: str) -> None:
 
 def _parse_chunks(chunks: Iterable[Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:
     """Parse each piece of a log and stack the results (lines numbered across pieces)."""
-    trace = Trace(files=[file])
+    tally = LogTally()
     tables: list[pa.Table] = []
-    anchors: list[pa.Table] = []
-    chips: list[pa.Table] = []
-    records_found = n_lines = bytes_done = 0
-    binary_at: int | None = None
-    for part in parsed_pieces(chunks, file, trace.dropped):
-        if isinstance(part, int):  # an overlong line, skipped
-            trace.count("overlong_line", part)
-            n_lines += part
+    bytes_done = 0
+    for part in parsed_pieces(chunks, file, tally.dropped):
+        tally.add(part)
+        if isinstance(part, int):  # overlong lines skipped: counted, no rows
             continue
-        if sink is not None:
-            if part.table.num_rows:
-                sink.add(part.table)
-        else:
+        if sink is None:
             tables.append(part.table)
-        anchors.append(part.anchors)
-        chips.append(part.chips)
-        records_found += part.records_found
-        if binary_at is None and part.binary_at is not None:
-            binary_at = n_lines + part.binary_at
-        n_lines += part.n_lines
+        elif part.table.num_rows:
+            sink.add(part.table)
         bytes_done += part.n_bytes
         if progress is not None and size > strace_pieces.CHUNK_BYTES:
-            progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {n_lines:,} lines")
+            progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {tally.lines:,} lines")
+    trace = tally.trace(file)
     trace.spans = pa.concat_tables(tables).cast(SPAN_SCHEMA) if tables else SPAN_SCHEMA.empty_table()
-    trace.anchors = pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table()
-    trace.chip_devices = pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table()
-    found_anything = records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
-    if not found_anything and binary_at is not None:
-        raise InputError(file, "binary data, not a text log", line=binary_at, expected="a text log with [STRACE] records")
-    trace.dropped = {k: v for k, v in sorted(trace.dropped.items()) if v}
-    side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
-    trace.records_read = records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
-    trace.lines_read = n_lines
     return trace
+
+
+@dataclass
+class LogTally:
+    """What reading a log keeps beside its rows: the side tables and the counts behind ``Trace``'s fields.
+
+    One home for a whole-file read (:func:`read_strace_log`) and a follower
+    (:mod:`.follow`), so both count records, lines and drops alike.
+    """
+
+    anchors: list[pa.Table] = field(default_factory=list)
+    chips: list[pa.Table] = field(default_factory=list)
+    dropped: dict[str, int] = field(default_factory=dict)
+    records_found: int = 0
+    lines: int = 0
+    binary_at: int | None = None  # the first line of binary data seen, should no record be found at all
+    notes: list[str] = field(default_factory=list)
+
+    def add(self, part: Chunk | int) -> None:
+        """Count one result of :func:`parsed_pieces` (a parsed piece, or a count of overlong lines skipped)."""
+        if isinstance(part, int):
+            if part:
+                self.dropped["overlong_line"] = self.dropped.get("overlong_line", 0) + part
+            self.lines += part
+            return
+        if part.anchors.num_rows:
+            self.anchors.append(part.anchors)
+        if part.chips.num_rows:
+            self.chips.append(part.chips)
+        self.records_found += part.records_found
+        if self.binary_at is None and part.binary_at is not None:
+            self.binary_at = self.lines + part.binary_at
+        self.lines += part.n_lines
+
+    def trace(self, file: str) -> Trace:
+        """A Trace of the log without its spans; binary data with no record in it is refused, as at the head."""
+        trace = Trace(files=[file])
+        trace.anchors = pa.concat_tables(self.anchors) if self.anchors else ANCHOR_SCHEMA.empty_table()
+        trace.chip_devices = pa.concat_tables(self.chips) if self.chips else CHIP_SCHEMA.empty_table()
+        found_anything = self.records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
+        if not found_anything and self.binary_at is not None:
+            raise InputError(file, "binary data, not a text log", line=self.binary_at, expected="a text log with [STRACE] records")
+        trace.dropped = {k: v for k, v in sorted(self.dropped.items()) if v}
+        side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
+        trace.records_read = self.records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
+        trace.lines_read = self.lines
+        trace.notes = list(self.notes)
+        return trace
 
 
 def parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[Chunk | int]:
