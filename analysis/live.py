@@ -33,7 +33,7 @@ from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyz
 from dsprof.analysis.dataset import SpanDatasetWriter
 from dsprof.analysis.ingest import is_text_log, read_paths
 from dsprof.analysis.ingest.follow import LogFollower
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.strace_format import CLK_DEVICE
@@ -184,8 +184,9 @@ class LiveAnalysis:
         spans = self.ring.take_window()
         if not spans.num_rows:
             return None
-        trace = Trace(spans=spans, files=list(map(str, self.followers)))
-        trace.anchors, trace.chip_devices = self._side_tables()
+        followed = merge_traces([f.trace() for f in self.followers.values()])
+        trace = Trace(spans=spans, files=followed.files)  # the window's rows, and the clock anchors and chips seen so far
+        trace.anchors, trace.chip_devices = followed.anchors, followed.chip_devices
         return analyze_trace(trace, threshold_ms=self.threshold_ms)
 
     def drain(self) -> None:
@@ -225,14 +226,6 @@ class LiveAnalysis:
             self.writer.add(pa.concat_tables(self._unwritten))
         self._unwritten, self._unwritten_rows = [], 0
 
-    def _side_tables(self) -> tuple[pa.Table, pa.Table]:
-        anchors = [t for f in self.followers.values() for t in f.counts.anchors]
-        chips = [t for f in self.followers.values() for t in f.counts.chips]
-        return (
-            pa.concat_tables(anchors) if anchors else ANCHOR_SCHEMA.empty_table(),
-            pa.concat_tables(chips) if chips else CHIP_SCHEMA.empty_table(),
-        )
-
     def _discover(self) -> None:
         """Follow every text log named, and every ``*.log`` that now is in a watched directory."""
         for log in self._logs():
@@ -255,4 +248,4 @@ class LiveAnalysis:
                 logs.extend(sorted(p for p in path.glob("*.log") if p.is_file()))
             elif path in self.followers or (path.is_file() and is_text_log(path)):
                 logs.append(path)
-        return [log for i, log in enumerate(logs) if log not in logs[:i]]
+        return list(dict.fromkeys(logs))
