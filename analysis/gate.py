@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from dsprof.analysis.diff import run_failure
-from dsprof.analysis.gate_rules import COMPARISONS, ORDERING, CheckRule, RelativeRule, load_rules, value_kind, value_text
+from dsprof.analysis.gate_rules import COMPARISONS, ORDERING, CheckRule, RelativeRule, Rule, load_rules, value_kind, value_text
 from dsprof.analysis.summary import Unavailable, UnknownFigure, figure_unit, is_number, resolve, summary_with_path
 from dsprof.errors import InputError
 from dsprof.textsafe import terminal_safe
@@ -321,10 +321,19 @@ def _relative_outcome(rule: RelativeRule, path: str, value: float, base: float, 
     return result(path, "pass" if ok else "fail", value, limit, base, detail)
 
 
-def evaluate_gate(summary_or_dir: str | Path | dict, rules_path: str | Path, *, baseline: str | Path | dict | None = None) -> GateVerdict:
-    """Check a summary (a dict, a ``summary.json`` or its artifact dir) against a rules file."""
+def evaluate_gate(
+    summary_or_dir: str | Path | dict,
+    rules_path: str | Path,
+    *,
+    baseline: str | Path | dict | None = None,
+    rules: list[Rule] | None = None,
+) -> GateVerdict:
+    """Check a summary (a dict, a ``summary.json`` or its artifact dir) against a rules file.
+
+    ``rules``: that file's rules already read (``watch`` checks every window against rules read once).
+    """
     rules_path = Path(rules_path)
-    rules = load_rules(rules_path)
+    rules = load_rules(rules_path) if rules is None else rules
     summary, summary_path = summary_with_path(summary_or_dir)
     baseline_summary, baseline_path = summary_with_path(baseline) if baseline is not None else (None, None)
     failure = run_failure(summary)

@@ -98,6 +98,7 @@ class Alerts:
 
     def __init__(self, rules: str | os.PathLike | None, hook: str | None):
         self.rules, self.hook = rules, hook
+        self.loaded = None if rules is None else load_rules(Path(rules))  # read once, checked on every window
         self.quiet_until: dict[str, int] = {}  # rule title -> last step of the window it fired in
         self.fired: list[str] = []
 
@@ -106,7 +107,7 @@ class Alerts:
         if self.rules is None:
             return []
         lines = []
-        for result in evaluate_gate(dict(summary), Path(self.rules)).results:
+        for result in evaluate_gate(dict(summary), Path(self.rules), rules=self.loaded).results:
             if not result.failed or self.quiet_until.get(result.title, -1) >= steps[0]:
                 continue
             self.quiet_until[result.title] = steps[1]
