@@ -138,8 +138,7 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
         )
         engine = _registered(con, trace)
     except BaseException:
-        if own_spill is not None:
-            remove_owned_dir(own_spill)
+        remove_owned_dir(own_spill)
         raise
     if own_spill is not None:
         engine._spill_cleanup = weakref.finalize(engine, remove_owned_dir, own_spill)

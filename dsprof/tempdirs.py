@@ -44,8 +44,10 @@ def make_owned_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path
     return folder
 
 
-def remove_owned_dir(folder: str | os.PathLike) -> None:
-    """Remove a folder made by :func:`make_owned_dir` and let its lock go; removing it twice is harmless."""
+def remove_owned_dir(folder: str | os.PathLike | None) -> None:
+    """Remove a folder made by :func:`make_owned_dir` and let its lock go; removing it twice, or None, is harmless."""
+    if folder is None:
+        return
     shutil.rmtree(folder, ignore_errors=True)
     release_owned_dir(folder)
 

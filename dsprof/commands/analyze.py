@@ -186,8 +186,7 @@ def analyze_paths(
                 outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
         return outcome
     finally:
-        if spill is not None:
-            remove_owned_dir(spill)
+        remove_owned_dir(spill)
 
 
 def read_window(
@@ -198,14 +197,12 @@ def read_window(
     with explained_query_errors(trace):
         cut, placed, facts = cut_trace(trace, window, drawing=drawing, progress=progress)
     if facts.invocations == 0:
-        if facts.spill is not None:
-            remove_owned_dir(facts.spill)
+        remove_owned_dir(facts.spill)
         what = ", ".join(trace.files[:3]) + (", ..." if len(trace.files) > 3 else "") or "the inputs"
         raise DsprofError(
             f"{what}: no run of the trace lies in the window {placed.describe()} (no runtime root has its step there or starts then)"
         )
-    if spill is not None:
-        remove_owned_dir(spill)
+    remove_owned_dir(spill)
     if progress:
         progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.span_count:,} spans kept")
     return cut, placed, facts.spill
@@ -252,8 +249,7 @@ def read_inputs(
     try:
         trace = ingest_paths(paths, target, progress=progress)
     except BaseException:  # an error, Ctrl-C or SIGTERM: the temporary dataset goes with it
-        if temporary is not None:
-            remove_owned_dir(temporary)
+        remove_owned_dir(temporary)
         raise
     return trace, temporary
 

@@ -61,7 +61,7 @@ def _analysed(
         with explained_query_errors(trace):
             return layout_only(trace, summary, window=placed), spill
     except BaseException:
-        _remove(spill)
+        remove_owned_dir(spill)
         raise
 
 
@@ -139,7 +139,7 @@ def report_from_dir(
         return write_html_report(result, output)
     finally:
         result.engine.close()
-        _remove(spill)
+        remove_owned_dir(spill)
 
 
 def export_format(output: str | os.PathLike | None) -> str:
@@ -185,7 +185,7 @@ def export_from_dir(
         return write_chrome_trace(result, output, progress=progress)
     finally:
         result.engine.close()
-        _remove(spill)
+        remove_owned_dir(spill)
 
 
 _PROTOBUF_SUFFIXES = (".pftrace", ".perfetto-trace", ".pb")
@@ -204,8 +204,3 @@ def _refuse_mismatched_name(output: str | os.PathLike | None, format: str) -> No
         raise DsprofError(
             f"{output}: --format {PERFETTO_JSON} writes JSON, not a protobuf trace (name it .json or .json.gz, or use --format {PERFETTO_PROTO})"
         )
-
-
-def _remove(spill: Path | None) -> None:
-    if spill is not None:
-        remove_owned_dir(spill)

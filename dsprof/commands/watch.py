@@ -201,8 +201,7 @@ def watch_paths(
         analysis = finish_watch(live, out_dir, options, keep_dataset=temporary is None)
     finally:
         events.close()
-        if temporary is not None:
-            remove_owned_dir(temporary)
+        remove_owned_dir(temporary)
     code = 1 if follower.alerts.fired and options.on_alert is None else 0
     return WatchOutcome(analysis, ended_by, code, follower.alerts.fired)
 
