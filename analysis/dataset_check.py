@@ -18,8 +18,6 @@ Any failure is one :class:`~dsprof.errors.InputError` naming the file and the fi
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import re
 import stat
@@ -32,6 +30,7 @@ import pyarrow.parquet as pq
 
 from dsprof.analysis.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
+from dsprof.fileio import strict_json_loads
 
 # A manifest lists one entry per part: a few hundred bytes each; a bigger one was not written by dsprof.
 MAX_MANIFEST_BYTES = 256 << 20
@@ -62,22 +61,11 @@ def read_manifest(path: Path) -> dict:
     try:
         with open(path, "rb") as handle:
             raw = handle.read(MAX_MANIFEST_BYTES + 1)
-        return json.loads(raw, parse_constant=_refuse_non_finite, parse_float=_finite_float)
+        return strict_json_loads(raw)
     except OSError as exc:
         raise InputError(path, f"cannot read the manifest: {exc.strerror or exc}") from None
     except (UnicodeDecodeError, ValueError, RecursionError) as exc:  # JSONDecodeError is a ValueError; so is a 5,000-digit number
         raise InputError(path, f"cannot read the manifest: {str(exc).splitlines()[0][:200]}") from None
-
-
-def _refuse_non_finite(text: str) -> float:
-    raise ValueError(f"{text} is not JSON (dsprof never writes it)")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"number {text[:40]} is out of range")
-    return value
 
 
 class Fields:

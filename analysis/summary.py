@@ -39,7 +39,7 @@ from dsprof.analysis.summary_model import (
     WhatIf,
 )
 from dsprof.errors import InputError
-from dsprof.fileio import read_regular_file
+from dsprof.fileio import read_regular_file, strict_json_loads
 from dsprof.output_set import settle
 from dsprof.profiler import artifacts
 
@@ -129,7 +129,7 @@ def load_summary(summary_or_dir: str | os.PathLike) -> Summary:
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
     try:
-        content = json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
+        content = strict_json_loads(text)
     except json.JSONDecodeError as exc:
         raise InputError(path, f"not valid JSON: {exc.msg}", line=exc.lineno) from None
     except ValueError as exc:
@@ -199,26 +199,6 @@ def _check_types(content: dict, path: Path) -> None:
 
 # A summary of 10^6 steps is ~150 MiB; beyond this it is not a summary.
 MAX_SUMMARY_BYTES = 256 << 20
-
-
-def _refuse_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON (the schema writes null for a figure it could not measure)")
-
-
-def _finite_float(text: str) -> float:
-    """JSON floats that fit a float; ``1e400`` would silently become infinity."""
-    value = float(text)
-    if not math.isfinite(value):
-        raise ValueError(f"the number {text[:40]} is beyond the range of a figure")
-    return value
-
-
-def _bounded_int(text: str) -> int:
-    """JSON integers within the float range; a longer one is corrupt (and int() refuses beyond 4300 digits)."""
-    digits = len(text.lstrip("-"))
-    if digits > 308:
-        raise ValueError(f"an integer of {digits} digits is beyond the range of a figure")
-    return int(text)
 
 
 # =========================================================================== figure lookup

@@ -23,12 +23,14 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
+import math
 import os
 import secrets
 import stat
 from collections.abc import Iterator
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
 from dsprof.errors import DsprofError, InputError
 
@@ -183,3 +185,31 @@ def file_kind(mode: int) -> str:
 def _remove(temporary: str) -> None:
     with contextlib.suppress(OSError):
         os.unlink(temporary)
+
+
+def strict_json_loads(text: str | bytes) -> Any:
+    """JSON as dsprof writes it: no NaN or Infinity, floats that stay finite, integers of at most 308 digits.
+
+    ``json.loads`` would read ``1e400`` as infinity and spend quadratic time on
+    a huge integer; each of these raises ValueError (JSONDecodeError for bad
+    syntax, RecursionError for deep nesting), for the caller to name its file.
+    """
+    return json.loads(text, parse_constant=_refuse_constant, parse_int=_bounded_int, parse_float=_finite_float)
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON (dsprof writes null for what it could not measure)")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"the number {text[:40]} is beyond the range of a figure")
+    return value
+
+
+def _bounded_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > 308:
+        raise ValueError(f"an integer of {digits} digits is beyond the range of a figure")
+    return int(text)
