@@ -251,9 +251,12 @@ class GcPause:
         gc.disable()
         try:
             _make_cyclic_garbage(refs // self.CHUNK, self.CHUNK)
-            started, wall_started = time.thread_time_ns(), time.monotonic_ns()
+            # the wall interval encloses the CPU one: wall clock read first, and last
+            wall_started = time.monotonic_ns()
+            started = time.thread_time_ns()
             gc.collect(0)
-            return time.thread_time_ns() - started, time.monotonic_ns() - wall_started
+            cpu_ns = time.thread_time_ns() - started
+            return cpu_ns, time.monotonic_ns() - wall_started
         finally:
             if enabled:
                 gc.enable()

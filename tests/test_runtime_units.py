@@ -353,8 +353,11 @@ def test_injected_gc_pause_and_cpu_work_take_about_what_they_are_asked(tmp_path)
         collect_ms = took["cpu_ms"]
         cpu_ms = (time.thread_time_ns() - started) / 1e6  # building the garbage included
         assert 15 < collect_ms < 60 and collect_ms <= cpu_ms < 2 * collect_ms, (collect_ms, cpu_ms)
-        # wall times hold the CPU time and any wait; two clocks, each rounded to the µs: a µs apart at most when equal
-        assert took["cpu_ms"] <= took["gc_ms"] + 0.002 and took["gc_ms"] <= took["loss_ms"] + 0.002
+        # wall times hold the CPU time and any wait. The CPU clock (the scheduler's) and the
+        # monotonic clock are two clocks whose rates may differ slightly (CI once saw 27.968 ms
+        # CPU in 27.965 ms wall), so: each rounded to the µs, and 0.1% apart at most when equal
+        assert took["cpu_ms"] <= took["gc_ms"] * 1.001 + 0.002, took
+        assert took["gc_ms"] <= took["loss_ms"] + 0.002, took
     started = time.thread_time_ns()
     burn_cpu(15)
     assert time.thread_time_ns() - started >= 15e6
