@@ -2,9 +2,10 @@
 
 Each rule is ``(condition, phase, mechanism, evidence, detail)``: SQL
 expressions over one row of ``cells`` (its values and ``<column>_typ``, the
-median of the other ranks of the step), tried in order; :func:`case_sql` turns
-a list of them into one CASE expression per field. :mod:`dsprof.analysis.causes`
-applies them.
+median of the other ranks of the step), tried in order. :func:`rule_index_sql`
+picks the first rule that holds (its conditions evaluated once per row) and
+:func:`rule_field_sql` reads a field of the rule picked.
+:mod:`dsprof.analysis.causes` applies them.
 """
 
 from __future__ import annotations
@@ -269,9 +270,18 @@ def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, s
     ]
 
 
-def case_sql(rules: list[tuple[str, str, str, str, str]], field: int) -> str:
-    whens = " ".join(f"WHEN {rule[0]} THEN {sql_text(rule[field]) if field in (1, 2) else rule[field]}" for rule in rules)
+def rule_index_sql(rules: list[tuple[str, str, str, str, str]]) -> str:
+    """SQL: the position of the first rule whose condition holds, NULL when none does."""
+    whens = " ".join(f"WHEN {rule[0]} THEN {position}" for position, rule in enumerate(rules))
     return f"CASE {whens} END"
+
+
+def rule_field_sql(rules: list[tuple[str, str, str, str, str]], index: str, field: int) -> str:
+    """SQL: ``field`` (1 phase, 2 mechanism: texts; 3 evidence, 4 detail: SQL) of the rule at position ``index``."""
+    whens = " ".join(
+        f"WHEN {position} THEN {sql_text(rule[field]) if field in (1, 2) else rule[field]}" for position, rule in enumerate(rules)
+    )
+    return f"CASE {index} {whens} END"
 
 
 def sql_text(text: str) -> str:

@@ -29,10 +29,11 @@ from typing import cast
 from dsprof.analysis.cause_rules import (
     EXPLAINS_SHARE,
     PHASE_NEXT_BIND,
-    case_sql,
     end_rules,
     excess_of,
     own_rules,
+    rule_field_sql,
+    rule_index_sql,
     start_rules,
 )
 from dsprof.analysis.engine import Engine
@@ -166,29 +167,31 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
 
 def _decide(engine: Engine, threshold_ns: int) -> None:
     """Add to ``cells`` the start and end causes and the late flags."""
+    rule_sets = {
+        "start": start_rules(excess_of("start_ns")),
+        "end": end_rules(threshold_ns),
+        "start_own": own_rules(threshold_ns, "start"),
+        "end_own": own_rules(threshold_ns, "end"),
+    }
+    picks = ", ".join(f"{rule_index_sql(rules)} AS {name}_rule" for name, rules in rule_sets.items())
+    engine.run(f"CREATE OR REPLACE TEMP TABLE ruled AS SELECT c.*, {picks} FROM cells c")
     columns = []
-    for prefix, rules in (("start", start_rules(excess_of("start_ns"))), ("end", end_rules(threshold_ns))):
+    for name, rules in rule_sets.items():
+        prefix, own = name.partition("_own")[:2]
         columns += [
-            f"{case_sql(rules, 1)} AS {prefix}_phase",
-            f"{case_sql(rules, 2)} AS {prefix}_mechanism",
-            f"CAST({case_sql(rules, 3)} AS DOUBLE) AS {prefix}_evidence_ns",
-            f"{case_sql(rules, 4)} AS {prefix}_detail",
+            f"{rule_field_sql(rules, f'{name}_rule', 1)} AS {prefix}{own}_phase",
+            f"{rule_field_sql(rules, f'{name}_rule', 2)} AS {prefix}{own}_mechanism",
+            f"CAST({rule_field_sql(rules, f'{name}_rule', 3)} AS DOUBLE) AS {prefix}{own}_evidence_ns",
+            f"{rule_field_sql(rules, f'{name}_rule', 4)} AS {prefix}{own}_detail",
         ]
-    for prefix in ("start", "end"):
-        own = own_rules(threshold_ns, prefix)
-        columns += [
-            f"{case_sql(own, 1)} AS {prefix}_own_phase",
-            f"{case_sql(own, 2)} AS {prefix}_own_mechanism",
-            f"CAST({case_sql(own, 3)} AS DOUBLE) AS {prefix}_own_evidence_ns",
-            f"{case_sql(own, 4)} AS {prefix}_own_detail",
-        ]
+    rule_columns = ", ".join(f"{name}_rule" for name in rule_sets)
     engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
-        SELECT c.*, {", ".join(columns)},
+        SELECT c.* EXCLUDE ({rule_columns}), {", ".join(columns)},
                c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
                c.end_ns - c.end_ns_typ AS end_excess_ns,
                max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
                arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank
-        FROM cells c""")
+        FROM ruled c""")
     # the peer a waiting rank waited for: of the other ranks that ended late in the step, the one that
     # waited least (it reached the collective last); when none ended late, of all the others
     engine.run(f"""CREATE OR REPLACE TEMP TABLE peers AS

@@ -164,6 +164,7 @@ class LiveAnalysis:
         self._unwritten: list[pa.Table] = []
         self._unwritten_rows = 0
         self.bytes_read = 0
+        self._invocations: pa.Table | None = None  # the last window's invocation table
 
     def poll(self) -> int:
         """Read the logs' new bytes (picking up new logs in watched directories); how many bytes were new."""
@@ -187,7 +188,9 @@ class LiveAnalysis:
         followed = merge_traces([f.trace() for f in self.followers.values()])
         trace = Trace(spans=spans, files=followed.files)  # the window's rows, and the clock anchors and chips seen so far
         trace.anchors, trace.chip_devices = followed.anchors, followed.chip_devices
-        return analyze_trace(trace, threshold_ms=self.threshold_ms)
+        result = analyze_trace(trace, threshold_ms=self.threshold_ms, earlier_invocations=self._invocations)
+        self._invocations = result.engine.arrow("SELECT * FROM invocations")  # the next window aggregates only what is new
+        return result
 
     def drain(self) -> None:
         """Parse every followed log to its last byte (a torn last record too): the job has ended."""
