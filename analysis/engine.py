@@ -99,18 +99,24 @@ class Engine:
 
     def relations(self) -> set[str]:
         """Names of every table and view (registered Arrow tables included) on the connection."""
-        rows = self.rows("SELECT table_name FROM duckdb_tables() UNION ALL SELECT view_name FROM duckdb_views() WHERE NOT internal")
-        return {row[0] for row in rows}
+        return set(self.relation_kinds())
 
-    def drop(self, name: str) -> None:
-        """Remove one relation, whatever kind it is."""
+    def relation_kinds(self) -> dict[str, str]:
+        """Every relation on the connection: name -> ``table``, or ``view`` (registered Arrow tables included)."""
+        rows = self.rows(
+            "SELECT table_name, 'table' FROM duckdb_tables() UNION ALL SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal"
+        )
+        return dict(rows)
+
+    def drop(self, name: str, kind: str | None = None) -> None:
+        """Remove one relation, whatever kind it is (``kind``: as :meth:`relation_kinds` gave it, else looked up)."""
+        kind = kind or self.relation_kinds().get(name)
         quoted = '"' + name.replace('"', '""') + '"'
-        if self.scalar("SELECT count(*) FROM duckdb_tables() WHERE table_name = ?", [name]):
+        if kind == "table":
             self.run(f"DROP TABLE {quoted}")
-            return
-        self.con.unregister(name)  # a registered Arrow table; nothing otherwise
-        if self.scalar("SELECT count(*) FROM duckdb_views() WHERE view_name = ? AND NOT internal", [name]):
-            self.run(f"DROP VIEW {quoted}")
+        elif kind == "view":
+            self.con.unregister(name)  # a registered Arrow table; nothing otherwise
+            self.run(f"DROP VIEW IF EXISTS {quoted}")
 
     def close(self) -> None:
         """Close the connection and remove the engine's own spill folder (a second call does nothing more)."""

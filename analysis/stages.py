@@ -89,12 +89,12 @@ def _check_inputs(engine: Engine, declared: Stage) -> None:
 
 def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
     """Record the declared writes; drop the stage's undeclared scratch relations."""
-    after = engine.relations()
+    after = engine.relation_kinds()
     absent = [t for t in declared.writes if t not in after]
     if absent:
         raise StageOrderError(f"analysis stage {declared.name!r} declares table {absent[0]!r} but did not write it")
-    for table in sorted(after - before - set(declared.writes)):
-        engine.drop(table)
+    for table in sorted(after.keys() - before - set(declared.writes)):
+        engine.drop(table, after[table])
     for table in declared.writes:
         engine.written[table] = declared.name
 
