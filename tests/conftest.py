@@ -12,6 +12,10 @@ its ground truth, so they run alone, as a serial run would run them: they are
 collected last, and each holds an exclusive lock that every other test holds
 shared, so that none overlaps another test. ``make test`` hands out whole
 modules (``--dist loadscope``), so a module's fixtures are set up once.
+
+Ctrl-C: every test process gets Python's own SIGINT handler back if it was
+started with SIGINT ignored (a shell's background job), and so do the commands
+the tests start.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
+import signal
 import tempfile
 
 import pytest
@@ -41,6 +46,10 @@ def _serial(item: pytest.Item) -> bool:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A shell starts its background jobs with SIGINT ignored, and a process keeps an ignored SIGINT and hands it to
+    # its children: the tests that send Ctrl-C (to this process or to a command) need Python's own handler.
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     distributed = not hasattr(config, "workerinput") and (getattr(config.option, "numprocesses", None) or 0)
     if distributed and LOCK_ENV not in os.environ:
         directory = tempfile.mkdtemp(prefix="dsprof-tests-")

@@ -58,14 +58,7 @@ def _old_outputs(directory: Path, old: dict[str, bytes]) -> Path:
 
 def _stopped(action: str, name: str, run: Path, out: Path, **kwargs) -> subprocess.Popen:
     command = [sys.executable, str(STOP_INSIDE_COMMIT), action, name, "--", "analyze", str(run), "-o", str(out)]
-    return subprocess.Popen(
-        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=_default_sigint, **kwargs
-    )
-
-
-def _default_sigint() -> None:
-    """A shell ignores SIGINT in its background jobs, and Python keeps an ignored SIGINT: give the command Ctrl-C back."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    return subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kwargs)
 
 
 def _only_outputs(out: Path) -> None:

@@ -23,11 +23,6 @@ from dsprof.testing.synthetic import SyntheticRun
 BINARY = b"\0\1\2\3" * 300_000
 
 
-def _default_sigint() -> None:
-    """A shell ignores SIGINT in its background jobs, and Python keeps an ignored SIGINT: give the command Ctrl-C back."""
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
 # the CLI with every text log spilled to a temporary span dataset, as a log over SPILL_BYTES is
 SPILLING_CLI = "import sys; from dsprof.commands import analyze; analyze.SPILL_BYTES = 0; from dsprof.cli.main import main; main()"
 
@@ -41,7 +36,6 @@ def _command(args: list[str], cwd, launcher: tuple[str, ...] = ("-m", "dsprof.cl
         stderr=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
-        preexec_fn=_default_sigint,
     )
 
 
