@@ -14,8 +14,8 @@ and whoever next takes the lock (a writer, or a reader through
 writers that died (their owner lock is free) are removed then too.
 
 Any error, Ctrl-C or SIGTERM before the renames removes the staging directory
-and leaves the previous outputs as they were; a SIGKILL leaves it for the next
-writer or reader. The lock file and the journal exist only while a set is
+and leaves the previous outputs as they were; a SIGKILL leaves it, or a
+journal's temporary file, for the next writer or reader. The lock file and the journal exist only while a set is
 being moved.
 """
 
@@ -92,7 +92,7 @@ def output_set(out_dir: str | os.PathLike) -> Iterator[OutputSet]:
 def settle(out_dir: str | os.PathLike) -> None:
     """Complete a set whose move a crash interrupted, and remove dead writers' staging; nothing to do is the common case."""
     out_dir = Path(out_dir)
-    if not (out_dir / JOURNAL_NAME).exists() and not any(out_dir.glob(STAGING_PREFIX + "*")):
+    if not (out_dir / JOURNAL_NAME).exists() and not any(out_dir.glob(STAGING_PREFIX + "*")) and not _journal_temporaries(out_dir):
         return
     with contextlib.suppress(OSError), _locked(out_dir):  # a directory the reader cannot write is read as it is
         pass
@@ -136,6 +136,8 @@ def _locked(out_dir: Path) -> Iterator[None]:
     try:
         _roll_forward(out_dir)
         remove_dead(out_dir, STAGING_PREFIX, young_s=0)  # staging is made under this lock: no age is needed
+        for torn in _journal_temporaries(out_dir):  # a journal is written only under this lock: one half written is dead
+            torn.unlink(missing_ok=True)
         yield
     finally:
         with contextlib.suppress(OSError):
@@ -164,6 +166,11 @@ def _roll_forward(out_dir: Path) -> None:
     _sync(out_dir)
     journal.unlink(missing_ok=True)
     shutil.rmtree(staging, ignore_errors=True)
+
+
+def _journal_temporaries(out_dir: Path) -> list[Path]:
+    """Journals a writer killed while writing them left (:func:`~dsprof.fileio.atomic_write_text`'s temporary names)."""
+    return [path for path in out_dir.glob(f".{JOURNAL_NAME}.*.tmp") if path.is_file() and not path.is_symlink()]
 
 
 def _is_staging(path: Path) -> bool:

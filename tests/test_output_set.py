@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from dsprof.analysis.summary import load_summary
-from dsprof.output_set import output_set
+from dsprof.output_set import JOURNAL_NAME, output_set, settle
 from dsprof.testing.synthetic import SyntheticRun
 
 DSPROF = Path(sys.executable).with_name("dsprof")
@@ -176,6 +176,18 @@ def test_an_error_in_the_block_removes_the_staging_and_keeps_the_old_files(tmp_p
         outputs.path("a.txt").write_text("new\n")
         raise RuntimeError("stop")
     assert [p.name for p in tmp_path.iterdir()] == ["a.txt"] and (tmp_path / "a.txt").read_text() == "old\n"
+
+
+def test_a_journal_half_written_by_a_killed_writer_is_removed_by_the_next(tmp_path):
+    (tmp_path / "a.txt").write_text("old\n")
+    torn = tmp_path / f".{JOURNAL_NAME}.0123456789ab.tmp"  # SIGKILL while the journal was written (fileio's temporary name)
+    torn.write_text('{"staging": ".dsprof-sta')
+    settle(tmp_path)  # a reader
+    assert not torn.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"]
+    torn.write_text("{")
+    with output_set(tmp_path) as outputs:  # a writer
+        outputs.path("a.txt").write_text("new\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.txt"] and (tmp_path / "a.txt").read_text() == "new\n"
 
 
 def test_a_set_refuses_a_link_or_a_nested_name(tmp_path):
