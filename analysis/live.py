@@ -244,7 +244,7 @@ class LiveAnalysis:
                 self._take(table)
         for fragments in self.fragments.values():
             self.serving.add(fragments.poll().spans)
-        self.bytes_read = sum(f.total_read for f in [*self.followers.values(), *self.fragments.values()])
+        self.bytes_read = sum(f.total_read for f in self.followers.values()) + sum(f.total_read for f in self.fragments.values())
         return self.bytes_read - before
 
     def job_ended(self) -> bool:
