@@ -163,8 +163,6 @@ class ServingRows:
     """
 
     def __init__(self, cap: int = SERVING_ROWS):
-        if cap < 1:
-            raise InputError("serving rows", f"a cap of {cap} rows", expected="at least 1 row")
         self.cap = cap
         self.rows = 0
         self._tables: list[pa.Table] = []
