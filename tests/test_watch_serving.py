@@ -111,8 +111,8 @@ def test_fragment_line_numbers_and_an_overlong_line_as_a_whole_read(tmp_path, jo
     assert follower.counts.dropped == whole.dropped and whole.dropped["overlong_line"] >= 1
 
 
-@pytest.mark.parametrize("how", ["recreated", "truncated"])
-def test_a_shorter_fragment_is_read_again_from_its_start(tmp_path, job, how):
+@pytest.mark.parametrize("how", ["recreated", "truncated", "rewritten longer"])
+def test_a_fragment_written_again_is_read_again_from_its_start(tmp_path, job, how):
     fragments = tmp_path / "fragments"
     fragments.mkdir()
     fragment = fragments / artifacts.fragment_name(7)
@@ -120,6 +120,8 @@ def test_a_shorter_fragment_is_read_again_from_its_start(tmp_path, job, how):
     follower = FragmentFollower(fragments)
     follower.poll()
     shorter = job[1][: job[1].index(b"\n", len(job[1]) // 3) + 1]
+    if how == "rewritten longer":  # in place, on the same inode, past what was read: only its first bytes tell
+        shorter = job[1].replace(b'"pid":4242', b'"pid":4343') + shorter
     if how == "recreated":  # a new main process removes the stale fragment; its pid's fragment is made again
         fragment.unlink()
     with fragment.open("r+b" if how == "truncated" else "wb") as handle:
@@ -129,6 +131,7 @@ def test_a_shorter_fragment_is_read_again_from_its_start(tmp_path, job, how):
     (tmp_path / "shorter.jsonl").write_bytes(shorter)
     whole = read_sa_profile(tmp_path / "shorter.jsonl")
     assert again.drop_columns(["file"]).equals(whole.spans.drop_columns(["file"]))
+    assert how == "recreated" or any("read again from its start" in note for note in follower.counts.notes)
     assert follower.finish().spans.num_rows == 0
 
 

@@ -12,8 +12,9 @@ fragment's count, so the rows equal those of a whole-file read.
 * A fragment replaced by another file (removed and made again: a new main
   process removes the stale fragments of an earlier run) is read to its end,
   its last line handed on as a whole read ends, and the new file is read from
-  its start. A truncated one is read again from its start, after its held line
-  is handed on; a note says so.
+  its start. One rewritten in place — shorter than what was read, or its first
+  bytes changed (a file made again on a reused inode) — is read again from its
+  start, after its held line is handed on; a note says so.
 * A line longer than ``JsonLimits.max_event_bytes`` is counted
   (``overlong_line``) and skipped to its newline, never held whole.
 * ``B``/``E`` events pair within one poll's lines only (SA_PROFILE writes
@@ -37,6 +38,9 @@ from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits, LineBatch, line_batches
 
+# A fragment's first bytes, kept and compared every poll: changed, the file was written again from its start.
+HEAD_BYTES = 4096
+
 
 @dataclass
 class _Fragment:
@@ -48,6 +52,7 @@ class _Fragment:
     read: int = 0  # bytes read from the file
     lines: int = 0  # lines handed on
     held: bytearray = field(default_factory=bytearray)
+    head: bytes = b""  # the file's first bytes, up to HEAD_BYTES
     skipping: bool = False  # inside an overlong line: its bytes are dropped up to its newline
 
 
@@ -106,12 +111,19 @@ class FragmentFollower:
         if status is None:
             return
         fragment = fragment or self._opened(path)
-        if os.fstat(fragment.handle.fileno()).st_size < fragment.read:
+        if self._rewritten(fragment):
             self._hand_on(fragment, bytes(fragment.held), batch)
-            self.counts.notes.append(f"{path}: truncated after {fragment.read:,} bytes were read; read again from its start")
+            self.counts.notes.append(f"{path}: rewritten after {fragment.read:,} bytes were read; read again from its start")
             self._close(fragment)
             fragment = self._opened(path)
         self._read_new(fragment, batch, final=False)
+
+    @staticmethod
+    def _rewritten(fragment: _Fragment) -> bool:
+        """Whether the open file is shorter than what was read, or its first bytes are no longer those read."""
+        if os.fstat(fragment.handle.fileno()).st_size < fragment.read:
+            return True
+        return bool(fragment.head) and os.pread(fragment.handle.fileno(), len(fragment.head), 0) != fragment.head
 
     def _opened(self, path: Path) -> _Fragment:
         try:
@@ -136,6 +148,8 @@ class FragmentFollower:
         """Read up to POLL_BYTES more and hand on the complete lines (``final``: everything held); the bytes read."""
         data = fragment.handle.read(POLL_BYTES)
         got = len(data)
+        if len(fragment.head) < HEAD_BYTES:
+            fragment.head += data[: HEAD_BYTES - len(fragment.head)]
         fragment.read += got
         self.total_read += got
         if fragment.skipping:
