@@ -10,11 +10,17 @@ each. Every span table parsed goes to two places:
   runs, and the final analysis reads everything seen;
 * a :class:`StepRing` in memory holding the last ``window`` decode steps.
 
-:meth:`LiveAnalysis.window` analyses the ring with the same stages as
-``dsprof analyze`` (:func:`~dsprof.analysis.analyze.analyze_trace`).
-:meth:`LiveAnalysis.finish` parses what is left, reads the inputs that are not
-followed (SA_PROFILE fragments and merges, Kineto traces, side files) once,
-through the same sink, and completes the dataset.
+The SA_PROFILE fragments among its paths (:func:`~dsprof.analysis.ingest.fragment_source`)
+are followed too, by a :class:`~dsprof.analysis.ingest.fragment_follow.FragmentFollower`
+each; their request spans are held by :class:`ServingRows` for the window's
+serving figures only (the dataset gets the fragments once, at the end).
+
+:meth:`LiveAnalysis.window` analyses the ring, with the request spans that
+overlap its time, with the same stages as ``dsprof analyze``
+(:func:`~dsprof.analysis.analyze.analyze_trace`). :meth:`LiveAnalysis.finish`
+parses what is left, reads the inputs that are not followed into the dataset
+(SA_PROFILE fragments and merges, Kineto traces, side files) once, through the
+same sink, and completes the dataset.
 """
 
 from __future__ import annotations
@@ -31,9 +37,11 @@ import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace
 from dsprof.analysis.dataset import SpanDatasetWriter
-from dsprof.analysis.ingest import is_text_log, read_paths
+from dsprof.analysis.ingest import fragment_source, is_text_log, read_paths
 from dsprof.analysis.ingest.follow import LogFollower
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, merge_traces
+from dsprof.analysis.ingest.fragment_follow import FragmentFollower
+from dsprof.analysis.serving import request_spans
+from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.strace_format import CLK_DEVICE
@@ -44,6 +52,8 @@ if TYPE_CHECKING:  # annotations only: the CLI imports this module, and `dsprof 
 DEFAULT_WINDOW_STEPS = 200
 # Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.
 WRITE_ROWS = 1 << 16
+# Request spans held for the window's serving figures, at most (the oldest go first).
+SERVING_ROWS = 1 << 16
 
 
 @dataclass
@@ -142,6 +152,62 @@ def _per_row(in_invs: pa.Table, invs: pd.DataFrame, flags: np.ndarray, loose: np
     return out
 
 
+class ServingRows:
+    """The request spans of the followed fragments, held for the window's serving figures; bounded.
+
+    Only the rows the serving figures read are held (``request_spans``): a
+    verbose job's kernel spans would crowd them out. Each window takes the
+    rows that overlap its time and lets go of those that ended before it
+    began; past ``cap`` rows the oldest go, so memory is bounded however long
+    the job runs, windows taken or not.
+    """
+
+    def __init__(self, cap: int = SERVING_ROWS):
+        self.cap = cap
+        self.rows = 0
+        self._tables: list[pa.Table] = []
+
+    def add(self, spans: pa.Table) -> None:
+        held = request_spans(spans) if spans.num_rows else spans
+        if held.num_rows:
+            self._tables.append(held)
+            self.rows += held.num_rows
+            self._trim_to_cap()
+
+    def _trim_to_cap(self) -> None:
+        """Let the oldest rows go until ``cap`` are left (whole tables, then a slice of the first)."""
+        while self.rows > self.cap:
+            extra, first = self.rows - self.cap, self._tables[0]
+            if first.num_rows <= extra:
+                self._tables.pop(0)
+                self.rows -= first.num_rows
+            else:
+                self._tables[0] = first.slice(extra)
+                self.rows -= extra
+
+    def take(self, start_ns: int, end_ns: int) -> pa.Table:
+        """The rows that overlap [start_ns, end_ns]; those that ended before ``start_ns`` are let go."""
+        if not self._tables:
+            return SPAN_SCHEMA.empty_table()
+        held = pa.concat_tables(self._tables)
+        held = held.filter(pc.greater_equal(pc.add(held["ts_ns"], held["dur_ns"]), start_ns))
+        self._tables, self.rows = ([held] if held.num_rows else []), held.num_rows
+        return held.filter(pc.less_equal(held["ts_ns"], end_ns))
+
+
+def steps_time_range(spans: pa.Table) -> tuple[int, int] | None:
+    """From the first start to the last end of the decode steps' host-clock rows in ``spans`` (None: it has none).
+
+    The steps' rows, not every row analysed: a row of an invocation without a step (a GC pause between runs) may lie
+    well before the window's first step.
+    """
+    host = pc.fill_null(pc.not_equal(spans["clk"], CLK_DEVICE), True)
+    rows = spans.filter(pc.and_(host, pc.is_valid(spans["step"])))
+    if not rows.num_rows:
+        return None
+    return pc.min(rows["ts_ns"]).as_py(), pc.max(pc.add(rows["ts_ns"], rows["dur_ns"])).as_py()
+
+
 class LiveAnalysis:
     """The followed logs of ``paths``, their rows written to ``dataset_dir`` and kept for a window in memory."""
 
@@ -160,6 +226,8 @@ class LiveAnalysis:
         self.threshold_ms = threshold_ms
         self.ring = StepRing(window)
         self.followers: dict[Path, LogFollower] = {}
+        self.fragments: dict[Path, FragmentFollower] = {}  # by fragments directory (or fragment)
+        self.serving = ServingRows()
         self.writer = SpanDatasetWriter(dataset_dir)
         self._unwritten: list[pa.Table] = []
         self._unwritten_rows = 0
@@ -167,13 +235,15 @@ class LiveAnalysis:
         self._invocations: pa.Table | None = None  # the last window's invocation table
 
     def poll(self) -> int:
-        """Read the logs' new bytes (picking up new logs in watched directories); how many bytes were new."""
+        """Read the logs' and fragments' new bytes (picking up new ones in watched directories); how many bytes were new."""
         self._discover()
         before = self.bytes_read
         for follower in self.followers.values():
             for table in follower.poll():
                 self._take(table)
-        self.bytes_read = sum(f.total_read for f in self.followers.values())
+        for fragments in self.fragments.values():
+            self.serving.add(fragments.poll().spans)
+        self.bytes_read = sum(f.total_read for f in self.followers.values()) + sum(f.total_read for f in self.fragments.values())
         return self.bytes_read - before
 
     def job_ended(self) -> bool:
@@ -182,22 +252,33 @@ class LiveAnalysis:
 
     def window(self) -> AnalysisResult | None:
         """The analysis of the window's complete steps, or None while it holds none. Close its engine when done."""
-        spans = self.ring.take_window()
-        if not spans.num_rows:
+        trace = self.window_trace()
+        if trace is None:
             return None
-        followed = merge_traces([f.trace() for f in self.followers.values()])
-        trace = Trace(spans=spans, files=followed.files)  # the window's rows, and the clock anchors and chips seen so far
-        trace.anchors, trace.chip_devices = followed.anchors, followed.chip_devices
         result = analyze_trace(trace, threshold_ms=self.threshold_ms, earlier_invocations=self._invocations)
         self._invocations = result.engine.arrow("SELECT * FROM invocations")  # the next window aggregates only what is new
         return result
 
+    def window_trace(self) -> Trace | None:
+        """The window's complete steps with the request spans that overlap them, the clock anchors and chips seen so far."""
+        spans = self.ring.take_window()
+        if not spans.num_rows:
+            return None
+        followed = merge_traces([f.trace() for f in self.followers.values()])
+        steps_time = steps_time_range(spans)
+        requests = SPAN_SCHEMA.empty_table() if steps_time is None else self.serving.take(*steps_time)
+        trace = Trace(spans=concat_spans([spans, requests]), files=followed.files)
+        trace.anchors, trace.chip_devices = followed.anchors, followed.chip_devices
+        return trace
+
     def drain(self) -> None:
-        """Parse every followed log to its last byte (a torn last record too): the job has ended."""
+        """Parse every followed log and fragment to its last byte (a torn last record or line too): the job has ended."""
         self._discover()
         for follower in self.followers.values():
             for table in follower.finish():
                 self._take(table)
+        for fragments in self.fragments.values():
+            self.serving.add(fragments.finish().spans)
         self._write()
 
     def finish(self) -> Trace:
@@ -214,6 +295,8 @@ class LiveAnalysis:
         return trace
 
     def abort(self) -> None:
+        for fragments in self.fragments.values():
+            fragments.close()
         self.writer.abort()
 
     def _take(self, table: pa.Table) -> None:
@@ -230,10 +313,13 @@ class LiveAnalysis:
         self._unwritten, self._unwritten_rows = [], 0
 
     def _discover(self) -> None:
-        """Follow every text log named, and every ``*.log`` that now is in a watched directory."""
+        """Follow every text log named, every ``*.log`` that now is in a watched directory, and the fragments now written."""
         for log in self._logs():
             if log not in self.followers and not self._followed_elsewhere(log):
                 self.followers[log] = LogFollower(log)
+        for source in filter(None, map(fragment_source, self.paths)):
+            if source not in self.fragments:
+                self.fragments[source] = FragmentFollower(source)
 
     def _followed_elsewhere(self, log: Path) -> bool:
         """Whether ``log`` is a file already followed under another name (rotated to a name that also ends in .log)."""

@@ -28,6 +28,9 @@ from __future__ import annotations
 
 import math
 
+import pyarrow as pa
+import pyarrow.compute as pc
+
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.stages import stage
@@ -60,6 +63,8 @@ SUMMARY_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
 TOKEN_KEYS = ("output_tokens", "completion_tokens", "tokens_out")
 EXPECTED_KEYS = ("expected_tokens", "max_tokens")
 FROM_REQUEST_SPANS = "sa_profile request spans"
+# The rows the figures read from the spans: SA_PROFILE request spans (SQL, and the same rows as an Arrow filter).
+REQUEST_SPANS_SQL = "cat = 'request' AND ph = 'X' AND inv IS NULL"
 DERIVED = "derived"
 
 
@@ -94,13 +99,19 @@ def _first_present(keys: tuple[str, ...]) -> str:
     return "coalesce(" + ", ".join(f"TRY_CAST(attrs['{k}'] AS DOUBLE)" for k in keys) + ")"
 
 
+def request_spans(spans: pa.Table) -> pa.Table:
+    """The rows of ``spans`` the serving figures read (those of ``REQUEST_SPANS_SQL``)."""
+    chosen = pc.and_(pc.and_(pc.equal(spans["cat"], "request"), pc.equal(spans["ph"], "X")), pc.is_null(spans["inv"]))
+    return spans.filter(pc.fill_null(chosen, False))
+
+
 def _from_request_spans(engine: Engine) -> dict[str, tuple[float, str]]:
     row = engine.rows(f"""
         SELECT count(*), min(ts_ns), max(ts_ns + dur_ns),
                sum(tokens), count(tokens), sum(expected), count(expected), sum(accepted), sum(drafted), count(drafted)
         FROM (SELECT ts_ns, dur_ns, {_first_present(TOKEN_KEYS)} AS tokens, {_first_present(EXPECTED_KEYS)} AS expected,
                      TRY_CAST(attrs['accepted_draft_tokens'] AS DOUBLE) AS accepted, TRY_CAST(attrs['draft_tokens'] AS DOUBLE) AS drafted
-              FROM spans WHERE cat = 'request' AND ph = 'X' AND inv IS NULL)""")[0]
+              FROM spans WHERE {REQUEST_SPANS_SQL})""")[0]
     n, first, last, tokens, with_tokens, expected, with_expected, accepted, drafted, with_drafted = row
     if not n:
         return {}
@@ -183,7 +194,7 @@ def _count_completed_work(engine: Engine, values: dict, sources: dict) -> str:
         SELECT count(*) FILTER (WHERE tokens IS NOT NULL AND want IS NOT NULL),
                count(*) FILTER (WHERE tokens >= want), coalesce(sum(tokens) FILTER (WHERE tokens >= want), 0)
         FROM (SELECT {_first_present(TOKEN_KEYS)} AS tokens, coalesce({_first_present(EXPECTED_KEYS)}, ?) AS want
-              FROM spans WHERE cat = 'request' AND ph = 'X' AND inv IS NULL)""",
+              FROM spans WHERE {REQUEST_SPANS_SQL})""",
         [even_share],
     )[0]
     judged, completed, completed_tokens = row

@@ -128,10 +128,17 @@ class LineBatch:
 
 
 def line_batches(
-    handle: BinaryIO, limits: JsonLimits = DEFAULT_LIMITS, size: int | None = None, chunk_bytes: int = CHUNK_BYTES
+    handle: BinaryIO,
+    limits: JsonLimits = DEFAULT_LIMITS,
+    size: int | None = None,
+    chunk_bytes: int = CHUNK_BYTES,
+    first_line: int = 1,
 ) -> Iterator[LineBatch]:
-    """The lines of ``handle`` (its first ``size`` bytes, if given) a chunk at a time; the last line may lack its newline (a torn write)."""
-    number, tail, skipping = 1, b"", False  # skipping: inside an overlong line, drop bytes up to its newline
+    """The lines of ``handle`` (its first ``size`` bytes, if given) a chunk at a time; the last line may lack its newline (a torn write).
+
+    ``first_line``: the number of the handle's first line (a follower hands on the lines after those it read before).
+    """
+    number, tail, skipping = first_line, b"", False  # skipping: inside an overlong line, drop bytes up to its newline
     left = -1 if size is None else size
     while left and (chunk := handle.read(chunk_bytes if left < 0 else min(chunk_bytes, left))):
         left = left - len(chunk) if left > 0 else left

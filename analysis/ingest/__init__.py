@@ -43,7 +43,7 @@ from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
 
-__all__ = ["Progress", "SpanSink", "is_text_log", "read_paths", "read_strace_log"]
+__all__ = ["Progress", "SpanSink", "fragment_source", "is_text_log", "read_paths", "read_strace_log"]
 
 SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
 
@@ -74,6 +74,27 @@ def read_paths(
 def is_text_log(path: Path) -> bool:
     """Whether a file is read as a STRACE text log (not JSON, not a side file)."""
     return path.name not in SIDE_FILES and path.suffix not in (".json", ".jsonl", ".gz") and not _starts_with_gzip_magic(path)
+
+
+def fragment_source(path: Path) -> Path | None:
+    """Where a path's SA_PROFILE fragments are written while its job runs, as read_paths finds them; None: none yet.
+
+    A directory's ``serving-trace/`` (else the directory itself), and there its
+    ``fragments/`` (else the fragments beside); a ``.json`` output's
+    ``<path>.fragments/`` (a merge ``trace.json``: the ``fragments/`` beside it);
+    a fragment named directly. ``dsprof watch`` follows them (:mod:`.fragment_follow`).
+    """
+    if path.suffix == ".jsonl":
+        return path if path.is_file() else None
+    if path.is_dir():
+        output = path / artifacts.SERVING_TRACE_DIR if (path / artifacts.SERVING_TRACE_DIR).is_dir() else path
+        fragments = output / artifacts.FRAGMENTS_DIR if (output / artifacts.FRAGMENTS_DIR).is_dir() else output
+    elif path.suffix == ".json":
+        beside = path.name == artifacts.MERGED_TRACE and artifacts.fragments_dir(path.parent).is_dir()
+        fragments = artifacts.fragments_dir(path.parent if beside else path)
+    else:
+        return None
+    return fragments if artifacts.fragment_files(fragments) else None
 
 
 def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool) -> list[Trace]:

@@ -38,6 +38,7 @@ dsprof, the lines its merge skipped are counted as if read here.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -85,8 +86,8 @@ def read_sa_profile(
             raise InputError(path, "no such file or directory")
         raise InputError(path, "no SA_PROFILE trace here", expected="trace.json or fragments/trace.<pid>.jsonl")
     traces = [Trace(notes=[note] if note else [])]
-    garbage: list[InputError] = []
-    small = _FragmentBatch(limits, sink, garbage)
+    small = FragmentBatch(limits, sink)
+    garbage = small.garbage
     for file in files:
         if file.suffix == ".jsonl" and _size(file) < SMALL_FRAGMENT_BYTES:
             small.add(file)
@@ -252,16 +253,19 @@ def _decode_lines(batch: LineBatch) -> _Lines:
     return _Lines(events, np.array(where, np.int64), skipped, nulled, first_bad)
 
 
-class _FragmentBatch:
-    """Small fragments decoded one by one and converted together by one SpanBuilder (their rows keep their file).
+class FragmentBatch:
+    """Fragment lines decoded a fragment at a time and converted together by one SpanBuilder (their rows keep their file).
 
     What each fragment held is decided per fragment as :func:`_read_fragment`
     does (its lines, its NaN note, whether no line is an event); only the
-    conversion to span rows, whose cost is mostly per call, is shared.
+    conversion to span rows, whose cost is mostly per call, is shared. Small
+    whole fragments come through :meth:`add`; the new lines of followed
+    fragments (:mod:`.fragment_follow`) through :meth:`add_lines`.
     """
 
-    def __init__(self, limits: JsonLimits, sink: SpanSink | None, garbage: list[InputError]):
-        self.limits, self.sink, self.garbage = limits, sink, garbage
+    def __init__(self, limits: JsonLimits = DEFAULT_LIMITS, sink: SpanSink | None = None):
+        self.limits, self.sink = limits, sink
+        self.garbage: list[InputError] = []  # fragments none of whose lines is an event
         self._clear()
 
     def _clear(self) -> None:
@@ -276,31 +280,36 @@ class _FragmentBatch:
         return len(self.events) >= BATCH_EVENTS or len(self.files) >= BATCH_FRAGMENTS
 
     def add(self, path: Path) -> None:
-        """Decode one fragment into the batch."""
-        index, found, nulled = len(self.files), 0, 0
-        first_bad: int | None = None
-        self.files.append(str(path))
+        """Decode one whole fragment into the batch."""
         try:
             with path.open("rb") as handle:
-                for batch in line_batches(handle, self.limits):
-                    lines = _decode_lines(batch)
-                    found += len(lines.events)
-                    first_bad = first_bad or lines.first_bad
-                    nulled += lines.nulled
-                    self.events.extend(lines.events)
-                    self.where.append(lines.where)
-                    self.file_of.append(np.full(len(lines.events), index, np.int32))
-                    for reason, count in lines.skipped.items():
-                        self.skipped[reason] = self.skipped.get(reason, 0) + count
+                found, first_bad = self.add_lines(str(path), line_batches(handle, self.limits))
         except OSError as exc:
             raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-        if nulled:
-            self.notes.append(nulled_note(str(path), nulled))
         if not found and first_bad is not None:
             self.garbage.append(_garbage_fragment(path, first_bad))
             self.notes.append(_garbage_note(path))
 
-    def convert(self, progress: Progress) -> Trace:
+    def add_lines(self, name: str, batches: Iterable[LineBatch]) -> tuple[int, int | None]:
+        """Decode lines of the fragment ``name`` into the batch; how many were events, and its first bad line (None: none)."""
+        index, found, nulled = len(self.files), 0, 0
+        first_bad: int | None = None
+        self.files.append(name)
+        for batch in batches:
+            lines = _decode_lines(batch)
+            found += len(lines.events)
+            first_bad = first_bad or lines.first_bad
+            nulled += lines.nulled
+            self.events.extend(lines.events)
+            self.where.append(lines.where)
+            self.file_of.append(np.full(len(lines.events), index, np.int32))
+            for reason, count in lines.skipped.items():
+                self.skipped[reason] = self.skipped.get(reason, 0) + count
+        if nulled:
+            self.notes.append(nulled_note(name, nulled))
+        return found, first_bad
+
+    def convert(self, progress: Progress = None) -> Trace:
         """The batch's Trace (its rows to the sink when there is one); the batch is empty again."""
         if progress is not None:
             more = f" .. {self.files[-1]}" if len(self.files) > 1 else ""

@@ -17,6 +17,15 @@ from dsprof.textsafe import terminal_safe
 
 # The window's figures the live view shows (ms): skew at both ends of the device run, and the step interval.
 VIEW_FIGURES = ("runner_start_skew_ms", "runner_end_skew_ms", "step_interval_ms")
+# The window's serving figures the live view shows (the summary's ``serving`` block), with their units.
+VIEW_SERVING = (
+    ("requests", "requests", ""),
+    ("tokens_returned", "tokens", ""),
+    ("batch_elapsed_s", "elapsed", " s"),
+    ("throughput_tok_s", "throughput", " tok/s"),
+    ("effective_tpot_ms", "TPOT", " ms"),
+    ("acceptance_rate", "acceptance", ""),
+)
 VIEW_LIST_LIMIT = 6
 CLEAR_SCREEN = "\x1b[H\x1b[2J"
 
@@ -68,8 +77,17 @@ class FindingLines:
         return lines
 
 
+def serving_line(summary: Summary) -> str:
+    """The window's serving figures on one line, those it has (its request spans); "" when it has none."""
+    serving: Mapping[str, Any] = summary.get("serving") or {}
+    if serving.get("requests") is None:
+        return ""
+    shown = [f"{label} {value(serving.get(key), unit)}" for key, label, unit in VIEW_SERVING if serving.get(key) is not None]
+    return "serving    " + " · ".join(shown)
+
+
 def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequence[str] = (), clock: str = "") -> str:
-    """The terminal view of one refresh: the window, its figures, its late steps with causes, the verdict, alerts."""
+    """The terminal view of one refresh: the window, the verdict, its serving and step figures, its late steps with causes, alerts."""
     head = f"dsprof watch · {bytes_read / 2**20:,.1f} MiB read" + (f" · {clock}" if clock else "")
     steps = None if summary is None else window_steps(summary)
     if summary is None or steps is None:
@@ -78,6 +96,7 @@ def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequen
     lines = [f"{head} · steps {steps[0]}–{steps[1]} ({len(summary.get('per_step') or [])} steps, {ranks} ranks)", ""]
     straggler = straggler_of(summary).get("verdict") or "none"
     lines.append(f"straggler  {straggler}")
+    lines += [line for line in [serving_line(summary)] if line]
     lines += ["", "{:<24} {:>9} {:>9} {:>9} {:>9} {:>6}".format("window figure (ms)", "p50", "p95", "p99", "max", "count")]
     figures: Mapping[str, Any] = summary.get("figures") or {}
     for name in VIEW_FIGURES:
