@@ -21,6 +21,7 @@ from test_causes_known_answers import RANKS, STEPS, plan, simulate, write_log
 
 from dsprof.analysis.outputs.findings import item_line, worst_first
 from dsprof.analysis.outputs.html_report import REPORT_NAME, render_html, script_json, swimlane_data, write_html_report
+from dsprof.analysis.outputs.track_layout import serving_span_count
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.report import report_from_dir
 from dsprof.errors import InputError
@@ -244,7 +245,9 @@ def test_over_budget_keeps_the_worst_steps_in_detail_and_aggregates_the_rest(res
     budget = total // 4
     data = swimlane_data(result, span_budget=budget)
     info = data["budget"]
-    assert info["limited"] and info["shown_spans"] + info["aggregated_spans"] == total
+    # serving spans past the budget (the earliest that many are laid out, as in the combined swimlane) are counted as left out
+    assert info["serving_spans_left_out"] == max(0, serving_span_count(result.engine) - budget) > 0
+    assert info["limited"] and info["shown_spans"] + info["aggregated_spans"] + info["serving_spans_left_out"] == total
     assert len(data["spans"]["row"]) == info["shown_spans"] and sum(data["aggregate"]["spans"]) == info["aggregated_spans"]
     assert info["shown_spans"] + info["aggregate_bars"] <= budget
     detailed = set(data["spans"]["step"]) - {-1}
@@ -255,7 +258,8 @@ def test_over_budget_keeps_the_worst_steps_in_detail_and_aggregates_the_rest(res
     for lo, hi in zip(data["aggregate"]["step_lo"], data["aggregate"]["step_hi"], strict=True):
         covered.update(range(lo, hi + 1))
     assert set(skew) - detailed <= covered
-    assert "over the span budget" in render_html(result, span_budget=budget)
+    page = render_html(result, span_budget=budget)
+    assert "over the span budget" in page and f"The {info['serving_spans_left_out']:,} serving spans after the first" in page
 
 
 def test_report_from_dir_defaults_into_the_directory_and_rejects_a_file(run_dir, tmp_path):

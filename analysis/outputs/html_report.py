@@ -48,7 +48,7 @@ from dsprof.analysis.engine import Engine
 from dsprof.analysis.layout import collection_row, device_spans_sql, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, window_text, worst_first
 from dsprof.analysis.outputs.report_charts import chart_data, list_items
-from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, lane_name, serving_lanes_sql
+from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, lane_name, serving_lanes_sql, serving_span_count
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.fileio import atomic_write_text
@@ -245,10 +245,11 @@ def _columns(table: pa.Table, origin_ns: int) -> tuple[dict, list[str], list[str
 def swimlane_data(result: AnalysisResult, span_budget: int = DEFAULT_SPAN_BUDGET) -> dict:
     """The data block the browser draws the swimlane from (at most ``span_budget`` spans plus aggregate bars)."""
     engine = result.engine
-    layout = build_track_layout(result)
+    layout = build_track_layout(result, serving_budget=span_budget)  # no more serving spans laid out than can be drawn
     lanes, runtime_rows, serving_rows = _lane_rows(layout)
     _register_run_rows(engine, runtime_rows, serving_rows)
     kept, budget = _budget_steps(engine, span_budget, len(lanes["rows"]["band"]))
+    budget["serving_spans_left_out"] = max(0, serving_span_count(engine) - span_budget)
     origin_ns = int(engine.scalar("SELECT least((SELECT min(start_ns) FROM run_rows), (SELECT min(ts_ns) FROM serving_report_spans))") or 0)
     if kept is None:
         detailed = _report_spans(engine, "TRUE")
@@ -389,13 +390,15 @@ def _run_failed(summary: Summary) -> bool:
 
 
 def _budget_note(budget: dict) -> str:
+    left_out = budget.get("serving_spans_left_out") or 0
+    serving = f" The {left_out:,} serving spans after the first {budget['span_budget']:,} (by time) are not drawn." if left_out else ""
     if not budget.get("limited"):
-        return f'<p class="budget" data-limited="false">All {budget["total_spans"]:,} spans drawn.</p>'
+        return f'<p class="budget" data-limited="false">All {budget["total_spans"]:,} spans drawn.{serving}</p>'
     return (
         f'<p class="budget" data-limited="true">This run has {budget["total_spans"]:,} spans, over the span budget of '
         f"{budget['span_budget']:,}: the {budget['detailed_steps']:,} steps with the largest runner-end skew are drawn in full "
         f"({budget['shown_spans']:,} spans); the other {budget['aggregated_spans']:,} spans are {budget['aggregate_bars']:,} grey "
-        f"bars, one per lane per {budget['bucket_steps']:,} consecutive steps (hover for the steps).</p>"
+        f"bars, one per lane per {budget['bucket_steps']:,} consecutive steps (hover for the steps).{serving}</p>"
     )
 
 
