@@ -73,14 +73,16 @@ class StepRing:
     before its start are let go (a step number met again after a restart is
     a new step), so memory is bounded by the window, not by the job.
     Invocations whose root is not written yet and steps with fewer roots than
-    the fullest step of the window (not every rank has reached them yet) are
-    kept but not analysed: a step is analysed complete or not at all.
+    the fullest step of the window (not every rank has reached them yet), or
+    than ``expect_ranks`` (a rank whose log is not there yet), are kept but not
+    analysed: a step is analysed complete or not at all.
     """
 
-    def __init__(self, window: int = DEFAULT_WINDOW_STEPS):
+    def __init__(self, window: int = DEFAULT_WINDOW_STEPS, expect_ranks: int | None = None):
         if window < 2:
             raise InputError("--window", f"{window} steps is too few", expected="a window of at least 2 steps")
         self.window = window
+        self.expect_ranks = expect_ranks or 0
         self._tables: list[pa.Table] = []
 
     def add(self, table: pa.Table) -> None:
@@ -130,17 +132,17 @@ class StepRing:
         window = steps.sort_values("latest").tail(self.window)
         first, last = int(window["latest"].min()), int(window["latest"].max())
         floor = first - (last - first)
-        complete = window[window["roots"] >= window["roots"].max()]
-        done = int(complete["latest"].max())
         no_step = invs["step"].isna()
         keep_inv = (no_step | invs["step"].isin(window.index)) & (invs["start"].isna() | (invs["start"] >= floor))
+        keep_loose = loose & (ts >= floor)  # rows outside any invocation go by their own time
+        keep = _per_row(in_invs, invs, keep_inv.to_numpy(bool), keep_loose)
+        complete = window[window["roots"] >= max(window["roots"].max(), self.expect_ranks)]
+        if complete.empty:  # no step has reached --expect-ranks ranks yet
+            return RingCut(keep, np.zeros(ring.num_rows, bool))
+        done = int(complete["latest"].max())
         settled = invs["step"].isin(complete.index) | (no_step & invs["start"].le(done))
         analyse_inv = keep_inv & invs["rooted"] & settled
-        keep_loose = loose & (ts >= floor)  # rows outside any invocation go by their own time
-        return RingCut(
-            _per_row(in_invs, invs, keep_inv.to_numpy(bool), keep_loose),
-            _per_row(in_invs, invs, analyse_inv.to_numpy(bool), keep_loose & (ts <= done)),
-        )
+        return RingCut(keep, _per_row(in_invs, invs, analyse_inv.to_numpy(bool), keep_loose & (ts <= done)))
 
 
 def _per_row(in_invs: pa.Table, invs: pd.DataFrame, flags: np.ndarray, loose: np.ndarray) -> np.ndarray:
@@ -218,13 +220,14 @@ class LiveAnalysis:
         *,
         window: int = DEFAULT_WINDOW_STEPS,
         threshold_ms: float = DEFAULT_THRESHOLD_MS,
+        expect_ranks: int | None = None,
     ):
         self.paths = [Path(p) for p in paths]
         for path in self.paths:
             if not path.exists():
                 raise InputError(path, "no such file or directory")
         self.threshold_ms = threshold_ms
-        self.ring = StepRing(window)
+        self.ring = StepRing(window, expect_ranks)
         self.followers: dict[Path, LogFollower] = {}
         self.fragments: dict[Path, FragmentFollower] = {}  # by fragments directory (or fragment)
         self.serving = ServingRows()

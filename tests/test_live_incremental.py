@@ -107,3 +107,31 @@ def test_a_window_with_nothing_earlier_aggregates_everything(tmp_path, log_bytes
     finally:
         plain.engine.close()
         reused.engine.close()
+
+
+def test_with_expect_ranks_a_step_waits_for_a_rank_whose_log_is_not_there_yet(tmp_path, log_bytes):
+    """Per-rank logs: the fourth rank's log appears after the first refresh; only --expect-ranks holds its steps back."""
+    lines = log_bytes.decode().splitlines(keepends=True)
+    pids = sorted({line.split(" pid=")[1].split()[0] for line in lines if "[STRACE]" in line})
+    for rank, pid in enumerate(pids):
+        (tmp_path / f"rank{rank}.txt").write_text("".join(line for line in lines if f"pid={pid} " in line or f"pid={pid}]" in line))
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    for rank in range(len(pids) - 1):
+        (tmp_path / f"rank{rank}.txt").rename(logs / f"rank{rank}.log")
+    default = LiveAnalysis([logs], tmp_path / "a", window=100)
+    expecting = LiveAnalysis([logs], tmp_path / "b", window=100, expect_ranks=len(pids))
+    default.poll()
+    expecting.poll()
+    early = default.window()
+    assert early is not None and len(early.summary["figures"]["per_rank"]) == len(pids) - 1  # shown without the last rank
+    early.engine.close()
+    assert expecting.window() is None  # no step has every rank yet
+    (tmp_path / f"rank{len(pids) - 1}.txt").rename(logs / f"rank{len(pids) - 1}.log")
+    expecting.poll()
+    full = expecting.window()
+    assert full is not None and len(full.summary["figures"]["per_rank"]) == len(pids)
+    assert full.summary["validation"]["valid"], full.summary["validation"]["problems"]
+    full.engine.close()
+    default.abort()
+    expecting.abort()

@@ -190,7 +190,7 @@ def watch_paths(
     assert dataset is not None
     events = Events(options.events)
     try:
-        live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms)
+        live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms, expect_ranks=options.expect_ranks)
         follower = _Follower(live, options, out, screen, events)
         try:
             with _signals_end(follower):
