@@ -66,12 +66,8 @@ def analyze_trace(
     invocations: pa.Table | None = None,
     window: Window | None = None,
     progress: Callable[[str], None] | None = None,
-    earlier_invocations: pa.Table | None = None,
 ) -> AnalysisResult:
     """Every figure of an already-read trace; ``invocations`` may come precomputed (cluster engine).
-
-    ``earlier_invocations``: the invocation table of an earlier analysis of an
-    overlapping trace (a live window); the rows that still hold are reused.
 
     ``window``: the trace was cut to it (:mod:`~dsprof.analysis.window_read`); the summary states it.
     """
@@ -79,7 +75,7 @@ def analyze_trace(
     engine = open_engine(trace, memory_limit=memory_limit)
     if progress:
         progress("swimlane: invocations, ranks, decode steps")
-    swimlane = build_swimlane(engine, invocations, _positional_steps(window), earlier_invocations)
+    swimlane = build_swimlane(engine, invocations, _positional_steps(window))
     if progress:
         progress("figures: skew, step intervals, causes, what-if replay, pipeline, serving")
     figures, per_step = skew_figures(engine)

@@ -134,29 +134,6 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
     )
 
 
-def reusing_statements(earlier: str) -> list[str]:
-    """SQL creating ``invocations`` from ``spans``, taking the rows of ``earlier`` that still hold.
-
-    ``earlier`` is the invocation table of an earlier read of an overlapping
-    trace (a live window, analysis/live.py). Rows are only ever added to an
-    invocation, never edited, so an invocation with as many runtime rows and
-    the same root start as when it was aggregated has the same row: it is
-    reused, and only the others are aggregated. Inserting the reused rows into
-    the fresh table gives them its column types, so the table equals the one
-    :func:`invocation_query` makes (tests/test_live_incremental.py).
-    """
-    counts = f"""SELECT pid, inv, count(*) AS n, min(ts_ns) FILTER (WHERE {_HOST_ROOT}) AS root_ns
-                 FROM spans WHERE {runtime_row()} GROUP BY pid, inv"""
-    unchanged = "NOT EXISTS (SELECT 1 FROM reused r WHERE r.pid = spans.pid AND r.inv = spans.inv)"
-    return [
-        f"""CREATE OR REPLACE TEMP TABLE reused AS SELECT e.* FROM {earlier} e JOIN ({counts}) c
-            ON c.pid = e.pid AND c.inv = e.inv AND c.n = e.n_spans AND c.root_ns IS NOT DISTINCT FROM e.root_ts_ns""",
-        f"CREATE OR REPLACE TABLE invocations AS {invocation_query(unchanged)}",
-        "INSERT INTO invocations BY NAME SELECT * FROM reused",
-        "DROP TABLE reused",
-    ]
-
-
 def in_window(window: int, window_ns: int) -> str:
     """HAVING clause: the invocation starts in time window ``window`` (its root, else its earliest host span)."""
     start = f"coalesce(min(ts_ns) FILTER (WHERE {_HOST_ROOT}), min(ts_ns) FILTER (WHERE clk <> '{fmt.CLK_DEVICE}'), min(ts_ns))"

@@ -235,7 +235,6 @@ class LiveAnalysis:
         self._unwritten: list[pa.Table] = []
         self._unwritten_rows = 0
         self.bytes_read = 0
-        self._invocations: pa.Table | None = None  # the last window's invocation table
 
     def poll(self) -> int:
         """Read the logs' and fragments' new bytes (picking up new ones in watched directories); how many bytes were new."""
@@ -256,11 +255,7 @@ class LiveAnalysis:
     def window(self) -> AnalysisResult | None:
         """The analysis of the window's complete steps, or None while it holds none. Close its engine when done."""
         trace = self.window_trace()
-        if trace is None:
-            return None
-        result = analyze_trace(trace, threshold_ms=self.threshold_ms, earlier_invocations=self._invocations)
-        self._invocations = result.engine.arrow("SELECT * FROM invocations")  # the next window aggregates only what is new
-        return result
+        return None if trace is None else analyze_trace(trace, threshold_ms=self.threshold_ms)
 
     def window_trace(self) -> Trace | None:
         """The window's complete steps with the request spans that overlap them, the clock anchors and chips seen so far."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.invocations import gc_query, invocation_query, reusing_statements, serving_row
+from dsprof.analysis.invocations import gc_query, invocation_query, serving_row
 from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
@@ -51,29 +51,18 @@ class Swimlane:
 
 
 @stage("swimlane", reads=("spans", "anchors", "chip_devices"), writes=("invocations", "gc", "processes", "runs", "decode"))
-def build_swimlane(
-    engine: Engine,
-    invocations: pa.Table | None = None,
-    steps: tuple[int, int] | None = None,
-    earlier_invocations: pa.Table | None = None,
-) -> Swimlane:
+def build_swimlane(engine: Engine, invocations: pa.Table | None = None, steps: tuple[int, int] | None = None) -> Swimlane:
     """Create ``invocations``, ``runs``, ``decode`` and ``gc`` in the engine; return the structure's facts.
 
     ``invocations`` may be given already computed (e.g. gathered from cluster
-    workers); else it is aggregated from ``spans`` here, reusing the rows of
-    ``earlier_invocations`` that still hold (a live window's previous one).
-    ``steps`` (first, last): the decode steps analysed, a window of the run,
-    by its step numbers.
+    workers); else it is aggregated from ``spans`` here. ``steps`` (first,
+    last): the decode steps analysed, a window of the run, by its step numbers.
     """
-    if invocations is not None:
+    if invocations is None:
+        engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
+    else:
         engine.con.register("invocations_in", invocations)
         engine.run("CREATE OR REPLACE TABLE invocations AS SELECT * FROM invocations_in")
-    elif earlier_invocations is not None:
-        engine.con.register("earlier_invocations", earlier_invocations)
-        for statement in reusing_statements("earlier_invocations"):
-            engine.run(statement)
-    else:
-        engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
     engine.run(f"CREATE OR REPLACE TABLE gc AS {gc_query()}")
     window = _serving_window(engine)
     lo, hi = window if window else (-(2**63), 2**63 - 1)
