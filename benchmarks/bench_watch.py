@@ -226,6 +226,10 @@ def latency_figures(result: Replay) -> tuple[float, int]:
         return float("inf"), unseen
     p50, p99 = np.percentile(seen, [50, 99])
     print(f"  latency write -> shown: p50 {p50:.2f} s, p99 {p99:.2f} s, max {seen.max():.2f} s")
+    refresh = np.array([e["refresh_s"] for e in result.events if e.get("refresh_s") is not None])
+    if len(refresh):
+        r50, r99 = np.percentile(refresh, [50, 99])
+        print(f"  refresh (analysis, view, alerts): p50 {r50:.2f} s, p99 {r99:.2f} s, max {refresh.max():.2f} s")
     return float(p99), unseen
 
 

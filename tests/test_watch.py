@@ -200,7 +200,7 @@ def test_an_alert_runs_the_hook_once_per_window(tmp_path, faulty):
     events = Events(tmp_path / "events.jsonl")
     for summary in _follow(live, _pieces(faulty[0], seed=6, most=120_000), log, every=2):
         steps = (min(r["step"] for r in summary["per_step"]), max(r["step"] for r in summary["per_step"]))
-        events.write(steps, alerts.check(summary, steps))
+        events.write(steps, alerts.check(summary, steps), 0.0)
     events.close()
     hooked = fired_to.read_text().splitlines()
     assert hooked == alerts.fired and hooked and all(line.startswith("alert: steps ") and "no slow steps" in line for line in hooked)

@@ -126,7 +126,7 @@ class Events:
         self.handle: IO[str] | None = None if path is None else open(path, "a", encoding="utf-8")
         self.last_shown: int | None = None
 
-    def write(self, steps: tuple[int, int] | None, alerts: list[str]) -> None:
+    def write(self, steps: tuple[int, int] | None, alerts: list[str], refresh_s: float) -> None:
         last = None if steps is None else steps[1]
         new_last = last if last is not None and (self.last_shown is None or last > self.last_shown) else None
         if new_last is not None:
@@ -139,6 +139,7 @@ class Events:
             "last_step": last,
             "new_last_step": new_last,
             "alerts": alerts,
+            "refresh_s": round(refresh_s, 4),
         }
         self.handle.write(json.dumps(event) + "\n")
         self.handle.flush()
@@ -286,6 +287,7 @@ class _Follower:
 
     def refresh(self, final: bool = False) -> bool:
         """Analyse the window, print what is new, evaluate the alerts; whether one fired (``final``: the job ended)."""
+        started = time.monotonic()
         result = self.live.window()
         summary, steps, fired = None, None, []
         if result is not None:
@@ -296,7 +298,7 @@ class _Follower:
             steps = window_steps(summary)
             if steps is not None:
                 fired = self.alerts.check(summary, steps)
-        self.events.write(steps, fired)
+        self.events.write(steps, fired, time.monotonic() - started)
         if self.screen is not None:
             view = format_live_view(
                 summary, bytes_read=self.live.bytes_read, alerts=self.alerts.fired[-5:], clock=time.strftime("%H:%M:%S")
