@@ -209,7 +209,7 @@ def test_an_alert_runs_the_hook_once_per_window(tmp_path, faulty):
     written = [json.loads(line) for line in (tmp_path / "events.jsonl").read_text().splitlines()]
     assert [a for e in written for a in e["alerts"]] == hooked
     shown = [e["new_last_step"] for e in written if e["new_last_step"] is not None]
-    assert shown == sorted(set(shown)) and set(written[0]) == {"wall_s", "first_step", "last_step", "new_last_step", "alerts"}
+    assert shown == sorted(set(shown)) and set(written[0]) == {"wall_s", "first_step", "last_step", "new_last_step", "alerts", "refresh_s"}
 
 
 def _rules(tmp_path: Path) -> Path:
