@@ -178,9 +178,14 @@ def lane_name(lane: int) -> str:
 
 def _build_serving_lanes(engine: Engine, budget: int | None) -> None:
     """``serving_lanes``: a lane per serving span drawn within its (pid, tid, category), overlapping spans on different lanes."""
-    drawn = f"SELECT pid, tid, cat, file, line, ts_ns, dur_ns FROM spans WHERE {serving_row()} AND ph IN ('X', 'i')"
+    drawable = f"{serving_row()} AND ph IN ('X', 'i')"
+    drawn = f"SELECT pid, tid, cat, file, line, ts_ns, dur_ns FROM spans WHERE {drawable}"
     if budget is not None:  # a top-N: memory for the budget's rows, not the trace's
-        drawn += f" ORDER BY ts_ns, file, line LIMIT {int(budget)}"
+        # in two passes: the start of the budget's last span over one integer column first, then the rows up to it;
+        # one top-N over the whole rows held several times their size (0.57 GB for 500k of 4.5M serving spans)
+        last = engine.scalar(f"SELECT max(ts_ns) FROM (SELECT ts_ns FROM spans WHERE {drawable} ORDER BY ts_ns LIMIT {int(budget)})")
+        upto = "ts_ns IS NULL" if last is None else f"(ts_ns <= {int(last)} OR ts_ns IS NULL)"  # nulls sort last, as before
+        drawn += f" AND {upto} ORDER BY ts_ns, file, line LIMIT {int(budget)}"
     spans = engine.arrow(f"""SELECT file, line, ts_ns, ts_ns + dur_ns AS end_ns,
                                     dense_rank() OVER (ORDER BY pid, tid, cat) AS thread_cat
                              FROM ({drawn}) ORDER BY thread_cat, ts_ns, file, line""")
