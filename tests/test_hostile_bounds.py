@@ -262,20 +262,25 @@ def test_a_memory_limit_too_small_is_one_line_and_leaves_nothing(tmp_path, as_da
 # -- 2b. the swimlane budgets hold for serving (Chrome) spans too --------------------------------------------
 
 
+def _combined_swimlane(tmp_path: Path, events: list[dict], span_budget: int) -> dict:
+    """The combined swimlane written for a Chrome trace of ``events``, as read back."""
+    path = tmp_path / "kineto.json"
+    path.write_text(json.dumps({"traceEvents": events}))
+    result = analyze_trace(read_paths([path]))
+    try:
+        swimlane = write_chrome_trace(result, tmp_path / "swimlane.json", span_budget=span_budget)
+    finally:
+        result.engine.close()
+    return json.loads(swimlane.read_text())
+
+
 def test_serving_spans_past_the_budget_are_left_out_of_the_combined_swimlane_and_said(tmp_path):
     """A Chrome trace's spans are laid out and drawn up to the span budget (earliest first), not all of them.
 
     (The HTML report lays them out up to its own budget too: tests/test_report_html.py.)
     """
-    path = tmp_path / "kineto.json"
     events = _chrome_events(120)
-    path.write_text(json.dumps({"traceEvents": events}))
-    result = analyze_trace(read_paths([path]))
-    try:
-        swimlane = write_chrome_trace(result, tmp_path / "swimlane.json", span_budget=50)
-    finally:
-        result.engine.close()
-    written = json.loads(swimlane.read_text())
+    written = _combined_swimlane(tmp_path, events, span_budget=50)
     assert written["otherData"]["serving_spans"] == 120 and written["otherData"]["serving_spans_left_out"] == 70
     drawn = sorted(e["ts"] for e in written["traceEvents"] if e["ph"] == "X")
     assert len(drawn) == 50 and drawn == sorted(float(e["ts"]) for e in events)[:50]  # the earliest
@@ -284,14 +289,7 @@ def test_serving_spans_past_the_budget_are_left_out_of_the_combined_swimlane_and
 def test_the_serving_budget_breaks_ties_at_its_last_start_by_file_and_line(tmp_path):
     """Spans starting together across the budget's edge: the budget's last start is found first, then its ties ranked."""
     events = [{**event, "ts": 1000 + (i // 4) * 10, "args": {"i": i}} for i, event in enumerate(_chrome_events(40))]
-    path = tmp_path / "kineto.json"
-    path.write_text(json.dumps({"traceEvents": events}))
-    result = analyze_trace(read_paths([path]))
-    try:
-        swimlane = write_chrome_trace(result, tmp_path / "swimlane.json", span_budget=10)
-    finally:
-        result.engine.close()
-    written = json.loads(swimlane.read_text())
+    written = _combined_swimlane(tmp_path, events, span_budget=10)
     drawn = sorted(int(e["args"]["i"]) for e in written["traceEvents"] if e["ph"] == "X")
     assert drawn == list(range(10))  # starts 1000 (4), 1010 (4), 1020 (2 of 4: the first two lines)
     assert written["otherData"]["serving_spans_left_out"] == 30
