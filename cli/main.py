@@ -253,7 +253,10 @@ def ingest(paths, output) -> None:
     "--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept", help="Keep the span dataset here."
 )
 @click.option(
-    "--expect-ranks", type=click.IntRange(min=1), show_default="any number", help="Fail validation unless this many ranks appear."
+    "--expect-ranks",
+    type=click.IntRange(min=1),
+    show_default="any number",
+    help="Show a step only once this many ranks reached it; fail validation unless this many ranks appear.",
 )
 def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks) -> None:
     """Follow a running job's logs: a live view of its last steps, then analyze's outputs.
