@@ -16,9 +16,12 @@ wall_s of the first event whose new_last_step reaches it minus that write time.
 Sections (default: replay and alert, a few minutes in all):
 
 * replay: ``--duration`` s at ``--pace``; p50/p99/max latency, steps seen vs
-  written, RSS at 1 min and at the end. Targets: p99 <= 2 s at the recorded
-  pace; RSS within 10% of its 1-minute value (the issue asks it over 30 min:
-  ``--duration 1800``).
+  written, RSS in the second minute and in the last minute of appending. RSS
+  swings by some 80 MiB with every refresh (each opens an engine and copies
+  the window), so one sample per minute lands anywhere in that swing: each
+  minute's highest sample is compared. Targets: p99 <= 2 s at the recorded
+  pace; the last minute's RSS within 10% of the second minute's (the issue
+  asks it over 30 min: ``--duration 1800``).
 * alert: the same log with rank 7's fence wait 50 ms longer for 20 steps from
   ``--fault-step``, followed with ``--alert benchmarks/watch_alert_rules.toml``;
   the time from the first faulty step's write to the first alert (target
@@ -120,9 +123,9 @@ class Replay:
         alerted = [e["wall_s"] for e in self.events if e.get("alerts")]
         return min(alerted) if alerted else None
 
-    def rss_at(self, seconds: float) -> float | None:
-        after = [mib for at, mib in self.rss if at >= seconds]
-        return after[0] if after else None
+    def rss_in(self, start_s: float, end_s: float) -> list[float]:
+        """The RSS samples (MiB) taken from ``start_s`` to ``end_s`` after the appender started."""
+        return [mib for at, mib in self.rss if start_s <= at < end_s]
 
     def _event_columns(self) -> tuple[np.ndarray, np.ndarray]:
         wall = np.array([e["wall_s"] for e in self.events], dtype=np.float64)
@@ -240,18 +243,17 @@ def replay_section(cache: Path, args: argparse.Namespace) -> None:
     p99, unseen = latency_figures(result)
     ok = p99 <= LATENCY_TARGET_S and unseen == 0 if args.pace == 1 else None
     print(f"  target p99 <= {LATENCY_TARGET_S:g} s at the recorded pace, every step shown: {verdict(ok)}")
-    at_minute = result.rss_at(60.0)
-    following = [mib for at, mib in result.rss if at <= result.appended_s]
-    end = following[-1] if following else None
-    peak = max((mib for _, mib in result.rss), default=None)
-    if at_minute is None or end is None or result.appended_s < 90:
-        print(f"  RSS: end {end or 0:.0f} MiB, peak {peak or 0:.0f} MiB (growth needs a replay of 90 s or more)")
+    peak = max((mib for _, mib in result.rss), default=0.0)
+    early, late = result.rss_in(60.0, 120.0), result.rss_in(result.appended_s - 60.0, result.appended_s)
+    if result.appended_s < 180 or not early or not late:
+        print(f"  RSS: peak {peak:.0f} MiB (flatness needs a replay of 180 s or more)")
         return
-    growth = (end - at_minute) / at_minute
+    growth = (max(late) - max(early)) / max(early)
     scope = "over 30 min" if result.appended_s >= 1800 else f"over {result.appended_s / 60:.1f} min; the target is over 30 min"
     print(
-        f"  RSS at 1 min {at_minute:.0f} MiB, at the end of the replay {end:.0f} MiB ({growth:+.1%}), peak {peak:.0f} MiB "
-        f"incl. the final outputs; target within {RSS_GROWTH_TARGET:.0%} ({scope}): {verdict(abs(growth) <= RSS_GROWTH_TARGET)}"
+        f"  RSS in minute 2: {min(early):.0f}-{max(early):.0f} MiB; in the last minute: {min(late):.0f}-{max(late):.0f} MiB "
+        f"(highest {growth:+.1%}); peak {peak:.0f} MiB incl. the final outputs; "
+        f"target within {RSS_GROWTH_TARGET:.0%} ({scope}): {verdict(abs(growth) <= RSS_GROWTH_TARGET)}"
     )
 
 
