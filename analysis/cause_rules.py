@@ -39,6 +39,19 @@ def contention_of(rq: str, cpu: str) -> str:
     return f"({rq} - coalesce({cpu}, 0) * coalesce({rq}_typ / nullif({cpu}_typ, 0), 0))"
 
 
+def collective_contention() -> str:
+    """Run-queue wait of the device's threads in its collective waits, beyond the step's typical rank's (CPU device only).
+
+    The executor blocks in a collective while the library's worker threads do
+    the exchange: a CPU taken from them lengthens the wait as a late peer does.
+    Ranks whose waits carry no such evidence count as having waited for no CPU.
+    """
+    return "(device_wait_rq_ns - coalesce(device_wait_rq_ns_typ, 0))"
+
+
+COLLECTIVE_RUN_QUEUE = "'the device threads were runnable but waiting for a CPU in its collectives'"
+
+
 def extra_work(cpu: str, rq: str) -> str:
     """The extra CPU time, with the run-queue wait it brings at the step's typical contention."""
     return f"(({cpu} - {cpu}_typ) * (1 + coalesce({rq}_typ / nullif({cpu}_typ, 0), 0)))"
@@ -154,6 +167,15 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
             "gc_run",
             f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
         ),
+        # a long wait whose own threads could not run: contention on this rank, not a late peer
+        (
+            f"{markers} AND {explains(device, runner_x)} AND {explains(excess_of('device_wait_ns'), device)}"
+            f" AND {explains(collective_contention(), excess_of('device_wait_ns'))}",
+            fmt.PHASE_DEVICE_WALL,
+            fmt.MECH_RUN_QUEUE,
+            collective_contention(),
+            COLLECTIVE_RUN_QUEUE,
+        ),
         (
             f"{markers} AND {explains(device, runner_x)} AND {explains(excess_of('device_wait_ns'), device)}",
             fmt.PHASE_DEVICE_WALL,
@@ -220,6 +242,22 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     ]
 
 
+def token_rules() -> list[tuple[str, str, str, str, str]]:
+    """Rules for a token this rank gave late because its validate took longer (not because its run ended late).
+
+    A step's interval ends at its last validate (docs/FIGURES.md "Slow steps"): a
+    host thread held up in validate delays the step's token without delaying the
+    run's end, so the end's rules never see it. No rule holds where the run's end
+    is the larger part: the end's cause stands.
+    """
+    token = excess_of("validate_end_ns")
+    validate = excess_of("validate_ns")
+    return [
+        (f"coalesce({token} > 0, FALSE) AND {explains(validate, token)} AND {cond}", phase, mech, ev, detail)
+        for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_VALIDATE, "gc_validate", "validate_rq_ns", "validate_cpu_ns", validate)
+    ]
+
+
 def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, str]]:
     """A run's own cause, beside what was carried over to it: evidence in its own phases above the threshold.
 
@@ -259,6 +297,7 @@ def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, s
             "'the device thread was runnable but waiting for a CPU'",
         ),
         (material(work), fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        (material(collective_contention()), fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE, collective_contention(), COLLECTIVE_RUN_QUEUE),
         (
             f"{material(signal)} AND {explains(contention_of('fence_rq_ns', 'fence_cpu_ns'), signal)}",
             fmt.PHASE_FENCE_WAIT,

@@ -35,6 +35,7 @@ from dsprof.analysis.cause_rules import (
     rule_field_sql,
     rule_index_sql,
     start_rules,
+    token_rules,
 )
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
@@ -60,6 +61,7 @@ _COMPARED = (
     "next_bind_rq_ns",
     "device_wall_ns",
     "device_wait_ns",
+    "device_wait_rq_ns",
     "device_work_ns",
     "bind_rq_ns",
     "bind_cpu_ns",
@@ -69,6 +71,10 @@ _COMPARED = (
     "fence_cpu_ns",
     "device_rq_ns",
     "device_cpu_ns",
+    "validate_end_ns",
+    "validate_ns",
+    "validate_rq_ns",
+    "validate_cpu_ns",
 )
 
 
@@ -83,13 +89,16 @@ def _cells_sql() -> str:
            runner_ts_ns - bind_end_ns AS launch_gap_ns,
            runner_end_ns - runner_ts_ns AS runner_ns,
            fence_end_ns - fence_ts_ns AS fence_ns,
+           validate_end_ns - validate_ts_ns AS validate_ns,
            fence_ts_ns - runner_ts_ns AS drain_lag_ns,
            runner_end_ns - greatest(fence_ts_ns, CAST(runner_ts_ns AS HUGEINT) + device_ts_ns + device_wall_ns) AS signal_lag_ns,
            device_wall_ns,
            CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
            device_wall_ns - coalesce(device_wait_ns, 0) AS device_work_ns,
+           CASE WHEN device_markers > 0 THEN device_wait_rq_ns END AS device_wait_rq_ns,
            device_markers,
            bind_rq_ns, bind_cpu_ns, runner_rq_ns, runner_cpu_ns, fence_rq_ns, fence_cpu_ns, device_rq_ns, device_cpu_ns,
+           validate_rq_ns, validate_cpu_ns,
            lead(step) OVER by_rank AS next_step,
            lead(bind_ts_ns) OVER by_rank AS next_bind_ts_ns, lead(bind_end_ns) OVER by_rank AS next_bind_end_ns,
            lead(bind_end_ns - bind_ts_ns) OVER by_rank AS next_bind_ns,
@@ -154,6 +163,7 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
     gc_windows = {
         "gc_bind": ("bind_ts_ns", "bind_end_ns"),
         "gc_fence": ("fence_ts_ns", "fence_end_ns"),
+        "gc_validate": ("validate_ts_ns", "validate_end_ns"),
         "gc_next_bind": ("next_bind_ts_ns", "next_bind_end_ns"),
         "gc_run": ("start_ns", "end_ns"),
         "gc_gap": ("bind_end_ns", "start_ns"),
@@ -172,6 +182,7 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
         "end": end_rules(threshold_ns),
         "start_own": own_rules(threshold_ns, "start"),
         "end_own": own_rules(threshold_ns, "end"),
+        "token": token_rules(),
     }
     picks = ", ".join(f"{rule_index_sql(rules)} AS {name}_rule" for name, rules in rule_sets.items())
     engine.run(f"CREATE OR REPLACE TEMP TABLE ruled AS SELECT c.*, {picks} FROM cells c")

@@ -17,7 +17,9 @@ claim_ts_ns, validate_ts_ns/validate_end_ns``; host evidence ``<phase>_cpu_ns,
 clock ``device_ts_ns`` (offset from the launch) and ``device_wall_ns``
 (duration), the executor's ``device_cpu_ns, device_rq_ns`` where the device is
 a host thread, ``device_wait_ns`` (device spans below device_wall whose name
-ends in ``_wait``: waiting on peers), ``device_waits`` (those spans in start
+ends in ``_wait``: waiting on peers), ``device_wait_rq_ns`` (their ``os.rq_ns``: on a
+CPU device, how long the device's threads could not run while it waited),
+``device_waits`` (those spans in start
 order: ``ts_ns`` offset, ``dur_ns``, ``name``, ``peer`` attribute) and
 ``device_markers`` (depth-2-or-deeper runner spans: 0 when the run switched
 device-phase markers off).
@@ -107,6 +109,7 @@ def _base(having: str) -> str:
     """Every invocation, with what is counted or summed over all its rows."""
     return f"""(SELECT pid, inv, count(*) FILTER (WHERE {_HOST_ROOT}) AS n_roots, count(*) AS n_spans,
                        sum(dur_ns) FILTER (WHERE {_COLLECTIVE_WAIT}) AS device_wait_ns,
+                       sum(os_rq_ns) FILTER (WHERE {_COLLECTIVE_WAIT}) AS device_wait_rq_ns,
                        list(struct_pack(ts_ns := ts_ns, dur_ns := dur_ns, name := name,
                                         peer := TRY_CAST(attrs['{fmt.PEER_ATTR}'] AS BIGINT)) ORDER BY ts_ns, name)
                            FILTER (WHERE {_COLLECTIVE_WAIT}) AS device_waits,
@@ -125,6 +128,7 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
         "n_spans",
         *(c for _, _, cs in parts for c in cs),
         "device_wait_ns",
+        "device_wait_rq_ns",
         "device_waits",
         "device_markers",
     ]

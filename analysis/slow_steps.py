@@ -187,8 +187,12 @@ def _phase_of(span_name: str) -> str:
 
 
 def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
-    """Why the culprit was late: its end's cause, else its start's; ``unattributed`` names what was missing."""
+    """Why the culprit was late: its validate's, its end's, else its start's cause; ``unattributed`` names what was missing."""
     rank, device = row["culprit_rank"], row["culprit_device"]
+    if row["via"] == VIA_STEP_END and row.get("token_mechanism") is not None:  # it gave the step's token late in validate
+        cause = cause_item(row, "token", rank, device)
+        cause.pop("late_rank", None)
+        return cause
     if row.get("end_mechanism") is None:
         return _unattributed(row, fmt.PHASE_RUNNER, "the culprit's run lacks the phases needed to say why")
     which = "end"

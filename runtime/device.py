@@ -29,7 +29,8 @@ from typing import Any
 import torch
 
 from dsprof.profiler import strace
-from dsprof.runtime.injectors import thread_run_queue_ns, threads_run_queue_ns
+from dsprof.profiler import strace_format as fmt
+from dsprof.runtime.injectors import ThreadRunQueues, thread_run_queue_ns
 
 # A device phase: (path below device_wall, start offset from the launch ns, duration ns, attributes).
 Phase = tuple[str, int, int, dict[str, Any]]
@@ -74,13 +75,16 @@ class PhaseClock:
 
 
 @contextlib.contextmanager
-def running(clock: PhaseClock) -> Iterator[None]:
-    """Mark ``clock`` as the one of the program this thread runs (for :func:`device_wait`)."""
-    _running.clock = clock
+def running(clock: PhaseClock, threads: ThreadRunQueues | None = None) -> Iterator[None]:
+    """Mark ``clock`` as the one of the program this thread runs (for :func:`device_wait`).
+
+    ``threads``: the CPU device's threads, whose run-queue wait a collective wait carries as host evidence.
+    """
+    _running.clock, _running.threads = clock, threads
     try:
         yield
     finally:
-        _running.clock = None
+        _running.clock, _running.threads = None, None
 
 
 def device_wait(name: str) -> contextlib.AbstractContextManager[dict[str, Any]]:
@@ -91,7 +95,29 @@ def device_wait(name: str) -> contextlib.AbstractContextManager[dict[str, Any]]:
     the attributes go nowhere.
     """
     clock = getattr(_running, "clock", None)
-    return clock.phase(name) if clock is not None else contextlib.nullcontext({})
+    if clock is None:
+        return contextlib.nullcontext({})
+    threads = getattr(_running, "threads", None)
+    return clock.phase(name) if threads is None else _wait_with_run_queue(clock, name, threads)
+
+
+@contextlib.contextmanager
+def _wait_with_run_queue(clock: PhaseClock, name: str, threads: ThreadRunQueues) -> Iterator[dict[str, Any]]:
+    """A collective wait on the CPU device, with ``os.rq_ns``: the most run-queue wait any device thread saw in it.
+
+    The executor blocks in the collective while the library's worker threads do
+    the exchange; a CPU taken from those threads lengthens the wait as surely
+    as a late peer does, and only their run-queue wait tells the two apart
+    (docs/FORMATS.md "Host evidence").
+    """
+    with clock.phase(name) as attrs:
+        started, before = time.monotonic_ns(), threads.read()
+        try:
+            yield attrs
+        finally:
+            waited, lasted = threads.most_since(before), time.monotonic_ns() - started
+            if waited >= 0:  # a thread's wait is counted when it gets the CPU: some of it may precede the span
+                attrs[fmt.OS_RQ_NS] = min(waited, lasted)
 
 
 def running_on_cuda() -> bool:
@@ -162,6 +188,7 @@ class CpuDevice:
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._on_start = on_start
         self._host_tid = threading.get_native_id()  # the thread that made the device: the rank's host thread
+        self._threads = ThreadRunQueues(but=self._host_tid)  # the device's threads: the executor, the collective's workers
         self._thread = threading.Thread(target=self._loop, name=f"device-{self.name}", daemon=True)
         self._thread.start()
 
@@ -173,12 +200,16 @@ class CpuDevice:
             if item is None:
                 return
             fn, fence, signal_delay_s = item
+            evidence = strace.SAMPLING
+            if evidence or fence.measure_rq:
+                self._threads.refresh()  # threads started since (the executor waited on its queue anyway)
             rq_start = thread_run_queue_ns() if fence.measure_rq else -1
-            threads_start = threads_run_queue_ns(but=self._host_tid) if fence.measure_rq else {}
+            threads_start = self._threads.read() if fence.measure_rq else {}
             fence.start_sample = strace.host_sample()
             fence.start_ns = time.monotonic_ns()
             try:
-                with torch.inference_mode(), running(fence.clock):  # device programs never need autograd
+                # device programs never need autograd
+                with torch.inference_mode(), running(fence.clock, self._threads if evidence else None):
                     fn(fence.clock)
             except BaseException as error:  # the host sees it when it waits on the fence
                 fence.error = error
@@ -186,8 +217,7 @@ class CpuDevice:
             fence.end_sample = strace.host_sample()
             if rq_start >= 0:
                 fence.rq_ns = thread_run_queue_ns() - rq_start
-                threads_end = threads_run_queue_ns(but=self._host_tid)
-                fence.threads_rq_ns = max(threads_end[tid] - rq for tid, rq in threads_start.items() if tid in threads_end)
+                fence.threads_rq_ns = self._threads.most_since(threads_start)
             if signal_delay_s > 0:  # a late completion fence (fault injection); the stream goes on meanwhile
                 fence.signal_at_ns = fence.end_ns + int(signal_delay_s * 1e9)
             fence._done.set()
@@ -224,6 +254,8 @@ class CpuDevice:
     def close(self) -> None:
         self._queue.put(None)
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():
+            self._threads.close()
 
 
 class _CudaPhaseClock(PhaseClock):

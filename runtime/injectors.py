@@ -33,7 +33,7 @@ def burn_cpu(ms: float) -> float:
 
 
 def _libc_holding_the_gil():
-    """libc's open / read / close called without releasing the GIL (None where ctypes cannot reach them).
+    """libc's open / read / close / pread called without releasing the GIL (None where ctypes cannot reach them).
 
     A measurement must not change what it measures: Python's own file calls release
     the GIL, and the host thread would hand it to the CPU executor and wait for it
@@ -41,12 +41,13 @@ def _libc_holding_the_gil():
     """
     try:
         libc = ctypes.PyDLL(None)
-        calls = libc.open, libc.read, libc.close
+        calls = libc.open, libc.read, libc.close, libc.pread
     except (OSError, AttributeError):
         return None
     calls[0].argtypes, calls[0].restype = (ctypes.c_char_p, ctypes.c_int), ctypes.c_int
     calls[1].argtypes, calls[1].restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t), ctypes.c_ssize_t
     calls[2].argtypes, calls[2].restype = (ctypes.c_int,), ctypes.c_int
+    calls[3].argtypes, calls[3].restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long), ctypes.c_ssize_t
     return calls
 
 
@@ -60,7 +61,7 @@ def _run_queue_ns(path: str) -> int:
         if _LIBC is None:
             with open(path, "rb") as schedstat:
                 return int(schedstat.read().split()[1])
-        libc_open, libc_read, libc_close = _LIBC
+        libc_open, libc_read, libc_close, _ = _LIBC
         fd = libc_open(path.encode(), os.O_RDONLY | os.O_CLOEXEC)
         if fd < 0:
             return -1
@@ -81,14 +82,57 @@ def thread_run_queue_ns() -> int:
     return _run_queue_ns("/proc/thread-self/schedstat")
 
 
-def threads_run_queue_ns(but: int) -> dict[int, int]:
-    """Run-queue wait so far of every thread of this process except thread ``but`` (tid -> ns).
+class ThreadRunQueues:
+    """Run-queue wait so far of every thread of this process but one (tid -> ns), from schedstat files kept open.
 
-    A CPU neighbour starves every thread of the rank's CPU: the executor, and the
-    collective library's I/O threads, which a rank blocked in an all-to-all needs.
+    A CPU neighbour starves every thread on the rank's CPU: the executor, and the
+    collective library's worker threads, which do the exchange while the executor
+    blocks in an all-to-all. :meth:`refresh` lists the threads and opens the files
+    of new ones (call it where the caller waits anyway: a listing releases the GIL);
+    :meth:`read` only preads the open files, holding the GIL (see _libc_holding_the_gil).
     """
-    found = {int(name): _run_queue_ns(f"/proc/self/task/{name}/schedstat") for name in os.listdir("/proc/self/task") if int(name) != but}
-    return {tid: rq for tid, rq in found.items() if rq >= 0}
+
+    def __init__(self, but: int):
+        self.but = but
+        self._fds: dict[int, int] = {}
+        self._buffer = ctypes.create_string_buffer(_SCHEDSTAT_BYTES)
+        self.refresh()
+
+    def refresh(self) -> None:
+        try:
+            alive = {int(name) for name in os.listdir("/proc/self/task")} - {self.but}
+        except OSError:
+            return
+        for tid in self._fds.keys() - alive:
+            os.close(self._fds.pop(tid))
+        for tid in alive - self._fds.keys():
+            try:
+                self._fds[tid] = os.open(f"/proc/self/task/{tid}/schedstat", os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                continue
+
+    def read(self) -> dict[int, int]:
+        found: dict[int, int] = {}
+        for tid, fd in self._fds.items():
+            try:
+                if _LIBC is None:
+                    raw = os.pread(fd, _SCHEDSTAT_BYTES, 0)
+                else:
+                    raw = self._buffer.raw[: max(_LIBC[3](fd, self._buffer, _SCHEDSTAT_BYTES, 0), 0)]
+                found[tid] = int(raw.split()[1])
+            except (OSError, IndexError, ValueError):  # the thread ended since the last refresh
+                continue
+        return found
+
+    def most_since(self, before: dict[int, int]) -> int:
+        """The most run-queue wait any thread read in ``before`` added since (ns); -1 where none can be read."""
+        now = self.read()
+        return max((now[tid] - rq for tid, rq in before.items() if tid in now), default=-1)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
 
 
 class CpuNeighbour:

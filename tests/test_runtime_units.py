@@ -30,7 +30,7 @@ from dsprof.runtime.faults import (
     parse_faults,
     with_measured,
 )
-from dsprof.runtime.injectors import CpuNeighbour, GcPause, burn_cpu, thread_run_queue_ns, threads_run_queue_ns
+from dsprof.runtime.injectors import CpuNeighbour, GcPause, ThreadRunQueues, burn_cpu, thread_run_queue_ns
 from dsprof.runtime.kv_cache import PagedKVCache, slots_for
 from dsprof.runtime.serving import acceptance_table, plan_serving
 from dsprof.runtime.task_args import Placement, TaskArgs
@@ -395,10 +395,17 @@ def test_run_queue_waits_are_read_per_thread():
     assert 0 <= before <= thread_run_queue_ns()
     stop = threading.Event()
     other = threading.Thread(target=stop.wait)
+    threads = ThreadRunQueues(but=threading.get_native_id())
     other.start()
     try:
-        seen = threads_run_queue_ns(but=threading.get_native_id())
+        assert other.native_id not in threads.read()  # a thread started since is read after a refresh
+        threads.refresh()
+        seen = threads.read()
         assert other.native_id in seen and threading.get_native_id() not in seen and min(seen.values()) >= 0
+        assert threads.most_since(seen) >= 0
     finally:
         stop.set()
         other.join()
+    threads.refresh()  # the ended thread's file is closed
+    assert other.native_id not in threads.read()
+    threads.close()
