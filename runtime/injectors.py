@@ -114,11 +114,10 @@ class ThreadRunQueues:
     def read(self) -> dict[int, int]:
         found: dict[int, int] = {}
         for tid, fd in self._fds.items():
+            size = -1 if _LIBC is None else _LIBC[3](fd, self._buffer, _SCHEDSTAT_BYTES, 0)
             try:
-                if _LIBC is None:
-                    raw = os.pread(fd, _SCHEDSTAT_BYTES, 0)
-                else:
-                    raw = self._buffer.raw[: max(_LIBC[3](fd, self._buffer, _SCHEDSTAT_BYTES, 0), 0)]
+                # a failed call is not retried by libc (an interrupted read): Python's pread retries it
+                raw = self._buffer.raw[:size] if size > 0 else os.pread(fd, _SCHEDSTAT_BYTES, 0)
                 found[tid] = int(raw.split()[1])
             except (OSError, IndexError, ValueError):  # the thread ended since the last refresh
                 continue
