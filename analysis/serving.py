@@ -35,6 +35,7 @@ from dsprof.analysis.engine import Engine
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import Serving
+from dsprof.profiler import sa_profile
 
 FIGURES = ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate", "requests")
 # performance_summary.json field names, dsprof's own first; (name, factor to the figure's unit)
@@ -63,8 +64,9 @@ SUMMARY_ALIASES: dict[str, tuple[tuple[str, float], ...]] = {
 TOKEN_KEYS = ("output_tokens", "completion_tokens", "tokens_out")
 EXPECTED_KEYS = ("expected_tokens", "max_tokens")
 FROM_REQUEST_SPANS = "sa_profile request spans"
-# The rows the figures read from the spans: SA_PROFILE request spans (SQL, and the same rows as an Arrow filter).
-REQUEST_SPANS_SQL = "cat = 'request' AND ph = 'X' AND inv IS NULL"
+# The rows the figures read from the spans: SA_PROFILE request spans, complete, not STRACE records
+# (SQL here; request_spans() is the same filter in Arrow, for the live windows).
+REQUEST_SPANS_SQL = f"cat = '{sa_profile.CAT_REQUEST}' AND ph = 'X' AND inv IS NULL"
 DERIVED = "derived"
 
 
@@ -101,7 +103,7 @@ def _first_present(keys: tuple[str, ...]) -> str:
 
 def request_spans(spans: pa.Table) -> pa.Table:
     """The rows of ``spans`` the serving figures read (those of ``REQUEST_SPANS_SQL``)."""
-    chosen = pc.and_(pc.and_(pc.equal(spans["cat"], "request"), pc.equal(spans["ph"], "X")), pc.is_null(spans["inv"]))
+    chosen = pc.and_(pc.and_(pc.equal(spans["cat"], sa_profile.CAT_REQUEST), pc.equal(spans["ph"], "X")), pc.is_null(spans["inv"]))
     return spans.filter(pc.fill_null(chosen, False))
 
 

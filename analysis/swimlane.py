@@ -27,6 +27,7 @@ import pyarrow as pa
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import gc_query, invocation_query, serving_row
 from dsprof.analysis.stages import stage
+from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt
 
 STEP_NUMBERING_PRODUCER = "producer"
@@ -115,7 +116,7 @@ def _serving_window(engine: Engine) -> tuple[int, int] | None:
     Start-up spans (e.g. ``worker.init``) and warm-up rounds lie before the
     first request, so the request spans are the measured batch.
     """
-    for category in ("request", "serving", None):
+    for category in (sa_profile.CAT_REQUEST, sa_profile.CAT_SERVING, None):
         condition = "TRUE" if category is None else f"cat = '{category}'"
         row = engine.rows(
             f"SELECT min(ts_ns), max(ts_ns + dur_ns) FROM spans WHERE {serving_row()} AND ph = 'X' "

@@ -11,9 +11,10 @@ from dsprof.analysis.invocations import serving_row
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import Validation, ValidationCheck
 from dsprof.analysis.swimlane import Swimlane
+from dsprof.profiler import sa_profile
 
 # SA_PROFILE categories a serving trace must have (docs/FORMATS.md "SA_PROFILE", level e2e)
-REQUIRED_SERVING_CATEGORIES = ("request", "scheduler", "worker")
+REQUIRED_SERVING_CATEGORIES = (sa_profile.CAT_REQUEST, sa_profile.CAT_SCHEDULER, sa_profile.CAT_WORKER)
 
 
 class _Checks:

@@ -57,10 +57,21 @@ from dsprof.profiler.strace import NOOP_SPAN
 ENV_OUTPUT = "SA_PROFILE_OUTPUT"
 ENV_LEVEL = "SA_PROFILE_LEVEL"
 DEFAULT_LEVEL = "e2e"
+# The event categories (SPEC §1), in the order their lanes are drawn: one request span per request, the
+# serving loop, the scheduler's rounds, the workers, the executor and the kernels.
+CAT_REQUEST, CAT_SERVING, CAT_SCHEDULER, CAT_WORKER, CAT_EXECUTOR, CAT_KERNEL = (
+    "request",
+    "serving",
+    "scheduler",
+    "worker",
+    "executor",
+    "kernel",
+)
+CATEGORIES = (CAT_REQUEST, CAT_SERVING, CAT_SCHEDULER, CAT_WORKER, CAT_EXECUTOR, CAT_KERNEL)
 # Categories each level records; "verbose" records every category.
 LEVEL_CATEGORIES: dict[str, frozenset[str] | None] = {
-    "e2e": frozenset({"request", "serving", "scheduler", "worker", "executor"}),
-    "kernel": frozenset({"kernel"}),
+    "e2e": frozenset({CAT_REQUEST, CAT_SERVING, CAT_SCHEDULER, CAT_WORKER, CAT_EXECUTOR}),
+    "kernel": frozenset({CAT_KERNEL}),
     "verbose": None,
 }
 FLUSH_EVERY_EVENTS = 256

@@ -83,7 +83,7 @@ def test_fragment_rows_equal_a_whole_read_with_torn_lines_and_a_new_fragment(tmp
     first, second = fragments / artifacts.fragment_name(7), fragments / artifacts.fragment_name(11)
     torn_end = job[1] + b'{"name":"request","cat":"req'  # the file ends inside a line: it waits, then counts as analyze counts it
     later = _pieces(job[1], seed=2, count=15)
-    follower, tables = FragmentFollower(fragments), []
+    follower, tables = FragmentFollower(fragments, list_interval_s=0), []  # the directory listed on every poll
     for i, piece in enumerate(_pieces(torn_end, seed=1, count=25)):
         _append(first, piece)
         if i >= 10:  # a fragment that appears mid-watch
@@ -95,6 +95,20 @@ def test_fragment_rows_equal_a_whole_read_with_torn_lines_and_a_new_fragment(tmp
     assert _in_file_order(tables).equals(_in_file_order([whole.spans])) and whole.spans.num_rows
     assert (follower.counts.records_read, follower.counts.dropped) == (whole.records_read, whole.dropped)
     assert whole.dropped == {"bad_json": 3} and follower.counts.process_names == whole.process_names
+
+
+def test_a_fragments_directory_is_listed_once_an_interval_and_its_open_fragments_every_poll(tmp_path, job):
+    fragments = tmp_path / "fragments"
+    fragments.mkdir()
+    first, second = fragments / artifacts.fragment_name(7), fragments / artifacts.fragment_name(11)
+    lines = job[1].splitlines(keepends=True)[1:]  # request spans (the first line names the process)
+    _append(first, lines[0])
+    follower = FragmentFollower(fragments, list_interval_s=3600)
+    assert follower.poll().spans.num_rows == 1
+    _append(first, lines[1])
+    _append(second, lines[2])
+    assert follower.poll().spans.num_rows == 1  # the open fragment's new line; the new fragment waits for the next listing
+    assert follower.finish().spans.num_rows == 1  # the end lists the directory whatever the interval: its line
 
 
 def test_fragment_line_numbers_and_an_overlong_line_as_a_whole_read(tmp_path, job):

@@ -34,7 +34,7 @@ from pathlib import Path
 
 from dsprof.analysis.ingest.chrome import read_chrome_trace
 from dsprof.analysis.ingest.json_stream import GZIP_MAGIC
-from dsprof.analysis.ingest.sa_profile import read_sa_profile
+from dsprof.analysis.ingest.sa_profile import fragment_home, read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
 from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
@@ -79,22 +79,24 @@ def is_text_log(path: Path) -> bool:
 def fragment_source(path: Path) -> Path | None:
     """Where a path's SA_PROFILE fragments are written while its job runs, as read_paths finds them; None: none yet.
 
-    A directory's ``serving-trace/`` (else the directory itself), and there its
-    ``fragments/`` (else the fragments beside); a ``.json`` output's
-    ``<path>.fragments/`` (a merge ``trace.json``: the ``fragments/`` beside it);
-    a fragment named directly. ``dsprof watch`` follows them (:mod:`.fragment_follow`).
+    A directory's SA_PROFILE output (:func:`_sa_profile_output`) or a ``.json``
+    output, and there :func:`~.sa_profile.fragment_home`; a fragment named
+    directly. ``dsprof watch`` follows them (:mod:`.fragment_follow`).
     """
     if path.suffix == ".jsonl":
         return path if path.is_file() else None
-    if path.is_dir():
-        output = path / artifacts.SERVING_TRACE_DIR if (path / artifacts.SERVING_TRACE_DIR).is_dir() else path
-        fragments = output / artifacts.FRAGMENTS_DIR if (output / artifacts.FRAGMENTS_DIR).is_dir() else output
-    elif path.suffix == ".json":
-        beside = path.name == artifacts.MERGED_TRACE and artifacts.fragments_dir(path.parent).is_dir()
-        fragments = artifacts.fragments_dir(path.parent if beside else path)
-    else:
-        return None
-    return fragments if artifacts.fragment_files(fragments) else None
+    output = _sa_profile_output(path) if path.is_dir() else path if path.suffix == ".json" else None
+    home = fragment_home(output) if output is not None else None
+    return home if home is not None and artifacts.fragment_files(home) else None
+
+
+def _sa_profile_output(directory: Path) -> Path | None:
+    """The SA_PROFILE output of a directory read whole: its ``serving-trace/``, else itself where it holds one."""
+    serving = directory / artifacts.SERVING_TRACE_DIR
+    if serving.is_dir():
+        return serving
+    holds = (directory / artifacts.MERGED_TRACE).is_file() or (directory / artifacts.FRAGMENTS_DIR).is_dir()
+    return directory if holds or artifacts.fragment_files(directory) else None
 
 
 def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool) -> list[Trace]:
@@ -124,11 +126,9 @@ def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, limit
             if progress is not None:
                 progress(f"reading {log}")
             traces.append(read_strace_log(log, progress=progress, sink=sink))
-    serving = path / artifacts.SERVING_TRACE_DIR
-    if serving.is_dir():
+    serving = _sa_profile_output(path)
+    if serving is not None:
         traces.append(read_sa_profile(serving, progress=progress, limits=limits, sink=sink))
-    elif (path / artifacts.MERGED_TRACE).is_file() or (path / artifacts.FRAGMENTS_DIR).is_dir() or artifacts.fragment_files(path):
-        traces.append(read_sa_profile(path, progress=progress, limits=limits, sink=sink))
     for kineto in sorted([*path.glob("*.trace.json"), *path.glob("*.trace.json.gz")]):
         if kineto.is_file() and kineto.name != artifacts.MERGED_TRACE:
             traces.append(read_chrome_trace(kineto, progress=progress, limits=limits, sink=sink))

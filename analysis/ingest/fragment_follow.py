@@ -1,7 +1,8 @@
 """Following SA_PROFILE fragments while their job runs: each poll converts only the lines appended since the last one.
 
 A :class:`FragmentFollower` follows a fragments directory (every
-``trace.<pid>.jsonl`` in it, those that appear later too) or one fragment
+``trace.<pid>.jsonl`` in it, those that appear later too: the directory is
+listed at most once a second) or one fragment
 named directly. Each fragment's new bytes are handed on up to their last
 newline, so a line torn at the current end of the file waits for its rest.
 Complete lines go through the reader ``analyze`` uses
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import io
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
@@ -40,6 +42,9 @@ from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits, LineBatch, l
 
 # A fragment's first bytes, kept and compared every poll: changed, the file was written again from its start.
 HEAD_BYTES = 4096
+# A fragments directory is listed at most this often (seconds): a new fragment means a new process, and a job
+# may have thousands; the fragments already open are read every poll.
+LIST_INTERVAL_S = 1.0
 
 
 @dataclass
@@ -59,12 +64,15 @@ class _Fragment:
 class FragmentFollower:
     """The fragments of ``source`` (a fragments directory, or one ``.jsonl``); :meth:`poll` converts their new lines."""
 
-    def __init__(self, source: str | os.PathLike, limits: JsonLimits = DEFAULT_LIMITS):
+    def __init__(self, source: str | os.PathLike, limits: JsonLimits = DEFAULT_LIMITS, list_interval_s: float = LIST_INTERVAL_S):
         self.source = Path(source)
         self.limits = limits
+        self.list_interval_s = list_interval_s
         self.counts = Trace()  # what was handed on, less its rows: lines read, lines dropped by reason, names, notes
         self.total_read = 0  # bytes read from every fragment file
         self._open: dict[Path, _Fragment] = {}
+        self._listing: list[Path] = []
+        self._listed_at: float | None = None  # time.monotonic() of the last listing
         self.finished = False  # finish() was called: nothing more is read
 
     def poll(self) -> Trace:
@@ -78,6 +86,7 @@ class FragmentFollower:
 
     def finish(self) -> Trace:
         """The rows of everything left, a torn last line too, as a whole-file read ends; the files are closed."""
+        self._listed_at = None  # every fragment there now, however recently the directory was listed
         tail = self.poll()
         batch = FragmentBatch(self.limits)
         for fragment in list(self._open.values()):
@@ -95,7 +104,10 @@ class FragmentFollower:
     def _listed(self) -> list[Path]:
         if self.source.suffix == ".jsonl":
             return [self.source] if self.source.is_file() else []
-        return artifacts.fragment_files(self.source)
+        now = time.monotonic()
+        if self._listed_at is None or now - self._listed_at >= self.list_interval_s:
+            self._listing, self._listed_at = artifacts.fragment_files(self.source), now
+        return self._listing
 
     def _poll_one(self, path: Path, batch: FragmentBatch) -> None:
         """A replaced fragment is read to its end first; a truncated one again from its start; then the new bytes."""

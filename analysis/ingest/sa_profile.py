@@ -120,22 +120,30 @@ def _size(path: Path) -> int:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
 
+def fragment_home(path: Path) -> Path:
+    """Where the fragments of an SA_PROFILE output directory or ``.json`` output lie (written or still to come).
+
+    A directory's ``fragments/``, else the directory itself; a ``.json``
+    output's ``<path>.fragments/``, but a merged ``trace.json``'s the
+    ``fragments/`` beside it. One rule for reading whole and for following live
+    (:func:`dsprof.analysis.ingest.fragment_source`).
+    """
+    if path.is_dir():
+        return path / artifacts.FRAGMENTS_DIR if (path / artifacts.FRAGMENTS_DIR).is_dir() else path
+    beside = path.name == artifacts.MERGED_TRACE and artifacts.fragments_dir(path.parent).is_dir()
+    return artifacts.fragments_dir(path.parent if beside else path)
+
+
 def sa_profile_source(path: Path, limits: JsonLimits = DEFAULT_LIMITS) -> tuple[list[Path], str]:
     """The files to read for an SA_PROFILE path ([] if none) and, where there was a choice, a note on why these."""
-    if path.is_dir():
-        merged = path / artifacts.MERGED_TRACE
-        fragments_dir = path / artifacts.FRAGMENTS_DIR
-        fragments = artifacts.fragment_files(fragments_dir if fragments_dir.is_dir() else path)
-        if merged.is_file():
-            return _merge_or_fragments(merged, fragments, limits)
-        return fragments, f"read {len(fragments)} fragment(s) of {path}: no merged {artifacts.MERGED_TRACE}" if fragments else ""
-    if path.is_file():
-        if path.suffix == ".jsonl":
-            return [path], ""
-        output = path.parent if path.name == artifacts.MERGED_TRACE and artifacts.fragments_dir(path.parent).is_dir() else path
-        return _merge_or_fragments(path, artifacts.fragment_files(artifacts.fragments_dir(output)), limits)
-    fragments = artifacts.fragment_files(artifacts.fragments_dir(path)) if path.suffix == ".json" else []
-    return fragments, f"read {len(fragments)} fragment(s) of {path}: the merge was never written" if fragments else ""
+    if path.is_file() and path.suffix == ".jsonl":
+        return [path], ""
+    fragments = artifacts.fragment_files(fragment_home(path)) if path.exists() or path.suffix == ".json" else []
+    merged = path / artifacts.MERGED_TRACE if path.is_dir() else path
+    if merged.is_file():
+        return _merge_or_fragments(merged, fragments, limits)
+    why = f"no merged {artifacts.MERGED_TRACE}" if path.is_dir() else "the merge was never written"
+    return fragments, f"read {len(fragments)} fragment(s) of {path}: {why}" if fragments else ""
 
 
 def _merge_or_fragments(merged: Path, fragments: list[Path], limits: JsonLimits) -> tuple[list[Path], str]:

@@ -36,7 +36,6 @@ from dsprof.analysis.layout import detailed_steps, drawn_runs_sql, runtime_spans
 from dsprof.analysis.outputs.text import json_string, text_buffer, us_text
 from dsprof.analysis.outputs.track_layout import (
     FLOW_NAME,
-    REQUEST_CATEGORY,
     TrackLayout,
     build_track_layout,
     flow_links,
@@ -45,6 +44,7 @@ from dsprof.analysis.outputs.track_layout import (
 )
 from dsprof.analysis.spans import PROMOTED_INT_ATTRS
 from dsprof.fileio import atomic_output
+from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt
 
 BATCH_ROWS = 200_000
@@ -252,7 +252,7 @@ def _track_ids(rows: pa.RecordBatch | pa.Table, tracks: pa.Table) -> np.ndarray:
 
 
 def _serving_events(batch: pa.RecordBatch, tracks: pa.Table, writer: _Writer) -> pa.Array:
-    is_request = pc.equal(batch.column("cat"), REQUEST_CATEGORY).fill_null(False).to_numpy(zero_copy_only=False)
+    is_request = pc.equal(batch.column("cat"), sa_profile.CAT_REQUEST).fill_null(False).to_numpy(zero_copy_only=False)
     members = [
         *[_member(name, _ints(batch.column(name))) for name in ("rank", "step", "dispatch_id", "run_id")],
         _member("wall_ns", _join('"', _ints(batch.column("wall_ns")), '"')),

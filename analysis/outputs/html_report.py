@@ -52,14 +52,14 @@ from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.fileio import atomic_write_text
-from dsprof.profiler import artifacts
+from dsprof.profiler import artifacts, sa_profile
 
 REPORT_NAME = artifacts.REPORT_HTML
 DEFAULT_SPAN_BUDGET = 200_000
 # Over the span budget, the aggregate bars may take 1/AGGREGATE_SHARE of it; detailed steps the rest.
 AGGREGATE_SHARE = 10
 # Serving categories in the order their lanes appear in a band (docs/FORMATS.md "SA_PROFILE"); others follow alphabetically.
-SERVING_LANE_ORDER = ("request", "serving", "scheduler", "worker", "executor", "kernel")
+SERVING_LANE_ORDER = sa_profile.CATEGORIES
 SERVING_PHASE_PREFIX = "serving · "
 # Worst items of each list shown with the verdicts; the full lists are further down.
 FINDINGS_ITEMS = 5

@@ -37,15 +37,15 @@ from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
 from dsprof.analysis.layout import GC_LANE, assign_lanes, build_lanes, collection_row, serving_spans_sql
 from dsprof.analysis.summary_model import StepRow
+from dsprof.profiler import sa_profile
 
 TRACK_TID_BASE = 1 << 30
 SERVING_PROCESS_SORT = 0
 RANK_PROCESS_SORT = 1000
 SERVING_THREAD_SORT = 0
 RUNTIME_THREAD_SORT = 100
-REQUEST_CATEGORY = "request"
 # A scheduler span carrying a step dispatched that step's run in its own rank process.
-STEP_LINK_CATEGORY = "scheduler"
+STEP_LINK_CATEGORY = sa_profile.CAT_SCHEDULER
 FLOW_NAME = "dispatch"
 START_SKEW_COUNTER = "runner-start skew (ms)"
 END_SKEW_COUNTER = "runner-end skew (ms)"
