@@ -115,25 +115,32 @@ def _cells_sql() -> str:
 
 
 def _typical_sql(columns: tuple[str, ...]) -> str:
-    """Per (step, rank): ``<column>_typ``, the median of each column over the *other* ranks of the step.
+    """Per decode run of ``cells``: ``<column>_typ``, the median of each column over the *other* ranks of the step.
 
-    One grouped pass keeps each step's sorted values v (0-based) of every
-    column; the median of the others then needs only the cell's own value x:
-    with n values, the others' median averages remaining[a] and remaining[b]
-    (a = (n - 2) // 2, b = (n - 1) // 2), and removing x (its first copy) leaves
-    remaining[k] = v[k] where v[k] < x, else v[k + 1].
+    The columns are unpivoted into (run, column, value) rows, so that one
+    median expression serves them all, and come back through one map per run: a
+    wide form costs DuckDB more to plan than to run on the few steps diagnosed. Each (step, column) keeps its
+    sorted values v (0-based); the median of the others then needs only the
+    run's own value x: with n values, the others' median averages remaining[a]
+    and remaining[b] (a = (n - 2) // 2, b = (n - 1) // 2), and removing x (its
+    first copy) leaves remaining[k] = v[k] where v[k] < x, else v[k + 1].
     """
-    lists = ", ".join(f"list({c} ORDER BY {c}) FILTER (WHERE {c} IS NOT NULL) AS {c}_v, count({c}) AS {c}_n" for c in columns)
+    values = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in columns)
 
-    def remaining(c: str, k: str) -> str:  # DuckDB lists are 1-based
-        return f"(CASE WHEN {c}_v[{k} + 1] < c.{c} THEN {c}_v[{k} + 1] ELSE {c}_v[{k} + 2] END)"
+    def remaining(k: str) -> str:  # DuckDB lists are 1-based
+        return f"(CASE WHEN v[{k} + 1] < x THEN v[{k} + 1] ELSE v[{k} + 2] END)"
 
-    typical = ", ".join(
-        f"CASE WHEN c.{c} IS NULL OR {c}_n < 2 THEN NULL ELSE "
-        f"({remaining(c, f'(({c}_n - 2) // 2)')} + {remaining(c, f'(({c}_n - 1) // 2)')}) / 2.0 END AS {c}_typ"
-        for c in columns
-    )
-    return f"SELECT c.*, {typical} FROM cells c JOIN (SELECT step, {lists} FROM cells GROUP BY step) USING (step)"
+    typical = ", ".join(f"w.typ['{c}'] AS {c}_typ" for c in columns)
+    return f"""
+        WITH long AS (UNPIVOT (SELECT step, rank, position, {values} FROM cells) ON {", ".join(columns)} INTO NAME name VALUE x),
+             sorted AS (SELECT step, name, list(x ORDER BY x) AS v, count(*) AS n FROM long GROUP BY step, name),
+             typical AS (SELECT l.step, l.rank, l.position,
+                                CASE WHEN n >= 2 THEN ({remaining("((n - 2) // 2)")} + {remaining("((n - 1) // 2)")}) / 2.0 END AS typ,
+                                l.name
+                         FROM long l JOIN sorted USING (step, name)),
+             wide AS (SELECT step, rank, position, map_from_entries(list(struct_pack(k := name, v := typ))) AS typ
+                      FROM typical GROUP BY step, rank, position)
+        SELECT c.*, {typical} FROM cells c LEFT JOIN wide w USING (step, rank, position)"""
 
 
 def _gc_overlap(start: str, end: str) -> str:
