@@ -213,11 +213,13 @@ class CpuDevice:
                     fn(fence.clock)
             except BaseException as error:  # the host sees it when it waits on the fence
                 fence.error = error
-            fence.end_ns = time.monotonic_ns()
-            fence.end_sample = strace.host_sample()
+            # The program is complete when the executor signals its fence: a CPU taken from the executor after
+            # the last phase delays the signal, and device_wall (its end and its evidence) covers that too.
             if rq_start >= 0:
                 fence.rq_ns = thread_run_queue_ns() - rq_start
                 fence.threads_rq_ns = self._threads.most_since(threads_start)
+            fence.end_sample = strace.host_sample()
+            fence.end_ns = time.monotonic_ns()
             if signal_delay_s > 0:  # a late completion fence (fault injection); the stream goes on meanwhile
                 fence.signal_at_ns = fence.end_ns + int(signal_delay_s * 1e9)
             fence._done.set()
