@@ -182,12 +182,18 @@ class WhatIf:
             if found:
                 return found
         if cause.phase == fmt.PHASE_DEVICE_WALL and has_device:
-            excess = self.segment_excess(r, j)
-            total = float(excess.sum())
+            # the device's excess over the other ranks: in its work segments, or in leaving its collectives after
+            # the release (its own threads stalled there: a collection, or a CPU taken from them)
+            work = self.segment_excess(r, j)
+            exits = np.array([self._exit_excess(r, j, k) for k in range(self.runs.wait_ns.shape[2])])
+            total = float(work.sum() + exits.sum())
             if total <= 0:
                 return []
-            amount = min(cause.evidence_ns, total)
-            return [Removal(column, r, j, "device", amount * e / total, k) for k, e in enumerate(excess) if e > 0]
+            share = min(cause.evidence_ns, total) / total
+            return [
+                *(Removal(column, r, j, "device", share * e, k) for k, e in enumerate(work) if e > 0),
+                *(Removal(column, r, j, "exit", share * e, k) for k, e in enumerate(exits) if e > 0),
+            ]
         target = _HOST_TARGET.get(cause.phase, RUNNER_END)
         own = Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.replayer.lag(r, j, target)))
         if cause.mechanism == fmt.MECH_HOST_CPU and self.device_on_host[r]:
