@@ -49,7 +49,7 @@ def collective_contention() -> str:
     return "(device_wait_rq_ns - coalesce(device_wait_rq_ns_typ, 0))"
 
 
-COLLECTIVE_RUN_QUEUE = "'the device threads were runnable but waiting for a CPU in its collectives'"
+COLLECTIVE_RUN_QUEUE = "'the device threads were runnable but waiting for a CPU in the collectives'"
 
 
 def extra_work(cpu: str, rq: str) -> str:
