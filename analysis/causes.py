@@ -118,12 +118,13 @@ def _typical_sql(columns: tuple[str, ...]) -> str:
     """Per decode run of ``cells``: ``<column>_typ``, the median of each column over the *other* ranks of the step.
 
     The columns are unpivoted into (run, column, value) rows, so that one
-    median expression serves them all, and come back through one map per run: a
-    wide form costs DuckDB more to plan than to run on the few steps diagnosed. Each (step, column) keeps its
-    sorted values v (0-based); the median of the others then needs only the
-    run's own value x: with n values, the others' median averages remaining[a]
-    and remaining[b] (a = (n - 2) // 2, b = (n - 1) // 2), and removing x (its
-    first copy) leaves remaining[k] = v[k] where v[k] < x, else v[k + 1].
+    median expression serves them all, and come back through one map per run:
+    a wide form costs DuckDB more to plan than to run on the few steps
+    diagnosed. Each (step, column) keeps its sorted values v (0-based); the
+    median of the others then needs only the run's own value x: with n values,
+    the others' median averages remaining[a] and remaining[b] (a = (n - 2) // 2,
+    b = (n - 1) // 2), and removing x (its first copy) leaves remaining[k] =
+    v[k] where v[k] < x, else v[k + 1].
     """
     values = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in columns)
 

@@ -100,13 +100,18 @@ _inv_base: int = 0
 _inv_counter = itertools.count()
 _monotonic_ns = time.monotonic_ns
 _os_write = os.write
-_SCHEDSTAT_BYTES = 128  # "<cpu ns> <run-queue ns> <timeslices>\n" fits with room to spare
+SCHEDSTAT_BYTES = 128  # "<cpu ns> <run-queue ns> <timeslices>\n" fits with room to spare
 _evidence_wanted = os.environ.get(HOST_EVIDENCE_ENV) != "0"
 # Public mirror of "enabled and host evidence on": code that samples for later records tests it.
 SAMPLING = False
 _thread_time_ns = time.thread_time_ns
 _RUSAGE_THREAD = getattr(resource, "RUSAGE_THREAD", None)
 _getrusage = resource.getrusage if resource is not None else None
+
+
+def schedstat_buffer() -> Any:
+    """A buffer for :func:`read_schedstat` (one per reading thread)."""
+    return ctypes.create_string_buffer(SCHEDSTAT_BYTES + 1)  # + the NUL that ends a read
 
 
 class _ThreadState:
@@ -122,7 +127,7 @@ class _ThreadState:
         self.tid = 0
         # this thread's /proc/thread-self/schedstat: None = not opened yet, -1 = not available
         self.schedstat_fd: int | None = None
-        self.schedstat_buf = ctypes.create_string_buffer(_SCHEDSTAT_BYTES + 1)  # + the NUL that ends a read
+        self.schedstat_buf = schedstat_buffer()
         # (ns, sample) when this thread's running garbage collection started
         self.gc_start: tuple[int, Sample | None] | None = None
 
@@ -245,11 +250,15 @@ _pread = _pread_holding_the_gil()
 _string_at = ctypes.string_at
 
 
-def _read_schedstat(state: _ThreadState, fd: int) -> bytes:
+def read_schedstat(fd: int, buf: Any) -> bytes:
+    """The text of an open schedstat file, read into ``buf`` without letting another thread run (b"" if the read failed)."""
     if _pread is None:
-        return os.pread(fd, _SCHEDSTAT_BYTES, 0)
-    buf = state.schedstat_buf
-    return _string_at(buf, max(0, _pread(fd, buf, _SCHEDSTAT_BYTES, 0)))
+        return os.pread(fd, SCHEDSTAT_BYTES, 0)
+    return _string_at(buf, max(0, _pread(fd, buf, SCHEDSTAT_BYTES, 0)))
+
+
+def _read_schedstat(state: _ThreadState, fd: int) -> bytes:
+    return read_schedstat(fd, state.schedstat_buf)
 
 
 def _open_schedstat(state: _ThreadState) -> int:

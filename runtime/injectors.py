@@ -33,7 +33,7 @@ def burn_cpu(ms: float) -> float:
 
 
 def _libc_holding_the_gil():
-    """libc's open / read / close / pread called without releasing the GIL (None where ctypes cannot reach them).
+    """libc's open / read / close called without releasing the GIL (None where ctypes cannot reach them).
 
     A measurement must not change what it measures: Python's own file calls release
     the GIL, and the host thread would hand it to the CPU executor and wait for it
@@ -41,18 +41,16 @@ def _libc_holding_the_gil():
     """
     try:
         libc = ctypes.PyDLL(None)
-        calls = libc.open, libc.read, libc.close, libc.pread
+        calls = libc.open, libc.read, libc.close
     except (OSError, AttributeError):
         return None
     calls[0].argtypes, calls[0].restype = (ctypes.c_char_p, ctypes.c_int), ctypes.c_int
     calls[1].argtypes, calls[1].restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t), ctypes.c_ssize_t
     calls[2].argtypes, calls[2].restype = (ctypes.c_int,), ctypes.c_int
-    calls[3].argtypes, calls[3].restype = (ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t, ctypes.c_long), ctypes.c_ssize_t
     return calls
 
 
 _LIBC = _libc_holding_the_gil()
-_SCHEDSTAT_BYTES = 128
 
 
 def _run_queue_ns(path: str) -> int:
@@ -61,12 +59,12 @@ def _run_queue_ns(path: str) -> int:
         if _LIBC is None:
             with open(path, "rb") as schedstat:
                 return int(schedstat.read().split()[1])
-        libc_open, libc_read, libc_close, _ = _LIBC
+        libc_open, libc_read, libc_close = _LIBC
         fd = libc_open(path.encode(), os.O_RDONLY | os.O_CLOEXEC)
         if fd < 0:
             return -1
-        buf = ctypes.create_string_buffer(_SCHEDSTAT_BYTES)
-        size = libc_read(fd, buf, _SCHEDSTAT_BYTES)
+        buf = ctypes.create_string_buffer(strace.SCHEDSTAT_BYTES)
+        size = libc_read(fd, buf, strace.SCHEDSTAT_BYTES)
         libc_close(fd)
         return int(buf.raw[: max(size, 0)].split()[1])
     except (OSError, IndexError, ValueError):
@@ -89,13 +87,13 @@ class ThreadRunQueues:
     collective library's worker threads, which do the exchange while the executor
     blocks in an all-to-all. :meth:`refresh` lists the threads and opens the files
     of new ones (call it where the caller waits anyway: a listing releases the GIL);
-    :meth:`read` only preads the open files, holding the GIL (see _libc_holding_the_gil).
+    :meth:`read` only reads the open files, holding the GIL (:func:`~dsprof.profiler.strace.read_schedstat`).
     """
 
     def __init__(self, but: int):
         self.but = but
         self._fds: dict[int, int] = {}
-        self._buffer = ctypes.create_string_buffer(_SCHEDSTAT_BYTES)
+        self._buffer = strace.schedstat_buffer()
         self.refresh()
 
     def refresh(self) -> None:
@@ -114,10 +112,9 @@ class ThreadRunQueues:
     def read(self) -> dict[int, int]:
         found: dict[int, int] = {}
         for tid, fd in self._fds.items():
-            size = -1 if _LIBC is None else _LIBC[3](fd, self._buffer, _SCHEDSTAT_BYTES, 0)
             try:
                 # a failed call is not retried by libc (an interrupted read): Python's pread retries it
-                raw = self._buffer.raw[:size] if size > 0 else os.pread(fd, _SCHEDSTAT_BYTES, 0)
+                raw = strace.read_schedstat(fd, self._buffer) or os.pread(fd, strace.SCHEDSTAT_BYTES, 0)
                 found[tid] = int(raw.split()[1])
             except (OSError, IndexError, ValueError):  # the thread ended since the last refresh
                 continue
