@@ -18,17 +18,19 @@ import pyarrow as pa
 
 from dsprof.analysis.causes import diagnose, tail_block
 from dsprof.analysis.engine import Engine, open_engine
+from dsprof.analysis.noise import judge_items, noise_floor
 from dsprof.analysis.pipeline import pipeline_figures
 from dsprof.analysis.serving import serving_figures
 from dsprof.analysis.skew import ns_to_ms, skew_figures
 from dsprof.analysis.slow_steps import critical_path, slow_step_items, step_intervals
 from dsprof.analysis.spans import Trace
 from dsprof.analysis.straggler import Flagged, straggler_verdict
-from dsprof.analysis.summary import Summary, build_summary
+from dsprof.analysis.summary import Summary, build_summary, run_info
 from dsprof.analysis.summary_model import Inputs, LateStarts, SlowSteps, StepRow
 from dsprof.analysis.swimlane import Swimlane, build_swimlane
 from dsprof.analysis.trends import trends_section
 from dsprof.analysis.validation import validate
+from dsprof.analysis.verdict import run_verdict
 from dsprof.analysis.what_if import own_causes, tail_cost, what_if_section
 from dsprof.analysis.window import Window
 from dsprof.errors import DsprofError
@@ -84,13 +86,14 @@ def analyze_trace(
     critical_path(engine, threshold_ms)
     diagnosis = diagnose(engine, threshold_ms)
     slow = slow_step_items(engine, threshold_ms)
+    floor = noise_floor(engine)
+    judge_items(diagnosis.late_starts, diagnosis.tail_steps, slow, floor)
     what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))
     devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
-    tail_steps = {t["step"] for t in diagnosis.tail_steps}
-    flagged: list[Flagged] = [
-        *diagnosis.tail_steps,
-        *(item for item in slow if item["step"] not in tail_steps),
-    ]  # one cause per flagged step
+    tails = [t for t in diagnosis.tail_steps if not t.get("noise")]
+    tail_steps = {t["step"] for t in tails}
+    flagged: list[Flagged] = [*tails, *(item for item in slow if not item.get("noise") and item["step"] not in tail_steps)]
+    straggler = straggler_verdict(what_if, flagged, [row["step"] for row in per_step], devices)
     inputs = Inputs(
         files=list(trace.files),
         records_read=int(trace.records_read),
@@ -102,22 +105,35 @@ def analyze_trace(
         inputs["window"] = window.block()
         if window.steps is not None:
             inputs["steps"] = [int(window.steps[0]), int(window.steps[1])]  # the window of decode steps analysed
+    validation = validate(engine, swimlane, expect_ranks=expect_ranks)
+    pipeline = pipeline_figures(engine, trace.performance_summary)
+    serving = serving_figures(engine, trace)
+    verdict = run_verdict(
+        validation=validation,
+        run=run_info(trace.performance_summary),
+        pipeline=pipeline,
+        serving=serving,
+        straggler=straggler,
+        what_if=what_if,
+        floor=floor,
+        items=[*diagnosis.late_starts, *diagnosis.tail_steps, *slow],
+    )
     summary = build_summary(
+        verdict=verdict,
         inputs=inputs,
         performance_summary=trace.performance_summary,
-        validation=validate(engine, swimlane, expect_ranks=expect_ranks),
+        validation=validation,
         figures=figures,
         per_step=_with_intervals(per_step, engine),
+        noise=floor.block(),
         late_starts=LateStarts(threshold_ms=threshold_ms, count=len(diagnosis.late_starts), items=diagnosis.late_starts),
-        tail_steps=tail_block(
-            diagnosis.tail_steps, threshold_ms, straggler_verdict(what_if, flagged, [row["step"] for row in per_step], devices)
-        ),
+        tail_steps=tail_block(diagnosis.tail_steps, threshold_ms, straggler),
         slow_steps=SlowSteps(threshold_ms=threshold_ms, median_interval_ms=intervals["median_interval_ms"], count=len(slow), items=slow),
         what_if=what_if,
         trends=trends_section(engine, what_if["items"]),
         tail_cost=tail_cost(engine),
-        pipeline=pipeline_figures(engine, trace.performance_summary),
-        serving=serving_figures(engine, trace),
+        pipeline=pipeline,
+        serving=serving,
     )
     return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine, window=window)
 

@@ -388,7 +388,10 @@ def _late_start_items(engine: Engine) -> list[LateStart]:
     items: list[LateStart] = []
     for row in rows:  # one per late start: the output items themselves
         cause = cause_item(row, "start", row["rank"], row["device"])
-        items.append({"step": row["step"], **cause, "excess_ms": ns_to_ms(row["start_excess_ns"])})
+        typical = row["start_ns"] - row["start_ns_typ"] if row["start_ns_typ"] is not None else row["start_excess_ns"]
+        items.append(
+            {"step": row["step"], **cause, "excess_ms": ns_to_ms(row["start_excess_ns"]), "typical_excess_ms": ns_to_ms(max(0.0, typical))}
+        )
     return items
 
 

@@ -80,6 +80,7 @@ class GateVerdict:
     rules_path: str
     baseline_path: str | None = None
     counts: dict[str, int] = field(default_factory=dict)
+    run_verdict: str | None = None  # the summary's own verdict, "degraded: rank 1 ... by run-queue wait": what a failure line names
 
     @property
     def exit_code(self) -> int:
@@ -93,6 +94,7 @@ class GateVerdict:
             "rules": self.rules_path,
             "baseline": self.baseline_path,
             "counts": self.counts,
+            "run_verdict": self.run_verdict,
             "results": [{k: v for k, v in asdict(r).items() if k != "wildcard"} for r in self.results],
         }
 
@@ -353,4 +355,14 @@ def evaluate_gate(
         rules_path=str(rules_path),
         baseline_path=baseline_path,
         counts=counts,
+        run_verdict=_run_verdict(summary),
     )
+
+
+def _run_verdict(summary: dict) -> str | None:
+    """``status: headline`` of the summary's verdict (older summaries have none)."""
+    verdict = summary.get("verdict")
+    if not isinstance(verdict, dict) or not isinstance(verdict.get("status"), str):
+        return None
+    status, headline = str(verdict["status"]), str(verdict.get("headline") or "")
+    return terminal_safe(headline if headline.startswith(status) else f"{status}: {headline}".rstrip(": "))

@@ -1,20 +1,22 @@
-"""The straggler verdict: a rank whose own causes cost the run a material share of its decode time.
+"""The straggler verdict: one rank significantly costlier than the others, or late work spread over ranks.
 
-Counting late steps is not enough: on a shared host every rank is late now
-and then (scheduling noise), and a rank that is late rarely but badly (a
-collection every few steps) can cost more than one that is late often by a
-little. So the verdict weighs effect, not counts: a rank is a straggler when
-removing its own causes would save at least :data:`MATERIAL_SHARE` of the
-decode wall time in the what-if replay, and its causes recur over the run
-(:data:`MIN_STEPS` steps or more, in :data:`SPREAD_PARTS` of the run's
-:data:`RUN_PARTS` quarters: a burst of noise is not a straggler). A rank behind most of the flagged steps
-(tails and slow steps) is named whatever its fault rate when their excess is
-that material, even where the replay saves little (runs paced by a clock, not
-by their dependencies, recover from a late step by themselves).
-The verdict names the mechanism that saves the most on that rank.
+On a shared host every rank is late now and then, so counting late steps
+names the unlucky. A rank is a straggler only when it stands out: per step,
+what its own causes cost in the what-if replay (findings above the noise floor
+only), against the mean of the other ranks, is greater by a one-sided bootstrap
+over the steps (p below :data:`ALPHA`), in :data:`SPREAD_PARTS` of the run's
+:data:`RUN_PARTS` quarters, on :data:`MIN_STEPS` steps or more, with a
+material effect (:data:`MATERIAL_SHARE` of the decode wall time). Late work
+that costs as much but names no such rank is ``spread``: the per-rank counts,
+the chance that one rank would be hit that often, and the total cost.
+docs/FIGURES.md "Straggler" has the method.
 """
 
 from __future__ import annotations
+
+import math
+
+import numpy as np
 
 from dsprof.analysis.summary_model import SlowStep, Straggler, TailStep, WhatIf, WhatIfItem
 from dsprof.profiler import strace_format as fmt
@@ -22,13 +24,19 @@ from dsprof.profiler import strace_format as fmt
 # the culprit cause of a flagged step: a tail step or a slow step
 Flagged = TailStep | SlowStep
 
+ALPHA = 0.05
 MATERIAL_SHARE = 0.05
-# a rank behind more than this share of the flagged steps: their excess is its effect
-BEHIND_MOST = 0.5
 MIN_STEPS = 3
-# ... spread over the run: causes in at least this many of its quarters (a burst of noise is not a straggler)
+# a rank behind more than this share of the flagged steps: where the replay saves little, their excess is its cost
+BEHIND_MOST = 0.5
+# ... and whose replay saves under this share of their excess: the run is paced by a clock, not by its dependencies
+CLOCK_PACED = 0.1
+# ... spread over the run: costlier than the other ranks' mean in at least this many of its quarters
 SPREAD_PARTS = 3
 RUN_PARTS = 4
+BOOTSTRAP_SAMPLES = 2000
+_BOOTSTRAP_SEED = 0  # fixed: the same trace gives the same verdict
+_NOT_OWN = (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT)
 
 # Plain words for each mechanism, for the one-line verdict.
 MECHANISM_WORDS = {
@@ -43,69 +51,144 @@ MECHANISM_WORDS = {
 
 
 def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], step_numbers: list[int], devices: dict[int, str]) -> Straggler:
-    """The ``straggler`` block: which rank, its device, its share of the decode wall, mechanism and ms per step.
+    """The ``straggler`` block: a significant rank with its effect and confidence, or the spread of late work.
 
-    ``flagged`` are the culprit causes of tail and slow steps (one per step);
-    ``what_if`` is the what-if block (``by_rank`` savings and per-cause items);
-    ``step_numbers`` every decode step of the run, in order.
+    ``flagged`` are the culprit causes of the tail and slow steps above the
+    noise floor (one per step); ``what_if`` the what-if block of those
+    findings; ``step_numbers`` every decode step of the run, in order.
     """
-    total_steps = len(step_numbers)
-    verdict = Straggler(verdict="none", rank=None, device=None, share=0.0, mechanism=None, ms_per_step=None, saved_ms=None, steps=0)
+    verdict = Straggler(
+        verdict="none", rank=None, device=None, share=0.0, mechanism=None, ms_per_step=None, saved_ms=None, steps=0, pattern="none"
+    )
     wall = what_if.get("decode_wall_ms") or 0.0
-    by_rank = {int(r): float(ms) for r, ms in (what_if.get("by_rank") or {}).items()}
-    if not wall or not total_steps or not (by_rank or flagged):
+    cost = _cost_per_step(what_if, flagged, step_numbers)
+    if not wall or not step_numbers or not cost:
         return verdict
-    late_ms = _late_ms_per_rank(flagged)
-    candidates = set(by_rank) | set(late_ms)
-    if not candidates:  # flagged steps whose causes name no rank
-        return verdict
+    ranks = sorted(set(cost) | set(devices), key=lambda r: (-float(cost[r].sum()) if r in cost else 0.0, r))
+    worst = ranks[0]
+    others = np.zeros(len(step_numbers))  # what one of the other ranks costs at each step, on average
+    for rank in ranks[1:]:
+        others += cost.get(rank, 0.0) / (len(ranks) - 1)
+    p_value, share_ci = _bootstrap(cost[worst] - others, cost[worst], wall)
+    parts = _parts_costlier(cost[worst], others)
+    steps = int(np.count_nonzero(cost[worst]))
+    share = float(cost[worst].sum()) / wall
+    verdict["share"], verdict["steps"], verdict["parts"] = round(share, 4), steps, parts
+    verdict["p_value"], verdict["share_ci"] = round(p_value, 4), share_ci
+    if p_value < ALPHA and parts >= SPREAD_PARTS and steps >= MIN_STEPS and share >= MATERIAL_SHARE:
+        return _named(verdict, worst, what_if, flagged, devices, len(step_numbers), wall)
+    return _spread(verdict, what_if, flagged, len(ranks))
 
-    def effect_of(r: int) -> float:
-        """The replay's saving where it is material; else, for a rank behind most flagged steps, their excess."""
-        saved = by_rank.get(r, 0.0)
-        return saved if saved >= MATERIAL_SHARE * wall else min(wall, max(saved, _behind(flagged, r, late_ms)))
 
-    rank = max(candidates, key=lambda r: (effect_of(r), -r))
-    saved = by_rank.get(rank, 0.0)
-    effect = effect_of(rank)
+def _named(
+    verdict: Straggler, rank: int, what_if: WhatIf, flagged: list[Flagged], devices: dict[int, str], total_steps: int, wall: float
+) -> Straggler:
     items = [i for i in what_if.get("items", []) if i["rank"] == rank]
-    cause_steps = {i["step"] for i in items} | {c["step"] for c in flagged if c.get("rank") == rank}
-    steps = len(cause_steps)
-    verdict["share"], verdict["steps"] = round(effect / wall, 4), steps
-    if steps < MIN_STEPS or effect / wall < MATERIAL_SHARE or _parts_of_run(cause_steps, step_numbers) < SPREAD_PARTS:
-        return verdict
     mechanism = _dominant_mechanism(items, [c for c in flagged if c.get("rank") == rank])
     device = devices.get(rank)
+    effect = verdict["share"] * wall
     per_step = round(effect / total_steps, 3)
     where = f" ({device})" if device else ""
+    ci = verdict.get("share_ci") or [verdict["share"], verdict["share"]]
     verdict["verdict"] = (
-        f"rank {rank}{where} costs {effect / wall:.1%} of the decode time ({per_step:.3f} ms a step), by {MECHANISM_WORDS[mechanism]}"
+        f"rank {rank}{where} costs {verdict['share']:.1%} of the decode time ({per_step:.3f} ms a step; 95% CI {ci[0]:.1%}–{ci[1]:.1%}, "
+        f"p {verdict.get('p_value', 0):.3f}), by {MECHANISM_WORDS[mechanism]}"
     )
     verdict["rank"], verdict["device"], verdict["mechanism"] = rank, device, mechanism
-    verdict["ms_per_step"], verdict["saved_ms"] = per_step, round(saved, 3)
+    verdict["ms_per_step"], verdict["pattern"] = per_step, "rank"
+    saved = {int(r): float(ms) for r, ms in (what_if.get("by_rank") or {}).items()}
+    verdict["saved_ms"] = round(saved.get(rank, 0.0), 3)
     return verdict
 
 
-def _parts_of_run(cause_steps: set[int], step_numbers: list[int]) -> int:
-    """In how many of the run's :data:`RUN_PARTS` equal parts (by step position) the causes fall."""
+def _spread(verdict: Straggler, what_if: WhatIf, flagged: list[Flagged], ranks: int) -> Straggler:
+    """Late work that costs the run a material share but stands out on no rank: counts, chance and cost."""
+    counts: dict[int, int] = {}
+    for cause in flagged:
+        if cause.get("rank") is not None and cause.get("mechanism") not in _NOT_OWN:
+            counts[int(cause["rank"])] = counts.get(int(cause["rank"]), 0) + 1  # type: ignore[arg-type]
+    found = sum(counts.values())
+    share = float(what_if.get("share_of_decode_wall") or 0.0)
+    if found < MIN_STEPS or share < MATERIAL_SHARE:
+        return verdict
+    most = max(counts.values())
+    chance = most_hit_chance(found, most, max(ranks, len(counts)))
+    by_rank = ", ".join(f"rank {r}: {n}" for r, n in sorted(counts.items()))
+    if chance >= ALPHA:
+        how = f"no rank more often than chance (p {chance:.2f})"
+    else:
+        top = min(r for r, n in counts.items() if n == most)
+        how = f"rank {top} most often (chance {chance:.3f}), but its cost does not stand out against the other ranks' (p {verdict.get('p_value', 1):.2f})"
+    verdict["verdict"] = (
+        f"spread over ranks: {found} late steps ({by_rank}), {how}; they cost {share:.1%} of the decode time "
+        f"({what_if.get('total_saved_ms')} ms)"
+    )
+    verdict["pattern"], verdict["chance"] = "spread", round(chance, 4)
+    verdict["by_rank_counts"] = {str(r): n for r, n in sorted(counts.items())}
+    verdict["cost_ms"] = what_if.get("total_saved_ms")
+    return verdict
+
+
+def most_hit_chance(items: int, most: int, ranks: int) -> float:
+    """The chance that, with ``items`` spread uniformly over ``ranks``, some rank is hit ``most`` times or more (union bound)."""
+    if ranks <= 1 or items <= 0:
+        return 1.0
+    p = 1.0 / ranks
+    tail = sum(math.comb(items, k) * p**k * (1 - p) ** (items - k) for k in range(most, items + 1))
+    return min(1.0, ranks * tail)
+
+
+def _cost_per_step(what_if: WhatIf, flagged: list[Flagged], step_numbers: list[int]) -> dict[int, np.ndarray]:
+    """Per rank, what its own causes cost at each step (ms): the replay's saving.
+
+    Runs paced by a clock, not by their dependencies, recover from a late step
+    by themselves, so the replay can save little where a rank is still late at
+    step after step: for a rank behind most of the flagged steps whose replay
+    saves under :data:`CLOCK_PACED` of their excess, that excess is the measure.
+    """
     position = {step: i for i, step in enumerate(step_numbers)}
-    return len({position[s] * RUN_PARTS // len(step_numbers) for s in cause_steps if s in position})
-
-
-def _late_ms_per_rank(flagged: list[Flagged]) -> dict[int, float]:
-    """Per culprit rank, the summed excess of the flagged steps it was behind."""
-    late: dict[int, float] = {}
-    for cause in flagged:  # one per flagged step
+    saved: dict[int, np.ndarray] = {}
+    late: dict[int, np.ndarray] = {}
+    for item in what_if.get("items") or []:
+        if int(item["step"]) in position:
+            saved.setdefault(int(item["rank"]), np.zeros(len(step_numbers)))[position[int(item["step"])]] += max(0.0, item["saved_ms"])
+    for cause in flagged:
         rank = cause.get("rank")
-        if rank is not None and cause.get("mechanism") not in (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT):
-            late[rank] = late.get(rank, 0.0) + float(cause.get("excess_ms") or 0.0)
-    return late
+        if rank is not None and cause.get("mechanism") not in _NOT_OWN and int(cause["step"]) in position:
+            late.setdefault(int(rank), np.zeros(len(step_numbers)))[position[int(cause["step"])]] += float(cause.get("excess_ms") or 0.0)
+    cost = {r: v for r, v in saved.items() if v.any()}
+    for rank, excess in late.items():
+        behind_most = np.count_nonzero(excess) > BEHIND_MOST * len(flagged)
+        if behind_most and float(saved.get(rank, np.zeros(1)).sum()) < CLOCK_PACED * float(excess.sum()):
+            cost[rank] = np.maximum(excess, saved.get(rank, 0.0))
+    return cost
 
 
-def _behind(flagged: list[Flagged], rank: int, late_ms: dict[int, float]) -> float:
-    """The excess of the flagged steps behind ``rank`` where it is behind most of them, else 0."""
-    count = sum(1 for cause in flagged if cause.get("rank") == rank)
-    return late_ms.get(rank, 0.0) if flagged and count > BEHIND_MOST * len(flagged) else 0.0
+def _bootstrap(difference: np.ndarray, worst: np.ndarray, wall: float) -> tuple[float, list[float] | None]:
+    """One-sided p that the mean per-step difference is not above 0, and the 95% interval of the worst rank's share.
+
+    Resampling N steps with replacement only moves the few steps with a cost:
+    their counts are one multinomial draw, so a day-long run costs what its late
+    steps cost.
+    """
+    n = len(difference)
+    moving = np.flatnonzero((difference != 0) | (worst != 0))
+    if not len(moving):
+        return 1.0, None
+    rng = np.random.default_rng(_BOOTSTRAP_SEED)
+    rest = max(0.0, 1.0 - len(moving) / n)
+    counts = rng.multinomial(n, [1.0 / n] * len(moving) + [rest], size=BOOTSTRAP_SAMPLES)[:, : len(moving)]
+    mean_difference = counts @ difference[moving] / n
+    p_value = (1 + int(np.count_nonzero(mean_difference <= 0))) / (BOOTSTRAP_SAMPLES + 1)
+    shares = counts @ worst[moving] / wall
+    low, high = np.percentile(shares, [2.5, 97.5])
+    return p_value, [round(float(low), 4), round(float(high), 4)]
+
+
+def _parts_costlier(worst: np.ndarray, others: np.ndarray) -> int:
+    """In how many of the run's :data:`RUN_PARTS` equal parts (by step position) the worst rank cost more than the others' mean."""
+    parts = np.array_split(np.arange(len(worst)), RUN_PARTS)
+    return sum(1 for part in parts if len(part) and worst[part].sum() > others[part].sum())
 
 
 def _dominant_mechanism(items: list[WhatIfItem], causes: list[Flagged]) -> str:
@@ -116,5 +199,5 @@ def _dominant_mechanism(items: list[WhatIfItem], causes: list[Flagged]) -> str:
     if not any(weight.values()):
         for cause in causes:
             weight[cause["mechanism"]] = weight.get(cause["mechanism"], 0.0) + float(cause.get("evidence_ms") or 0.0)
-    own = {m: w for m, w in weight.items() if m not in (fmt.MECH_CARRIED_OVER, fmt.MECH_PEER_WAIT)} or weight
+    own = {m: w for m, w in weight.items() if m not in _NOT_OWN} or weight
     return max(own, key=lambda m: (own[m], m)) if own else fmt.MECH_UNATTRIBUTED

@@ -26,6 +26,7 @@ from dsprof.analysis.summary_model import (
     Figures,
     Inputs,
     LateStarts,
+    NoiseBlock,
     Pipeline,
     RunInfo,
     Serving,
@@ -36,6 +37,7 @@ from dsprof.analysis.summary_model import (
     TailSteps,
     Trends,
     Validation,
+    Verdict,
     WhatIf,
 )
 from dsprof.errors import InputError
@@ -66,11 +68,13 @@ def run_info(performance_summary: dict | None) -> RunInfo:
 
 def build_summary(
     *,
+    verdict: Verdict,
     inputs: Inputs,
     performance_summary: dict | None,
     validation: Validation,
     figures: Figures,
     per_step: list[StepRow],
+    noise: NoiseBlock,
     late_starts: LateStarts,
     tail_steps: TailSteps,
     slow_steps: SlowSteps,
@@ -86,6 +90,7 @@ def build_summary(
     return Summary(
         schema=SUMMARY_SCHEMA,
         dsprof_version=dsprof.__version__,
+        verdict=verdict,
         inputs=inputs,
         workload=workload if isinstance(workload, dict) else None,
         exit_status=run["exit_status"],
@@ -93,6 +98,7 @@ def build_summary(
         validation=validation,
         figures=figures,
         per_step=per_step,
+        noise=noise,
         late_starts=late_starts,
         tail_steps=tail_steps,
         slow_steps=slow_steps,

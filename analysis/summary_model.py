@@ -129,11 +129,15 @@ class Cause(TypedDict):
     carried_over: NotRequired[CarriedOver]  # an own cause with lateness carried over beside it
     peer: NotRequired[int | None]  # peer_wait only
     late_rank: NotRequired[int]  # the rank that was late (slow steps name it as the item's culprit)
+    noise: NotRequired[bool]  # the item's excess lies within the run's noise floor: listed, not a finding
+    explained_share: NotRequired[float]  # evidence / excess (at most 1); a mechanism is named from 0.5
+    partial_mechanism: NotRequired[str]  # what the evidence of an item left unattributed (under half its excess) points to
 
 
 class LateStart(Cause):
     step: int
-    excess_ms: float
+    excess_ms: float  # against the step's earliest start
+    typical_excess_ms: NotRequired[float]  # against the typical rank (the others' median start): what the noise floor judges
 
 
 class LateRank(Cause):
@@ -175,7 +179,34 @@ class Straggler(TypedDict):
     ms_per_step: float | None
     saved_ms: NotRequired[float | None]
     steps: NotRequired[int]
-    p_value: NotRequired[float | None]  # older summaries only
+    p_value: NotRequired[float | None]  # one-sided bootstrap p of the costliest rank against the others' mean
+    pattern: NotRequired[str]  # none | rank | spread
+    share_ci: NotRequired[list[float] | None]  # 95% bootstrap interval of ``share``
+    parts: NotRequired[int]  # quarters of the run in which the costliest rank cost more than the others' mean
+    by_rank_counts: NotRequired[dict[str, int]]  # findings per culprit rank (spread)
+    chance: NotRequired[float | None]  # spread: the chance that one rank of as many is hit as often as the most-hit one
+    cost_ms: NotRequired[float | None]  # the findings' what-if saving, all ranks
+
+
+class NoiseBlock(TypedDict):
+    """The run's own noise floor (analysis/noise.py): late items within it are listed but are not findings."""
+
+    floor_ms: float  # the slow-step floor: the step-interval excess within the run's noise
+    slow_steps_ms: float
+    late_starts_ms: float
+    tail_steps_ms: float
+    steps: int
+    alpha: float
+    method: str
+
+
+class Verdict(TypedDict):
+    """The run's one verdict, first in every output (analysis/verdict.py), built from the sections."""
+
+    status: Literal["healthy", "degraded", "failed", "invalid"]
+    headline: str
+    noise_floor_ms: float | None
+    findings: int  # late items above the noise floor
 
 
 class LateStarts(TypedDict):
@@ -306,6 +337,7 @@ class Serving(TypedDict):
 class Summary(TypedDict):
     schema: str
     dsprof_version: str
+    verdict: NotRequired[Verdict]
     inputs: Inputs
     workload: dict[str, Any] | None  # the runtime's own settings, as it wrote them
     exit_status: int | None
@@ -313,6 +345,7 @@ class Summary(TypedDict):
     validation: Validation
     figures: Figures
     per_step: list[StepRow]
+    noise: NotRequired[NoiseBlock]
     late_starts: LateStarts
     tail_steps: TailSteps
     slow_steps: NotRequired[SlowSteps]

@@ -72,13 +72,13 @@ class OwnCause:
 
 
 def own_causes(late_starts: list[LateStart], tail_steps: list[TailStep], slow_steps: list[SlowStep]) -> list[OwnCause]:
-    """Every culprit cause of the run, each counted once: per (step, rank, phase) the largest evidence."""
+    """Every culprit cause above the noise floor, each counted once: per (step, rank, phase) the largest evidence."""
     found: dict[tuple[int, int, str], OwnCause] = {}
     tail_ranks: list[LateStart] = [{**c, "step": t["step"]} for t in tail_steps for c in t.get("ranks", [])]
     causes: list[LateStart | SlowStep] = [*late_starts, *tail_ranks, *slow_steps]
     for cause in causes:  # one per late item: the findings themselves
         rank = cause.get("rank")
-        if cause.get("role") != "culprit" or cause.get("mechanism") in _NOT_OWN or rank is None:
+        if cause.get("role") != "culprit" or cause.get("mechanism") in _NOT_OWN or rank is None or cause.get("noise"):
             continue
         phase = str(cause.get("phase") or "")
         phase = fmt.PHASE_DEVICE_WALL if phase.startswith(fmt.PHASE_DEVICE_WALL) else phase

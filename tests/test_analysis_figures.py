@@ -189,9 +189,11 @@ def test_persistent_straggler_is_named(tmp_path):
     assert (straggler["rank"], straggler["device"], straggler["mechanism"], straggler["steps"]) == (2, "npu:2", "device", 7)
     assert straggler["share"] == pytest.approx(late_ms / wall_ms, abs=1e-4)
     assert straggler["ms_per_step"] == pytest.approx(late_ms / 20, abs=1e-3)
-    assert (
-        straggler["verdict"]
-        == f"rank 2 (npu:2) costs {late_ms / wall_ms:.1%} of the decode time ({late_ms / 20:.3f} ms a step), by device work"
+    low, high = straggler["share_ci"]
+    assert low > 0 and low <= straggler["share"] <= high and straggler["p_value"] < 0.05 and straggler["pattern"] == "rank"
+    assert straggler["verdict"] == (
+        f"rank 2 (npu:2) costs {late_ms / wall_ms:.1%} of the decode time ({late_ms / 20:.3f} ms a step; "
+        f"95% CI {low:.1%}–{high:.1%}, p {straggler['p_value']:.3f}), by device work"
     )
     assert tails["devices"] == {"npu:2": 7, "npu:0": 1}
 

@@ -37,7 +37,7 @@ def test_outputs_written_and_consistent(tmp_path):
     assert "| runner_start_skew_ms | 0.0 | 0.0 | 0.0 | 0.0 | 20 |" in text
 
     console = format_console_summary(outcome.summary)
-    assert console.splitlines()[0].startswith("swimlane   valid")
+    assert console.splitlines()[0].startswith("verdict    ") and console.splitlines()[1].startswith("swimlane   valid")
     assert "step 9 · rank 4 (npu:4) · +15.0 ms · device: 15.000 ms slower device work" in console
     assert json.loads(outcome.outputs["combined-swimlane.json"].read_text())["traceEvents"]
 
@@ -46,9 +46,10 @@ def test_failed_validation_is_stated_first(tmp_path):
     SyntheticRun(ranks=3, steps=6, missing_steps={1: 2}).write(tmp_path / "run")
     outcome = analyze_paths([tmp_path / "run"], tmp_path / "out")
     text = outcome.outputs["summary.md"].read_text()
-    assert "- **swimlane**: NOT valid: " in text.splitlines()[2]
+    assert text.splitlines()[2].startswith("- **verdict**: invalid: the swimlane is not valid: ")
+    assert "- **swimlane**: NOT valid: " in text.splitlines()[3]
     assert "rank 1 has 4 decode steps, others 6" in text
-    assert format_console_summary(outcome.summary).startswith("swimlane   NOT valid: ")
+    assert format_console_summary(outcome.summary).splitlines()[1].startswith("swimlane   NOT valid: ")
 
 
 def test_lists_are_worst_first_and_count_the_rest(tmp_path):

@@ -10,8 +10,10 @@ its time in the program it was running then). On this shared 2-core machine
 every run is noisy as well, so the checks are about the injected faults: >= 90%
 of those of >= 20 ms that measurably cost something (``effective``) found at
 their step, on a rank that measurably lost the time, with their mechanism, in
-some section (late starts, tails, slow steps); and no rank that lost nothing
-blamed with the same mechanism beside them.
+some section (late starts, tails, slow steps), above the run's noise floor;
+>= 75% of the named culprits within two steps of an injected fault; every
+named mechanism on evidence for half its excess; and no rank that lost
+nothing blamed with the same mechanism beside them.
 
 A random fault that follows another within two steps is left out of the
 count, whichever rank the first struck: every rank meets every other at the
@@ -56,6 +58,11 @@ def _late_cells(summary: dict) -> dict[tuple[int, int], list[dict]]:
     return cells
 
 
+def _names_a_culprit(cause: dict) -> bool:
+    """A finding (above the noise floor) that names a culprit's own mechanism."""
+    return cause["role"] == "culprit" and not cause.get("noise") and cause["mechanism"] not in ("unattributed", "carried_over", "peer_wait")
+
+
 def losers(fault: dict) -> set[tuple[int, int]]:
     """(step, rank) where the fault measurably cost time: a third of its delay or more.
 
@@ -95,9 +102,20 @@ def test_injected_faults_are_found_on_their_rank_with_their_mechanism(tmp_path, 
     found = [
         f
         for f in faults
-        if any(c["mechanism"] == f["mechanism"] and c["role"] == "culprit" for cell in losers(f) for c in cells.get(cell, []))
+        if any(
+            c["mechanism"] == f["mechanism"] and c["role"] == "culprit" and not c.get("noise")
+            for cell in losers(f)
+            for c in cells.get(cell, [])
+        )
     ]
     assert len(found) >= 0.9 * len(faults), (len(found), len(faults), [f for f in faults if f not in found])
+    for causes in cells.values():  # a mechanism is named only on evidence for half the excess (docs/FIGURES.md)
+        for cause in causes:
+            if cause["mechanism"] != "unattributed" and "explained_share" in cause:
+                assert cause["explained_share"] >= 0.5, cause
+    struck_near = {f["step"] + d for f in injected for d in range(-2, 3)}
+    named = [step for (step, _), causes in cells.items() for c in causes if _names_a_culprit(c)]
+    assert sum(step in struck_near for step in named) >= 0.75 * len(named), (named, sorted(struck_near))
     if persistent or faults[0]["mechanism"] == "run_queue":
         # a persistent fault is beside every step: its test is the straggler verdict (below); a CPU-burning
         # neighbour also starves the host threads of the ranks sharing its CPU, which faults.json does not measure

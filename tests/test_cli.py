@@ -253,7 +253,7 @@ def test_ci_rules_pass_a_pipelined_trace_and_fail_a_serialized_one(tmp_path):
         assert result.exit_code == (0 if pipelined else 1), result.output
         verdicts[name] = json.loads(verdict_path.read_text())
     failed = {r["path"] for r in verdicts["serialized"]["results"] if r["status"] == "fail"}
-    assert failed == {"pipeline.serialized", "pipeline.overlap_share", "pipeline.violations", "pipeline.cadence_p50_ms"}
+    assert failed == {"pipeline.serialized", "pipeline.overlap_share", "pipeline.violations", "pipeline.cadence_p50_ms", "verdict.status"}
 
 
 def test_report_export_gate_and_diff_agree_with_summary_json_on_an_empty_rank(tmp_path):

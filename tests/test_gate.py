@@ -39,6 +39,7 @@ def _block(p50, p95, p99, maximum, count=10):
 HEALTHY = {
     "schema": "dsprof.summary/1",
     "dsprof_version": "0.1.0",
+    "verdict": {"status": "healthy", "headline": "healthy within noise (noise floor 0.400 ms)", "noise_floor_ms": 0.4, "findings": 0},
     "inputs": {"files": ["server.log"], "records_read": 500, "spans": 400, "dropped": {}},
     "workload": {"preset": "demo", "ranks": 4, "depth": 2},
     "exit_status": 0,
@@ -118,6 +119,7 @@ def _serialized() -> dict:
         cadence_p50_ms=19.2,
         achieved_depth={"0": 1.65, "1": 1.65, "2": 1.64, "3": 1.66},
     )
+    summary["verdict"].update(status="degraded", headline="the depth-2 pipeline is serialized: bind(N+1) waits for runner_run(N)")
     return summary
 
 
@@ -836,7 +838,8 @@ def test_elsewhere_the_output_is_plain_text_and_no_step_summary_is_written(tmp_p
     assert result.exit_code == 1
     assert result.output.splitlines() == [
         "FAIL    pipeline.serialized == false [pipeline.serialized]: value true, expected == false",
-        f"gate FAILED: 0 passed, 1 failed, 0 missing, 0 skipped ({rules})",
+        f"gate FAILED: 0 passed, 1 failed, 0 missing, 0 skipped ({rules})"
+        " — run degraded: the depth-2 pipeline is serialized: bind(N+1) waits for runner_run(N)",  # the run's own verdict says why
     ]
     assert step_summary.read_text() == "untouched\n"
 
@@ -906,6 +909,7 @@ def test_ci_rules_fail_a_serialized_pipeline_on_serialization_depth_and_cadence(
         "depth-2 pipeline: bind(N+1) overlaps runner_run(N) in at least 90% of adjacent pairs",
         "no pipeline overlap violations",
         "cadence hides the bind (runs in flight overlap)",
+        "the run's verdict is healthy (no significant straggler, no material late work, pipeline not serialized)",
     }
     assert not verdict.passed
 

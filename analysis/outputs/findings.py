@@ -8,7 +8,7 @@ reads the summary; nothing recomputes a figure.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.summary_model import Cause
@@ -73,8 +73,18 @@ def item_line(item: Mapping[str, Any]) -> str:
 
 
 def worst_first(items: Sequence[ItemT]) -> list[ItemT]:
-    """Items ordered by excess, largest first (then by step)."""
-    return sorted(items, key=lambda i: (-(i.get("excess_ms") or 0.0), i.get("step") or 0, i.get("rank") or 0))
+    """The findings (items above the noise floor) ordered by excess, largest first (then by step)."""
+    found = [i for i in items if not i.get("noise")]
+    return sorted(found, key=lambda i: (-(i.get("excess_ms") or 0.0), i.get("step") or 0, i.get("rank") or 0))
+
+
+def verdict_text(summary: Summary) -> str | None:
+    """``degraded: rank 1 (cpu:1) costs 15.6% …``: the run's one verdict (older summaries have none)."""
+    verdict: Mapping[str, Any] = summary.get("verdict") or {}
+    status, headline = verdict.get("status"), str(verdict.get("headline") or "")
+    if not status:
+        return None
+    return headline if headline.startswith(str(status)) else f"{status}: {headline}"
 
 
 def window_text(summary: Summary) -> str | None:
@@ -96,6 +106,9 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     window = window_text(summary)
     if window:
         lines.insert(0, ("window", window))
+    verdict = verdict_text(summary)
+    if verdict:
+        lines.insert(0, ("verdict", verdict))
     lines.append(("run", run_outcome(summary)))
     serialized = pipeline.get("serialized")
     pipe = "n/a" if serialized is None else ("SERIALIZED" if serialized else "healthy")
@@ -129,11 +142,19 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
                 + " — saved had no rank ended later than the median",
             )
         )
-    slow = (summary.get("slow_steps") or {}).get("count", 0)  # type: ignore[call-overload]  # an older summary has none
+    said = (("slow_steps", "slow steps"), ("late_starts", "late starts"), ("tail_steps", "tail steps"))
+    counts = [(title, _late_counts(cast(Mapping[str, Any], summary.get(key) or {}))) for key, title in said]
     lines.append(
-        ("late", f"{slow} slow steps, {(summary.get('late_starts') or {}).get('count', 0)} late starts, {tails.get('count', 0)} tail steps")
+        ("late", ", ".join(f"{found} {title}" + (f" (+{noise} within noise)" if noise else "") for title, (found, noise) in counts))
     )
     return lines
+
+
+def _late_counts(block: Mapping[str, Any]) -> tuple[int, int]:
+    """(findings, items within noise) of one late list."""
+    items = block.get("items") or []
+    noise = sum(1 for item in items if item.get("noise"))
+    return int(block.get("count", len(items))) - noise, noise
 
 
 def run_outcome(summary: Summary) -> str:

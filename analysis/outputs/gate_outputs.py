@@ -59,9 +59,10 @@ def write_junit(verdict: GateVerdict, path: str | Path) -> Path:
 
 def _verdict_line(verdict: GateVerdict) -> str:
     c = verdict.counts
+    why = f" — run {terminal_safe(verdict.run_verdict)}" if not verdict.passed and verdict.run_verdict else ""
     return (
         f"gate {'PASSED' if verdict.passed else 'FAILED'}: {c.get('pass', 0)} passed, {c.get('fail', 0)} failed, "
-        f"{c.get('missing', 0)} missing, {c.get('skipped', 0)} skipped ({terminal_safe(verdict.rules_path)})"
+        f"{c.get('missing', 0)} missing, {c.get('skipped', 0)} skipped ({terminal_safe(verdict.rules_path)}){why}"
     )
 
 
@@ -117,7 +118,10 @@ def _markdown_cell(text: str) -> str:
 
 def format_step_summary(verdict: GateVerdict) -> str:
     """A markdown table of every rule's outcome, for ``$GITHUB_STEP_SUMMARY``."""
-    lines = [f"### dsprof {_markdown_cell(_verdict_line(verdict))}", "", "| status | rule | figure | outcome |", "|---|---|---|---|"]
+    lines = [f"### dsprof {_markdown_cell(_verdict_line(verdict))}", ""]
+    if verdict.run_verdict:
+        lines += [f"**verdict** {_markdown_cell(verdict.run_verdict)}", ""]
+    lines += ["| status | rule | figure | outcome |", "|---|---|---|---|"]
     for r in verdict.results:
         status = f"**{r.status.upper()}**" if r.failed else r.status.upper()
         lines.append(f"| {status} | {_markdown_cell(r.name)} | {_markdown_cell(r.path)} | {_markdown_cell(r.detail)} |")

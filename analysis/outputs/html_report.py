@@ -354,6 +354,7 @@ def _findings_section(summary: Summary) -> str:
             text.startswith(_BAD_PREFIXES.get(label, "\0"))
             or (label == "run" and _run_failed(summary))
             or (label == "straggler" and (_block(summary, "tail_steps").get("straggler") or {}).get("rank") is not None)
+            or (label == "verdict" and (summary.get("verdict") or {}).get("status") != "healthy")
         )
         state = "info" if label in _INFO_LABELS else "bad" if bad else "ok"
         verdicts.append(

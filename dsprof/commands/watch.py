@@ -279,8 +279,8 @@ class _Follower:
                 ended = self._ended(stop, now - last_new)
                 if ended is not None:
                     self.live.drain()
-                    self.refresh(final=True)  # the last window, to its last record
-                    return ended
+                    fired = self.refresh(final=True)  # the last window, to its last record
+                    return "an alert fired" if fired and self.options.on_alert is None else ended
                 time.sleep(POLL_S)
         except KeyboardInterrupt as interrupt:
             return f"stopped by {interrupt or 'Ctrl-C'}"
@@ -296,8 +296,8 @@ class _Follower:
             finally:
                 result.engine.close()
             steps = window_steps(summary)
-            if steps is not None:
-                fired = self.alerts.check(summary, steps)
+            if steps is not None and (final or steps[1] - steps[0] + 1 >= self.options.window):
+                fired = self.alerts.check(summary, steps)  # a window still filling judges too few steps
         self.events.write(steps, fired, time.monotonic() - started)
         if self.screen is not None:
             view = format_live_view(

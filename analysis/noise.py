@@ -1,0 +1,151 @@
+"""The run's own noise floor, and which late items stand out against it (docs/FIGURES.md "Noise floor").
+
+A shared host makes every rank late now and then. A late item is a finding
+only when it stands out against the run's own spread: the healthy majority's
+variation, measured robustly (median and MAD, which a minority of real faults
+does not move), with a Bonferroni-corrected one-sided normal bound over the
+steps tested. Items below the floor stay in summary.json, marked
+``noise: true``. A mechanism is named only on evidence for at least half of an
+item's excess; otherwise the item is ``unattributed`` with its partial evidence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from statistics import NormalDist
+from typing import Any, cast
+
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.skew import ns_to_ms
+from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Cause, LateStart, NoiseBlock, SlowStep, TailStep
+from dsprof.profiler import strace_format as fmt
+
+# the chance that a healthy run shows one noise item above its floor, over all the steps tested
+ALPHA = 0.05
+# a MAD times this estimates the standard deviation of normally distributed values
+MAD_TO_SIGMA = 1.4826
+# a cause is named on evidence for at least this share of its item's excess
+EXPLAINS_HALF = 0.5
+METHOD = "level + z(1 - alpha/n) * 1.4826 * MAD of the run's own values (one-sided, Bonferroni over the n values), alpha 0.05"
+
+
+@dataclass(frozen=True)
+class NoiseFloor:
+    """The size (ms) below which a late item of each kind is noise, from the run's own steps."""
+
+    slow_steps_ms: float  # of a step interval's excess over the median interval
+    late_starts_ms: float  # of a late start against the typical rank's (``typical_excess_ms``)
+    tail_steps_ms: float  # of a late rank's runner end against the typical rank's
+    steps: int
+
+    def block(self) -> NoiseBlock:
+        return NoiseBlock(
+            floor_ms=round(self.slow_steps_ms, 3),
+            slow_steps_ms=round(self.slow_steps_ms, 3),
+            late_starts_ms=round(self.late_starts_ms, 3),
+            tail_steps_ms=round(self.tail_steps_ms, 3),
+            steps=self.steps,
+            alpha=ALPHA,
+            method=METHOD,
+        )
+
+
+def bound_z(tests: int) -> float:
+    """The one-sided normal quantile that ``tests`` healthy values all stay under with chance 1 - ALPHA."""
+    return NormalDist().inv_cdf(1 - ALPHA / max(1, tests))
+
+
+@stage("noise floor", reads=("decode", "step_intervals"))
+def noise_floor(engine: Engine) -> NoiseFloor:
+    """Each kind's floor from the run's own variation, scaled for the number of values tested.
+
+    A rank's lateness at a step is its time against the step's median, scaled
+    by n / (n - 1): exactly the other rank's for two ranks, near the others'
+    median (the typical rank the causes compare with) for more. Each rank is
+    centred on its own median first, so a rank late at every step (a
+    persistent straggler) widens nothing: its lateness stands out against the
+    jitter of all.
+    """
+    row = engine.rows("""
+        WITH d AS (SELECT rank, step, runner_ts_ns AS s, runner_end_ns AS e FROM decode
+                   WHERE runner_ts_ns IS NOT NULL AND runner_end_ns IS NOT NULL),
+             m AS (SELECT step, median(s) AS ms, median(e) AS me, count(*) AS n FROM d GROUP BY step HAVING count(*) >= 2),
+             l AS (SELECT d.rank, (d.s - m.ms) * m.n / (m.n - 1.0) AS ls, (d.e - m.me) * m.n / (m.n - 1.0) AS le
+                   FROM d JOIN m USING (step)),
+             c AS (SELECT ls - median(ls) OVER (PARTITION BY rank) AS ds, le - median(le) OVER (PARTITION BY rank) AS de FROM l)
+        SELECT count(*), mad(ds), mad(de) FROM c""")[0]
+    cells, start_mad, end_mad = (0 if v is None else v for v in row)
+    steps, intervals, interval_mad = engine.rows("SELECT count(*), count(interval_ns), mad(interval_ns) FROM step_intervals")[0]
+    z_cells = bound_z(int(cells))
+
+    def floor(level: float, mad: float, z: float) -> float:
+        return ns_to_ms(float(level) + z * MAD_TO_SIGMA * float(mad or 0))
+
+    return NoiseFloor(
+        slow_steps_ms=floor(0.0, interval_mad or 0, bound_z(int(intervals or 0))),
+        late_starts_ms=floor(0.0, start_mad, z_cells),
+        tail_steps_ms=floor(0.0, end_mad, z_cells),
+        steps=int(steps),
+    )
+
+
+def judge_items(late_starts: list[LateStart], tail_steps: list[TailStep], slow_steps: list[SlowStep], floor: NoiseFloor) -> None:
+    """Mark every item against its floor and hold every named cause to its evidence (in place, before the what-if)."""
+    for start in late_starts:
+        start["noise"] = start.get("typical_excess_ms", start["excess_ms"]) <= floor.late_starts_ms
+        require_evidence(start, start["excess_ms"])
+    for tail in tail_steps:  # a late rank against its floor; the step is noise when all its late ranks are
+        for late in tail["ranks"]:
+            late["noise"] = late["excess_ms"] <= floor.tail_steps_ms
+            require_evidence(late, late["excess_ms"])
+        tail["noise"] = all(late["noise"] for late in tail["ranks"])
+        primary = next((late for late in tail["ranks"] if late.get("late_rank") == tail.get("late_rank")), None)
+        if primary is not None:
+            _carry(primary, tail)  # a tail step carries its primary late rank's judged cause
+    for slow in slow_steps:
+        slow["noise"] = slow["excess_ms"] <= floor.slow_steps_ms
+        require_evidence(slow, slow["excess_ms"])
+        culprit = next((c for c in slow["ranks"] if c["role"] == "culprit" and c["rank"] == slow.get("late_rank", slow["rank"])), None)
+        if culprit is not None:
+            _carry(slow, culprit)  # the culprit row among a slow step's ranks says what the step says
+            culprit["noise"] = slow["noise"]
+
+
+def require_evidence(cause: Cause, excess_ms: float) -> None:
+    """Name the cause's mechanism only when its evidence explains at least half the excess.
+
+    ``explained_share`` is the evidence over the excess (at most 1). A cause
+    whose evidence falls short becomes ``unattributed``, keeping its partial
+    evidence (``evidence_ms``, ``explained_share``) and what it was
+    (``partial_mechanism``). A victim that waited for a peer is held to the
+    same rule: its wait must explain its lateness.
+    """
+    mechanism = cause.get("mechanism")
+    if mechanism in (None, fmt.MECH_UNATTRIBUTED) or not excess_ms or excess_ms <= 0:
+        return
+    share = min(1.0, float(cause.get("evidence_ms") or 0.0) / excess_ms)
+    cause["explained_share"] = round(share, 3)
+    if share >= EXPLAINS_HALF:
+        return
+    cause["partial_mechanism"] = mechanism
+    cause["mechanism"] = fmt.MECH_UNATTRIBUTED
+    cause["detail"] = f"{cause.get('detail')}: explains {share:.0%} of the {excess_ms:.3f} ms excess, too little to name it"
+    if mechanism == fmt.MECH_PEER_WAIT:
+        cause["role"] = "culprit"  # its own lateness, not the wait, is what is left unexplained
+        cause["rank"] = cause.get("late_rank", cause["rank"])
+        cause.pop("peer", None)
+    cause.pop("from_step", None)
+
+
+_JUDGED = ("rank", "device", "role", "mechanism", "detail", "explained_share", "partial_mechanism", "from_step", "peer")
+
+
+def _carry(source: Cause, target: Cause) -> None:
+    """``target`` says what ``source`` says of the cause, key by key (a key ``source`` lacks goes from ``target`` too)."""
+    into = cast(dict[str, Any], target)
+    for key in _JUDGED:
+        if key in source:
+            into[key] = source[key]  # type: ignore[literal-required]
+        else:
+            into.pop(key, None)

@@ -1,0 +1,59 @@
+"""The run's one verdict: healthy, degraded, failed or invalid, with one sentence (docs/FIGURES.md "Verdict").
+
+Built from the sections already computed (validity, the run's outcome, the
+pipeline, the straggler block, the findings above the noise floor), never
+recomputing them, so every output can put it first and say the same thing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+from dsprof.analysis.noise import NoiseFloor
+from dsprof.analysis.summary_model import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
+
+
+def run_verdict(
+    *,
+    validation: Validation,
+    run: RunInfo,
+    pipeline: Pipeline,
+    serving: Serving,
+    straggler: Straggler,
+    what_if: WhatIf,
+    floor: NoiseFloor,
+    items: Iterable[Mapping[str, Any]],
+) -> Verdict:
+    """``status`` and ``headline`` from the sections; ``findings`` counts the late items above the noise floor."""
+    findings = sum(1 for item in items if not item.get("noise"))
+    floor_ms = round(floor.slow_steps_ms, 3)
+
+    def said(status: str, headline: str) -> Verdict:
+        return Verdict(status=status, headline=headline, noise_floor_ms=floor_ms, findings=findings)  # type: ignore[typeddict-item]
+
+    exit_status = run.get("exit_status")
+    if exit_status not in (0, None):
+        failed = run.get("failed_rank")
+        who = f": rank {failed}" + (f" ({run.get('failed_device')})" if run.get("failed_device") else "") if failed is not None else ""
+        return said(
+            "failed", f"the run failed with exit status {exit_status}{who}" + (f" — {run['message']}" if run.get("message") else "")
+        )
+    if not validation.get("valid"):
+        problems = "; ".join(validation.get("problems") or []) or "the swimlane is not valid"
+        return said("invalid", f"the swimlane is not valid: {problems}")
+    returned, expected = serving.get("tokens_returned"), serving.get("tokens_expected")
+    if returned is not None and expected is not None and returned < expected:
+        return said("failed", f"{returned:g} of {expected:g} output tokens came back")
+    if pipeline.get("serialized"):
+        return said("degraded", f"the depth-2 pipeline is serialized: {pipeline.get('diagnosis')}")
+    if straggler.get("pattern") in ("rank", "spread"):
+        return said("degraded", straggler["verdict"])
+    if not findings:
+        return said("healthy", f"healthy within noise (noise floor {floor_ms:.3f} ms)")
+    share = what_if.get("share_of_decode_wall") or 0.0
+    return said(
+        "healthy",
+        f"{findings} late item{'s' if findings != 1 else ''} above the noise floor ({floor_ms:.3f} ms) "
+        f"cost {share:.1%} of the decode time, on no rank that stands out",
+    )
