@@ -32,6 +32,8 @@ from pathlib import Path
 
 import pytest
 
+from dsprof.testing.truth import alone_faults, culprits_near_faults, found_faults, late_cells, losers, scored_faults
+
 pytestmark = pytest.mark.runtime
 
 DSPROF = Path(sys.executable).with_name("dsprof")
@@ -42,39 +44,6 @@ def _run(out: Path, *args: str) -> dict:
     proc = subprocess.run([str(DSPROF), "run", *SHAPE, *args, "-o", str(out)], capture_output=True, text=True, timeout=900, check=False)
     assert proc.returncode in (0, 1), proc.stderr[-3000:]
     return json.loads((out / "summary.json").read_text())
-
-
-def _late_cells(summary: dict) -> dict[tuple[int, int], list[dict]]:
-    """(step, rank) -> the causes named for that rank at that step (late starts, tails, slow steps)."""
-    cells: dict[tuple[int, int], list[dict]] = {}
-    for item in summary["late_starts"]["items"]:
-        cells.setdefault((item["step"], item["late_rank"]), []).append(item)
-    for tail in summary["tail_steps"]["items"]:
-        for cause in tail["ranks"]:
-            cells.setdefault((tail["step"], cause["late_rank"]), []).append(cause)
-    for slow in (summary.get("slow_steps") or {}).get("items", []):
-        for cause in slow["ranks"]:
-            cells.setdefault((slow["step"], cause["rank"]), []).append(cause)
-    return cells
-
-
-def _names_a_culprit(cause: dict) -> bool:
-    """A finding (above the noise floor) that names a culprit's own mechanism."""
-    return cause["role"] == "culprit" and not cause.get("noise") and cause["mechanism"] not in ("unattributed", "carried_over", "peer_wait")
-
-
-def losers(fault: dict) -> set[tuple[int, int]]:
-    """(step, rank) where the fault measurably cost time: a third of its delay or more.
-
-    A contention loss says per step where each rank on the CPU lost it (``steps``); any other is at the fault's step.
-    """
-    least = fault["delay_ms"] / 3
-    return {
-        (int(step), int(rank))
-        for rank, found in fault["measured"].items()
-        for step, lost in found.get("steps", {fault["step"]: found["loss_ms"]}).items()
-        if lost >= least
-    }
 
 
 @pytest.mark.parametrize(
@@ -92,30 +61,20 @@ def test_injected_faults_are_found_on_their_rank_with_their_mechanism(tmp_path, 
     summary = _run(tmp_path / "run", "--inject", spec)
     assert summary["validation"]["valid"], summary["validation"]["problems"]
     injected = [f for f in json.loads((tmp_path / "run" / "faults.json").read_text())["faults"] if (f["delay_ms"] or 0) >= 20]
-    struck = {f["step"] for f in injected}
     persistent = "p=" not in spec  # a straggler or a slow bind strikes its rank at every step, by design
-    alone = [f for f in injected if persistent or not {f["step"] - 1, f["step"] - 2} & struck]
-    faults = [f for f in alone if f["effective"]]  # the ranks measured what it cost
+    faults = scored_faults(injected, persistent)
+    alone = alone_faults(injected, persistent)
     assert len(faults) >= 4, f"{spec} with seed 5 injects faults of 20 ms or more that cost something"
     assert len(faults) >= 0.6 * len(alone), ("most faults cost what they were asked", alone)
-    cells = _late_cells(summary)
-    found = [
-        f
-        for f in faults
-        if any(
-            c["mechanism"] == f["mechanism"] and c["role"] == "culprit" and not c.get("noise")
-            for cell in losers(f)
-            for c in cells.get(cell, [])
-        )
-    ]
+    cells = late_cells(summary)
+    found = found_faults(summary, faults)
     assert len(found) >= 0.9 * len(faults), (len(found), len(faults), [f for f in faults if f not in found])
     for causes in cells.values():  # a mechanism is named only on evidence for half the excess (docs/FIGURES.md)
         for cause in causes:
             if cause["mechanism"] != "unattributed" and "explained_share" in cause:
                 assert cause["explained_share"] >= 0.5, cause
-    struck_near = {f["step"] + d for f in injected for d in range(-2, 3)}
-    named = [step for (step, _), causes in cells.items() for c in causes if _names_a_culprit(c)]
-    assert sum(step in struck_near for step in named) >= 0.75 * len(named), (named, sorted(struck_near))
+    near, named = culprits_near_faults(summary, injected)
+    assert near >= 0.75 * named, (near, named)
     if persistent or faults[0]["mechanism"] == "run_queue":
         # a persistent fault is beside every step: its test is the straggler verdict (below); a CPU-burning
         # neighbour also starves the host threads of the ranks sharing its CPU, which faults.json does not measure

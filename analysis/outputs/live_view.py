@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, worst_first
+from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_text, worst_first
 from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.textsafe import terminal_safe
@@ -64,8 +64,8 @@ class FindingLines:
             block: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
             for item in block.get("items") or []:
                 step, rank = item.get("step"), item.get("rank")
-                if not isinstance(step, int) or (step >= steps[1] and not final) or (key, step, rank) in self.said:
-                    continue
+                if item.get("noise") or not isinstance(step, int) or (step >= steps[1] and not final) or (key, step, rank) in self.said:
+                    continue  # noise is no finding
                 self.said.add((key, step, rank))
                 found.append((step, f"{title[:-1]}: {item_line(item)}"))
         lines = [terminal_safe(line) for _, line in sorted(found, key=lambda pair: pair[0])]
@@ -94,6 +94,7 @@ def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequen
         return terminal_safe(head) + "\nwaiting for complete decode steps…"
     ranks = len((summary.get("figures") or {}).get("per_rank") or {})
     lines = [f"{head} · steps {steps[0]}–{steps[1]} ({len(summary.get('per_step') or [])} steps, {ranks} ranks)", ""]
+    lines += [f"verdict    {verdict}" for verdict in [verdict_text(summary)] if verdict]
     straggler = straggler_of(summary).get("verdict") or "none"
     lines.append(f"straggler  {straggler}")
     lines += [line for line in [serving_line(summary)] if line]
@@ -107,7 +108,8 @@ def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequen
     for key, title in LATE_LISTS:
         late: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
         items = sorted(worst_first(late.get("items") or [])[:VIEW_LIST_LIMIT], key=lambda i: i.get("step") or 0)
-        lines += ["", f"{title} in the window: {len(late.get('items') or [])}"] + [f"  {item_line(i)}" for i in items]
+        found = len(worst_first(late.get("items") or []))
+        lines += ["", f"{title} in the window: {found}"] + [f"  {item_line(i)}" for i in items]
     if alerts:
         lines += ["", "alerts:"] + [f"  {line}" for line in alerts]
     return "\n".join(terminal_safe(line) for line in lines)

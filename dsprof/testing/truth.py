@@ -1,0 +1,81 @@
+"""Scoring a diagnosis of the bundled runtime against its faults.json (test and benchmark support).
+
+The runtime writes where each injected fault struck and what the ranks
+measured of it; these helpers say which of those faults a summary found, at
+their step, on a rank that lost the time, with their mechanism, above the
+noise floor. Nothing in the product imports this.
+"""
+
+from __future__ import annotations
+
+OWN_MECHANISMS_ASIDE = ("unattributed", "carried_over", "peer_wait")
+
+
+def late_cells(summary: dict) -> dict[tuple[int, int], list[dict]]:
+    """(step, rank) -> the causes named for that rank at that step (late starts, tails, slow steps)."""
+    cells: dict[tuple[int, int], list[dict]] = {}
+    for item in summary["late_starts"]["items"]:
+        cells.setdefault((item["step"], item["late_rank"]), []).append(item)
+    for tail in summary["tail_steps"]["items"]:
+        for cause in tail["ranks"]:
+            cells.setdefault((tail["step"], cause["late_rank"]), []).append(cause)
+    for slow in (summary.get("slow_steps") or {}).get("items", []):
+        for cause in slow["ranks"]:
+            cells.setdefault((slow["step"], cause["rank"]), []).append(cause)
+    return cells
+
+
+def names_a_culprit(cause: dict) -> bool:
+    """A finding (above the noise floor) that names a culprit's own mechanism."""
+    return cause["role"] == "culprit" and not cause.get("noise") and cause["mechanism"] not in OWN_MECHANISMS_ASIDE
+
+
+def losers(fault: dict) -> set[tuple[int, int]]:
+    """(step, rank) where the fault measurably cost time: a third of its delay or more.
+
+    A contention loss says per step where each rank on the CPU lost it (``steps``); any other is at the fault's step.
+    """
+    least = fault["delay_ms"] / 3
+    return {
+        (int(step), int(rank))
+        for rank, found in fault["measured"].items()
+        for step, lost in found.get("steps", {fault["step"]: found["loss_ms"]}).items()
+        if lost >= least
+    }
+
+
+def alone_faults(faults: list[dict], persistent: bool = False) -> list[dict]:
+    """The injected faults of 20 ms or more, a random one within two steps of another left out.
+
+    Every rank meets every other at the all-to-all, so all are still late from
+    the first fault when a second strikes, and the second can cost nothing.
+    """
+    injected = [f for f in faults if (f["delay_ms"] or 0) >= 20]
+    struck = {f["step"] for f in injected}
+    return [f for f in injected if persistent or not {f["step"] - 1, f["step"] - 2} & struck]
+
+
+def scored_faults(faults: list[dict], persistent: bool = False) -> list[dict]:
+    """Of :func:`alone_faults`, those the ranks measured a cost of (``effective``)."""
+    return [f for f in alone_faults(faults, persistent) if f["effective"]]
+
+
+def found_faults(summary: dict, faults: list[dict]) -> list[dict]:
+    """The faults found at a (step, rank) where they cost time, with their mechanism, as a culprit above the noise floor."""
+    cells = late_cells(summary)
+    return [
+        f
+        for f in faults
+        if any(
+            c["mechanism"] == f["mechanism"] and c["role"] == "culprit" and not c.get("noise")
+            for cell in losers(f)
+            for c in cells.get(cell, [])
+        )
+    ]
+
+
+def culprits_near_faults(summary: dict, faults: list[dict], steps: int = 2) -> tuple[int, int]:
+    """(named culprits within ``steps`` of an injected fault, named culprits)."""
+    near = {f["step"] + d for f in faults for d in range(-steps, steps + 1)}
+    named = [step for (step, _), causes in late_cells(summary).items() for c in causes if names_a_culprit(c)]
+    return sum(step in near for step in named), len(named)
