@@ -346,6 +346,12 @@ def _table(header: list[str], rows: list[list[object]], css: str = "") -> str:
     return f'<table class="{css}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
 
 
+def _run_verdict_status(summary: Summary) -> str | None:
+    """The run verdict's status, None for a summary written before verdicts."""
+    verdict = summary.get("verdict")
+    return None if verdict is None else verdict["status"]
+
+
 def _findings_section(summary: Summary) -> str:
     """The verdicts and the worst late steps: what a reader acts on, above the fold."""
     verdicts = []
@@ -354,7 +360,7 @@ def _findings_section(summary: Summary) -> str:
             text.startswith(_BAD_PREFIXES.get(label, "\0"))
             or (label == "run" and _run_failed(summary))
             or (label == "straggler" and (_block(summary, "tail_steps").get("straggler") or {}).get("rank") is not None)
-            or (label == "verdict" and (summary.get("verdict") or {}).get("status") != "healthy")
+            or (label == "verdict" and _run_verdict_status(summary) != "healthy")
         )
         state = "info" if label in _INFO_LABELS else "bad" if bad else "ok"
         verdicts.append(
