@@ -36,6 +36,13 @@ def value(number: object, unit: str = "") -> str:
     return f"{number}{unit}"
 
 
+def own_rank(item: Cause | Mapping[str, Any]) -> int | None:
+    """The rank a cause is about: a tail's or late start's cell names it ``late_rank`` (its ``rank`` is the peer it
+    waited for); a slow step's rows name it ``rank``."""
+    late = item.get("late_rank")
+    return late if late is not None else item.get("rank")
+
+
 def cause_text(item: Cause | Mapping[str, Any]) -> str:
     """``gc: 48.700 ms collection in native_fence_wait`` — the mechanism and its evidence in one phrase."""
     mechanism = item.get("mechanism") or "unattributed"
@@ -43,7 +50,7 @@ def cause_text(item: Cause | Mapping[str, Any]) -> str:
     if mechanism == "carried_over" and item.get("from_step") is not None:
         return f"carried over from step {item['from_step']}: {detail}"
     if mechanism == "peer_wait":
-        return f"peer wait: rank {item.get('late_rank')} {detail}"
+        return f"peer wait: rank {value(own_rank(item))} {detail}"
     return f"{mechanism}: {detail}"
 
 
