@@ -31,6 +31,7 @@ class WindowBlock(TypedDict):
     host_ns: list[int | None]  # [from, until) on the host monotonic clock; null: open
     run_start_ns: int | None  # the run's start offsets count from: its earliest CLOCK_ANCHOR, else its earliest host span
     steps_by: Literal["step attribute", "position"] | None  # how --steps picked the runs
+    partial_steps_left_out: NotRequired[int]  # steps the window cut (some of their runs in it), left out whole
 
 
 class Inputs(TypedDict):

@@ -90,7 +90,11 @@ def window_text(summary: Summary) -> str | None:
     steps = block.get("steps")
     said = [f"steps {steps[0]}:{steps[1]}"] if isinstance(steps, list) and len(steps) == 2 else []
     said += [f"{side} {block[side]}" for side in ("since", "until") if block.get(side)]
-    return ", ".join(said) + " only (figures of this window of the run)" if said else None
+    if not said:
+        return None
+    partial = block.get("partial_steps_left_out") or 0
+    cut = f"; {partial} step{'s' if partial != 1 else ''} it cut left out whole" if partial else ""
+    return ", ".join(said) + " only (figures of this window of the run" + cut + ")"
 
 
 def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
