@@ -40,6 +40,7 @@ class Inputs(TypedDict):
     spans: int
     dropped: dict[str, int]
     notes: list[str]
+    dropped_at: NotRequired[dict[str, str]]  # reason -> "file:line" of the first record dropped for it, where the reader knows it
     span_dataset: NotRequired[str]  # the span dataset kept with --spans (or given as input): what report and export read
     steps: NotRequired[list[int]]  # [first, last]: the window of decode steps analysed (analyze --steps)
     window: NotRequired[WindowBlock]  # the window analysed, whenever --steps, --since or --until is given

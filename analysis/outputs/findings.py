@@ -97,13 +97,29 @@ def window_text(summary: Summary) -> str | None:
     return ", ".join(said) + " only (figures of this window of the run" + cut + ")"
 
 
+def dropped_text(summary: Summary) -> str | None:
+    """``1 torn_record (server.log:12), 2 missing_field (server.log:40)``: the records not used, by reason, and the first
+    place of each (``inputs.dropped``, ``inputs.dropped_at``); None when nothing was dropped."""
+    inputs: Mapping[str, Any] = summary.get("inputs") or {}
+    at: Mapping[str, str] = inputs.get("dropped_at") or {}
+    counts = sorted((reason, n) for reason, n in (inputs.get("dropped") or {}).items() if n)
+    return ", ".join(f"{n:,} {reason}" + (f" (first at {at[reason]})" if reason in at else "") for reason, n in counts) or None
+
+
 def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     """(label, text) of each verdict: validity, the run's outcome, pipeline, straggler, tail cost."""
     validation = summary.get("validation") or {}
     pipeline = summary.get("pipeline") or {}
     tails = summary.get("tail_steps") or {}
     cost = summary.get("tail_cost") or {}
-    lines = [("swimlane", "valid" if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []))]
+    dropped = sum((summary.get("inputs") or {}).get("dropped", {}).values())
+    said = f", {dropped:,} record{'s' if dropped != 1 else ''} dropped" if dropped else ""
+    lines = [
+        ("swimlane", "valid" + said if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []) + said)
+    ]
+    damage = dropped_text(summary)
+    if damage:
+        lines.append(("dropped", damage))
     window = window_text(summary)
     if window:
         lines.insert(0, ("window", window))
