@@ -12,6 +12,7 @@ from dsprof.analysis.outputs.console import format_console_summary, terminal_saf
 from dsprof.analysis.outputs.summary_md import format_summary_md, md
 from dsprof.analysis.summary import SUMMARY_SCHEMA, load_summary
 from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.ingest import ingest_paths
 from dsprof.testing.strace_readers import READERS, select_reader
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -105,3 +106,6 @@ def test_dropped_records_get_one_console_line_with_the_first_place_of_each_reaso
     drop_line = f"1 missing_field (first at {log}:{no_dur + 1}), 1 torn_record (first at {log}:{torn + 1})"
     assert re.search(rf"^dropped +{re.escape(drop_line)}$", console, re.MULTILINE)
     assert drop_line in format_summary_md(summary).replace("\\", "")
+    ingest_paths([log], tmp_path / "spans")  # a span dataset keeps where its records were dropped
+    from_dataset = analyze_paths([tmp_path / "spans"], None).summary
+    assert from_dataset["inputs"]["dropped_at"] == summary["inputs"]["dropped_at"]
