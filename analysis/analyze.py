@@ -101,6 +101,8 @@ def analyze_trace(
         dropped={str(k): int(v) for k, v in sorted(trace.dropped.items())},
         notes=list(trace.notes),
     )
+    if trace.drop_sites:
+        inputs["dropped_at"] = {str(k): str(v) for k, v in sorted(trace.drop_sites.items())}
     if window is not None:
         inputs["window"] = window.block()
         if window.steps is not None:

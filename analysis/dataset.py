@@ -25,7 +25,7 @@ MAX_WINDOWS windows (sparse timestamps), the manifest recording the last.
     {"schema", "window_ns", "span_schema": [column names],
      "files": [{"path": "time_window=3/part-0.parquet", "window": 3, "rows": N,
                 "min_ts_ns": .., "max_ts_ns": ..}],
-     "trace": {"files", "records_read", "lines_read", "dropped": {reason: n},
+     "trace": {"files", "records_read", "lines_read", "dropped": {reason: n}, "drop_sites": {reason: "file:line"},
                "anchors": [[pid, mono_ns, wall_ns]], "chip_devices": [[pid, device]],
                "process_names": [[pid, name]], "thread_names": [[pid, tid, name]],
                "performance_summary", "faults", "notes"}}
@@ -420,6 +420,7 @@ class SpanDatasetWriter:
                 "records_read": trace.records_read,
                 "lines_read": trace.lines_read,
                 "dropped": trace.dropped,
+                "drop_sites": trace.drop_sites,
                 "anchors": [[r["pid"], r["mono_ns"], r["wall_ns"]] for r in trace.anchors.to_pylist()],
                 "chip_devices": [[r["pid"], r["device"]] for r in trace.chip_devices.to_pylist()],
                 "process_names": [[pid, name] for pid, name in trace.process_names.items()],
@@ -491,6 +492,7 @@ def open_dataset(directory: str | os.PathLike) -> Trace:
             {"pid": pa.array([c[0] for c in chips], pa.int64()), "device": pa.array([c[1] for c in chips], pa.string())}, schema=CHIP_SCHEMA
         ),
         dropped=side["dropped"],
+        drop_sites=side["drop_sites"],
         records_read=side["records_read"],
         lines_read=side["lines_read"],
         files=side["files"],

@@ -121,6 +121,10 @@ def check_trace_fields(fields: Fields, side: Any) -> dict:
         "records_read": fields.integer(side.get("records_read", 0), "trace.records_read", COUNT),
         "lines_read": fields.integer(side.get("lines_read", 0), "trace.lines_read", COUNT),
         "dropped": {str(k): fields.integer(v, f"trace.dropped.{k}", COUNT) for k, v in dropped.items()},
+        "drop_sites": {
+            str(k): fields.text(v, f"trace.drop_sites.{k}")
+            for k, v in (fields.obj(side.get("drop_sites") or {}, "trace.drop_sites") or {}).items()
+        },
         "anchors": [_anchor(fields, a, f"trace.anchors[{i}]") for i, a in enumerate(fields.items(side.get("anchors"), "trace.anchors"))],
         "chip_devices": [
             fields.row(c, f"trace.chip_devices[{i}]", "is")

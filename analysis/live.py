@@ -223,9 +223,9 @@ class LiveAnalysis:
         expect_ranks: int | None = None,
     ):
         self.paths = [Path(p) for p in paths]
-        for path in self.paths:
-            if not path.exists():
-                raise InputError(path, "no such file or directory")
+        for path in self.paths:  # a log the job has not written yet is waited for, in a directory that exists
+            if not path.exists() and not path.parent.is_dir():
+                raise InputError(path, "no such file, nor a directory for it to appear in")
         self.threshold_ms = threshold_ms
         self.ring = StepRing(window, expect_ranks)
         self.followers: dict[Path, LogFollower] = {}

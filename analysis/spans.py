@@ -187,6 +187,7 @@ class Trace:
     anchors: pa.Table = field(default_factory=lambda: ANCHOR_SCHEMA.empty_table())
     chip_devices: pa.Table = field(default_factory=lambda: CHIP_SCHEMA.empty_table())
     dropped: dict[str, int] = field(default_factory=dict)
+    drop_sites: dict[str, str] = field(default_factory=dict)  # reason -> "file:line" of the first record dropped for it
     records_read: int = 0
     lines_read: int = 0
     files: list[str] = field(default_factory=list)
@@ -228,6 +229,8 @@ def merge_traces(traces: list[Trace]) -> Trace:
     for trace in traces:
         for reason, count in trace.dropped.items():
             merged.count(reason, count)
+        for reason, site in trace.drop_sites.items():
+            merged.drop_sites.setdefault(reason, site)
         merged.span_files.extend(trace.span_files)
         for source, count in trace.spans_written.items():
             merged.spans_written[source] = merged.spans_written.get(source, 0) + count

@@ -31,6 +31,7 @@ class WindowBlock(TypedDict):
     host_ns: list[int | None]  # [from, until) on the host monotonic clock; null: open
     run_start_ns: int | None  # the run's start offsets count from: its earliest CLOCK_ANCHOR, else its earliest host span
     steps_by: Literal["step attribute", "position"] | None  # how --steps picked the runs
+    partial_steps_left_out: NotRequired[int]  # steps the window cut (some of their runs in it), left out whole
 
 
 class Inputs(TypedDict):
@@ -39,6 +40,7 @@ class Inputs(TypedDict):
     spans: int
     dropped: dict[str, int]
     notes: list[str]
+    dropped_at: NotRequired[dict[str, str]]  # reason -> "file:line" of the first record dropped for it, where the reader knows it
     span_dataset: NotRequired[str]  # the span dataset kept with --spans (or given as input): what report and export read
     steps: NotRequired[list[int]]  # [first, last]: the window of decode steps analysed (analyze --steps)
     window: NotRequired[WindowBlock]  # the window analysed, whenever --steps, --since or --until is given

@@ -1,7 +1,8 @@
 """Windows of a run: the one home of ``--steps A:B`` and ``--since/--until`` (analyze, report, export).
 
-A window is the decode steps numbered A to B (both included) and/or the runs
-whose root starts in ``[since, until)`` on the host clock. Times are given as
+A window is the decode steps numbered A to B (both included) and/or the steps
+whose runs' roots all start in ``[since, until)`` on the host clock (a step the
+window cuts is left out whole). Times are given as
 
 * wall-clock ISO 8601 with a zone (``2026-12-01T10:00:00Z``,
   ``2026-12-01T11:00:00.5+01:00``), put on the host monotonic clock through
@@ -70,6 +71,7 @@ class Window:
     run_start_ns: int | None = None
     # no root carries a step attribute: --steps counts decode runs by position, in the swimlane
     steps_by_position: bool = False
+    partial_steps: int = 0  # steps the window cut, left out whole (analysis/window_read.py)
 
     @property
     def steps(self) -> tuple[int, int] | None:
@@ -85,6 +87,7 @@ class Window:
             "host_ns": [self.from_ns, self.until_ns],
             "run_start_ns": self.run_start_ns,
             "steps_by": None if spec.steps is None else "position" if self.steps_by_position else "step attribute",
+            "partial_steps_left_out": self.partial_steps,
         }
 
     def describe(self) -> str:

@@ -57,7 +57,7 @@ SPILL_PREFIX = "dsprof-window-"
 # Span files read at once (each a row group or a few; many small ones hold the serving rows of their time window).
 READ_THREADS = max(1, min(8, os.cpu_count() or 1))
 # The columns the roots of a time window are found from, before the rows they need are read.
-_ROOT_COLUMNS = ["pid", "inv", "depth", "clk", "name", "ts_ns", "dur_ns", "step"]
+_ROOT_COLUMNS = ["pid", "inv", "hid", "depth", "clk", "name", "ts_ns", "dur_ns", "step"]
 
 
 @dataclass(frozen=True)
@@ -82,15 +82,18 @@ class CutFacts:
     invocations: int
     steps_by_position: bool
     spill: Path | None = None
+    partial_steps: int = 0  # steps the window cut (some of their runs in it, some not), all left out
 
 
 @dataclass(frozen=True)
 class Kept:
-    """The window's invocations (``keys``: pid, inv) and the host time their runs cover, first start to last end."""
+    """The window's invocations (``keys``: pid, inv), the host time their runs cover, first start to last end,
+    and how many steps it cut (left out)."""
 
     keys: pa.Table
     first_ns: int | None
     last_ns: int | None
+    partial_steps: int = 0
 
 
 def cut_trace(
@@ -117,10 +120,12 @@ def cut_trace(
     if sum(g.rows for g in chosen) <= IN_MEMORY_ROWS:
         spans = concat_spans([read_row_groups(chosen), memory])
         kept = window_invocations([spans], window)
-        facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position)
+        window = dataclasses.replace(window, partial_steps=kept.partial_steps)
+        facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position, partial_steps=kept.partial_steps)
         return dataclasses.replace(trace, spans=keep_rows(spans, kept, drawing=drawing), span_files=[]), window, facts
     kept = window_invocations([read_row_groups(chosen, _ROOT_COLUMNS), memory], window)
-    facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position)
+    window = dataclasses.replace(window, partial_steps=kept.partial_steps)
+    facts = CutFacts(len(chosen), len(groups), kept.keys.num_rows, window.steps_by_position, partial_steps=kept.partial_steps)
     spill = make_owned_dir(SPILL_PREFIX)
     try:
         cut = _cut_to_disk(trace, chosen, memory, kept, drawing, spill)
@@ -257,41 +262,64 @@ def _root_rows(table: pa.Table) -> pa.Array:
 
 
 def _window_roots(table: pa.Table, window: Window) -> pa.Table:
-    """The roots of the window's invocations: pid, inv, ts_ns, end_ns, step."""
+    """The runtime roots in ``table`` (pid, inv, hid, ts_ns, end_ns, step) and whether each run lies in the window (``inside``).
+
+    Roots outside it are kept too: they say which steps the window cuts.
+    """
     table = table.select(_ROOT_COLUMNS).filter(pc.fill_null(pc.equal(table.column("depth"), 0), False))  # few rows from here
-    keep = pc.fill_null(_root_rows(table), False)
-    ts = table.column("ts_ns")
+    roots = table.filter(pc.fill_null(_root_rows(table), False))
+    ts = roots.column("ts_ns")
+    inside = pa.array(np.ones(roots.num_rows, bool))
     if window.steps is not None and not window.steps_by_position:
-        keep = pc.and_(
-            keep,
-            pc.fill_null(
-                pc.and_(pc.greater_equal(table.column("step"), window.steps[0]), pc.less_equal(table.column("step"), window.steps[1])),
-                False,
-            ),
+        step = roots.column("step")
+        inside = pc.and_(
+            inside, pc.fill_null(pc.and_(pc.greater_equal(step, window.steps[0]), pc.less_equal(step, window.steps[1])), False)
         )
     if window.from_ns is not None:
-        keep = pc.and_(keep, pc.greater_equal(ts, window.from_ns))
+        inside = pc.and_(inside, pc.greater_equal(ts, window.from_ns))
     if window.until_ns is not None:
-        keep = pc.and_(keep, pc.less(ts, window.until_ns))
-    roots = table.filter(keep)
+        inside = pc.and_(inside, pc.less(ts, window.until_ns))
     return pa.table(
         {
             "pid": roots.column("pid"),
             "inv": roots.column("inv"),
-            "ts_ns": roots.column("ts_ns"),
-            "end_ns": pc.add(roots.column("ts_ns"), roots.column("dur_ns")),
+            "hid": roots.column("hid").cast(pa.string()),
+            "ts_ns": ts,
+            "end_ns": pc.add(ts, roots.column("dur_ns")),
             "step": roots.column("step"),
+            "inside": inside,
         }
     )
 
 
+def _whole_steps(roots: pa.Table) -> tuple[pa.Array, int]:
+    """Mask of the roots the window keeps, and how many steps it cut.
+
+    A run is kept when it lies in the window and so does every other run of its step (same callable, same
+    ``step`` attribute, on any rank): a step some of whose ranks started before ``since`` or at ``until`` is
+    left out whole, so that the window's steps are the run's own, with every rank. Runs without a step
+    attribute are kept by their own bounds.
+    """
+    numbered = roots.filter(pc.is_valid(roots.column("step")))
+    steps = numbered.group_by(["hid", "step"]).aggregate([("inside", "sum"), ("inside", "count")])
+    cut = pc.and_(pc.greater(steps.column("inside_sum"), 0), pc.less(steps.column("inside_sum"), steps.column("inside_count")))
+    partial = steps.filter(cut).select(["hid", "step"]).append_column("cut", pa.array(np.ones(pc.sum(cut).as_py() or 0, bool)))
+    rows = roots.select(["hid", "step"]).append_column("row", pa.array(np.arange(roots.num_rows)))
+    in_cut = np.zeros(roots.num_rows, bool)
+    in_cut[rows.join(partial, keys=["hid", "step"], join_type="inner").column("row").to_numpy()] = True
+    return pc.and_(roots.column("inside"), pa.array(~in_cut)), partial.num_rows
+
+
 def window_invocations(tables: list[pa.Table], window: Window) -> Kept:
-    """The window's invocations among the roots in ``tables`` (each with at least :data:`_ROOT_COLUMNS`)."""
-    roots = concat_spans([_window_roots(t, window) for t in tables if t.num_rows]) if any(t.num_rows for t in tables) else None
-    if roots is None or roots.num_rows == 0:
+    """The window's invocations among the roots in ``tables`` (each with at least :data:`_ROOT_COLUMNS`): whole steps only."""
+    found = [roots for roots in (_window_roots(t, window) for t in tables if t.num_rows) if roots.num_rows]
+    if not found:
         return Kept(pa.table({"pid": pa.array([], pa.int64()), "inv": pa.array([], pa.uint64())}), None, None)
+    roots = pa.concat_tables(found)
+    keep, partial = _whole_steps(roots)
+    roots = roots.filter(keep)
     keys = roots.select(["pid", "inv"]).group_by(["pid", "inv"]).aggregate([])
-    return Kept(keys, pc.min(roots.column("ts_ns")).as_py(), pc.max(roots.column("end_ns")).as_py())
+    return Kept(keys, pc.min(roots.column("ts_ns")).as_py(), pc.max(roots.column("end_ns")).as_py(), partial)
 
 
 def keep_rows(spans: pa.Table, kept: Kept, *, drawing: bool = False) -> pa.Table:

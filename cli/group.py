@@ -163,9 +163,11 @@ def window_options(command):
             "--since",
             metavar="TIME",
             show_default="the run's start",
-            help="Only runs starting at or after TIME: wall clock (2026-12-01T10:00:00Z) or offset from the run's start (+90s, +5m, 1h30m).",
+            help="Only steps whose runs all start at or after TIME (a step it cuts is left out): wall clock (2026-12-01T10:00:00Z) or offset from the run's start (+90s, +5m, 1h30m).",
         ),
-        click.option("--until", metavar="TIME", show_default="the run's end", help="Only runs starting before TIME (as --since)."),
+        click.option(
+            "--until", metavar="TIME", show_default="the run's end", help="Only steps whose runs all start before TIME (as --since)."
+        ),
     )
     for option in reversed(options):
         command = option(command)

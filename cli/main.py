@@ -238,7 +238,7 @@ def ingest(paths, output) -> None:
 
 
 @cli.command()
-@click.argument("paths", nargs=-1, required=True, type=click.Path(exists=True, path_type=Path))
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Final outputs [default: as analyze].")
 @click.option("--window", type=click.IntRange(min=2), default=200, show_default=True, help="Decode steps analysed live (the last N).")
 @click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between refreshes.")

@@ -3,13 +3,17 @@
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
+import pytest
 
 from dsprof.analysis.outputs.console import format_console_summary, terminal_safe
 from dsprof.analysis.outputs.summary_md import format_summary_md, md
 from dsprof.analysis.summary import SUMMARY_SCHEMA, load_summary
 from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.ingest import ingest_paths
+from dsprof.testing.strace_readers import READERS, select_reader
 from dsprof.testing.synthetic import SyntheticRun
 
 
@@ -81,3 +85,28 @@ def test_trace_text_is_inert_in_markdown_and_on_a_terminal():
     hostile = "npu:0<script>alert(1)</script>|*x*\x1b]8;;http://e\x07"
     assert md(hostile) == "npu:0\\<script\\>alert(1)\\</script\\>\\|\\*x\\*\\x1b\\]8;;http://e\\x07"
     assert "\x1b" not in terminal_safe(hostile) and "\x07" not in terminal_safe(hostile)
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_dropped_records_get_one_console_line_with_the_first_place_of_each_reason(tmp_path, reader, monkeypatch):
+    """A record torn mid-way and one without ``dur=``: the swimlane line counts them, the drop line says where."""
+    select_reader(reader, monkeypatch)
+    run = SyntheticRun(ranks=2, steps=12, sa_profile=False).write(tmp_path / "run")
+    log = run / "server.log"
+    lines = log.read_text().splitlines(keepends=True)
+    records = [i for i, line in enumerate(lines) if "[STRACE]" in line and " dur=" in line]
+    no_dur, torn = records[len(records) // 3], records[2 * len(records) // 3]
+    lines[no_dur] = re.sub(r" dur=[0-9]+", "", lines[no_dur])
+    lines[torn] = lines[torn][: lines[torn].index(" ts=") + 5] + "\n"
+    log.write_text("".join(lines))
+    summary = analyze_paths([log], None).summary
+    assert summary["inputs"]["dropped"] == {"missing_field": 1, "torn_record": 1}
+    assert summary["inputs"]["dropped_at"] == {"missing_field": f"{log}:{no_dur + 1}", "torn_record": f"{log}:{torn + 1}"}
+    console = format_console_summary(summary)
+    assert re.search(r"^swimlane +valid, 2 records dropped$", console, re.MULTILINE)
+    drop_line = f"1 missing_field (first at {log}:{no_dur + 1}), 1 torn_record (first at {log}:{torn + 1})"
+    assert re.search(rf"^dropped +{re.escape(drop_line)}$", console, re.MULTILINE)
+    assert drop_line in format_summary_md(summary).replace("\\", "")
+    ingest_paths([log], tmp_path / "spans")  # a span dataset keeps where its records were dropped
+    from_dataset = analyze_paths([tmp_path / "spans"], None).summary
+    assert from_dataset["inputs"]["dropped_at"] == summary["inputs"]["dropped_at"]

@@ -377,7 +377,8 @@ def test_truncated_document_keeps_the_events_before_the_cut(tmp_path):
     path = tmp_path / "cut.json"
     path.write_text(text[: text.index('"e4"') + 6])  # inside the last event
     trace = read_chrome_trace(path)
-    assert col(trace.spans, "name") == ["e0", "e1", "e2", "e3"] and trace.dropped == {"torn_event": 1}
+    assert col(trace.spans, "name") == ["e0", "e1", "e2", "e3"] and trace.dropped == {"torn_event": 1, "truncated_document": 1}
+    assert trace.drop_sites == {"torn_event": f"{path}:1", "truncated_document": f"{path}:1"}  # a drop, with where it ends
     assert "ends early inside traceEvents (truncated)" in trace.notes[0]
     path.write_text(json.dumps(events)[:-1])  # the JSON Array Format may lack its ']'
     trace = read_chrome_trace(path)

@@ -26,6 +26,7 @@ from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.report import report_from_dir
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
+from dsprof.testing.coupled import Shape, scenario_for, write_scenario
 from dsprof.testing.synthetic import SyntheticRun
 
 MS = 1_000_000
@@ -186,6 +187,45 @@ def test_no_python_literals_on_the_page(page):
     text = re.sub(r"<[^>]+>", " ", text)
     assert not re.findall(r"\b(True|False|None)\b|\{'|\['", html.unescape(text))
     assert "<td>gc, straggler</td>" in page and "<td>n/a</td>" in page and "<td>yes</td>" in page
+
+
+_MISSING_RENDERED = re.compile(r"\b(None|nan|NaN|null|undefined)\b")
+
+
+def _strings(value: object) -> list[str]:
+    """Every string inside a JSON value: the text the page's script puts on screen."""
+    if isinstance(value, str):
+        return [value]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _strings(v)]
+    if isinstance(value, list):
+        return [s for v in value for s in _strings(v)]
+    return []
+
+
+def _rendered_text(directory: Path) -> tuple[dict, str]:
+    """report.html's data (what its script shows) and summary.md of an analysed directory."""
+    page = (directory / REPORT_NAME).read_text()
+    data = json.loads(re.search(r'<script type="application/json" id="dsprof-data">(.*?)</script>', page, re.DOTALL).group(1))
+    return data, (directory / artifacts.SUMMARY_MD).read_text()
+
+
+def test_no_missing_value_is_rendered_as_a_word(run_dir, tmp_path):
+    """Slow steps with victims, tails, late starts, trends, serving: no rendered line reads ``rank None``."""
+    coupled = tmp_path / "coupled"
+    answers = write_scenario(scenario_for(Shape(ranks=4, steps=60, layers=2, seed=11, peer=True)), coupled)
+    analyze_paths([coupled / artifacts.SERVER_LOG], coupled, threshold_ms=answers["threshold_ms"])
+    for directory in (run_dir, coupled):
+        data, text = _rendered_text(directory)
+        assert all(data["lists"][key] for key in ("slow_steps", "tail_steps", "late_starts"))
+        assert not [s for s in _strings(data) if _MISSING_RENDERED.search(s)]
+        assert "Slow steps" in text and not _MISSING_RENDERED.findall(text)
+    slow = json.loads((coupled / artifacts.SUMMARY_JSON).read_text())["slow_steps"]["items"]
+    held = next(i for i in slow if any(c["role"] == "victim" for c in i["ranks"]))
+    victims = sorted(c["rank"] for c in held["ranks"] if c["role"] == "victim")
+    listed = next(i for i in data["lists"]["slow_steps"] if i["step"] == held["step"])
+    assert listed["victims"] == victims
+    assert f"rank {victims[0]}: peer wait: rank {victims[0]} waited" in " ".join(listed["also"])
 
 
 def test_page_is_one_offline_file_with_escaped_text(page):

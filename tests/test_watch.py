@@ -21,10 +21,13 @@ from dsprof.analysis.ingest import read_strace_log
 from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV
 from dsprof.analysis.ingest.follow import LogFollower
 from dsprof.analysis.live import LiveAnalysis
+from dsprof.analysis.outputs import live_view
+from dsprof.analysis.outputs.findings import LATE_LISTS
 from dsprof.analysis.outputs.live_view import FindingLines, format_live_view
 from dsprof.analysis.spans import SPAN_SCHEMA
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.watch import Alerts, Events, WatchOptions, finish_watch
+from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.testing.coupled import Scenario, Shape, known_answers, scenario_for
 from dsprof.testing.coupled_log import write_log
@@ -287,3 +290,35 @@ def test_run_live_writes_the_runs_outputs_as_analyze_does(tmp_path):
     reference = _dsprof("analyze", str(out_dir), "-o", str(tmp_path / "a"), "--expect-ranks", "2")
     assert reference.returncode == 0, reference.stderr
     assert (out_dir / artifacts.SUMMARY_JSON).read_bytes() == (tmp_path / "a" / artifacts.SUMMARY_JSON).read_bytes()
+
+
+def test_a_log_not_written_yet_is_waited_for(tmp_path, clean):
+    log = tmp_path / "server.log"
+    live = LiveAnalysis([log], tmp_path / "spans", window=20)
+    assert live.poll() == 0 and live.window() is None  # nothing yet: no error
+    _follow(live, _pieces(clean, seed=4), log, every=10, finished=True)
+    watched = finish_watch(live, tmp_path / "watch-out", WatchOptions(), keep_dataset=False)
+    watched.result.engine.close()
+    reference = analyze_paths([log], None)
+    reference.result.engine.close()
+    assert watched.summary["per_step"] == reference.summary["per_step"] and len(watched.summary["per_step"]) == SHAPE.steps
+    with pytest.raises(InputError, match="nor a directory for it to appear in"):
+        LiveAnalysis([tmp_path / "no-such-dir" / "server.log"], tmp_path / "spans2")
+
+
+def test_the_live_view_fits_the_terminal_and_counts_what_it_leaves_out(tmp_path, faulty, monkeypatch):
+    monkeypatch.setattr(live_view, "VIEW_LIST_LIMIT", 3)  # the known-answer run has 4-6 items a list
+    log = tmp_path / "server.log"
+    log.write_bytes(faulty[0])
+    outcome = analyze_paths([log], None, threshold_ms=1.0)  # a low threshold: lists longer than the view shows
+    outcome.result.engine.close()
+    summary = outcome.summary
+    wide = format_live_view(summary, bytes_read=1).splitlines()
+    narrow = format_live_view(summary, bytes_read=1, width=60).splitlines()
+    assert len(wide) == len(narrow) and all(len(line) <= 60 for line in narrow)
+    assert [line[:59] + "…" if len(line) > 60 else line for line in wide] == narrow
+    assert any(len(line) > 60 for line in wide)  # some line was cut
+    counts = {title: len(summary[key]["items"]) for key, title in LATE_LISTS}
+    assert min(counts.values()) > 3
+    for title, n in counts.items():
+        assert f"  … {n - 3} more" in wide[wide.index(f"{title} in the window: {n}") :]

@@ -185,6 +185,32 @@ def test_time_windows_by_offset_and_by_wall_clock_agree(run):
     assert [r["step"] for r in both["per_step"]] == list(range(FIRST, FIRST + 5))
 
 
+def test_a_window_that_cuts_steps_keeps_whole_steps_with_the_runs_own_numbers_and_figures(tmp_path):
+    """Ranks start 1 ms apart, so a bound 0.5 ms after a step's first start cuts it: it is left out whole."""
+    fence = np.full((RANKS, STEPS), 2_000_000, dtype=np.int64)
+    fence[1, [31, 44, 59]] += 9_000_000
+    offsets = np.arange(RANKS, dtype=np.int64)[:, None] * 1_000_000
+    run = SyntheticRun(ranks=RANKS, steps=STEPS, fence_wait_ns=fence, bind_start_offset_ns=offsets).write(tmp_path / "run")
+    starts, run_start, _ = _root_starts(run)
+    whole = analyze_paths([run], None).summary
+    window = analyze_paths(
+        [run], None, window=parse_window(None, f"+{starts[FIRST] + 500_000 - run_start}ns", f"+{starts[LAST + 1] + 500_000 - run_start}ns")
+    ).summary
+    validation = window["validation"]
+    assert validation["valid"], validation["problems"]
+    assert validation["step_numbering"] == "producer" and window["inputs"]["window"]["partial_steps_left_out"] == 2
+    kept = [r["step"] for r in window["per_step"]]
+    assert kept == list(range(FIRST + 1, LAST + 1))  # steps FIRST and LAST + 1 were cut; the rest keep their numbers
+    by_step = {r["step"]: r for r in whole["per_step"]}
+    for row in window["per_step"]:  # each step's figures are the whole run's (the first has no predecessor: no interval)
+        assert {k: v for k, v in row.items() if k != "interval_ms"} == {k: v for k, v in by_step[row["step"]].items() if k != "interval_ms"}
+        assert row["interval_ms"] == (None if row["step"] == FIRST + 1 else by_step[row["step"]]["interval_ms"])
+    assert {t["step"] for t in window["tail_steps"]["items"]} == {31, 44, 59}
+    # steps keep the grid: only the fault in the window's last step (nothing after it) can shorten its decode wall
+    assert whole["what_if"]["total_saved_ms"] == 0.0 and 0 < window["what_if"]["total_saved_ms"] <= 9.0
+    assert "2 steps it cut left out whole" in format_console_summary(window)
+
+
 def test_report_and_export_draw_only_the_window(run, tmp_path):
     out = tmp_path / "out"
     analyze_paths([run], out)

@@ -89,6 +89,8 @@ from dsprof.profiler.chrome_json import (
     TraceEvent,
 )
 
+# the drop reason of a document cut short: whatever followed the cut is lost (its line is where the document ends)
+TRUNCATED_DOCUMENT = "truncated_document"
 # B/E rows kept until the end of a file, where they are paired
 _BEGIN_END_SCHEMA = pa.schema(
     [
@@ -131,6 +133,11 @@ def read_document(
         builder.add(batch.events, batch.index, skipped=batch.dropped, nulled=batch.nulled)
     trace = builder.finish(document.base_ns or 0)
     trace.notes.extend(document.notes)
+    if document.cut_line is not None:  # the rest of the document is lost: a drop, with where it ends
+        trace.count(TRUNCATED_DOCUMENT)
+        for reason in (TRUNCATED_DOCUMENT, "torn_event"):
+            if trace.dropped.get(reason):
+                trace.drop_sites[reason] = f"{path}:{document.cut_line}"
     return trace, document
 
 

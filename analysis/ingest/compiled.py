@@ -135,7 +135,7 @@ class _Assembler:
         islands = self._islands(scan)
         table = _in_line_order(tables, islands.table)
         records_found = sum(t.num_rows for t in tables) + islands.records_found
-        return Chunk(table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes)
+        return Chunk(table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes, islands.drop_lines)
 
     def _islands(self, scan: dict) -> Chunk:
         """What the Python reader makes of the lines the scanner left, numbered as in the log."""
@@ -143,11 +143,11 @@ class _Assembler:
         if not len(text):
             return Chunk(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
         part = parse_chunk(text, self.file, 0, self.dropped)
+        numbers = np.frombuffer(scan["island_lines"], np.int64)
         if part.table.num_rows:
-            numbers = np.frombuffer(scan["island_lines"], np.int64)
             line = numbers[part.table.column("line").to_numpy() - 1]
             part = part._replace(table=part.table.set_column(SPAN_COLUMNS.index("line"), "line", pa.array(line)))
-        return part
+        return part._replace(drop_lines={reason: int(numbers[at - 1]) for reason, at in (part.drop_lines or {}).items()})
 
     def _part_table(self, part: dict) -> pa.Table:
         """One thread's rows, wrapping the scanner's buffers (no copy)."""

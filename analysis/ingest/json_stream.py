@@ -89,7 +89,8 @@ class ChromeDocument:
     After (or while) reading: ``base_ns`` is ``baseTimeNanoseconds`` (None
     until seen), ``base_before_events`` whether it came before
     ``traceEvents``, ``other_data`` the ``otherData`` member (a dict, or None),
-    ``notes`` what a reader should be told (a truncated document).
+    ``notes`` what a reader should be told (a truncated document), ``cut_line``
+    the line a truncated document ends on (None when it is whole).
     """
 
     def __init__(self, path: Path, limits: JsonLimits = DEFAULT_LIMITS):
@@ -98,6 +99,7 @@ class ChromeDocument:
         self.base_ns: int | None = None
         self.base_before_events = False
         self.other_data: dict[str, Any] | None = None
+        self.cut_line: int | None = None
         self.notes: list[str] = []
         self._input: _Input | None = None
         self._buf = b""
@@ -145,6 +147,8 @@ class ChromeDocument:
                 raise self._error("the document ends early", self._pos, expected=EXPECTED) from None
             cause = "gzip stream cut short" if self._input is not None and self._input.cut_short else "truncated"
             self.notes.append(f"{self.path}: the document ends early{cut.where} ({cause}); the events before the cut were read")
+            if first != _OPEN_ARRAY or self.cut_line is not None:  # the Array Format may end without ']': then nothing is lost
+                self.cut_line = self._end_line()
             return
         if not self._head_only and self._peek() is not None:
             raise self._error("trailing data after the JSON document", self._pos)
@@ -347,6 +351,7 @@ class ChromeDocument:
         if reason is None:
             yield EventBatch([event], np.array([index], np.int64), 1, nulled=nulled)
         else:
+            self.cut_line = self._end_line()
             yield EventBatch([], np.zeros(0, np.int64), 1, dropped={"torn_event": 1})
 
     # -- the buffer ---------------------------------------------------------------------------------
@@ -380,6 +385,10 @@ class ChromeDocument:
                 return self._buf[self._pos]
             if not self._fill():
                 return None
+
+    def _end_line(self) -> int:
+        """The line the input ends on."""
+        return self._lines_before + self._buf.count(b"\n") + 1
 
     def _error(self, what: str, at: int, expected: str | None = None) -> InputError:
         line = self._lines_before + self._buf.count(b"\n", 0, min(at, len(self._buf))) + 1

@@ -71,6 +71,7 @@ class Chunk(NamedTuple):
     n_lines: int
     binary_at: int | None
     n_bytes: int
+    drop_lines: dict[str, int] | None = None  # reason -> first line (1-based, as ``line``) of a record dropped for it
 
 
 def parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> Chunk:
@@ -83,12 +84,13 @@ def parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, 
     tables: list[pa.Table] = []
     orders: list[np.ndarray] = []
     slow: list[_SlowRecord] = []
+    sites: dict[str, int] = {}  # first line (of the piece) of each reason's drops
     for start, stop in _batches(log, file, line_base):
-        records, batch_slow = _extract_batch(log, start, stop, dropped)
-        add_table(tables, orders, records, file, line_base, dropped)
+        records, batch_slow = _extract_batch(log, start, stop, dropped, sites)
+        add_table(tables, orders, records, file, line_base, dropped, sites)
         slow.extend(batch_slow)
     slow.extend(_marker_split_records(log))
-    add_table(tables, orders, _finish_slow_records(slow, log, dropped), file, line_base, dropped)
+    add_table(tables, orders, _finish_slow_records(slow, log, dropped, sites), file, line_base, dropped, sites)
     records_found = sum(t.num_rows for t in tables) + sum(dropped.values()) - record_drops  # only record drops are counted so far
 
     side = _side_lines(log)
@@ -98,7 +100,8 @@ def parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, 
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
-    return Chunk(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes)
+    drop_lines = {reason: line + line_base for reason, line in sites.items()}
+    return Chunk(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, drop_lines)
 
 
 def _side_lines(log: _Log) -> pa.Array:
@@ -201,7 +204,7 @@ _SlowRecord = tuple[int, str, int | None, int]
 _ORDER_STRIDE = 1 << 20
 
 
-def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) -> tuple[Records, list[_SlowRecord]]:
+def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int], sites: dict[str, int]) -> tuple[Records, list[_SlowRecord]]:
     """The records of lines [first, stop): plain ones by separator positions, others by regex, the rest in Python.
 
     A line is plain when it holds one marker followed by a plain record up to
@@ -223,7 +226,7 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int]) ->
     other_lines = with_marker[~plain]
     slow: list[_SlowRecord] = []
     if len(other_lines):
-        records, slow = _segment_records(log, other_lines, dropped)
+        records, slow = _segment_records(log, other_lines, dropped, sites)
         parts.append(records)
     return Records.concat(parts), slow
 
@@ -303,7 +306,9 @@ class _PieceTexts:
         return pa.Array.from_buffers(pa.string(), cells, [every_other, pa.py_buffer(bounds), self.data])
 
 
-def _segment_records(log: _Log, line_index: np.ndarray, dropped: dict[str, int]) -> tuple[Records, list[_SlowRecord]]:
+def _segment_records(
+    log: _Log, line_index: np.ndarray, dropped: dict[str, int], sites: dict[str, int]
+) -> tuple[Records, list[_SlowRecord]]:
     """Records of lines that are not plain: split at every marker, parsed by the capturing regex."""
     pieces = pc.split_pattern(log.lines.take(pa.array(line_index)), STRACE_MARKER)
     list_offsets = pieces.offsets.to_numpy().astype(np.int64)
@@ -322,7 +327,10 @@ def _segment_records(log: _Log, line_index: np.ndarray, dropped: dict[str, int])
     fields = pc.extract_regex(segments, STRACE_PATTERN)
     matched = fields.is_valid().to_numpy(zero_copy_only=False)
     version_ok = pc.equal(fields.field(VERSION_FIELD), str(STRACE_VERSION)).fill_null(False).to_numpy(zero_copy_only=False)
-    count_drop(dropped, "unknown_version", (matched & ~version_ok).sum())
+    other_version = matched & ~version_ok
+    count_drop(
+        dropped, "unknown_version", other_version.sum(), sites, int(seg_line[other_version].min()) + 1 if other_version.any() else None
+    )
     good = matched & version_ok & ~continues
     mask = pa.array(good)
     records = Records.from_tails(
@@ -367,7 +375,7 @@ def _marker_split_records(log: _Log) -> list[_SlowRecord]:
     return found
 
 
-def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, int]) -> Records:
+def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, int], sites: dict[str, int]) -> Records:
     """Rejoin records cut by newlines; count why the others are dropped."""
     found = []
     for line_idx, segment, next_line, order in slow:
@@ -375,8 +383,7 @@ def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, 
         if match and match.group(VERSION_FIELD) == str(STRACE_VERSION):
             found.append((line_idx + 1, order, match.groupdict()))
             continue
-        reason = "unknown_version" if match else _drop_reason(segment)
-        dropped[reason] = dropped.get(reason, 0) + 1
+        count_drop(dropped, "unknown_version" if match else _drop_reason(segment), 1, sites, line_idx + 1)
     if not found:
         return Records.empty()
     return Records.from_tails(

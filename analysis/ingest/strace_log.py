@@ -138,6 +138,7 @@ class LogTally:
     anchors: list[pa.Table] = field(default_factory=list)
     chips: list[pa.Table] = field(default_factory=list)
     dropped: dict[str, int] = field(default_factory=dict)
+    drop_lines: dict[str, int] = field(default_factory=dict)  # reason -> first line of a record dropped for it
     records_found: int = 0
     lines: int = 0
     binary_at: int | None = None  # the first line of binary data seen, should no record be found at all
@@ -155,6 +156,8 @@ class LogTally:
         if part.chips.num_rows:
             self.chips.append(part.chips)
         self.records_found += part.records_found
+        for reason, line in (part.drop_lines or {}).items():
+            self.drop_lines.setdefault(reason, line)  # pieces come in file order
         if self.binary_at is None and part.binary_at is not None:
             self.binary_at = self.lines + part.binary_at
         self.lines += part.n_lines
@@ -168,6 +171,7 @@ class LogTally:
         if not found_anything and self.binary_at is not None:
             raise InputError(file, "binary data, not a text log", line=self.binary_at, expected="a text log with [STRACE] records")
         trace.dropped = {k: v for k, v in sorted(self.dropped.items()) if v}
+        trace.drop_sites = {reason: f"{file}:{line}" for reason, line in sorted(self.drop_lines.items())}
         side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
         trace.records_read = self.records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
         trace.lines_read = self.lines

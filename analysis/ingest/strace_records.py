@@ -239,9 +239,12 @@ def integers(digits: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     return data[values.offset : values.offset + len(values)], overflow
 
 
-def count_drop(dropped: dict[str, int], reason: str, n: int) -> None:
+def count_drop(dropped: dict[str, int], reason: str, n: int, sites: dict[str, int] | None = None, line: int | None = None) -> None:
+    """Count ``n`` records dropped for ``reason``; ``sites`` keeps the first ``line`` (1-based) each reason was seen at."""
     if n:
         dropped[reason] = dropped.get(reason, 0) + int(n)
+        if sites is not None and line is not None and (reason not in sites or line < sites[reason]):
+            sites[reason] = int(line)
 
 
 def out_of_range(digits: pa.Array, signed: bool) -> np.ndarray:
@@ -302,7 +305,13 @@ def _attribute_columns(records: Records) -> tuple[pa.Array, dict[str, pa.Array],
 
 
 def add_table(
-    tables: list[pa.Table], orders: list[np.ndarray], records: Records, file: str, line_base: int, dropped: dict[str, int]
+    tables: list[pa.Table],
+    orders: list[np.ndarray],
+    records: Records,
+    file: str,
+    line_base: int,
+    dropped: dict[str, int],
+    sites: dict[str, int] | None = None,
 ) -> None:
     """Append the span rows of ``records``; drop and count what cannot be a span.
 
@@ -317,8 +326,8 @@ def add_table(
     past_bound = (ts >= MAX_TIME_NS) | ((ts >= 0) & (dur >= MAX_TIME_NS - np.clip(ts, 0, MAX_TIME_NS)))
     bad = records.overflow | (ts < 0) | past_bound
     negative = ~bad & (dur < 0)
-    count_drop(dropped, "bad_value", bad.sum())
-    count_drop(dropped, "negative_duration", negative.sum())
+    for reason, mask in (("bad_value", bad), ("negative_duration", negative)):
+        count_drop(dropped, reason, mask.sum(), sites, int(records.line[mask].min()) if mask.any() else None)  # line in the piece
     records = records.filter(~(bad | negative))
     n = len(records)
     if n == 0:

@@ -36,6 +36,13 @@ def value(number: object, unit: str = "") -> str:
     return f"{number}{unit}"
 
 
+def own_rank(item: Cause | Mapping[str, Any]) -> int | None:
+    """The rank a cause is about: a tail's or late start's cell names it ``late_rank`` (its ``rank`` is the peer it
+    waited for); a slow step's rows name it ``rank``."""
+    late = item.get("late_rank")
+    return late if late is not None else item.get("rank")
+
+
 def cause_text(item: Cause | Mapping[str, Any]) -> str:
     """``gc: 48.700 ms collection in native_fence_wait`` — the mechanism and its evidence in one phrase."""
     mechanism = item.get("mechanism") or "unattributed"
@@ -43,7 +50,7 @@ def cause_text(item: Cause | Mapping[str, Any]) -> str:
     if mechanism == "carried_over" and item.get("from_step") is not None:
         return f"carried over from step {item['from_step']}: {detail}"
     if mechanism == "peer_wait":
-        return f"peer wait: rank {item.get('late_rank')} {detail}"
+        return f"peer wait: rank {value(own_rank(item))} {detail}"
     return f"{mechanism}: {detail}"
 
 
@@ -93,7 +100,20 @@ def window_text(summary: Summary) -> str | None:
     steps = block.get("steps")
     said = [f"steps {steps[0]}:{steps[1]}"] if isinstance(steps, list) and len(steps) == 2 else []
     said += [f"{side} {block[side]}" for side in ("since", "until") if block.get(side)]
-    return ", ".join(said) + " only (figures of this window of the run)" if said else None
+    if not said:
+        return None
+    partial = block.get("partial_steps_left_out") or 0
+    cut = f"; {partial} step{'s' if partial != 1 else ''} it cut left out whole" if partial else ""
+    return ", ".join(said) + " only (figures of this window of the run" + cut + ")"
+
+
+def dropped_text(summary: Summary) -> str | None:
+    """``1 torn_record (server.log:12), 2 missing_field (server.log:40)``: the records not used, by reason, and the first
+    place of each (``inputs.dropped``, ``inputs.dropped_at``); None when nothing was dropped."""
+    inputs: Mapping[str, Any] = summary.get("inputs") or {}
+    at: Mapping[str, str] = inputs.get("dropped_at") or {}
+    counts = sorted((reason, n) for reason, n in (inputs.get("dropped") or {}).items() if n)
+    return ", ".join(f"{n:,} {reason}" + (f" (first at {at[reason]})" if reason in at else "") for reason, n in counts) or None
 
 
 def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
@@ -102,7 +122,14 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
     pipeline = summary.get("pipeline") or {}
     tails = summary.get("tail_steps") or {}
     cost = summary.get("tail_cost") or {}
-    lines = [("swimlane", "valid" if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []))]
+    dropped = sum((summary.get("inputs") or {}).get("dropped", {}).values())
+    said = f", {dropped:,} record{'s' if dropped != 1 else ''} dropped" if dropped else ""
+    lines = [
+        ("swimlane", "valid" + said if validation.get("valid") else "NOT valid: " + "; ".join(validation.get("problems") or []) + said)
+    ]
+    damage = dropped_text(summary)
+    if damage:
+        lines.append(("dropped", damage))
     window = window_text(summary)
     if window:
         lines.insert(0, ("window", window))

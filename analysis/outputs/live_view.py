@@ -86,12 +86,26 @@ def serving_line(summary: Summary) -> str:
     return "serving    " + " · ".join(shown)
 
 
-def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequence[str] = (), clock: str = "") -> str:
-    """The terminal view of one refresh: the window, the verdict, its serving and step figures, its late steps with causes, alerts."""
+def fit_width(line: str, width: int | None) -> str:
+    """``line`` cut to ``width`` characters, its end marked ``…`` where cut (None: as it is)."""
+    return line if width is None or len(line) <= width else line[: max(width - 1, 0)] + "…"
+
+
+def format_live_view(
+    summary: Summary | None, *, bytes_read: int, alerts: Sequence[str] = (), clock: str = "", width: int | None = None
+) -> str:
+    """The terminal view of one refresh: the window, the verdict, its serving and step figures, its late steps with causes, alerts.
+
+    ``width``: the terminal's columns; every line is cut to fit, so that a long cause never wraps and scrolls the view.
+    """
+    return "\n".join(fit_width(line, width) for line in _view_lines(summary, bytes_read, alerts, clock))
+
+
+def _view_lines(summary: Summary | None, bytes_read: int, alerts: Sequence[str], clock: str) -> list[str]:
     head = f"dsprof watch · {bytes_read / 2**20:,.1f} MiB read" + (f" · {clock}" if clock else "")
     steps = None if summary is None else window_steps(summary)
     if summary is None or steps is None:
-        return terminal_safe(head) + "\nwaiting for complete decode steps…"
+        return [terminal_safe(head), "waiting for complete decode steps…"]
     ranks = len((summary.get("figures") or {}).get("per_rank") or {})
     lines = [f"{head} · steps {steps[0]}–{steps[1]} ({len(summary.get('per_step') or [])} steps, {ranks} ranks)", ""]
     lines += [f"verdict    {verdict}" for verdict in [verdict_text(summary)] if verdict]
@@ -107,9 +121,10 @@ def format_live_view(summary: Summary | None, *, bytes_read: int, alerts: Sequen
         )
     for key, title in LATE_LISTS:
         late: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
-        items = sorted(worst_first(late.get("items") or [])[:VIEW_LIST_LIMIT], key=lambda i: i.get("step") or 0)
-        found = len(worst_first(late.get("items") or []))
-        lines += ["", f"{title} in the window: {found}"] + [f"  {item_line(i)}" for i in items]
+        every = worst_first(late.get("items") or [])  # noise items are not shown nor counted
+        items = sorted(every[:VIEW_LIST_LIMIT], key=lambda i: i.get("step") or 0)
+        lines += ["", f"{title} in the window: {len(every)}"] + [f"  {item_line(i)}" for i in items]
+        lines += [f"  … {len(every) - len(items)} more"] if len(every) > len(items) else []
     if alerts:
         lines += ["", "alerts:"] + [f"  {line}" for line in alerts]
-    return "\n".join(terminal_safe(line) for line in lines)
+    return [terminal_safe(line) for line in lines]

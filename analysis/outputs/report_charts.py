@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from dsprof.analysis.outputs.findings import cause_text, item_line, worst_first
+from dsprof.analysis.outputs.findings import cause_text, item_line, own_rank, value, worst_first
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.summary_model import LateItem
 
@@ -23,9 +23,9 @@ def list_items(items: list[dict]) -> list[dict]:
                 "phase": item.get("phase"),
                 "mechanism": item.get("mechanism") or "unattributed",
                 "excess_ms": item.get("excess_ms") or 0.0,
-                "victims": sorted({c.get("late_rank") for c in causes if c.get("role") == "victim" and c.get("late_rank") is not None}),
+                "victims": sorted({r for c in causes if c.get("role") == "victim" and (r := own_rank(c)) is not None}),
                 "text": item_line(item),
-                "also": [f"rank {c.get('late_rank')}: {cause_text(c)}" for c in causes[1:]],
+                "also": [f"rank {value(own_rank(c))}: {cause_text(c)}" for c in causes[1:]],
             }
         )
     return out

@@ -204,7 +204,8 @@ def read_window(
         )
     remove_owned_dir(spill)
     if progress:
-        progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.span_count:,} spans kept")
+        cut_steps = f", {facts.partial_steps:,} steps it cut left out" if facts.partial_steps else ""
+        progress(f"window {placed.describe()}: {facts.invocations:,} invocations, {cut.span_count:,} spans kept{cut_steps}")
     return cut, placed, facts.spill
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import threading
@@ -301,7 +302,11 @@ class _Follower:
         self.events.write(steps, fired, time.monotonic() - started)
         if self.screen is not None:
             view = format_live_view(
-                summary, bytes_read=self.live.bytes_read, alerts=self.alerts.fired[-5:], clock=time.strftime("%H:%M:%S")
+                summary,
+                bytes_read=self.live.bytes_read,
+                alerts=self.alerts.fired[-5:],
+                clock=time.strftime("%H:%M:%S"),
+                width=shutil.get_terminal_size().columns,
             )
             self.screen(CLEAR_SCREEN + view + "\n")
         else:

@@ -37,6 +37,7 @@ def outcome(data: bytes, file: str = "generated.log") -> tuple:
         trace.anchors.to_pylist(),
         trace.chip_devices.to_pylist(),
         trace.dropped,
+        trace.drop_sites,
         trace.records_read,
         trace.lines_read,
     )
