@@ -89,9 +89,11 @@ def _pvalues(series: np.ndarray, edges: list[int], floor: float) -> np.ndarray:
     """Per inner edge, the two-sided p-value that the segments on each side share a mean.
 
     A pooled t-test: the noise is the spread within all segments (never below
-    ``floor``), so a segment of one run is tested as well as a long one. A
-    segment of one run that later runs left again is an outlier, not a level:
-    its edges get p = 1 (only the first and the newest run may stand alone).
+    ``floor``), so a segment of one run is tested as well as a long one. A level
+    held for fewer than :data:`MIN_LEVEL_RUNS` runs, other than the newest, is
+    noise (outliers, a bad hour of the CI host, a history's first runs), not a
+    level: its edges get p = 1. Only the newest segment may be that short, so
+    the newest run alone can start a change.
     """
     bounds = np.asarray(edges)
     sizes = np.diff(bounds)
@@ -102,7 +104,7 @@ def _pvalues(series: np.ndarray, edges: list[int], floor: float) -> np.ndarray:
     noise = max(math.sqrt(residual / dof), floor)
     t = np.abs(np.diff(means)) / (noise * np.sqrt(1.0 / sizes[:-1] + 1.0 / sizes[1:]))
     pvalues = 2.0 * stats.t.sf(t, df=dof)
-    brief = np.flatnonzero(sizes[1:-1] < MIN_LEVEL_RUNS)  # short levels other than the first and the newest
+    brief = np.flatnonzero(sizes[:-1] < MIN_LEVEL_RUNS)  # short levels other than the newest
     pvalues[brief] = 1.0
-    pvalues[brief + 1] = 1.0
+    pvalues[brief[brief > 0] - 1] = 1.0
     return pvalues

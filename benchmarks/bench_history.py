@@ -3,15 +3,26 @@
 **accuracy**: Hunter's evaluation method. ``--series`` (200) series of ``--runs``
 (40) runs around 100 with Gaussian noise of ``--noise`` (3%); every other series
 gets one step change of 5-20% (up or down, size and sign uniform) whose first
-run after the change is uniform over the runs. A detection within ±1 run of the
+run after the change is uniform over runs ``--first-change`` (3) .. 39: dsprof
+needs a level of 3 runs (``change_points.MIN_LEVEL_RUNS``) before a change. A detection within ±1 run of the
 true change is a true positive (one per series); every other detection is a
-false positive. Targets: precision and recall >= 0.9. ``--detector`` picks the
+false positive. ``--repeats`` (5) such sets, seeds ``--seed`` (29) on, are
+scored together: one set has only 100 changes, and its recall moves by ±0.05
+from seed to seed. Targets: precision and recall >= 0.9. ``--detector`` picks the
 library: ``dsprof`` (ruptures + t-test, what dsprof uses), ``ruptures-only``
 (the same segmentation without the t-test), ``spa`` (MongoDB's
 signal-processing-algorithms, E-divisive) or ``otava`` (Apache Otava, Hunter's
 windowed E-divisive + t-test). The last two do not install beside dsprof's
 numpy and scipy (docs/GATE_RULES.md): run them with a Python that has them,
 e.g. ``/tmp/spa/bin/python benchmarks/bench_history.py --detector spa``.
+
+**contention** (real runs, minutes): the subtle regression. ``--healthy`` (10)
+runs of the bundled runtime (production preset, 2 ranks, 8 requests x 64
+tokens), then ``--faulty`` (3) with ``--fault`` (``cpu_contention:rank=1,p=0.2,ms=5``),
+each added to a history and gated with ``examples/ci-rules.toml``. Prints, per
+faulty run, whether the shipped rules pass it and the changes for the worse
+that ``history check`` locates at the first faulty run. Target: located at the
+first faulty run while the shipped rules pass every faulty run.
 
 **speed**: a store of ``--store-runs`` (1,000) runs x ``--figures`` (40) figures,
 built through the history store's own add, then ``check_history`` over every
@@ -21,6 +32,7 @@ figure, timed. Target: under 5 s.
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import time
@@ -32,14 +44,14 @@ import numpy as np
 Detector = Callable[[np.ndarray], list[int]]
 
 
-def simulated_series(count: int, runs: int, noise: float, seed: int) -> list[tuple[np.ndarray, int | None]]:
+def simulated_series(count: int, runs: int, noise: float, seed: int, first: int = 3) -> list[tuple[np.ndarray, int | None]]:
     """``(series, index of the first run after the step or None)``; the same seed gives the same series."""
     rng = np.random.default_rng(seed)
     out: list[tuple[np.ndarray, int | None]] = []
     for i in range(count):
         series = 100.0 * (1.0 + noise * rng.standard_normal(runs))
         if i % 2:
-            at = int(rng.integers(1, runs))
+            at = int(rng.integers(first, runs))
             step = rng.uniform(0.05, 0.20) * rng.choice([-1.0, 1.0])
             series[at:] += 100.0 * step
             out.append((series, at))
@@ -84,19 +96,21 @@ def _detector(name: str) -> Detector:
     if name == "otava":
         from otava.analysis import compute_change_points
 
-        return lambda series: sorted(cp.index for cp in compute_change_points(series.tolist(), window_len=30, max_pvalue=0.01)[0])
+        return lambda series: sorted(cp.index for cp in compute_change_points(series.tolist(), window_len=30, max_pvalue=0.001)[0])
     raise SystemExit(f"unknown detector {name!r}")
 
 
 def accuracy(args: argparse.Namespace) -> bool:
-    cases = simulated_series(args.series, args.runs, args.noise, args.seed)
+    cases = [
+        case for seed in range(args.seed, args.seed + args.repeats) for case in simulated_series(args.series, args.runs, args.noise, seed)
+    ]
     detect = _detector(args.detector)
     started = time.perf_counter()
     precision, recall, tp, fp, missed = score(cases, detect)
     elapsed = time.perf_counter() - started
     met = precision >= 0.9 and recall >= 0.9
     print(
-        f"accuracy [{args.detector}] {args.series} series x {args.runs} runs, {args.noise:.0%} noise: "
+        f"accuracy [{args.detector}] {args.repeats} x {args.series} series x {args.runs} runs, {args.noise:.0%} noise: "
         f"precision {precision:.3f}, recall {recall:.3f} (tp {tp}, fp {fp}, missed {missed}) in {elapsed:.2f} s "
         f"-- target precision and recall >= 0.9: {'met' if met else 'NOT met'}"
     )
@@ -135,6 +149,42 @@ def speed(args: argparse.Namespace) -> bool:
     return met
 
 
+def _dsprof(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dsprof.cli.main", *args], capture_output=True, text=True, check=False)
+
+
+def contention(args: argparse.Namespace) -> bool:
+    from dsprof.analysis.history import add_run, check_history
+
+    shape = ("--preset", "production", "--ranks", "2", "--requests", "8", "--output-tokens", "64", "--seed", "1")
+    rules = Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml"
+    rules_pass = True
+    found: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
+        store = Path(tmp) / "history.duckdb"
+        for index in range(args.healthy + args.faulty):
+            faulty = index >= args.healthy
+            out = Path(tmp) / f"run{index}"
+            run = _dsprof("run", *shape, *(("--inject", args.fault) if faulty else ()), "-o", str(out))
+            if run.returncode != 0:
+                raise SystemExit(f"run {index} failed: {run.stderr[-500:]}")
+            add_run(store, out, label=f"run{index}")
+            if not faulty:
+                continue
+            passed = _dsprof("gate", str(out), "--rules", str(rules)).returncode == 0
+            found = [c.describe() for c in check_history(store).regressions if c.index == args.healthy]
+            rules_pass &= passed
+            print(
+                f"contention run {index}: shipped rules {'pass' if passed else 'FAIL'}; at the first faulty run: {found or 'nothing yet'}"
+            )
+        located = bool(found)
+    met = located and rules_pass
+    print(
+        f"contention: located at the first faulty run {located}, shipped rules pass every faulty run {rules_pass} -- {'met' if met else 'NOT met'}"
+    )
+    return met
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="accuracy,speed", help="comma-separated: accuracy, speed")
@@ -143,8 +193,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--noise", type=float, default=0.03)
     parser.add_argument("--seed", type=int, default=29)
+    parser.add_argument("--first-change", type=int, default=3, help="the earliest run a simulated change starts at")
+    parser.add_argument("--repeats", type=int, default=5, help="sets of --series, seeds --seed, --seed + 1, ...: scored together")
     parser.add_argument("--store-runs", type=int, default=1000)
     parser.add_argument("--figures", type=int, default=40)
+    parser.add_argument("--healthy", type=int, default=10)
+    parser.add_argument("--faulty", type=int, default=3)
+    parser.add_argument("--fault", default="cpu_contention:rank=1,p=0.2,ms=5")
     args = parser.parse_args(argv)
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     met = True
@@ -152,6 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         met &= accuracy(args)
     if "speed" in sections:
         met &= speed(args)
+    if "contention" in sections:
+        met &= contention(args)
     return 0 if met else 1
 
 

@@ -14,8 +14,10 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 from test_gate import HEALTHY
+from test_report_html import browse_page
 
 from dsprof.analysis.change_points import change_points
+from dsprof.analysis.gate_rules import ChangeRule, load_rules
 from dsprof.analysis.history import HistoryStore, check_history, headline_figures, load_history
 from dsprof.analysis.outputs.trend_page import render_trend_page
 from dsprof.cli.main import cli
@@ -163,6 +165,7 @@ ADDER = """
 import copy, json, sys
 sys.path.insert(0, sys.argv[3])
 from test_gate import HEALTHY
+from test_report_html import browse_page
 from dsprof.analysis.history import HistoryStore
 for i in range(50):
     summary = copy.deepcopy(HEALTHY)
@@ -241,6 +244,16 @@ def test_gate_change_rule_names_the_commit_of_a_stored_change_and_skips_without_
     )
 
 
+def test_the_example_history_rules_gate_a_serialized_run_on_its_history(tmp_path):
+    rules = load_rules(REPO / "examples" / "history-rules.toml")
+    assert rules and all(isinstance(rule, ChangeRule) for rule in rules)
+    store = _history(tmp_path, [12.0] * 10)
+    (tmp_path / "new.json").write_text(json.dumps(_run(19.2)))
+    args = ["gate", str(tmp_path / "new.json"), "--rules", str(REPO / "examples" / "history-rules.toml"), "--history", str(store)]
+    result = CliRunner().invoke(cli, args, env=NOT_ON_GITHUB)
+    assert result.exit_code == 1 and "FAIL    decode step interval has not moved for the worse [step_interval_ms.p50]" in result.output
+
+
 @pytest.mark.parametrize(
     ("rule", "message"),
     [
@@ -267,3 +280,27 @@ def test_trend_page_has_a_chart_per_figure_change_points_and_report_links(tmp_pa
     assert "cdn" not in page.lower().split("<script>")[0] and "src=" not in page.split("<script>")[0]
     result = CliRunner().invoke(cli, ["history", "report", str(store), "-o", str(tmp_path / "trend.html")])
     assert result.exit_code == 0 and (tmp_path / "trend.html").read_text() == page
+
+
+TREND_READER = """<script>dsprofTrend.ready.then(function () {
+  var d = dsprofTrend.data, out = {errors: __errors, rendered: document.body.dataset.rendered};
+  out.plots = document.querySelectorAll('.chart .main-svg').length;
+  var i = d.figures.findIndex(function (f) { return f.figure === 'step_interval_ms.p50'; });
+  var div = document.getElementById('chart-' + i);
+  out.marks = div.layout.shapes.map(function (s) { return [s.x0, s.line.color]; });
+  out.points = div.data[0].x.length;
+  out.link = document.querySelector('#runs a').getAttribute('href');
+  var pre = document.createElement('pre'); pre.id = 'check'; pre.textContent = JSON.stringify(out); document.body.appendChild(pre);
+});</script>"""
+
+
+@pytest.mark.browser
+def test_trend_page_draws_in_headless_chromium_with_the_change_marked(tmp_path):
+    store = _history(tmp_path, [12.0] * 10 + [18.0])
+    with duckdb.connect(str(store)) as connection:
+        connection.execute("UPDATE runs SET report = '/runs/3/report.html' WHERE run = 3")
+    check = check_history(store)
+    out = browse_page(render_trend_page(check), TREND_READER, tmp_path, "trend.html")
+    assert out["errors"] == [] and out["rendered"] == str(len(check.checked)) and out["plots"] >= len(check.checked)
+    assert out["marks"] == [[9.5, "#c00"]] and out["points"] == 11
+    assert out["link"] == "file:///runs/3/report.html"
