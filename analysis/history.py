@@ -53,7 +53,7 @@ _HEADLINE = (
     "pipeline.overlap_share",
 )
 _PERCENTILES = ("p50", "p95", "p99")
-_VERDICT_STATUS = "verdict.status"
+VERDICT_STATUS = "verdict.status"
 _SCHEMA = (
     "CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
     "CREATE TABLE runs (run INTEGER PRIMARY KEY, label VARCHAR NOT NULL, commit VARCHAR, added_at VARCHAR NOT NULL,"
@@ -76,7 +76,7 @@ def headline_figures(summary: dict) -> dict[str, float | str]:
             kept[name] = float(value)
     verdict = summary.get("verdict")
     if isinstance(verdict, dict) and isinstance(verdict.get("status"), str):
-        kept[_VERDICT_STATUS] = verdict["status"]
+        kept[VERDICT_STATUS] = verdict["status"]
     return kept
 
 

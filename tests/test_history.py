@@ -142,6 +142,8 @@ def test_check_exits_0_on_noise_and_1_when_the_newest_run_regressed(tmp_path):
         "direction": "worse",
     }
     assert point["magnitude"] == pytest.approx(0.5, abs=0.05) and point["pvalue"] < 0.001
+    again = runner.invoke(cli, ["history", "check", str(store), "--json", str(tmp_path / "again.json")])
+    assert again.output == found.output and (tmp_path / "again.json").read_bytes() == (tmp_path / "cp.json").read_bytes()
     assert "REGRESSION step_interval_ms.p50 worse by +" in found.output and "commit c10" in found.output
     # the same change, no longer among the newest 5 runs, is listed but does not fail the check
     with HistoryStore.open_for_write(store) as history:
@@ -272,11 +274,12 @@ def test_trend_page_has_a_chart_per_figure_change_points_and_report_links(tmp_pa
     store = _history(tmp_path, [12.0] * 10 + [18.0])
     with duckdb.connect(str(store)) as connection:
         connection.execute("UPDATE runs SET report = '/runs/3/report.html', label = '<b>r3</b>' WHERE run = 3")
+        connection.execute("INSERT INTO figures VALUES (4, 'verdict.status', NULL, 'regressed')")
     page = render_trend_page(check_history(store))
     figures = len(load_history(store).figures)
     assert page.count('class="chart"') == figures
     assert "step_interval_ms.p50 worse by +" in page and 'href="file:///runs/3/report.html"' in page
-    assert "&lt;b&gt;r3&lt;/b&gt;" in page and "<b>r3</b>" not in page
+    assert "&lt;b&gt;r3&lt;/b&gt;" in page and "<b>r3</b>" not in page and "<td>regressed</td>" in page
     assert "cdn" not in page.lower().split("<script>")[0] and "src=" not in page.split("<script>")[0]
     result = CliRunner().invoke(cli, ["history", "report", str(store), "-o", str(tmp_path / "trend.html")])
     assert result.exit_code == 0 and (tmp_path / "trend.html").read_text() == page

@@ -5,7 +5,8 @@ One offline file: plotly.js inlined once, the history as JSON in a
 each figure's series with its change points marked (a dashed line before the
 first run after the change: red for worse, green for better, grey for a
 figure with no better direction). Clicking a run whose report is known opens
-it; the runs table links to the same reports. Every text from the store
+it; the runs table links to the same reports and shows each run's
+``verdict.status`` when its summary had one. Every text from the store
 (labels, commits, paths) is escaped; nothing is recomputed here: the change
 points are :class:`~dsprof.analysis.history.HistoryCheck`'s.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
-from dsprof.analysis.history import HistoryCheck
+from dsprof.analysis.history import VERDICT_STATUS, HistoryCheck
 from dsprof.analysis.outputs.html_report import script_json
 from dsprof.analysis.summary import figure_unit
 from dsprof.fileio import atomic_write_text
@@ -94,15 +95,17 @@ def _change_list(check: HistoryCheck) -> str:
 
 def _runs_table(check: HistoryCheck) -> str:
     rows = []
+    verdicts = check.history.texts.get(VERDICT_STATUS, {})
     for run in check.history.runs:
         label = html.escape(terminal_safe(str(run["label"])))
         link = _report_link(run.get("report"))
         shown = f'<a href="{html.escape(link)}">{label}</a>' if link else label
         commit = html.escape(terminal_safe(str(run.get("commit") or "")))
         rows.append(
-            f"<tr><td>{run['run']}</td><td>{shown}</td><td>{commit}</td><td>{html.escape(str(run.get('added_at') or ''))}</td></tr>"
+            f"<tr><td>{run['run']}</td><td>{shown}</td><td>{commit}</td><td>{html.escape(str(run.get('added_at') or ''))}</td>"
+            f"<td>{html.escape(terminal_safe(verdicts.get(run['run'], '')))}</td></tr>"
         )
-    return f'<table id="runs"><tr><th>run</th><th>label</th><th>commit</th><th>added</th></tr>{"".join(rows)}</table>'
+    return f'<table id="runs"><tr><th>run</th><th>label</th><th>commit</th><th>added</th><th>verdict</th></tr>{"".join(rows)}</table>'
 
 
 def render_trend_page(check: HistoryCheck) -> str:
