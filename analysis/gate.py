@@ -5,7 +5,9 @@ summary's figure lookup (:func:`dsprof.analysis.summary.resolve`). Outcomes per
 rule: ``pass``, ``fail``, ``missing`` (the figure belongs to the summary's
 schema but this run did not produce it: null, or a rank or item the run does
 not have; this fails the gate) and ``skipped`` (a relative rule when no
-baseline was given). The gate passes when no rule is ``fail`` or ``missing``,
+baseline was given, a change rule when no history was given). A change rule
+fails when :mod:`dsprof.analysis.history` finds a change for the worse of its
+figure in the newest runs of the history, this run appended when not stored. The gate passes when no rule is ``fail`` or ``missing``,
 and never for a failed run: a run with a non-zero exit status or partial
 figures gets a built-in failing result first (:data:`RUN_FAILED_RULE`), whatever
 the rules say, so a crash cannot pass as an improvement.
@@ -25,11 +27,13 @@ import math
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from decimal import Decimal
+from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
 from dsprof.analysis.diff import run_failure
-from dsprof.analysis.gate_rules import COMPARISONS, ORDERING, CheckRule, RelativeRule, Rule, load_rules, value_kind, value_text
+from dsprof.analysis.gate_rules import COMPARISONS, ORDERING, ChangeRule, CheckRule, RelativeRule, Rule, load_rules, value_kind, value_text
+from dsprof.analysis.history import History, find_changes, load_history, with_candidate
 from dsprof.analysis.summary import Unavailable, UnknownFigure, figure_unit, is_number, resolve, summary_with_path
 from dsprof.errors import InputError
 from dsprof.textsafe import terminal_safe
@@ -50,7 +54,7 @@ class RuleResult:
     """
 
     name: str
-    kind: str  # "check" | "relative"
+    kind: str  # "check" | "relative" | "change"
     rule: str  # the rule as written
     path: str  # the concrete summary path checked
     status: str  # "pass" | "fail" | "missing" | "skipped"
@@ -323,21 +327,57 @@ def _relative_outcome(rule: RelativeRule, path: str, value: float, base: float, 
     return result(path, "pass" if ok else "fail", value, limit, base, detail)
 
 
+def _evaluate_change(rule: ChangeRule, history: History | None) -> list[RuleResult]:
+    """Per stored figure matching the rule: fail on a change for the worse starting in the newest runs."""
+    text = f'{rule.figure} change = "worse" (newest {rule.newest})'
+    wildcard = "*" in rule.figure.split(".")
+
+    def result(path: str, status: str, detail: str, value: Any = None, base: Any = None) -> RuleResult:
+        return RuleResult(rule.name, "change", text, path, status, value, None, base, detail, wildcard)
+
+    if history is None:
+        return [result(rule.figure, "skipped", "no history given")]
+    names = [name for name in history.figures if fnmatchcase(name, rule.figure)]
+    if not names:
+        return [result(rule.figure, "missing", f"no value: the history has no figure {rule.figure}")]
+    check = find_changes(history, figures=names, newest=rule.newest)
+    results = []
+    for name in sorted(names):
+        worse = [c for c in check.regressions if c.figure == name]
+        if worse:
+            change = worse[-1]
+            results.append(result(name, "fail", terminal_safe(change.describe()), round(change.after, 6), round(change.before, 6)))
+        else:
+            runs = len(history.runs)
+            results.append(result(name, "pass", f"no change for the worse in the newest {min(rule.newest, runs)} of {runs} run(s)"))
+    return results
+
+
+def _gate_history(store: str | Path | None, summary: dict, summary_path: str | None) -> History | None:
+    """The stored history with the gated run appended as its newest run (when not stored yet)."""
+    if store is None:
+        return None
+    return with_candidate(load_history(store), summary, summary_path or "this run")
+
+
 def evaluate_gate(
     summary_or_dir: str | Path | dict,
     rules_path: str | Path,
     *,
     baseline: str | Path | dict | None = None,
     rules: list[Rule] | None = None,
+    history: str | Path | None = None,
 ) -> GateVerdict:
     """Check a summary (a dict, a ``summary.json`` or its artifact dir) against a rules file.
 
-    ``rules``: that file's rules already read (``watch`` checks every window against rules read once).
+    ``rules``: that file's rules already read (``watch`` checks every window against rules read once);
+    ``history``: a run history store for the ``change = "worse"`` rules.
     """
     rules_path = Path(rules_path)
     rules = load_rules(rules_path) if rules is None else rules
     summary, summary_path = summary_with_path(summary_or_dir)
     baseline_summary, baseline_path = summary_with_path(baseline) if baseline is not None else (None, None)
+    runs = _gate_history(history, summary, summary_path) if any(isinstance(r, ChangeRule) for r in rules) else None
     failure = run_failure(summary)
     results: list[RuleResult] = []
     if failure is not None:
@@ -345,6 +385,8 @@ def evaluate_gate(
     for rule in rules:
         if isinstance(rule, CheckRule):
             results.extend(_evaluate_check(rule, summary, rules_path))
+        elif isinstance(rule, ChangeRule):
+            results.extend(_evaluate_change(rule, runs))
         else:
             results.extend(_evaluate_relative(rule, summary, baseline_summary, rules_path))
     counts = {status: sum(r.status == status for r in results) for status in ("pass", "fail", "missing", "skipped")}

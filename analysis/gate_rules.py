@@ -2,7 +2,7 @@
 
 Rules are small comparisons on summary figures named by dotted path, read by a
 tiny tokenizer (never ``eval``), plus relative limits against a baseline run's
-summary. Anything unclear (bad TOML, nesting deeper than a rules file needs, an
+summary and ``change = "worse"`` rules judged on a run history. Anything unclear (bad TOML, nesting deeper than a rules file needs, an
 unknown key, a non-finite limit, a digit outside ASCII) is an
 :class:`~dsprof.errors.InputError` naming the rules file and the rule; checking
 rules against a summary is :mod:`dsprof.analysis.gate`.
@@ -116,7 +116,22 @@ class RelativeRule:
     label: str
 
 
-Rule = CheckRule | RelativeRule
+@dataclass(frozen=True)
+class ChangeRule:
+    """``change = "worse"``: fail when the figure's history has a change for the worse in its newest runs.
+
+    Judged on the run history given to ``gate --history`` (the run being gated
+    appended as its newest run when it is not stored yet); ``figure`` may hold
+    ``*`` segments, matched against the figures the history stores.
+    """
+
+    name: str
+    figure: str
+    newest: int
+    label: str
+
+
+Rule = CheckRule | RelativeRule | ChangeRule
 
 
 def plain(value: float) -> str:
@@ -155,6 +170,9 @@ def load_rules(rules_path: str | Path) -> list[Rule]:
     rules: list[Rule] = []
     for index, table in enumerate(_tables(document, "rule", rules_path), start=1):
         label = f"[[rule]] #{index}"
+        if "change" in table:
+            rules.append(_change_rule(table, rules_path, label))
+            continue
         _only_keys(table, {"check", "name"}, rules_path, label)
         name = _rule_name(table, rules_path, label)
         label = f"{label} {name!r}" if name else label
@@ -329,6 +347,28 @@ def parse_check(text: str, rules_path: Path, label: str, name: str | None = None
             expected="== or != for booleans, strings and null",
         )
     return CheckRule(name=name or text, text=text, left=left_tokens[0][1], op=op, right=right, label=label)
+
+
+# --------------------------------------------------------------------------- [[rule]] change = "worse"
+
+MAX_NEWEST = 10_000
+
+
+def _change_rule(table: dict, rules_path: Path, label: str) -> ChangeRule:
+    """``[[rule]] figure = "<path>"  change = "worse"  newest = N`` (N default 5)."""
+    _only_keys(table, {"figure", "change", "newest", "name"}, rules_path, label)
+    name = _rule_name(table, rules_path, label)
+    figure = table.get("figure")
+    if not isinstance(figure, str) or not _PATH.fullmatch(figure):
+        raise InputError(
+            rules_path, f'{label}: change = "worse" needs figure = a dotted figure path', expected='e.g. "step_interval_ms.p50"'
+        )
+    if table["change"] != "worse":
+        raise InputError(rules_path, f"{label}: change = {table['change']!r} is not a change rule", expected='change = "worse"')
+    newest = table.get("newest", 5)
+    if isinstance(newest, bool) or not isinstance(newest, int) or not 1 <= newest <= MAX_NEWEST:
+        raise InputError(rules_path, f"{label}: newest = {newest!r} is not a whole number of runs", expected=f"1 to {MAX_NEWEST}")
+    return ChangeRule(name=name or f'{figure} change = "worse"', figure=figure, newest=newest, label=f"{label} ({name or figure!r})")
 
 
 # --------------------------------------------------------------------------- [[relative]]

@@ -21,6 +21,7 @@ from dsprof.cli.group import PRESET, THRESHOLD, cli, err_line, out_line, progres
 from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
 from dsprof.commands.diff import diff_command
 from dsprof.commands.gate import gate_command, suggest_command
+from dsprof.commands.history import history_add_command, history_check_command, history_report_command
 from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
 from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
@@ -388,7 +389,13 @@ def export(artifact_dir, fmt, output, inputs, steps, since, until) -> None:
     show_default="not written",
     help="Write the JSON verdict (dsprof.gate_verdict/1) here.",
 )
-def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path) -> None:
+@click.option(
+    "--history",
+    type=click.Path(dir_okay=False, path_type=Path),
+    show_default='none: change = "worse" rules are skipped',
+    help='Run history store (dsprof history add) for change = "worse" rules; this run counts as its newest.',
+)
+def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path, history) -> None:
     """Check a summary against gate rules (docs/GATE_RULES.md).
 
     SUMMARY is a summary.json or the artifact dir holding one. With --suggest,
@@ -405,14 +412,16 @@ def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path) 
     path the summary does not have is a rules error).
     """
     if suggest:
-        if rules_path or baseline or junit or verdict_path:
-            raise click.UsageError("--suggest prints rules: it takes no --rules, --baseline, --junit or --verdict")
+        if rules_path or baseline or junit or verdict_path or history:
+            raise click.UsageError("--suggest prints rules: it takes no --rules, --baseline, --history, --junit or --verdict")
         click.get_current_context().exit(suggest_command(summaries, margin=margin, out=out_line))
     if rules_path is None:
         raise click.UsageError("Missing option '--rules'")
     if len(summaries) != 1:
         raise click.UsageError(f"give one SUMMARY to check (got {len(summaries)}; several are for --suggest)")
-    exit_code = gate_command(summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, out=out_line)
+    exit_code = gate_command(
+        summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, history=history, out=out_line
+    )
     click.get_current_context().exit(exit_code)
 
 
@@ -451,6 +460,56 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
         _runs(a, "A"), _runs(b, "B"), per_rank=per_rank, show_all=show_all, fail_on_regression=fail_on_regression, out=out_line
     )
     click.get_current_context().exit(exit_code)
+
+
+# --------------------------------------------------------------------------- history
+
+
+@cli.group()
+def history() -> None:
+    """A run history in a DuckDB store: add runs, find change points, draw trends (docs/GATE_RULES.md)."""
+
+
+@history.command("add")
+@click.argument("store", type=click.Path(dir_okay=False, path_type=Path))
+@click.argument("run", metavar="RUN_DIR_OR_SUMMARY", type=click.Path(path_type=Path))
+@click.option("--label", help="The run's name in the history  [default: run N].")
+@click.option("--commit", help="The commit the run measured (shown with its change points).")
+def history_add(store, run, label, commit) -> None:
+    """Add a run's headline figures to STORE (made when missing).
+
+    Adding a summary stored already changes nothing. Parallel adds to one store
+    wait for each other (a lock on STORE.lock). Exit status: 0, or 2 when the
+    store or the summary cannot be read.
+    """
+    click.get_current_context().exit(history_add_command(store, run, label=label, commit=commit, out=out_line))
+
+
+@history.command("check", context_settings={"show_default": True})
+@click.argument("store", type=click.Path(dir_okay=False, path_type=Path))
+@click.option(
+    "--figure", "figures", multiple=True, help="Check only figures matching this dotted path (* allowed; repeatable)  [default: all]."
+)
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path), help="Write the change points as JSON here.")
+@click.option("--newest", type=click.IntRange(min=1), default=5, help="A regression in this many newest runs fails the check.")
+def history_check(store, figures, json_path, newest) -> None:
+    """Find the change points of every figure's series in STORE.
+
+    One line per change point: the figure, better or worse, by how much, the
+    first run after it (label, commit) and its p-value. Exit status: 1 when a
+    change for the worse starts in the newest --newest runs, else 0; 2 when the
+    store cannot be read.
+    """
+    exit_code = history_check_command(store, figures=list(figures) or None, json_path=json_path, newest=newest, out=out_line)
+    click.get_current_context().exit(exit_code)
+
+
+@history.command("report")
+@click.argument("store", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("trend.html"), show_default=True)
+def history_report(store, output) -> None:
+    """Write an offline trend page of STORE: one chart per figure over the runs, change points marked."""
+    click.get_current_context().exit(history_report_command(store, output, out=out_line))
 
 
 def main() -> None:

@@ -19,7 +19,7 @@ from dsprof.errors import DsprofError
 
 DSPROF = Path(sys.executable).with_name("dsprof")
 REPO = Path(__file__).resolve().parents[1]
-COMMANDS = ("analyze", "diff", "export", "gate", "ingest", "merge", "report", "run", "watch")
+COMMANDS = ("analyze", "diff", "export", "gate", "history", "ingest", "merge", "report", "run", "watch")
 
 
 def _one_line_error(result, *fragments: str) -> None:

@@ -886,7 +886,8 @@ def test_help_shows_every_default_and_points_at_the_projects_docs():
     for default in ("[default: (none: [[relative]] rules are skipped)]", "[default: (not written)]"):
         assert default in flat
     assert "[default: (required unless --suggest)]" in flat and "[default: 1.5; x>=1]" in flat
-    assert flat.count("[default:") == 5  # --rules, --margin, --baseline, --junit, --verdict
+    assert '[default: (none: change = "worse" rules are skipped)]' in flat
+    assert flat.count("[default:") == 6  # --rules, --margin, --baseline, --junit, --verdict, --history
 
 
 # --------------------------------------------------------------------------- the shipped rules

@@ -343,7 +343,14 @@ def _browse(page: str, check: str, tmp_path: Path) -> dict:
         + " out.errors = __errors; var pre = document.createElement('pre'); pre.id = 'check';"
         " pre.textContent = JSON.stringify(out); document.body.appendChild(pre); });</script>"
     )
-    path = tmp_path / "report.html"
+    return browse_page(page, script, tmp_path)
+
+
+def browse_page(page: str, script: str, tmp_path: Path, name: str = "report.html") -> dict:
+    """Load ``page`` with :data:`ERROR_HOOK` and ``script`` (which writes JSON into ``<pre id="check">``) in headless chromium."""
+    if shutil.which(CHROMIUM) is None:
+        pytest.fail(f"headless chromium is required for the browser tests and {CHROMIUM} is missing (make browser)")
+    path = tmp_path / name
     path.write_text(page.replace("<head>", "<head>" + ERROR_HOOK, 1).replace("</body>", script + "</body>", 1))
     result = subprocess.run(
         [CHROMIUM, *CHROMIUM_FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", path.as_uri()],

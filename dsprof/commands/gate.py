@@ -38,12 +38,13 @@ def gate(
     baseline: str | Path | dict | None = None,
     junit: str | Path | None = None,
     verdict_path: str | Path | None = None,
+    history: str | Path | None = None,
 ) -> GateVerdict:
-    """Check a summary against a rules file; optionally write a JSON verdict and JUnit XML (atomically)."""
+    """Check a summary against a rules file (and a run history); optionally write a JSON verdict and JUnit XML (atomically)."""
     for named in (summary_or_dir, rules_path, baseline):
         if isinstance(named, (str, os.PathLike)):
             check_input_file(summary_path(named) if named is not rules_path else named, expected="a regular file")
-    verdict = evaluate_gate(summary_or_dir, rules_path, baseline=baseline)
+    verdict = evaluate_gate(summary_or_dir, rules_path, baseline=baseline, history=history)
     if verdict_path is not None:
         write_verdict_json(verdict, verdict_path)
     if junit is not None:
@@ -58,6 +59,7 @@ def gate_command(
     baseline: str | Path | None = None,
     junit: str | Path | None = None,
     verdict_path: str | Path | None = None,
+    history: str | Path | None = None,
     out: Printer = print,
     environ: Mapping[str, str] | None = None,
 ) -> int:
@@ -70,7 +72,7 @@ def gate_command(
     on_github = environ.get("GITHUB_ACTIONS") == "true"
     step_summary = environ.get("GITHUB_STEP_SUMMARY") if on_github else None
     try:
-        verdict = gate(summary_or_dir, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path)
+        verdict = gate(summary_or_dir, rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, history=history)
     except (DsprofError, OSError) as exc:
         if on_github:
             _report_error_to_github(exc, step_summary, out)
