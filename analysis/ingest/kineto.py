@@ -24,9 +24,9 @@ source gives; the figures of the lacking ones are absent, never zero.
 
 Ranks come from ``distributedInfo.rank`` (else the order of the files, noted).
 Files with one ``host_name`` share a clock; every other host is shifted onto
-the first rank's host by the median difference of the collective exits
-(every rank leaves a collective instance when the last one arrives), and the
-offset is noted. The n-th call of one process group on every rank is one
+the first rank's host: every rank leaves a collective instance after the last
+one arrives, so each instance bounds the offset from both sides, and the
+midpoint of the tightest bounds is taken (noted with the offset). The n-th call of one process group on every rank is one
 collective instance. Collectives are taken from one kind of record per file,
 the first present of: communication kernels, ``gloo:``/``nccl:`` annotations,
 ``record_param_comms`` (its ``Collective name``), ``c10d::`` ops. Kernels are
@@ -279,18 +279,23 @@ def _register(con: duckdb.DuckDBPyConnection, files: list[_RankFile], ranks: lis
 
 
 def _align_hosts(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
-    """Shift every host but the first rank's onto its clock by the median difference of the collective exits (noted)."""
+    """Shift every host but the first rank's onto its clock, from the collectives' arrivals and exits (noted)."""
     hosts = [row[0] for row in con.execute("SELECT DISTINCT host FROM steps ORDER BY host").fetchall()]
     if len(hosts) < 2:
         return
+    # Each instance bounds the offset o added to host h: its ranks cannot leave before the reference host's last
+    # arrival, nor the reference host's before h's last arrival. The midpoint of the tightest bounds is taken
+    # (the median difference of the exits where the bounds cross).
     offsets = con.execute("""
-        WITH calls AS (SELECT host, grp, ts_ns + dur_ns AS end_ns, row_number() OVER (PARTITION BY rank, grp ORDER BY ts_ns, dur_ns) AS n
-                       FROM colls),
-             per_host AS (SELECT host, grp, n, quantile_disc(end_ns, 0.5) AS exit_ns FROM calls GROUP BY host, grp, n),
-             ref AS (SELECT arg_min(host, rank) AS host FROM steps)
-        SELECT h.host, quantile_disc(r.exit_ns - h.exit_ns, 0.5) AS offset_ns, count(*) AS instances
-        FROM per_host h JOIN per_host r USING (grp, n)
-        WHERE r.host = (SELECT host FROM ref) AND h.host <> r.host GROUP BY h.host ORDER BY h.host""").fetchall()
+        WITH calls AS (SELECT host, grp, ts_ns, ts_ns + dur_ns AS end_ns,
+                              row_number() OVER (PARTITION BY rank, grp ORDER BY ts_ns, dur_ns) AS n FROM colls),
+             per_host AS (SELECT host, grp, n, max(ts_ns) AS arrival_ns, min(end_ns) AS exit_ns FROM calls GROUP BY host, grp, n),
+             ref AS (SELECT arg_min(host, rank) AS host FROM steps),
+             bounds AS (SELECT h.host, max(r.arrival_ns - h.exit_ns) AS lo, min(r.exit_ns - h.arrival_ns) AS hi,
+                               quantile_disc(r.exit_ns - h.exit_ns, 0.5) AS median_ns, count(*) AS instances
+                        FROM per_host h JOIN per_host r USING (grp, n)
+                        WHERE r.host = (SELECT host FROM ref) AND h.host <> r.host GROUP BY h.host)
+        SELECT host, CASE WHEN lo <= hi THEN lo + (hi - lo) // 2 ELSE median_ns END, instances FROM bounds ORDER BY host""").fetchall()
     aligned = {host for host, _, _ in offsets}
     con.register("host_offsets", pa.table({"host": [h for h, _, _ in offsets], "offset_ns": [int(o) for _, o, _ in offsets]}))
     for part in ("steps", "colls", "activities", "launches", "ops"):
