@@ -98,9 +98,9 @@ def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray
     (``token_ns``: the same, except on a source without validate, whose token is its run's end).
     """
     origin = "(SELECT min(root_ts_ns) FROM decode)"
-    host = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
+    columns = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
     table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, device_ts_ns, device_wall_ns, device_waits,
-                                    {", ".join(f"{column}_ns - {origin} AS {e}_ns" for e, column in host.items())}
+                                    {", ".join(f"{column}_ns - {origin} AS {e}_ns" for e, column in columns.items())}
                              FROM decode ORDER BY rank, step""")
     rank_values, rank_index = np.unique(table.column("rank").to_numpy(zero_copy_only=False), return_inverse=True)
     step_values, step_index = np.unique(table.column("step").to_numpy(zero_copy_only=False), return_inverse=True)

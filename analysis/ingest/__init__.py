@@ -154,7 +154,11 @@ def _read_directory(
     if serving is not None:
         traces.append(read_sa_profile(serving, progress=progress, limits=limits, sink=sink))
     chrome = {p for p in [*path.glob("*.trace.json"), *path.glob("*.trace.json.gz")] if p.is_file() and p.name != artifacts.MERGED_TRACE}
-    ranks = [p for p in sorted([*path.glob("*.json"), *path.glob("*.json.gz")]) if p.is_file() and p.name not in (*SIDE_FILES, artifacts.MERGED_TRACE)]
+    ranks = [
+        p
+        for p in sorted([*path.glob("*.json"), *path.glob("*.json.gz")])
+        if p.is_file() and p.name not in (*SIDE_FILES, artifacts.MERGED_TRACE)
+    ]
     for json_file in ranks:
         if is_kineto(json_file, limits):
             kineto.append(json_file)
@@ -166,7 +170,9 @@ def _read_directory(
             traces.append(read_side_file(path / name))
     if not traces and not any(p.parent == path for p in kineto) and logs:
         raise InputError(
-            path, "directory holds no dsprof inputs", expected="*.log, serving-trace/, trace.json, fragments/, trace.<pid>.jsonl or PyTorch-profiler *.json"
+            path,
+            "directory holds no dsprof inputs",
+            expected="*.log, serving-trace/, trace.json, fragments/, trace.<pid>.jsonl or PyTorch-profiler *.json",
         )
     return traces
 

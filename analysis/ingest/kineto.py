@@ -17,7 +17,10 @@ on them unchanged (docs/FORMATS.md "Kineto traces"):
   that collective instance), ``compute`` (the union of the computation
   kernels, or on a CPU-only trace of the CPU ops, within the step) and
   ``host_gap`` (the step's time covered by neither: the host neither computed
-  nor communicated, e.g. it slept or was CPU-bound between launches).
+  nor communicated, e.g. it slept or was CPU-bound between launches);
+  and one ``activity.<kind>`` span per device activity (``compute``,
+  ``communication``, ``memory``), assigned to the step whose span holds its
+  launch; activities outside every step are left out.
 
 :data:`FILLS` and :data:`LACKS` declare, in this one place, which phases the
 source gives; the figures of the lacking ones are absent, never zero.
@@ -37,7 +40,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import duckdb
@@ -60,18 +63,27 @@ STEP_PREFIX = "ProfilerStep#"
 PROFILER_STEP = "ProfilerStep"
 COMPUTE = f"{fmt.DEVICE_WALL}.compute"
 HOST_GAP = f"{fmt.DEVICE_WALL}.host_gap"
+ACTIVITY = f"{fmt.DEVICE_WALL}.activity"  # + "." + kind: one row per device activity
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::")
 PARAM_COMMS = "record_param_comms"
 COLLECTIVE_NAME_ARG, GROUP_ARG, CORRELATION_ARG = "Collective name", "Process Group Name", "correlation"
 
 # The phases of a run the Kineto source fills (invocation-table columns), and those it lacks
-FILLS = ("root", "runner_run", "device_wall", "device_waits (collectives, with peer)", "device_wall.compute", "device_wall.host_gap")
+FILLS = (
+    "root",
+    "runner_run",
+    "device_wall",
+    "device_waits (collectives, with peer)",
+    "device_wall.compute",
+    "device_wall.host_gap",
+    "device_wall.activity.* (device activities)",
+)
 LACKS = ("bind", "validate", "claim_release", "native_fence_wait", "host evidence (os.*)")
 
 # collective record kinds, in the order of preference within one file
 _KERNEL, _ANNOTATION, _PARAM_COMMS, _C10D = range(4)
-_ACTIVITY_KINDS = {"compute": 0, "communication": 1, "memory": 2}
+ACTIVITY_KINDS = {"compute": 0, "communication": 1, "memory": 2}
 
 
 def token_ready_sql(alias: str) -> str:
@@ -126,7 +138,11 @@ class _Selector:
         kind = pc.if_else(
             comm_kernel,
             _KERNEL,
-            pc.if_else(annotation, _ANNOTATION, pc.if_else(pc.equal(names, PARAM_COMMS), _PARAM_COMMS, pc.if_else(pc.starts_with(names, "c10d::"), _C10D, -1))),
+            pc.if_else(
+                annotation,
+                _ANNOTATION,
+                pc.if_else(pc.equal(names, PARAM_COMMS), _PARAM_COMMS, pc.if_else(pc.starts_with(names, "c10d::"), _C10D, -1)),
+            ),
         )
         collective = pc.and_(spans, pc.greater_equal(kind, 0))
         base = ["pid", "tid", "line", "ts_ns", "dur_ns"]
@@ -150,17 +166,25 @@ class _Selector:
         if acts.num_rows:
             activity = pc.if_else(
                 pc.equal(acts.column("cat").cast(pa.string()), "kernel"),
-                pc.if_else(comm_kernel.filter(pc.and_(spans, device)), _ACTIVITY_KINDS["communication"], _ACTIVITY_KINDS["compute"]),
-                _ACTIVITY_KINDS["memory"],
+                pc.if_else(comm_kernel.filter(pc.and_(spans, device)), ACTIVITY_KINDS["communication"], ACTIVITY_KINDS["compute"]),
+                ACTIVITY_KINDS["memory"],
             )
             self.parts["activities"].append(
-                pa.table({"ts_ns": acts.column("ts_ns"), "dur_ns": acts.column("dur_ns"), "activity": activity.cast(pa.int8()),
-                          "correlation": _correlation(acts.column("attrs"))})
+                pa.table(
+                    {
+                        "ts_ns": acts.column("ts_ns"),
+                        "dur_ns": acts.column("dur_ns"),
+                        "activity": activity.cast(pa.int8()),
+                        "correlation": _correlation(acts.column("attrs")),
+                    }
+                )
             )
         launch = pc.and_(spans, pc.and_(pc.starts_with(cats, "cuda_"), pc.is_valid(_correlation(attrs))))
         launches = table.filter(launch)
         if launches.num_rows:
-            self.parts["launches"].append(pa.table({"ts_ns": launches.column("ts_ns"), "correlation": _correlation(launches.column("attrs"))}))
+            self.parts["launches"].append(
+                pa.table({"ts_ns": launches.column("ts_ns"), "correlation": _correlation(launches.column("attrs"))})
+            )
         ops = pc.and_(spans, pc.and_(pc.equal(cats, "cpu_op"), pc.less(kind, 0)))
         self._keep("ops", table, ops, ["tid", "ts_ns", "dur_ns"])
 
@@ -183,10 +207,17 @@ def _correlation(attrs: pa.ChunkedArray | pa.Array) -> pa.Array:
     return pc.cast(pc.map_lookup(attrs, CORRELATION_ARG, "first"), pa.int64(), safe=False)
 
 
-_STEP_COLUMNS = pa.schema([("pid", pa.int64()), ("tid", pa.int64()), ("line", pa.int64()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("name", pa.string())])
+_STEP_COLUMNS = pa.schema(
+    [("pid", pa.int64()), ("tid", pa.int64()), ("line", pa.int64()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("name", pa.string())]
+)
 _COLLECTIVE_COLUMNS = pa.schema(
-    [*(_STEP_COLUMNS.field(c) for c in ("pid", "tid", "line", "ts_ns", "dur_ns")), ("kind", pa.int8()), ("name", pa.string()),
-     ("grp", pa.string()), ("correlation", pa.int64())]
+    [
+        *(_STEP_COLUMNS.field(c) for c in ("pid", "tid", "line", "ts_ns", "dur_ns")),
+        ("kind", pa.int8()),
+        ("name", pa.string()),
+        ("grp", pa.string()),
+        ("correlation", pa.int64()),
+    ]
 )
 _ACTIVITY_COLUMNS = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("activity", pa.int8()), ("correlation", pa.int64())])
 _LAUNCH_COLUMNS = pa.schema([("ts_ns", pa.int64()), ("correlation", pa.int64())])
@@ -302,8 +333,10 @@ def _align_hosts(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
         con.execute(f"UPDATE {part} SET ts_ns = ts_ns + o.offset_ns FROM host_offsets o WHERE {part}.host = o.host")
     reference = con.execute("SELECT arg_min(host, rank) FROM steps").fetchone()
     for host, offset, instances in offsets:
-        trace.notes.append(f"Kineto clock of host {host!r} aligned to host {reference[0] if reference else ''!r}: "
-                           f"{int(offset)} ns, from {int(instances)} collective instances")
+        trace.notes.append(
+            f"Kineto clock of host {host!r} aligned to host {reference[0] if reference else ''!r}: "
+            f"{int(offset)} ns, from {int(instances)} collective instances"
+        )
     for host in sorted(set(hosts) - aligned - {reference[0] if reference else None}):
         trace.notes.append(f"Kineto clock of host {host!r} not aligned: no collective instance in common with the first rank's host")
 
@@ -323,12 +356,19 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
         SELECT w.rank, w.inv, c.name, c.n, c.ts_ns, c.dur_ns, w.ts_ns AS step_ns, p.peer
         FROM calls c JOIN windows w ON w.rank = c.rank AND c.anchor_ns >= w.ts_ns AND c.anchor_ns < w.next_ns
         JOIN (SELECT grp, n, arg_max(rank, (ts_ns, rank)) AS peer FROM calls GROUP BY grp, n) p USING (grp, n)""")
+    con.execute("""CREATE TEMP TABLE step_activities AS
+        SELECT w.rank, w.inv, a.activity, a.ts_ns, a.dur_ns, w.ts_ns AS step_ns
+        FROM (SELECT a.*, coalesce(l.ts_ns, a.ts_ns) AS anchor_ns FROM activities a
+              LEFT JOIN (SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL) l
+                   ON l.rank = a.rank AND l.correlation = a.correlation) a
+        JOIN windows w ON w.rank = a.rank AND a.anchor_ns >= w.ts_ns AND a.anchor_ns < w.next_ns""")
     busy = """(SELECT rank, ts_ns AS lo, ts_ns + dur_ns AS hi FROM activities WHERE activity = 0
                UNION ALL SELECT rank, ts_ns, ts_ns + dur_ns FROM ops WHERE rank NOT IN (SELECT rank FROM activities WHERE activity = 0))"""
     clip = "SELECT w.rank, w.inv, greatest(b.lo, w.ts_ns) AS lo, least(b.hi, w.end_ns) AS hi FROM {} b JOIN windows w ON b.rank = w.rank AND b.lo < w.end_ns AND b.hi > w.ts_ns"
     con.execute(f"CREATE TEMP TABLE compute AS {union_sql('(' + clip.format(busy) + ')', 'rank, inv')}")
     both = f"({clip.format(busy)} UNION ALL {clip.format('(SELECT rank, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_calls)')})"
     con.execute(f"CREATE TEMP TABLE covered AS {union_sql(both, 'rank, inv')}")
+    con.register("activity_kinds", pa.table({"activity": pa.array(list(ACTIVITY_KINDS.values()), pa.int8()), "kind": list(ACTIVITY_KINDS)}))
     rows = con.sql(f"""
         WITH run AS (SELECT w.*, coalesce(w.number, w.inv - 1) AS step,
                             CASE WHEN w.host = '' THEN 'rank' || w.rank ELSE w.host || ':rank' || w.rank END AS device FROM windows w)
@@ -346,6 +386,9 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{fmt.DEVICE_WALL}.' || s.name || '{fmt.WAIT_SUFFIX}', s.ts_ns - s.step_ns,
                          s.dur_ns, r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, s.peer, s.n
                   FROM run r JOIN step_calls s USING (rank, inv)
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{ACTIVITY}.' || k.kind, a.ts_ns - a.step_ns, a.dur_ns, r.inv, 4,
+                         '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+                  FROM run r JOIN step_activities a USING (rank, inv) JOIN activity_kinds k USING (activity)
         ORDER BY file_index, inv, depth, ts_ns, name""").to_arrow_table()
     return rows
 
