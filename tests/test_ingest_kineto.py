@@ -135,3 +135,43 @@ def test_directory_of_nothing_is_refused(tmp_path):
     (tmp_path / "notes.json").write_text(json.dumps({"traceEvents": []}))
     with pytest.raises(Exception, match="directory holds no dsprof inputs"):
         read_paths([tmp_path])
+
+
+def test_device_time_breakdown(tmp_path):
+    """Rank 0's kernels [10,40] [30,50] compute, [45,55] memcpy, [60,90] all-to-all | [110,130] compute, [140,180] a2a, [185,190] memset."""
+    write_rank(tmp_path, 0)
+    write_rank(tmp_path, 1)
+    device_time = analyze_trace(read_paths([tmp_path])).summary["device_time"]
+    # span 10..190; busy: 45 + 30 + 20 + 40 + 5; compute: 40 + 20
+    assert device_time["ranks"]["0"] == {"span_ms": 0.18, "busy_ms": 0.14, "idle_ms": 0.04, "compute_ms": 0.06, "non_compute_ms": 0.08}
+    # rank 1: [12,62] compute, [70,90] a2a | [105,145] compute, [150,180] a2a
+    assert device_time["ranks"]["1"] == {"span_ms": 0.168, "busy_ms": 0.14, "idle_ms": 0.028, "compute_ms": 0.09, "non_compute_ms": 0.05}
+    steps = {(row["step"], row["rank"]): row for row in device_time["per_step"]}
+    assert list(steps) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+    assert steps[(1, 0)] == {
+        "step": 1,
+        "rank": 0,
+        "span_ms": 0.08,
+        "busy_ms": 0.075,
+        "idle_ms": 0.005,
+        "compute_ms": 0.04,
+        "non_compute_ms": 0.035,
+    }
+    assert steps[(2, 0)] == {
+        "step": 2,
+        "rank": 0,
+        "span_ms": 0.08,
+        "busy_ms": 0.065,
+        "idle_ms": 0.015,
+        "compute_ms": 0.02,
+        "non_compute_ms": 0.045,
+    }
+
+
+def test_no_device_activity_no_breakdown(tmp_path):
+    steps = [_x("ProfilerStep#1", "user_annotation", 0, 100), _x("aten::mm", "cpu_op", 10, 20)]
+    for rank in (0, 1):
+        document = {"distributedInfo": {"rank": rank, "world_size": 2}, "traceEvents": steps}
+        (tmp_path / f"rank{rank}.json").write_text(json.dumps(document))
+    summary = analyze_trace(read_paths([tmp_path])).summary
+    assert "device_time" not in summary  # absent, never zero
