@@ -8,10 +8,12 @@ from pathlib import Path
 
 import pyarrow.compute as pc
 import pytest
+from click.testing import CliRunner
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.ingest.kineto import ACTIVITY, COMPUTE, HOST_GAP, read_kineto_traces
+from dsprof.cli.main import cli
 from dsprof.profiler import strace_format as fmt
 
 BASE_NS = 1_000_000_000_000
@@ -175,3 +177,13 @@ def test_no_device_activity_no_breakdown(tmp_path):
         (tmp_path / f"rank{rank}.json").write_text(json.dumps(document))
     summary = analyze_trace(read_paths([tmp_path])).summary
     assert "device_time" not in summary  # absent, never zero
+
+
+def test_analyze_command_takes_the_step_marker(tmp_path):
+    marker = [_x("decode_step", "user_annotation", 0, 100), _x("decode_step", "user_annotation", 100, 100)]
+    for rank in (0, 1):
+        write_rank(tmp_path, rank, extra=marker)
+    result = CliRunner().invoke(cli, ["analyze", str(tmp_path), "--step-marker", "decode_step", "-o", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert [row["step"] for row in summary["per_step"]] == [0, 1]
