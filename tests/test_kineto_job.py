@@ -1,6 +1,6 @@
 """A real torch.distributed job (4 ranks on gloo, CPU) profiled by torch.profiler, analysed from its Kineto traces alone.
 
-The test writes the job: each step computes, then meets every rank at an
+The job (dsprof.testing.kineto_job) is written by the test: each step computes, then meets every rank at an
 all-to-all; at known steps one rank sleeps before the all-to-all (it arrives
 late) and another computes longer. The figures are checked against the
 ProfilerStep spans read straight from the files, the faults against the slow
@@ -11,9 +11,6 @@ host's clock.
 from __future__ import annotations
 
 import json
-import socket
-import subprocess
-import sys
 from decimal import Decimal
 from pathlib import Path
 
@@ -22,6 +19,7 @@ import pytest
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
+from dsprof.testing.kineto_job import run_job
 
 pytestmark = pytest.mark.runtime
 
@@ -31,68 +29,13 @@ SLEEP_STEP, SLEEP_RANK = 4, 1
 COMPUTE_STEP, COMPUTE_RANK = 9, 2
 HOST_SHIFT_US = 7_345_678.125  # the moved rank's clock, seconds off the others'
 
-JOB = """
-import json, os, sys, time
-import torch
-import torch.distributed as dist
-from torch.profiler import ProfilerActivity, profile, schedule
-
-
-def rank_main(rank, world, out, port, steps, faults):
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    torch.set_num_threads(1)
-    torch.manual_seed(rank)
-    x = torch.randn(64, 64)
-    active = schedule(wait=0, warmup=1, active=steps, repeat=1)
-    with profile(activities=[ProfilerActivity.CPU], schedule=active) as prof:
-        for step in range(steps + 1):  # step 0 warms up; ProfilerStep#k is iteration k
-            for _ in range(3):
-                x = torch.tanh(x @ x)
-            fault = faults.get(f"{step}:{rank}")
-            if fault == "sleep":
-                time.sleep(0.08)
-            elif fault == "compute":
-                big = torch.randn(384, 384)
-                for _ in range(60):
-                    big = torch.tanh(big @ big)
-            send = torch.full((world * 4,), float(rank))
-            received = torch.empty_like(send)
-            dist.all_to_all_single(received, send)
-            prof.step()
-    prof.export_chrome_trace(os.path.join(out, f"rank{rank}.json"))
-    dist.destroy_process_group()
-
-
-if __name__ == "__main__":
-    import torch.multiprocessing as mp
-
-    out, port, steps, faults = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
-    mp.spawn(rank_main, args=(int(sys.argv[5]), out, port, steps, faults), nprocs=int(sys.argv[5]))
-"""
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def job(tmp_path_factory) -> Path:
     """The job's four per-rank traces, written by the job itself."""
-    root = tmp_path_factory.mktemp("kineto_job")
-    script = root / "job.py"
-    script.write_text(JOB)
-    out = root / "traces"
-    out.mkdir()
+    out = tmp_path_factory.mktemp("kineto_job") / "traces"
     faults = {f"{SLEEP_STEP}:{SLEEP_RANK}": "sleep", f"{COMPUTE_STEP}:{COMPUTE_RANK}": "compute"}
-    subprocess.run(
-        [sys.executable, str(script), str(out), str(_free_port()), str(STEPS), json.dumps(faults), str(RANKS)],
-        check=True,
-        timeout=600,
-        capture_output=True,
-    )
+    run_job(out, ranks=RANKS, steps=STEPS, faults=faults)
     return out
 
 
