@@ -266,6 +266,7 @@ def read_kineto_traces(
         return trace
     ranks = _assign_ranks(files, trace)
     con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # progress is the caller's, not bars on stderr
     try:
         _register(con, files, ranks)
         _align_hosts(con, trace)
