@@ -187,3 +187,13 @@ def test_analyze_command_takes_the_step_marker(tmp_path):
     assert result.exit_code == 0, result.output
     summary = json.loads((tmp_path / "out" / "summary.json").read_text())
     assert [row["step"] for row in summary["per_step"]] == [0, 1]
+
+
+def test_report_and_perfetto_export_of_a_kineto_job(tmp_path):
+    for rank in (0, 1):
+        write_rank(tmp_path, rank)  # both files' pid is 10: the runs take distinct int32 pids
+    runner = CliRunner()
+    assert runner.invoke(cli, ["analyze", str(tmp_path)]).exit_code == 0
+    result = runner.invoke(cli, ["export", str(tmp_path), "-o", str(tmp_path / "job.pftrace")])
+    assert result.exit_code == 0, result.output
+    assert (tmp_path / "job.pftrace").stat().st_size > 0 and (tmp_path / "report.html").is_file()

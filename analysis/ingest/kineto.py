@@ -10,7 +10,8 @@ on them unchanged (docs/FORMATS.md "Kineto traces"):
 * one run per step span on one rank (``ProfilerStep#N``, N its step number;
   or the spans of ``step_marker``, numbered by order): ``chip.run`` and its
   ``runner_run`` span the step, with ``rank``, ``step``, ``device`` and
-  ``callable`` (the marker's name); ``hid`` is ``kineto:<marker>``;
+  ``callable`` (the marker's name); ``hid`` is ``kineto:<marker>``; ``pid``
+  the file's, or :data:`SHARED_PID_BASE` + rank where files share one;
 * its ``device_wall`` (device clock, origin the step's start) spans the step,
   and below it: one ``<collective>_wait`` span per collective call of the step
   (from the rank's arrival to its exit; ``peer`` = the last rank to arrive at
@@ -81,6 +82,8 @@ FILLS = (
 )
 LACKS = ("bind", "validate", "claim_release", "native_fence_wait", "host evidence (os.*)")
 
+# where two files share a pid (ranks on several hosts), each rank's runs take this + rank instead
+SHARED_PID_BASE = 1 << 30
 # collective record kinds, in the order of preference within one file
 _KERNEL, _ANNOTATION, _PARAM_COMMS, _C10D = range(4)
 ACTIVITY_KINDS = {"compute": 0, "communication": 1, "memory": 2}
@@ -301,7 +304,7 @@ def _register(con: duckdb.DuckDBPyConnection, files: list[_RankFile], ranks: lis
             table = table.append_column("rank", pa.array(np.full(n, rank, np.int64))).append_column("host", pa.repeat(pa.scalar(f.host), n))
             tables.append(table.append_column("file_index", pa.array(np.full(n, index, np.int64))))
         con.register(f"{part}_in", pa.concat_tables(tables))
-    pid = "(rank + 1) * 4294967296 + pid" if shared else "pid"
+    pid = f"{SHARED_PID_BASE} + rank" if shared else "pid"  # int32, as trace viewers take pids
     con.execute(f"""CREATE TEMP TABLE steps AS SELECT rank, host, file_index, {pid} AS pid, tid, line, ts_ns, dur_ns,
                            TRY_CAST(regexp_extract(name, '^{STEP_PREFIX}([0-9]+)$', 1) AS BIGINT) AS number FROM steps_in""")
     con.execute("""CREATE TEMP TABLE colls AS SELECT * FROM collectives_in c
