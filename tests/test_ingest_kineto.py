@@ -197,3 +197,8 @@ def test_report_and_perfetto_export_of_a_kineto_job(tmp_path):
     result = runner.invoke(cli, ["export", str(tmp_path), "-o", str(tmp_path / "job.pftrace")])
     assert result.exit_code == 0, result.output
     assert (tmp_path / "job.pftrace").stat().st_size > 0 and (tmp_path / "report.html").is_file()
+
+
+def test_the_same_traces_read_twice_give_the_same_rows(tmp_path):
+    paths = [write_rank(tmp_path, 0), write_rank(tmp_path, 1)]
+    assert read_kineto_traces(paths).spans.equals(read_kineto_traces(list(reversed(paths))).spans)

@@ -393,7 +393,7 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{ACTIVITY}.' || k.kind, a.ts_ns - a.step_ns, a.dur_ns, r.inv, 4,
                          '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r JOIN step_activities a USING (rank, inv) JOIN activity_kinds k USING (activity)
-        ORDER BY file_index, inv, depth, ts_ns, name""").to_arrow_table()
+        ORDER BY file_index, inv, depth, ts_ns, name, dur_ns""").to_arrow_table()
     return rows
 
 
