@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from dsprof.analysis.causes import diagnose, tail_block
+from dsprof.analysis.device_time import device_time_section
 from dsprof.analysis.engine import Engine, open_engine
 from dsprof.analysis.noise import judge_items, noise_floor
 from dsprof.analysis.pipeline import pipeline_figures
@@ -136,6 +137,7 @@ def analyze_trace(
         tail_cost=tail_cost(engine),
         pipeline=pipeline,
         serving=serving,
+        device_time=device_time_section(engine),
     )
     return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine, window=window)
 

@@ -134,8 +134,9 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     markers = "device_markers > 0"
     work = excess_of("device_work_ns")
     next_bind = excess_of("next_bind_ns")
-    # ... and more than the host waited on the completion fence beyond the device (a late fence signal)
-    slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= {fence} - {device}, FALSE)"
+    # ... and more than the host waited on the completion fence beyond the device (a late fence signal), where
+    # the source has a fence (a Kineto trace has none)
+    slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= coalesce({fence} - {device}, {work}), FALSE)"
     return [
         # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
         # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late

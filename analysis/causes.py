@@ -38,6 +38,7 @@ from dsprof.analysis.cause_rules import (
     token_rules,
 )
 from dsprof.analysis.engine import Engine
+from dsprof.analysis.ingest.kineto import HOST_GAP
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
@@ -274,6 +275,12 @@ def _deepest_device_phase(engine: Engine) -> None:
         GROUP BY d.step, d.rank""")
     engine.run(f"""UPDATE decided SET end_phase = deepest.phase FROM deepest
                    WHERE decided.step = deepest.step AND decided.rank = deepest.rank AND decided.end_phase = '{fmt.PHASE_DEVICE_WALL}'""")
+    # a Kineto run's time in which the host ran no op and the device no kernel: the host launched nothing (SPEC §1.1)
+    engine.run(f"""UPDATE decided SET end_mechanism = '{fmt.MECH_HOST_CPU}', end_detail = '{HOST_GAP_DETAIL}'
+                   WHERE end_phase = '{HOST_GAP[len(fmt.RUNNER_RUN) + 1 :]}' AND end_mechanism = '{fmt.MECH_DEVICE}'""")
+
+
+HOST_GAP_DETAIL = "more time with no op, kernel or collective before the launches (CPU-bound or launch-bound host)"
 
 
 def _chain_origins(engine: Engine, threshold_ns: int) -> None:

@@ -4,7 +4,7 @@ A straggler in expert-parallel decode need not leave skew: every rank meets
 every other at the MoE all-to-all inside the device program, so a rank that
 reaches it late holds them all, and every rank ends late together. What the
 user sees is the time between two steps' tokens, the **step interval**:
-``max_r end(validate(s)) − max_r end(validate(s−1))``. A step is **slow** when
+``max_r end(validate(s)) − max_r end(validate(s−1))`` (a Kineto step's token: the end of its step span). A step is **slow** when
 its interval exceeds the median interval by more than the threshold.
 
 The **critical path** of a slow step names the rank the others waited for. At
@@ -54,7 +54,7 @@ def step_intervals(engine: Engine, threshold_ms: float) -> StepIntervals:
     threshold_ns = int(round(threshold_ms * 1e6))
     engine.run("""CREATE OR REPLACE TABLE step_intervals AS
         SELECT step, token_ns, token_ns - lag(token_ns) OVER (ORDER BY step) AS interval_ns
-        FROM (SELECT step, max(validate_end_ns) AS token_ns FROM decode GROUP BY step)""")
+        FROM (SELECT step, max(token_ns) AS token_ns FROM decode GROUP BY step)""")
     median = engine.scalar("SELECT median(interval_ns) FROM step_intervals")
     engine.run(f"""ALTER TABLE step_intervals ADD COLUMN excess_ns BIGINT; ALTER TABLE step_intervals ADD COLUMN slow BOOLEAN;
         UPDATE step_intervals SET excess_ns = CAST(interval_ns - {float(median or 0)} AS BIGINT),
@@ -111,7 +111,7 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
         WITH top AS (SELECT step, arg_max(struct_pack(name, occurrence, last_rank, source, held_ns),
                                           (held_ns, -occurrence, name)) AS c
                      FROM held GROUP BY step),
-             latest AS (SELECT step, arg_max(rank, (validate_end_ns, -rank)) AS rank FROM decode GROUP BY step)
+             latest AS (SELECT step, arg_max(rank, (token_ns, -rank)) AS rank FROM decode GROUP BY step)
         SELECT i.step, i.interval_ns, i.excess_ns,
                CASE WHEN {through} THEN t.c.last_rank ELSE l.rank END AS culprit_rank,
                CASE WHEN {through} THEN t.c.name ELSE '{VIA_STEP_END}' END AS via,

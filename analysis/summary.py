@@ -23,6 +23,7 @@ import msgspec
 
 import dsprof
 from dsprof.analysis.summary_model import (
+    DeviceTime,
     Figures,
     Inputs,
     LateStarts,
@@ -83,11 +84,12 @@ def build_summary(
     tail_cost: TailCost,
     pipeline: Pipeline,
     serving: Serving,
+    device_time: DeviceTime | None = None,
 ) -> Summary:
-    """The summary, its fields in their documented order."""
+    """The summary, its fields in their documented order; ``device_time`` only where the source has device activities."""
     run = run_info(performance_summary)
     workload = (performance_summary or {}).get("workload") if isinstance(performance_summary, dict) else None
-    return Summary(
+    summary = Summary(
         schema=SUMMARY_SCHEMA,
         dsprof_version=dsprof.__version__,
         verdict=verdict,
@@ -108,6 +110,9 @@ def build_summary(
         pipeline=pipeline,
         serving=serving,
     )
+    if device_time is not None:
+        summary["device_time"] = device_time
+    return summary
 
 
 def summary_path(summary_or_dir: str | os.PathLike) -> Path:

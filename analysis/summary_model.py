@@ -336,6 +336,30 @@ class Serving(TypedDict):
     partial_reason: NotRequired[str | None]
 
 
+class DeviceTimeFigures(TypedDict):
+    """The device-time breakdown of one rank, over the profiled window or one step (SPEC §1.1, docs/FIGURES.md)."""
+
+    span_ms: float
+    busy_ms: float
+    idle_ms: float
+    compute_ms: float
+    non_compute_ms: float
+
+
+class DeviceTimeStep(DeviceTimeFigures):
+    """One rank's breakdown over one step (``device_time.per_step``)."""
+
+    step: int
+    rank: int
+
+
+class DeviceTime(TypedDict):
+    """Where a source records device activities (Kineto): the breakdown per rank and per step."""
+
+    ranks: dict[str, DeviceTimeFigures]
+    per_step: list[DeviceTimeStep]
+
+
 class Summary(TypedDict):
     schema: str
     dsprof_version: str
@@ -356,6 +380,7 @@ class Summary(TypedDict):
     tail_cost: TailCost
     pipeline: Pipeline
     serving: Serving
+    device_time: NotRequired[DeviceTime]  # only where the source records device activities
 
 
 # An item of the late lists (late_starts, tail_steps, slow_steps): a step, its excess and its culprit's cause.

@@ -12,6 +12,8 @@ the profile window, with its rank, device and callable label) and the view
 * callables are buckets of ``hid``; a bucket is labelled by its roots'
   ``callable`` attribute; decode is ``decode.main+verify+mtp``, else a label
   starting with ``decode``, else the most frequent bucket;
+* a step's token is ready at the end of its validate, or of the run itself
+  where the source has no validate (Kineto: ``token_ns``);
 * step s of rank r is its s-th decode run in start order; reports number it by
   the producer's own ``step`` attribute when every decode root carries one,
   they agree across ranks and increase on every rank, else by position.
@@ -25,6 +27,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from dsprof.analysis.engine import Engine
+from dsprof.analysis.ingest.kineto import HID_PREFIX as KINETO_HID
+from dsprof.analysis.ingest.kineto import token_ready_sql
 from dsprof.analysis.invocations import gc_query, invocation_query, serving_row
 from dsprof.analysis.stages import stage
 from dsprof.profiler import sa_profile
@@ -80,9 +84,10 @@ def build_swimlane(engine: Engine, invocations: pa.Table | None = None, steps: t
     engine.con.register("processes", pa.Table.from_pylist(processes, schema=_PROCESSES))
     numbering = _number_steps(engine, decode_label)
     engine.run(
-        """CREATE OR REPLACE TABLE runs AS
+        f"""CREATE OR REPLACE TABLE runs AS
            SELECT w.*, p.rank, p.device, coalesce(c.label, 'hid:' || w.hid) AS callable_label,
-                  coalesce(coalesce(c.label, 'hid:' || w.hid) = ?, FALSE) AS is_decode, s.position, s.step
+                  coalesce(coalesce(c.label, 'hid:' || w.hid) = ?, FALSE) AS is_decode, s.position, s.step,
+                  {token_ready_sql("w")} AS token_ns
            FROM windowed w JOIN processes p USING (pid) LEFT JOIN callable_labels c USING (hid)
            LEFT JOIN decode_steps s ON s.pid = w.pid AND s.inv = w.inv""",
         [decode_label],
@@ -91,6 +96,8 @@ def build_swimlane(engine: Engine, invocations: pa.Table | None = None, steps: t
     engine.run(f"CREATE OR REPLACE VIEW decode AS SELECT * FROM runs WHERE is_decode AND {in_steps}")
     callables = dict(engine.rows("SELECT callable_label, count(*) FROM runs GROUP BY 1 ORDER BY 2 DESC, 1"))
     anchored = {row[0] for row in engine.rows("SELECT DISTINCT pid FROM anchors")}
+    # a Kineto trace's clock is the profiler's own (baseTimeNanoseconds), not a CLOCK_ANCHOR's
+    anchored |= {row[0] for row in engine.rows(f"SELECT DISTINCT pid FROM windowed WHERE starts_with(hid, '{KINETO_HID}')")}
     return Swimlane(
         serving_window_ns=window,
         left_out_invocations=int(left_out),

@@ -91,9 +91,16 @@ def own_causes(late_starts: list[LateStart], tail_steps: list[TailStep], slow_st
 
 
 def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray]:
-    """The decode runs as replay arrays, with the rank and step values of each index."""
+    """The decode runs as replay arrays, with the rank and step values of each index.
+
+    Host times count from the earliest decode root, so that they stay exact as floats (a Kineto
+    trace's times are wall-clock nanoseconds, past 2**53). The validate end is the run's token
+    (``token_ns``: the same, except on a source without validate, whose token is its run's end).
+    """
+    origin = "(SELECT min(root_ts_ns) FROM decode)"
+    columns = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
     table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, device_ts_ns, device_wall_ns, device_waits,
-                                    {", ".join(f"{e}_ns" for e in HOST_EVENTS)}
+                                    {", ".join(f"{column}_ns - {origin} AS {e}_ns" for e, column in columns.items())}
                              FROM decode ORDER BY rank, step""")
     rank_values, rank_index = np.unique(table.column("rank").to_numpy(zero_copy_only=False), return_inverse=True)
     step_values, step_index = np.unique(table.column("step").to_numpy(zero_copy_only=False), return_inverse=True)

@@ -194,8 +194,14 @@ def run(
     help="Where the span-sized work runs: this process, or a Ray cluster (pip install 'dsprof[cluster]').",
 )
 @click.option("--address", show_default="start a local cluster", help="Ray cluster address for --engine ray.")
+@click.option(
+    "--step-marker",
+    metavar="NAME",
+    show_default="ProfilerStep#N",
+    help="PyTorch-profiler traces: the record_function label whose spans are the steps, numbered by order.",
+)
 @window_options
-def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address, steps, since, until) -> None:
+def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir, engine, address, step_marker, steps, since, until) -> None:
     """Analyse traces and write the figures.
 
     PATHS are artifact dirs, STRACE logs, SA_PROFILE fragment dirs or merged
@@ -212,6 +218,7 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
         spans_dir=spans_dir,
         engine=engine,
         address=address,
+        step_marker=step_marker,
         steps=steps,
         since=since,
         until=until,

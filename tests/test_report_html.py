@@ -18,7 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from test_causes_known_answers import RANKS, STEPS, plan, simulate, write_log
+from test_ingest_kineto import write_rank
 
+from dsprof.analysis.analyze import analyze_trace
+from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.findings import item_line, worst_first
 from dsprof.analysis.outputs.html_report import REPORT_NAME, render_html, script_json, swimlane_data, write_html_report
 from dsprof.analysis.outputs.track_layout import serving_span_count
@@ -513,3 +516,26 @@ def test_the_trends_and_the_step_interval_are_drawn(page, result, tmp_path):
     assert out["saved"] == [w["what_if_saved_ms"] for w in trends["windows"]]
     assert out["intervalPoints"] == len(result.summary["per_step"])
     assert sorted(out["slowMarkers"]) == sorted(i["step"] for i in result.summary["slow_steps"]["items"])
+
+
+DEVICE_TIME = """
+var plot = document.getElementById('device-time');
+out.traces = plot.data.map(function (t) { return t.name; });
+out.compute = plot.data[0].y; out.idle = plot.data[2].y; out.x = plot.data[0].x;
+out.table = Array.from(document.querySelectorAll('table.device-time tbody tr')).map(function (tr) { return tr.textContent; });
+"""
+
+
+@pytest.mark.browser
+def test_a_kineto_report_draws_the_device_time_beside_the_per_step_charts(tmp_path):
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for rank in (0, 1):
+        write_rank(traces, rank)
+    result = analyze_trace(read_paths([traces]))
+    out = _browse(render_html(result), DEVICE_TIME, tmp_path)
+    rows = result.summary["device_time"]["per_step"]
+    assert out["traces"] == ["compute", "non-compute", "idle"]
+    assert out["compute"] == [row["compute_ms"] for row in rows] and out["idle"] == [row["idle_ms"] for row in rows]
+    assert out["x"] == [[str(row["step"]) for row in rows], [f"rank {row['rank']}" for row in rows]]
+    assert out["table"][0] == "00.1800.1400.0400.0600.080"

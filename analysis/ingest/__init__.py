@@ -5,8 +5,9 @@
 * a directory is read for what it holds: every ``*.log`` (STRACE text logs,
   e.g. the runtime's ``server.log``); the SA_PROFILE trace under
   ``serving-trace/`` or in the directory itself (``trace.json`` preferred,
-  else the fragments — never both, so no event is read twice); Kineto traces
-  named ``*.trace.json`` / ``*.trace.json.gz``; and the side files
+  else the fragments — never both, so no event is read twice); Chrome traces
+  named ``*.trace.json`` / ``*.trace.json.gz``; PyTorch-profiler (Kineto)
+  traces of any ``*.json`` / ``*.json.gz`` name; and the side files
   ``performance_summary.json`` / ``faults.json``. A directory holding none of
   these is an error;
 * a ``.jsonl`` file is an SA_PROFILE fragment;
@@ -14,9 +15,11 @@
   Chrome trace — read as SA_PROFILE (``source="sa_profile"``) when it is an
   SA_PROFILE merge (named ``trace.json`` beside a ``fragments/`` directory or
   inside ``serving-trace/``, or a ``.json`` output path with
-  ``<path>.fragments/`` beside it), else as a generic Chrome/Kineto trace; an
-  SA_PROFILE ``.json`` output path that was never merged is read from its
-  fragments;
+  ``<path>.fragments/`` beside it), as a PyTorch-profiler trace when it
+  describes its process (``distributedInfo``: :mod:`.kineto`; every such file
+  of the inputs, directories' included, is one rank of one job, read
+  together), else as a generic Chrome trace; an SA_PROFILE ``.json`` output
+  path that was never merged is read from its fragments;
 * ``performance_summary.json`` / ``faults.json`` given directly are side files;
 * any other file is a text log searched for STRACE records.
 
@@ -34,11 +37,12 @@ from pathlib import Path
 
 from dsprof.analysis.ingest.chrome import read_chrome_trace
 from dsprof.analysis.ingest.json_stream import GZIP_MAGIC
+from dsprof.analysis.ingest.kineto import SOURCE, is_kineto, read_kineto_traces
 from dsprof.analysis.ingest.sa_profile import fragment_home, read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
 from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
-from dsprof.analysis.spans import Trace, merge_traces
+from dsprof.analysis.spans import PARQUET_SCHEMA, Trace, empty_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
@@ -54,21 +58,36 @@ def read_paths(
     sink: SpanSink | None = None,
     limits: JsonLimits = DEFAULT_LIMITS,
     logs: bool = True,
+    step_marker: str | None = None,
 ) -> Trace:
     """Read every path (see the module docstring) and merge the results.
 
-    ``limits`` bound JSON input; ``logs=False`` leaves text logs out (the cluster engine reads them elsewhere).
+    ``limits`` bound JSON input; ``logs=False`` leaves text logs out (the cluster engine reads them elsewhere);
+    ``step_marker``: the ``record_function`` label of a Kineto trace's steps (default ``ProfilerStep#N``).
     """
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     traces: list[Trace] = []
     seen: set[Path] = set()
+    kineto: list[Path] = []  # the ranks of one job, read together
     for path in map(Path, paths):
         if path.resolve() in seen:  # the same input named twice is read once
             continue
         seen.add(path.resolve())
-        traces.extend(_read_one(path, progress, sink, limits, logs))
+        traces.extend(_read_one(path, progress, sink, limits, logs, kineto))
+    if kineto:
+        traces.append(_kineto_job(kineto, step_marker, limits, progress, sink))
     return merge_traces(traces)
+
+
+def _kineto_job(paths: list[Path], step_marker: str | None, limits: JsonLimits, progress: Progress, sink: SpanSink | None) -> Trace:
+    """The Kineto files' runs; handed to ``sink`` when there is one (they are a few rows per step)."""
+    trace = read_kineto_traces(sorted(set(paths)), step_marker=step_marker, limits=limits, progress=progress)
+    if sink is not None and trace.spans.num_rows:
+        sink.add(trace.spans.cast(PARQUET_SCHEMA))
+        trace.spans_written[SOURCE] = trace.spans_written.get(SOURCE, 0) + trace.spans.num_rows
+        trace.spans = empty_spans()
+    return trace
 
 
 def is_text_log(path: Path) -> bool:
@@ -99,13 +118,13 @@ def _sa_profile_output(directory: Path) -> Path | None:
     return directory if holds or artifacts.fragment_files(directory) else None
 
 
-def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool) -> list[Trace]:
+def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool, kineto: list[Path]) -> list[Trace]:
     if not path.exists():
         if artifacts.fragments_dir(path).is_dir():  # an SA_PROFILE .json output whose merge was never written
             return [read_sa_profile(path, progress=progress, limits=limits, sink=sink)]
         raise InputError(path, "no such file or directory")
     if path.is_dir():
-        return _read_directory(path, progress, sink, limits, logs)
+        return _read_directory(path, progress, sink, limits, logs, kineto)
     if path.name in SIDE_FILES:
         return [read_side_file(path)]
     if progress is not None:
@@ -115,11 +134,16 @@ def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: Jso
     if path.suffix in (".json", ".gz") or _starts_with_gzip_magic(path):
         if _is_sa_profile_merge(path):
             return [read_sa_profile(path, limits=limits, sink=sink)]
+        if is_kineto(path, limits):
+            kineto.append(path)
+            return []
         return [read_chrome_trace(path, limits=limits, sink=sink)]
     return [read_strace_log(path, progress=progress, sink=sink)] if logs else []
 
 
-def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool) -> list[Trace]:
+def _read_directory(
+    path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool, kineto: list[Path]
+) -> list[Trace]:
     traces = []
     for log in sorted(path.glob("*.log")) if logs else []:
         if log.is_file():
@@ -129,15 +153,26 @@ def _read_directory(path: Path, progress: Progress, sink: SpanSink | None, limit
     serving = _sa_profile_output(path)
     if serving is not None:
         traces.append(read_sa_profile(serving, progress=progress, limits=limits, sink=sink))
-    for kineto in sorted([*path.glob("*.trace.json"), *path.glob("*.trace.json.gz")]):
-        if kineto.is_file() and kineto.name != artifacts.MERGED_TRACE:
-            traces.append(read_chrome_trace(kineto, progress=progress, limits=limits, sink=sink))
+    chrome = {p for p in [*path.glob("*.trace.json"), *path.glob("*.trace.json.gz")] if p.is_file() and p.name != artifacts.MERGED_TRACE}
+    ranks = [
+        p
+        for p in sorted([*path.glob("*.json"), *path.glob("*.json.gz")])
+        if p.is_file() and p.name not in (*SIDE_FILES, artifacts.MERGED_TRACE)
+    ]
+    for json_file in ranks:
+        if is_kineto(json_file, limits):
+            kineto.append(json_file)
+            chrome.discard(json_file)
+    for trace_file in sorted(chrome):
+        traces.append(read_chrome_trace(trace_file, progress=progress, limits=limits, sink=sink))
     for name in SIDE_FILES:
         if (path / name).is_file():
             traces.append(read_side_file(path / name))
-    if not traces and logs:
+    if not traces and not any(p.parent == path for p in kineto) and logs:
         raise InputError(
-            path, "directory holds no dsprof inputs", expected="*.log, serving-trace/, trace.json, fragments/ or trace.<pid>.jsonl"
+            path,
+            "directory holds no dsprof inputs",
+            expected="*.log, serving-trace/, trace.json, fragments/, trace.<pid>.jsonl or PyTorch-profiler *.json",
         )
     return traces
 

@@ -13,8 +13,9 @@ gigabytes, possibly gzip-compressed. It is never loaded whole:
   per event beyond what the parser makes. Only a buffer that fails to parse is
   parsed again event by event, to count (or name) the one at fault;
 * the other members of the top-level object are read whole (each at most
-  ``max_event_bytes``): ``baseTimeNanoseconds`` (wherever it stands) and
-  ``otherData`` are kept, the rest is checked to be JSON and skipped.
+  ``max_event_bytes``): ``baseTimeNanoseconds`` (wherever it stands),
+  ``otherData`` and Kineto's ``distributedInfo`` and ``host_name`` are kept,
+  the rest is checked to be JSON and skipped.
 
 So memory holds about two chunks and one event, whatever the document's size.
 
@@ -72,6 +73,10 @@ _SCALAR = re.compile(rb'[^ \t\r\n,\]}\[{:"]*')
 _COMMA, _CLOSE_ARRAY, _OPEN_ARRAY, _OPEN_OBJECT, _CLOSE_OBJECT, _QUOTE, _COLON = b',][{}":'
 
 
+# top-level members a Kineto trace describes its process with (rank, world size, process groups; host)
+KEPT_MEMBERS = ("distributedInfo", "host_name", "deviceProperties")
+
+
 @dataclass
 class EventBatch:
     """The events parsed from one buffer: ``index`` holds each one's position in ``traceEvents``."""
@@ -90,7 +95,8 @@ class ChromeDocument:
     until seen), ``base_before_events`` whether it came before
     ``traceEvents``, ``other_data`` the ``otherData`` member (a dict, or None),
     ``notes`` what a reader should be told (a truncated document), ``cut_line``
-    the line a truncated document ends on (None when it is whole).
+    the line a truncated document ends on (None when it is whole),
+    ``kept`` the members of :data:`KEPT_MEMBERS` that the document has.
     """
 
     def __init__(self, path: Path, limits: JsonLimits = DEFAULT_LIMITS):
@@ -100,6 +106,7 @@ class ChromeDocument:
         self.base_before_events = False
         self.other_data: dict[str, Any] | None = None
         self.cut_line: int | None = None
+        self.kept: dict[str, Any] = {}
         self.notes: list[str] = []
         self._input: _Input | None = None
         self._buf = b""
@@ -194,6 +201,8 @@ class ChromeDocument:
             self.base_ns = self._base_time(value, at)
         elif key == "otherData" and isinstance(value, dict):
             self.other_data = value
+        elif key in KEPT_MEMBERS:
+            self.kept[key] = value
 
     def _base_time(self, value: Any, at: int) -> int:
         """baseTimeNanoseconds as an int64: an integer, an integral decimal or integer text."""

@@ -530,6 +530,24 @@ def _window_note(result: AnalysisResult) -> str:
     return f'<p class="window-note">{_e(" ".join(said))}</p>' if said else ""
 
 
+def _device_time_section(summary: Summary) -> str:
+    """The device-time breakdown: a table per rank and the per-step chart's place (only where the source has one)."""
+    block = summary.get("device_time")
+    if not block:
+        return ""
+    keys = ("span_ms", "busy_ms", "idle_ms", "compute_ms", "non_compute_ms")
+    head = "".join(f"<th>{_e(k)}</th>" for k in ("rank", *keys))
+    body = "".join(
+        f"<tr><td>{_e(rank)}</td>" + "".join(f"<td>{figures[k]:.3f}</td>" for k in keys) + "</tr>"  # type: ignore[literal-required]
+        for rank, figures in block["ranks"].items()
+    )
+    return (
+        '<h3>Device time</h3><p class="axis-note">Per rank over the profiled window (docs/FIGURES.md "Device time"); '
+        f'per step below.</p><table class="device-time"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+        '<div id="device-time" class="plot"></div>'
+    )
+
+
 def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGET) -> str:
     """The whole report page of ``result`` (figures from its summary) as text."""
     summary = result.summary
@@ -550,7 +568,8 @@ def render_html(result: AnalysisResult, *, span_budget: int = DEFAULT_SPAN_BUDGE
 {_findings_section(summary)}
 {_swimlane_section(swimlane)}
 <section id="step-charts"><h2>Per step</h2><p class="axis-note">Click a point to zoom the swimlane to its step.</p>
-<div id="step-interval" class="plot"></div><div id="start-skew" class="plot"></div><div id="end-skew" class="plot"></div></section>
+<div id="step-interval" class="plot"></div><div id="start-skew" class="plot"></div><div id="end-skew" class="plot"></div>
+{_device_time_section(summary)}</section>
 <section id="trends-section"><h2>Trends</h2><p class="axis-note">The run in windows of consecutive steps: where it drifted,
 and what each window lost (the what-if saving of its causes). Click a window to zoom the swimlane to its worst step.</p>
 <div id="trends" class="plot"></div></section>

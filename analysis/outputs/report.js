@@ -601,8 +601,23 @@
     });
   }
 
+  // ---------------------------------------------------------------- device time per step and rank (Kineto device activities)
+  function deviceTimeChart(id, d) {
+    if (!d || !document.getElementById(id)) { return Promise.resolve(); }
+    var x = [d.step, d.rank];
+    var parts = [["compute_ms", "compute", "#4c78a8"], ["non_compute_ms", "non-compute", "#f58518"], ["idle_ms", "idle", "#bab0ac"]];
+    var traces = parts.map(function (p) {
+      return {type: "bar", x: x, y: d[p[0]], name: p[1], marker: {color: p[2]},
+              hovertemplate: "step %{x}: " + p[1] + " %{y:.3f} ms<extra></extra>"};
+    });
+    var layout = {title: {text: "device time per step and rank"}, barmode: "stack", height: 280,
+                  margin: {l: 60, r: 20, t: 40, b: 60}, legend: {orientation: "h", y: -0.3}, yaxis: {title: {text: "ms"}}};
+    return Plotly.newPlot(id, traces, layout, {displaylogo: false, responsive: true});
+  }
+
   setView(decodeWindow[0], decodeWindow[1]);
   var ready = Promise.all([
+    deviceTimeChart("device-time", chart.device_time),
     stepChart("step-interval", chart.interval_ms, chart.slow_threshold_ms, chart.slow_lines, "slow_steps", "step interval"),
     trendChart("trends", chart.trends),
     stepChart("start-skew", chart.start_skew_ms, chart.late_threshold_ms, chart.late_lines, "late_starts", "runner-start skew"),

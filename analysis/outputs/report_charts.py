@@ -67,4 +67,18 @@ def chart_data(summary: Summary) -> dict:
         "tail_threshold_ms": tails.get("threshold_ms"),
         "late_lines": worst_by_step(late.get("items") or []),
         "tail_lines": worst_by_step(tails.get("items") or []),
+        "device_time": _device_time(summary),
+    }
+
+
+def _device_time(summary: Summary) -> dict | None:
+    """The device-time breakdown per step and rank as chart columns (None: the source has none)."""
+    block = summary.get("device_time")
+    if not block:
+        return None
+    rows = block["per_step"]
+    return {
+        "step": [str(row["step"]) for row in rows],
+        "rank": [f"rank {row['rank']}" for row in rows],
+        **{key: [row[key] for row in rows] for key in ("compute_ms", "non_compute_ms", "idle_ms")},
     }

@@ -77,6 +77,7 @@ def analyze_command(
     spans_dir: str | os.PathLike | None = None,
     engine: str = "embedded",
     address: str | None = None,
+    step_marker: str | None = None,
     steps: str | None = None,
     since: str | None = None,
     until: str | None = None,
@@ -103,6 +104,7 @@ def analyze_command(
         engine=engine,
         address=address,
         window=window,
+        step_marker=step_marker,
         progress=progress,
     )
     try:
@@ -137,6 +139,7 @@ def analyze_paths(
     address: str | None = None,
     steps: tuple[int, int] | None = None,
     window: WindowSpec | None = None,
+    step_marker: str | None = None,
     progress: Progress = None,
 ) -> AnalyzeOutcome:
     """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write the outputs there.
@@ -145,7 +148,8 @@ def analyze_paths(
     inputs) or ``ray`` (ingest and the span-sized aggregation as Ray tasks on
     the cluster at ``address``; docs/CLUSTER.md). Inputs without a single span
     (and no serving summary) are an InputError. ``window`` (or just ``steps``):
-    analyse that window of the run only (:mod:`dsprof.analysis.window_read`).
+    analyse that window of the run only (:mod:`dsprof.analysis.window_read`). ``step_marker``: the label of a
+    Kineto trace's steps (default ``ProfilerStep#N``).
     """
     check_threshold(threshold_ms)
     if engine not in ENGINES:
@@ -163,7 +167,7 @@ def analyze_paths(
             assert dataset is not None
             trace, invocations = read_and_aggregate(paths, dataset, address=address, memory_limit=memory_limit, progress=progress)
         else:
-            trace, spill = read_inputs(paths, spans_dir=spans_dir, progress=progress)
+            trace, spill = read_inputs(paths, spans_dir=spans_dir, step_marker=step_marker, progress=progress)
         placed = None
         if window is not None:
             trace, placed, spill = read_window(trace, window, spill, progress=progress)
@@ -236,7 +240,11 @@ def explained_query_errors(trace: Trace) -> Iterator[None]:
 
 
 def read_inputs(
-    paths: Sequence[str | os.PathLike], *, spans_dir: str | os.PathLike | None = None, progress: Progress = None
+    paths: Sequence[str | os.PathLike],
+    *,
+    spans_dir: str | os.PathLike | None = None,
+    step_marker: str | None = None,
+    progress: Progress = None,
 ) -> tuple[Trace, Path | None]:
     """Read ``paths``; big text logs go to a span dataset (``spans_dir``, else a temporary one returned for removal)."""
     if _dataset_input(paths) is not None:
@@ -246,9 +254,9 @@ def read_inputs(
         temporary = make_owned_dir(SPILL_PREFIX)
     target = spans_dir if spans_dir is not None else temporary
     if target is None:
-        return read_paths(paths, progress=progress), None
+        return read_paths(paths, progress=progress, step_marker=step_marker), None
     try:
-        trace = ingest_paths(paths, target, progress=progress)
+        trace = ingest_paths(paths, target, progress=progress, step_marker=step_marker)
     except BaseException:  # an error, Ctrl-C or SIGTERM: the temporary dataset goes with it
         remove_owned_dir(temporary)
         raise

@@ -67,7 +67,9 @@ def ingest_command(
     out(output_description(output, trace))
 
 
-def ingest_paths(paths: Sequence[str | os.PathLike], output: str | os.PathLike, progress: Progress = None) -> Trace:
+def ingest_paths(
+    paths: Sequence[str | os.PathLike], output: str | os.PathLike, progress: Progress = None, step_marker: str | None = None
+) -> Trace:
     """Read ``paths`` (see :func:`~dsprof.analysis.ingest.read_paths`) and write their spans to ``output``.
 
     Returns the Trace with its spans on disk: ``spans`` is empty,
@@ -85,7 +87,7 @@ def ingest_paths(paths: Sequence[str | os.PathLike], output: str | os.PathLike, 
         raise
     counting = _CountingSink(writer)
     try:
-        trace = read_paths(paths, progress=progress, sink=counting)
+        trace = read_paths(paths, progress=progress, sink=counting, step_marker=step_marker)
         counting.add(trace.spans)  # the readers that do not stream
         trace.spans = SPAN_SCHEMA.empty_table()
         trace.spans_written = dict(sorted(counting.by_source.items()))

@@ -1,0 +1,436 @@
+"""Reader for PyTorch-profiler (Kineto) traces of a multi-rank job (SPEC §1.1): one file per rank, read as one job.
+
+Each file is streamed (:mod:`.json_stream`, events converted by the Chrome
+reader's :class:`~.chrome.SpanBuilder`) and only the events the diagnosis
+needs are kept, as narrow columns: the step spans, the collective calls, the
+device activities with their launches, and the CPU ops. From them the reader
+makes the rows the STRACE reader makes for a run, so that every analysis runs
+on them unchanged (docs/FORMATS.md "Kineto traces"):
+
+* one run per step span on one rank (``ProfilerStep#N``, N its step number;
+  or the spans of ``step_marker``, numbered by order): ``chip.run`` and its
+  ``runner_run`` span the step, with ``rank``, ``step``, ``device`` and
+  ``callable`` (the marker's name); ``hid`` is ``kineto:<marker>``; ``pid``
+  the file's, or :data:`SHARED_PID_BASE` + rank where files share one;
+* its ``device_wall`` (device clock, origin the step's start) spans the step,
+  and below it: one ``<collective>_wait`` span per collective call of the step
+  (from the rank's arrival to its exit; ``peer`` = the last rank to arrive at
+  that collective instance), ``compute`` (the union of the computation
+  kernels, or on a CPU-only trace of the CPU ops, within the step) and
+  ``host_gap`` (the step's time covered by neither: the host neither computed
+  nor communicated, e.g. it slept or was CPU-bound between launches);
+  and one ``activity.<kind>`` span per device activity (``compute``,
+  ``communication``, ``memory``), assigned to the step whose span holds its
+  launch; activities outside every step are left out.
+
+:data:`FILLS` and :data:`LACKS` declare, in this one place, which phases the
+source gives; the figures of the lacking ones are absent, never zero.
+
+Ranks come from ``distributedInfo.rank`` (else the order of the files, noted).
+Files with one ``host_name`` share a clock; every other host is shifted onto
+the first rank's host: every rank leaves a collective instance after the last
+one arrives, so each instance bounds the offset from both sides, and the
+midpoint of the tightest bounds is taken (noted with the offset). The n-th call of one process group on every rank is one
+collective instance. Collectives are taken from one kind of record per file,
+the first present of: communication kernels, ``gloo:``/``nccl:`` annotations,
+``record_param_comms`` (its ``Collective name``), ``c10d::`` ops. Kernels are
+assigned to the step whose span holds their launch (``correlation``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import duckdb
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from dsprof.analysis.ingest.chrome import read_document
+from dsprof.analysis.ingest.json_stream import ChromeDocument
+from dsprof.analysis.ingest.sink import Progress
+from dsprof.analysis.intervals import union_sql
+from dsprof.analysis.spans import ATTRS_TYPE, SPAN_SCHEMA, Trace, merge_traces
+from dsprof.errors import InputError
+from dsprof.profiler import strace_format as fmt
+from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
+
+SOURCE = "kineto"
+HID_PREFIX = "kineto:"
+STEP_PREFIX = "ProfilerStep#"
+PROFILER_STEP = "ProfilerStep"
+COMPUTE = f"{fmt.DEVICE_WALL}.compute"
+HOST_GAP = f"{fmt.DEVICE_WALL}.host_gap"
+ACTIVITY = f"{fmt.DEVICE_WALL}.activity"  # + "." + kind: one row per device activity
+DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
+COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::")
+PARAM_COMMS = "record_param_comms"
+COLLECTIVE_NAME_ARG, GROUP_ARG, CORRELATION_ARG = "Collective name", "Process Group Name", "correlation"
+
+# The phases of a run the Kineto source fills (invocation-table columns), and those it lacks
+FILLS = (
+    "root",
+    "runner_run",
+    "device_wall",
+    "device_waits (collectives, with peer)",
+    "device_wall.compute",
+    "device_wall.host_gap",
+    "device_wall.activity.* (device activities)",
+)
+LACKS = ("bind", "validate", "claim_release", "native_fence_wait", "host evidence (os.*)")
+
+# where two files share a pid (ranks on several hosts), each rank's runs take this + rank instead
+SHARED_PID_BASE = 1 << 30
+# collective record kinds, in the order of preference within one file
+_KERNEL, _ANNOTATION, _PARAM_COMMS, _C10D = range(4)
+ACTIVITY_KINDS = {"compute": 0, "communication": 1, "memory": 2}
+
+
+def token_ready_sql(alias: str) -> str:
+    """SQL: when a run's token is ready: the end of its validate; a Kineto run, which has none, at its end (SPEC §1.1)."""
+    return f"CASE WHEN starts_with({alias}.hid, '{HID_PREFIX}') THEN {alias}.root_end_ns ELSE {alias}.validate_end_ns END"
+
+
+def is_kineto(path: Path, limits: JsonLimits = DEFAULT_LIMITS) -> bool:
+    """Whether a Chrome JSON file is a PyTorch-profiler trace: it describes its process (``distributedInfo``, ``deviceProperties``)."""
+    try:
+        document = ChromeDocument(path, limits)
+        document.head()
+    except InputError:
+        return False
+    return "distributedInfo" in document.kept or "deviceProperties" in document.kept
+
+
+@dataclass
+class _RankFile:
+    """What one rank's file holds of use, as narrow tables (ns, after baseTimeNanoseconds)."""
+
+    path: Path
+    rank: int | None
+    host: str
+    trace: Trace
+    steps: pa.Table
+    collectives: pa.Table
+    activities: pa.Table
+    launches: pa.Table
+    ops: pa.Table
+
+
+class _Selector:
+    """The span sink that keeps, of each converted batch, the few columns of the events the diagnosis reads."""
+
+    def __init__(self, step_marker: str | None):
+        self.step_marker = step_marker
+        self.parts: dict[str, list[pa.Table]] = {"steps": [], "collectives": [], "activities": [], "launches": [], "ops": []}
+
+    def add(self, table: pa.Table) -> None:
+        names = table.column("name")
+        cats = table.column("cat").cast(pa.string())
+        spans = pc.equal(table.column("ph").cast(pa.string()), "X")
+        attrs = table.column("attrs")
+        if self.step_marker is not None:
+            steps = pc.equal(names, self.step_marker)
+        else:
+            steps = pc.match_substring_regex(names, f"^{STEP_PREFIX}[0-9]+$")
+        device = pc.is_in(cats, pa.array(DEVICE_CATS))
+        comm_kernel = pc.and_(pc.equal(cats, "kernel"), pc.match_substring(names, "nccl", ignore_case=True))
+        annotation = pc.or_(*(pc.starts_with(names, p) for p in COLLECTIVE_PREFIXES[:2]))
+        kind = pc.if_else(
+            comm_kernel,
+            _KERNEL,
+            pc.if_else(
+                annotation,
+                _ANNOTATION,
+                pc.if_else(pc.equal(names, PARAM_COMMS), _PARAM_COMMS, pc.if_else(pc.starts_with(names, "c10d::"), _C10D, -1)),
+            ),
+        )
+        collective = pc.and_(spans, pc.greater_equal(kind, 0))
+        base = ["pid", "tid", "line", "ts_ns", "dur_ns"]
+        self._keep("steps", table, pc.and_(spans, steps), base + ["name"])
+        coll = table.filter(collective)
+        if coll.num_rows:
+            named = pc.map_lookup(coll.column("attrs"), COLLECTIVE_NAME_ARG, "first")
+            is_param = pc.equal(kind.filter(collective), _PARAM_COMMS)
+            self.parts["collectives"].append(
+                pa.table(
+                    {
+                        **{c: coll.column(c) for c in base},
+                        "kind": kind.filter(collective).cast(pa.int8()),
+                        "name": pc.if_else(is_param, pc.coalesce(named, PARAM_COMMS), _short_name(coll.column("name"))),
+                        "grp": pc.coalesce(pc.map_lookup(coll.column("attrs"), GROUP_ARG, "first"), ""),
+                        "correlation": _correlation(coll.column("attrs")),
+                    }
+                )
+            )
+        acts = table.filter(pc.and_(spans, device))
+        if acts.num_rows:
+            activity = pc.if_else(
+                pc.equal(acts.column("cat").cast(pa.string()), "kernel"),
+                pc.if_else(comm_kernel.filter(pc.and_(spans, device)), ACTIVITY_KINDS["communication"], ACTIVITY_KINDS["compute"]),
+                ACTIVITY_KINDS["memory"],
+            )
+            self.parts["activities"].append(
+                pa.table(
+                    {
+                        "ts_ns": acts.column("ts_ns"),
+                        "dur_ns": acts.column("dur_ns"),
+                        "activity": activity.cast(pa.int8()),
+                        "correlation": _correlation(acts.column("attrs")),
+                    }
+                )
+            )
+        launch = pc.and_(spans, pc.and_(pc.starts_with(cats, "cuda_"), pc.is_valid(_correlation(attrs))))
+        launches = table.filter(launch)
+        if launches.num_rows:
+            self.parts["launches"].append(
+                pa.table({"ts_ns": launches.column("ts_ns"), "correlation": _correlation(launches.column("attrs"))})
+            )
+        ops = pc.and_(spans, pc.and_(pc.equal(cats, "cpu_op"), pc.less(kind, 0)))
+        self._keep("ops", table, ops, ["tid", "ts_ns", "dur_ns"])
+
+    def _keep(self, part: str, table: pa.Table, mask: pa.Array, columns: list[str]) -> None:
+        kept = table.filter(mask).select(columns)
+        if kept.num_rows:
+            self.parts[part].append(kept)
+
+    def table(self, part: str, schema: pa.Schema) -> pa.Table:
+        tables = [t.cast(schema) for t in self.parts[part]]
+        return pa.concat_tables(tables) if tables else schema.empty_table()
+
+
+def _short_name(names: pa.ChunkedArray | pa.Array) -> pa.Array:
+    """A kernel's name up to its argument list; annotation names as they are."""
+    return pc.utf8_slice_codeunits(pc.replace_substring_regex(names, r"\(.*$", ""), 0, 80)
+
+
+def _correlation(attrs: pa.ChunkedArray | pa.Array) -> pa.Array:
+    return pc.cast(pc.map_lookup(attrs, CORRELATION_ARG, "first"), pa.int64(), safe=False)
+
+
+_STEP_COLUMNS = pa.schema(
+    [("pid", pa.int64()), ("tid", pa.int64()), ("line", pa.int64()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("name", pa.string())]
+)
+_COLLECTIVE_COLUMNS = pa.schema(
+    [
+        *(_STEP_COLUMNS.field(c) for c in ("pid", "tid", "line", "ts_ns", "dur_ns")),
+        ("kind", pa.int8()),
+        ("name", pa.string()),
+        ("grp", pa.string()),
+        ("correlation", pa.int64()),
+    ]
+)
+_ACTIVITY_COLUMNS = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("activity", pa.int8()), ("correlation", pa.int64())])
+_LAUNCH_COLUMNS = pa.schema([("ts_ns", pa.int64()), ("correlation", pa.int64())])
+_OP_COLUMNS = pa.schema([("tid", pa.int64()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
+
+
+def _read_rank_file(path: Path, step_marker: str | None, limits: JsonLimits) -> _RankFile:
+    selector = _Selector(step_marker)
+    trace, document = read_document(path, SOURCE, limits, sink=selector)
+    # flow and counter events, sort-order metadata: the profiler's own, not damage (launches are linked by correlation)
+    unused = trace.dropped.pop("unsupported_phase", 0) + trace.dropped.pop("unsupported_metadata", 0)
+    if unused:
+        trace.notes.append(f"{path}: {unused} flow, counter and sort-order events not used")
+    info = document.kept.get("distributedInfo")
+    rank = info.get("rank") if isinstance(info, dict) else None
+    host = document.kept.get("host_name")
+    return _RankFile(
+        path=path,
+        rank=rank if isinstance(rank, int) and not isinstance(rank, bool) and rank >= 0 else None,
+        host=host if isinstance(host, str) else "",
+        trace=trace,
+        steps=selector.table("steps", _STEP_COLUMNS),
+        collectives=selector.table("collectives", _COLLECTIVE_COLUMNS),
+        activities=selector.table("activities", _ACTIVITY_COLUMNS),
+        launches=selector.table("launches", _LAUNCH_COLUMNS),
+        ops=selector.table("ops", _OP_COLUMNS),
+    )
+
+
+def read_kineto_traces(
+    paths: Sequence[str | os.PathLike],
+    *,
+    step_marker: str | None = None,
+    limits: JsonLimits = DEFAULT_LIMITS,
+    progress: Progress = None,
+) -> Trace:
+    """The runs of a multi-rank job's per-rank Kineto traces (see the module docstring), as one Trace."""
+    files = []
+    for path in sorted(map(Path, paths)):
+        if progress is not None:
+            progress(f"reading {path}")
+        files.append(_read_rank_file(path, step_marker, limits))
+    trace = merge_traces([f.trace for f in files])
+    trace.files = [str(f.path) for f in files]
+    if not files:
+        return trace
+    ranks = _assign_ranks(files, trace)
+    con = duckdb.connect()
+    con.execute("SET enable_progress_bar = false")  # progress is the caller's, not bars on stderr
+    try:
+        _register(con, files, ranks)
+        _align_hosts(con, trace)
+        label = step_marker or PROFILER_STEP
+        trace.spans = _span_rows(_runs(con), [str(f.path) for f in files], label)
+    finally:
+        con.close()
+    trace.notes.append(
+        f"Kineto traces: {len(files)} ranks; phases filled: {', '.join(FILLS)}; lacking (their figures absent): {', '.join(LACKS)}"
+    )
+    return trace
+
+
+def _assign_ranks(files: list[_RankFile], trace: Trace) -> list[int]:
+    """Each file's rank: ``distributedInfo.rank`` when every file has a distinct one, else the order of the files (noted)."""
+    given = [f.rank for f in files]
+    if all(r is not None for r in given) and len(set(given)) == len(given):
+        return [int(r) for r in given if r is not None]
+    trace.notes.append("Kineto traces: ranks from the order of the files (distributedInfo.rank missing or repeated)")
+    return list(range(len(files)))
+
+
+def _register(con: duckdb.DuckDBPyConnection, files: list[_RankFile], ranks: list[int]) -> None:
+    """The files' tables, stacked with their rank, host and file, in ``con``; pids made distinct where files share one."""
+    pids = [set(f.steps.column("pid").to_pylist()) for f in files]
+    shared = any(pids[i] & pids[j] for i in range(len(pids)) for j in range(i))
+    for part in ("steps", "collectives", "activities", "launches", "ops"):
+        tables = []
+        for index, (f, rank) in enumerate(zip(files, ranks, strict=True)):
+            table = getattr(f, part)
+            n = table.num_rows
+            table = table.append_column("rank", pa.array(np.full(n, rank, np.int64))).append_column("host", pa.repeat(pa.scalar(f.host), n))
+            tables.append(table.append_column("file_index", pa.array(np.full(n, index, np.int64))))
+        con.register(f"{part}_in", pa.concat_tables(tables))
+    pid = f"{SHARED_PID_BASE} + rank" if shared else "pid"  # int32, as trace viewers take pids
+    con.execute(f"""CREATE TEMP TABLE steps AS SELECT rank, host, file_index, {pid} AS pid, tid, line, ts_ns, dur_ns,
+                           TRY_CAST(regexp_extract(name, '^{STEP_PREFIX}([0-9]+)$', 1) AS BIGINT) AS number FROM steps_in""")
+    con.execute("""CREATE TEMP TABLE colls AS SELECT * FROM collectives_in c
+                   WHERE kind = (SELECT min(kind) FROM collectives_in k WHERE k.rank = c.rank)""")
+    for part in ("activities", "launches", "ops"):
+        con.execute(f"CREATE TEMP TABLE {part} AS SELECT * FROM {part}_in")
+
+
+def _align_hosts(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
+    """Shift every host but the first rank's onto its clock, from the collectives' arrivals and exits (noted)."""
+    hosts = [row[0] for row in con.execute("SELECT DISTINCT host FROM steps ORDER BY host").fetchall()]
+    if len(hosts) < 2:
+        return
+    # Each instance bounds the offset o added to host h: its ranks cannot leave before the reference host's last
+    # arrival, nor the reference host's before h's last arrival. The midpoint of the tightest bounds is taken
+    # (the median difference of the exits where the bounds cross).
+    offsets = con.execute("""
+        WITH calls AS (SELECT host, grp, ts_ns, ts_ns + dur_ns AS end_ns,
+                              row_number() OVER (PARTITION BY rank, grp ORDER BY ts_ns, dur_ns) AS n FROM colls),
+             per_host AS (SELECT host, grp, n, max(ts_ns) AS arrival_ns, min(end_ns) AS exit_ns FROM calls GROUP BY host, grp, n),
+             ref AS (SELECT arg_min(host, rank) AS host FROM steps),
+             bounds AS (SELECT h.host, max(r.arrival_ns - h.exit_ns) AS lo, min(r.exit_ns - h.arrival_ns) AS hi,
+                               quantile_disc(r.exit_ns - h.exit_ns, 0.5) AS median_ns, count(*) AS instances
+                        FROM per_host h JOIN per_host r USING (grp, n)
+                        WHERE r.host = (SELECT host FROM ref) AND h.host <> r.host GROUP BY h.host)
+        SELECT host, CASE WHEN lo <= hi THEN lo + (hi - lo) // 2 ELSE median_ns END, instances FROM bounds ORDER BY host""").fetchall()
+    aligned = {host for host, _, _ in offsets}
+    con.register("host_offsets", pa.table({"host": [h for h, _, _ in offsets], "offset_ns": [int(o) for _, o, _ in offsets]}))
+    for part in ("steps", "colls", "activities", "launches", "ops"):
+        con.execute(f"UPDATE {part} SET ts_ns = ts_ns + o.offset_ns FROM host_offsets o WHERE {part}.host = o.host")
+    reference = con.execute("SELECT arg_min(host, rank) FROM steps").fetchone()
+    for host, offset, instances in offsets:
+        trace.notes.append(
+            f"Kineto clock of host {host!r} aligned to host {reference[0] if reference else ''!r}: "
+            f"{int(offset)} ns, from {int(instances)} collective instances"
+        )
+    for host in sorted(set(hosts) - aligned - {reference[0] if reference else None}):
+        trace.notes.append(f"Kineto clock of host {host!r} not aligned: no collective instance in common with the first rank's host")
+
+
+def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
+    """The STRACE-shaped rows of every step of every rank (see the module docstring)."""
+    con.execute("""CREATE TEMP TABLE windows AS
+        SELECT *, row_number() OVER by_rank AS inv, ts_ns + dur_ns AS end_ns,
+               coalesce(lead(ts_ns) OVER by_rank, ts_ns + dur_ns) AS next_ns
+        FROM steps WINDOW by_rank AS (PARTITION BY rank ORDER BY ts_ns, line)""")
+    con.execute("""CREATE TEMP TABLE calls AS
+        SELECT c.*, row_number() OVER (PARTITION BY c.rank, c.grp ORDER BY c.ts_ns, c.dur_ns, c.line) AS n,
+               coalesce(l.ts_ns, c.ts_ns) AS anchor_ns
+        FROM colls c LEFT JOIN (SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL) l
+             ON l.rank = c.rank AND l.correlation = c.correlation""")
+    con.execute("""CREATE TEMP TABLE step_calls AS
+        SELECT w.rank, w.inv, c.name, c.n, c.ts_ns, c.dur_ns, w.ts_ns AS step_ns, p.peer
+        FROM calls c JOIN windows w ON w.rank = c.rank AND c.anchor_ns >= w.ts_ns AND c.anchor_ns < w.next_ns
+        JOIN (SELECT grp, n, arg_max(rank, (ts_ns, rank)) AS peer FROM calls GROUP BY grp, n) p USING (grp, n)""")
+    con.execute("""CREATE TEMP TABLE step_activities AS
+        SELECT w.rank, w.inv, a.activity, a.ts_ns, a.dur_ns, w.ts_ns AS step_ns
+        FROM (SELECT a.*, coalesce(l.ts_ns, a.ts_ns) AS anchor_ns FROM activities a
+              LEFT JOIN (SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL) l
+                   ON l.rank = a.rank AND l.correlation = a.correlation) a
+        JOIN windows w ON w.rank = a.rank AND a.anchor_ns >= w.ts_ns AND a.anchor_ns < w.next_ns""")
+    busy = """(SELECT rank, ts_ns AS lo, ts_ns + dur_ns AS hi FROM activities WHERE activity = 0
+               UNION ALL SELECT rank, ts_ns, ts_ns + dur_ns FROM ops WHERE rank NOT IN (SELECT rank FROM activities WHERE activity = 0))"""
+    clip = "SELECT w.rank, w.inv, greatest(b.lo, w.ts_ns) AS lo, least(b.hi, w.end_ns) AS hi FROM {} b JOIN windows w ON b.rank = w.rank AND b.lo < w.end_ns AND b.hi > w.ts_ns"
+    con.execute(f"CREATE TEMP TABLE compute AS {union_sql('(' + clip.format(busy) + ')', 'rank, inv')}")
+    both = f"({clip.format(busy)} UNION ALL {clip.format('(SELECT rank, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_calls)')})"
+    con.execute(f"CREATE TEMP TABLE covered AS {union_sql(both, 'rank, inv')}")
+    con.register("activity_kinds", pa.table({"activity": pa.array(list(ACTIVITY_KINDS.values()), pa.int8()), "kind": list(ACTIVITY_KINDS)}))
+    rows = con.sql(f"""
+        WITH run AS (SELECT w.*, coalesce(w.number, w.inv - 1) AS step,
+                            CASE WHEN w.host = '' THEN 'rank' || w.rank ELSE w.host || ':rank' || w.rank END AS device FROM windows w)
+        SELECT file_index, line, pid, tid, '{fmt.ROOT}' AS name, ts_ns, dur_ns, inv, 0 AS depth, 'host' AS clk,
+               rank, step, device, NULL::BIGINT AS peer, NULL::BIGINT AS n FROM run
+        UNION ALL SELECT file_index, line, pid, tid, '{fmt.RUNNER_RUN}', ts_ns, dur_ns, inv, 1, 'host', NULL, NULL, NULL, NULL, NULL FROM run
+        UNION ALL SELECT file_index, line, pid, tid, '{fmt.DEVICE_WALL}', 0, dur_ns, inv, 2, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+                  FROM run
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{COMPUTE}', coalesce(c.first_ns - r.ts_ns, 0), coalesce(c.union_ns, 0), r.inv, 3,
+                         '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+                  FROM run r LEFT JOIN compute c USING (rank, inv)
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{HOST_GAP}', 0, greatest(r.dur_ns - coalesce(v.union_ns, 0), 0), r.inv, 3,
+                         '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+                  FROM run r LEFT JOIN covered v USING (rank, inv)
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{fmt.DEVICE_WALL}.' || s.name || '{fmt.WAIT_SUFFIX}', s.ts_ns - s.step_ns,
+                         s.dur_ns, r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, s.peer, s.n
+                  FROM run r JOIN step_calls s USING (rank, inv)
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{ACTIVITY}.' || k.kind, a.ts_ns - a.step_ns, a.dur_ns, r.inv, 4,
+                         '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+                  FROM run r JOIN step_activities a USING (rank, inv) JOIN activity_kinds k USING (activity)
+        ORDER BY file_index, inv, depth, ts_ns, name, dur_ns""").to_arrow_table()
+    return rows
+
+
+def _span_rows(rows: pa.Table, names: list[str], label: str) -> pa.Table:
+    """SPAN_SCHEMA rows from the query's columns: the root carries rank, step, device, callable; waits their peer and instance."""
+    n = rows.num_rows
+    is_root = pc.equal(rows.column("depth"), 0)
+    columns = {
+        "source": pa.repeat(pa.scalar(SOURCE), n),
+        "file": pa.array(names).take(rows.column("file_index")),
+        "line": rows.column("line"),
+        "pid": rows.column("pid"),
+        "tid": rows.column("tid"),
+        "name": rows.column("name"),
+        "cat": pa.repeat(pa.scalar(""), n),
+        "ph": pa.repeat(pa.scalar("X"), n),
+        "ts_ns": rows.column("ts_ns"),
+        "dur_ns": rows.column("dur_ns"),
+        "inv": rows.column("inv"),
+        "hid": pa.repeat(pa.scalar(HID_PREFIX + label), n),
+        "depth": rows.column("depth"),
+        "clk": rows.column("clk"),
+        "rank": rows.column("rank"),
+        "step": rows.column("step"),
+        "device": rows.column("device"),
+        "callable": pc.if_else(is_root, label, pa.scalar(None, pa.string())),
+        "attrs": _wait_attrs(rows.column("peer"), rows.column("n")),
+    }
+    return pa.table([columns.get(f.name, pa.nulls(n, f.type)).cast(f.type) for f in SPAN_SCHEMA], schema=SPAN_SCHEMA)
+
+
+def _wait_attrs(peer: pa.ChunkedArray, instance: pa.ChunkedArray) -> pa.Array:
+    """``{peer, instance}`` on the collective waits, no attributes elsewhere."""
+    has = pc.is_valid(peer).to_numpy(zero_copy_only=False)
+    offsets = np.zeros(len(has) + 1, np.int32)
+    np.cumsum(has * 2, out=offsets[1:])
+    keys = pa.array(np.tile(np.array([fmt.PEER_ATTR, "instance"], object), int(has.sum())), pa.string())
+    values = pc.cast(pa.concat_arrays([c.filter(pa.array(has)) for c in (peer.combine_chunks(), instance.combine_chunks())]), pa.string())
+    order = np.arange(len(values)).reshape(2, -1).T.ravel() if len(values) else np.zeros(0, np.int64)
+    return pa.MapArray.from_arrays(pa.array(offsets), keys, values.take(pa.array(order)), type=ATTRS_TYPE)
