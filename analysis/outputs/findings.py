@@ -169,8 +169,8 @@ def verdict_lines(summary: Summary) -> list[tuple[str, str]]:
                 + " — saved had no rank ended later than the median",
             )
         )
-    said = (("slow_steps", "slow steps"), ("late_starts", "late starts"), ("tail_steps", "tail steps"))
-    counts = [(title, _late_counts(cast(Mapping[str, Any], summary.get(key) or {}))) for key, title in said]
+    late_lists = (("slow_steps", "slow steps"), ("late_starts", "late starts"), ("tail_steps", "tail steps"))
+    counts = [(title, _late_counts(cast(Mapping[str, Any], summary.get(key) or {}))) for key, title in late_lists]
     lines.append(
         ("late", ", ".join(f"{found} {title}" + (f" (+{noise} within noise)" if noise else "") for title, (found, noise) in counts))
     )
