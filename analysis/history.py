@@ -52,7 +52,10 @@ _HEADLINE = (
     "pipeline.cadence_p50_ms",
     "pipeline.overlap_share",
 )
-_PERCENTILES = ("p50", "p95", "p99")
+_PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
+# A percentile is kept when at least this many of its block's samples lie above it: over fewer it is
+# one or two steps of a shared CI host, as wild as the max (a p99 over 78 steps once read 9x its level).
+SAMPLES_ABOVE_A_PERCENTILE = 4
 VERDICT_STATUS = "verdict.status"
 _SCHEMA = (
     "CREATE TABLE meta (key VARCHAR PRIMARY KEY, value VARCHAR NOT NULL)",
@@ -62,17 +65,27 @@ _SCHEMA = (
 )
 
 
+def _enough_samples_above(block: Any, quantile: float) -> bool:
+    count = block.get("count") if isinstance(block, dict) else None
+    return not isinstance(count, int) or count * (1.0 - quantile) >= SAMPLES_ABOVE_A_PERCENTILE
+
+
 def headline_figures(summary: dict) -> dict[str, float | str]:
     """The figures a history keeps of one summary: numbers by dotted path, and ``verdict.status`` as text when present.
 
-    Of the figures block, the percentiles (p50, p95, p99): a block's max is one
-    step, too wild on a shared CI host to have a level that changes.
+    Of the figures block, the percentiles (p50, p95, p99) that at least
+    :data:`SAMPLES_ABOVE_A_PERCENTILE` of the block's ``count`` lie above (all
+    three where a block has no count): a block's max, and a p99 of a few dozen
+    steps, is one step, too wild on a shared CI host to have a level that changes.
     """
     kept: dict[str, float | str] = {}
     blocks = summary["figures"] if isinstance(summary.get("figures"), dict) else {}
     for name, value in flatten_figures(summary).items():
-        percentile = name.split(".")[0] in blocks and name.rsplit(".", 1)[-1] in _PERCENTILES
-        if percentile or any(fnmatchcase(name, pattern) for pattern in _HEADLINE):
+        block, _, key = name.rpartition(".")
+        if block in blocks and key in _PERCENTILES:
+            if _enough_samples_above(blocks[block], _PERCENTILES[key]):
+                kept[name] = float(value)
+        elif any(fnmatchcase(name, pattern) for pattern in _HEADLINE):
             kept[name] = float(value)
     verdict = summary.get("verdict")
     if isinstance(verdict, dict) and isinstance(verdict.get("status"), str):

@@ -71,7 +71,11 @@ def test_headline_figures_are_the_percentiles_and_the_named_figures():
     summary["what_if"]["by_rank"] = {"0": 1.5, "3": 4.0}
     summary["verdict"] = {"status": "pass", "headline": "healthy", "noise_floor_ms": 0.5}
     figures = headline_figures(summary)
-    assert figures["step_interval_ms.p50"] == 12.0 and figures["runner_end_skew_ms.p99"] == 1.0
+    assert figures["step_interval_ms.p50"] == 12.0 and figures["runner_end_skew_ms.p50"] == 0.2
+    # over 10 steps a p95 or p99 is the one or two worst steps: not kept; over 400 four steps lie above a p99
+    assert "runner_end_skew_ms.p95" not in figures and "runner_end_skew_ms.p99" not in figures
+    summary["figures"]["runner_end_skew_ms"]["count"] = 400
+    assert headline_figures(summary)["runner_end_skew_ms.p99"] == 1.0
     assert "step_interval_ms.max" not in figures and "step_interval_ms.count" not in figures
     assert figures["serving.throughput_tok_s"] == 400.0 and figures["serving.effective_tpot_ms"] == 80.0
     assert figures["what_if.by_rank.3"] == 4.0 and figures["what_if.share_of_decode_wall"] == 0.0
@@ -274,7 +278,7 @@ def test_trend_page_has_a_chart_per_figure_change_points_and_report_links(tmp_pa
     store = _history(tmp_path, [12.0] * 10 + [18.0])
     with duckdb.connect(str(store)) as connection:
         connection.execute("UPDATE runs SET report = '/runs/3/report.html', label = '<b>r3</b>' WHERE run = 3")
-        connection.execute("INSERT INTO figures VALUES (4, 'verdict.status', NULL, 'regressed')")
+        connection.execute("UPDATE figures SET text = 'regressed' WHERE run = 4 AND figure = 'verdict.status'")
     page = render_trend_page(check_history(store))
     figures = len(load_history(store).figures)
     assert page.count('class="chart"') == figures
