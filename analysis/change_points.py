@@ -9,7 +9,10 @@ either. Each candidate is then tested the way Hunter/Otava does: the runs
 between the previous and the next change point on each side, compared by
 Welch's t-test (scipy); a single run on the newer side is compared with the
 older segment's prediction interval (Student's t, n − 1 degrees of freedom).
-Only candidates with ``p < alpha`` are change points. Why ruptures and not
+Only candidates with ``p < alpha`` are change points; a caller that tests
+many figures at once divides its alpha among them (history.find_changes). A
+series' noise is never below its resolution: 0.001 for the summary's
+three-decimal figures, 1 for counts. Why ruptures and not
 Otava or MongoDB's signal-processing-algorithms: docs/GATE_RULES.md and
 ``benchmarks/bench_history.py``.
 """
@@ -52,10 +55,10 @@ class ChangePoint:
         return self.change / abs(self.before) if self.before else None
 
 
-def noise_scale(values: np.ndarray) -> float:
-    """Run-to-run noise of a series, robust to steps and outliers, with a floor (never zero)."""
+def noise_scale(values: np.ndarray, resolution: float = RESOLUTION) -> float:
+    """Run-to-run noise of a series, robust to steps and outliers, with a floor (never zero, never below ``resolution``)."""
     typical = float(np.median(np.abs(values))) if values.size else 0.0
-    floor = max(RESOLUTION, RELATIVE_NOISE_FLOOR * typical)
+    floor = max(resolution, RELATIVE_NOISE_FLOOR * typical)
     if values.size < 2:
         return floor
     differences = np.diff(values)
@@ -63,12 +66,16 @@ def noise_scale(values: np.ndarray) -> float:
     return max(1.4826 * mad / math.sqrt(2.0), floor)
 
 
-def change_points(values: np.ndarray | list[float], *, alpha: float = ALPHA) -> list[ChangePoint]:
-    """The significant change points of a series (oldest first), empty for fewer than :data:`MIN_RUNS` values."""
+def change_points(values: np.ndarray | list[float], *, alpha: float = ALPHA, resolution: float = RESOLUTION) -> list[ChangePoint]:
+    """The significant change points of a series (oldest first), empty for fewer than :data:`MIN_RUNS` values.
+
+    ``resolution`` is the smallest step the figure can take (1 for a count): a
+    count that moves from 0 to 1 is not a level change however flat it was.
+    """
     series = np.asarray(values, dtype=np.float64)
     if series.size < MIN_RUNS or not np.all(np.isfinite(series)):
         return []
-    scale = noise_scale(series)
+    scale = noise_scale(series, resolution)
     standardized = ((series - np.median(series)) / scale).reshape(-1, 1)
     penalty = PENALTY_PER_LOG_N * math.log(series.size)
     edges = [0, *ruptures.KernelCPD(kernel="linear", min_size=1).fit(standardized).predict(pen=penalty)]

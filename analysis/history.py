@@ -28,7 +28,7 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from dsprof.analysis.change_points import change_points
+from dsprof.analysis.change_points import ALPHA, RESOLUTION, change_points
 from dsprof.analysis.diff import HIGHER, LOWER, figure_direction, flatten_figures
 from dsprof.analysis.summary import figure_unit, summary_with_path
 from dsprof.errors import DsprofError, InputError
@@ -37,7 +37,10 @@ from dsprof.profiler import artifacts
 STORE_FORMAT = "dsprof.history"
 SCHEMA_VERSION = 1
 DEFAULT_NEWEST = 5
+COUNT_RESOLUTION = 1.0
 _EXPECTED = "a dsprof history store (made by `dsprof history add`)"
+NOISE_FLOOR = "noise.floor_ms"
+DECODE_WALL = "what_if.decode_wall_ms"
 # Headline figures besides every percentile of the figures block (flatten_figures names them).
 _HEADLINE = (
     "serving.throughput_tok_s",
@@ -51,6 +54,8 @@ _HEADLINE = (
     "what_if.by_rank.*",
     "pipeline.cadence_p50_ms",
     "pipeline.overlap_share",
+    NOISE_FLOOR,
+    DECODE_WALL,
 )
 _PERCENTILES = {"p50": 0.50, "p95": 0.95, "p99": 0.99}
 # A percentile is kept when at least this many of its block's samples lie above it: over fewer it is
@@ -321,6 +326,28 @@ def _direction(figure: str, change: float) -> str:
     return "better" if (change > 0) == (sense == HIGHER) else "worse"
 
 
+def _resolution(figure: str, history: History) -> float:
+    """The smallest step a figure's series can take, below which no change is told apart from noise.
+
+    A count moves by whole items. A what-if figure sums findings, each above
+    its run's noise floor: one more or one fewer finding moves it by about a
+    floor, so its resolution is the history's median floor (as a share of the
+    decode wall for the share). Every other figure: the summary's 0.001.
+    """
+    if figure.rsplit(".", 1)[-1] == "count":
+        return COUNT_RESOLUTION
+    if not figure.startswith("what_if.") or figure == DECODE_WALL or NOISE_FLOOR not in history.figures:
+        return RESOLUTION
+    floor_runs, floors = history.figures[NOISE_FLOOR]
+    if figure != "what_if.share_of_decode_wall":
+        return max(float(np.median(floors)), RESOLUTION)
+    wall_runs, walls = history.figures.get(DECODE_WALL, (np.array([], dtype=np.int64), np.array([])))
+    _, in_floors, in_walls = np.intersect1d(floor_runs, wall_runs, return_indices=True)
+    shares = floors[in_floors] / walls[in_walls] if in_floors.size else np.array([])
+    shares = shares[np.isfinite(shares)]
+    return max(float(np.median(shares)), RESOLUTION) if shares.size else RESOLUTION
+
+
 def find_changes(history: History, *, figures: list[str] | None = None, newest: int = DEFAULT_NEWEST) -> HistoryCheck:
     """Change points of the figures matching ``figures`` (dotted paths, ``*`` allowed; default all stored)."""
     names = sorted(history.figures)
@@ -330,9 +357,10 @@ def find_changes(history: History, *, figures: list[str] | None = None, newest: 
             raise DsprofError(f"no stored figure matches {', '.join(repr(p) for p in unmatched)} (the store has {len(names)} figures)")
         names = [n for n in names if any(fnmatchcase(n, p) for p in figures)]
     found = []
+    alpha = ALPHA / max(len(names), 1)  # the family-wise error over the figures checked stays ALPHA (Bonferroni)
     for name in names:
         runs, values = history.figures[name]
-        for point in change_points(values):
+        for point in change_points(values, alpha=alpha, resolution=_resolution(name, history)):
             run = history.runs[int(runs[point.index])]
             found.append(
                 FoundChange(

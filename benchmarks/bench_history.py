@@ -18,7 +18,7 @@ e.g. ``/tmp/spa/bin/python benchmarks/bench_history.py --detector spa``.
 
 **contention** (real runs, minutes): the subtle regression. ``--healthy`` (10)
 runs of the bundled runtime (production preset, 2 ranks, 8 requests x 64
-tokens), then ``--faulty`` (3) with ``--fault`` (``cpu_contention:rank=1,p=0.2,ms=5``),
+tokens), then ``--faulty`` (3) with ``--fault`` (``cpu_contention:rank=1,p=1,ms=0.5``),
 each added to a history and gated with ``examples/ci-rules.toml``. Prints, per
 faulty run, whether the shipped rules pass it and the changes for the worse
 that ``history check`` locates at the first faulty run. Target: located at the
@@ -74,11 +74,11 @@ def score(cases: list[tuple[np.ndarray, int | None]], detect: Detector) -> tuple
     return precision, recall, tp, fp, missed
 
 
-def _detector(name: str) -> Detector:
+def _detector(name: str, checked: int = 1) -> Detector:
     if name == "dsprof":
-        from dsprof.analysis.change_points import change_points
+        from dsprof.analysis.change_points import ALPHA, change_points
 
-        return lambda series: [c.index for c in change_points(series)]
+        return lambda series: [c.index for c in change_points(series, alpha=ALPHA / checked)]
     if name == "ruptures-only":
         import ruptures
 
@@ -104,13 +104,13 @@ def accuracy(args: argparse.Namespace) -> bool:
     cases = [
         case for seed in range(args.seed, args.seed + args.repeats) for case in simulated_series(args.series, args.runs, args.noise, seed)
     ]
-    detect = _detector(args.detector)
+    detect = _detector(args.detector, args.checked)
     started = time.perf_counter()
     precision, recall, tp, fp, missed = score(cases, detect)
     elapsed = time.perf_counter() - started
     met = precision >= 0.9 and recall >= 0.9
     print(
-        f"accuracy [{args.detector}] {args.repeats} x {args.series} series x {args.runs} runs, {args.noise:.0%} noise: "
+        f"accuracy [{args.detector}, {args.checked} figure(s) checked] {args.repeats} x {args.series} series x {args.runs} runs, {args.noise:.0%} noise: "
         f"precision {precision:.3f}, recall {recall:.3f} (tp {tp}, fp {fp}, missed {missed}) in {elapsed:.2f} s "
         f"-- target precision and recall >= 0.9: {'met' if met else 'NOT met'}"
     )
@@ -189,6 +189,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sections", default="accuracy,speed", help="comma-separated: accuracy, speed")
     parser.add_argument("--detector", default="dsprof", choices=["dsprof", "ruptures-only", "spa", "otava"])
+    parser.add_argument(
+        "--checked", type=int, default=1, help="figures a check tests together: dsprof's alpha is divided among them, as history check does"
+    )
     parser.add_argument("--series", type=int, default=200)
     parser.add_argument("--runs", type=int, default=40)
     parser.add_argument("--noise", type=float, default=0.03)
@@ -199,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--figures", type=int, default=40)
     parser.add_argument("--healthy", type=int, default=10)
     parser.add_argument("--faulty", type=int, default=3)
-    parser.add_argument("--fault", default="cpu_contention:rank=1,p=0.2,ms=5")
+    parser.add_argument("--fault", default="cpu_contention:rank=1,p=1,ms=0.5")
     args = parser.parse_args(argv)
     sections = {s.strip() for s in args.sections.split(",") if s.strip()}
     met = True
