@@ -1,10 +1,12 @@
 """Compare the figures of two runs, or of two groups of repeated runs.
 
 What a reader needs first comes first: the verdicts that changed
-(``pipeline.serialized`` false -> true, ``validation.valid``, the straggler
-verdict and mechanism, ``exit_status``), then the figures that moved, worse
-ones first, each marked better or worse and with the number of runs per side;
-unchanged figures and figures within noise are folded into a count.
+(``verdict.status``, ``pipeline.serialized`` false -> true,
+``validation.valid``, the straggler verdict and mechanism, ``exit_status``),
+then the headline figures (:data:`HEADLINE`) whether they moved or not, then
+the other figures that moved, worse ones first, each marked better or worse
+and with the number of runs per side; unchanged figures and figures within
+noise are folded into a count.
 
 A change only means something when it is larger than the spread between runs
 of the same code on the same machine. When a side has repeated runs, each
@@ -12,8 +14,12 @@ figure's noise band on that side is ``[min(mean - 2·stdev, min), max(mean +
 2·stdev, max)]`` (sample stdev). A change is beyond noise when each side's mean
 lies outside the other side's band (a side with one run has a band of zero
 width at its value). With no repeats on either side there is no noise estimate:
-every change is listed, none is called beyond noise, and
-``--fail-on-regression`` refuses to judge.
+none is called beyond noise, and ``--fail-on-regression`` refuses to judge.
+A per-step time figure (a percentile of the ``figures`` blocks, the cadence,
+the noise floors, the what-if costs: :func:`_per_step_ms`) is still folded as
+within noise when it moved by less than the larger of the two runs' own noise
+floors (``noise.floor_ms``, docs/FIGURES.md "Noise floor"): that is the size
+below which a single step's lateness is noise in those runs.
 
 Which direction is better is decided per figure family (docs/GATE_RULES.md):
 higher for throughput, tokens returned, acceptance, achieved depth and pipeline
@@ -70,6 +76,27 @@ _LOWER_IS_BETTER = (  # besides every time figure
     "validation.left_out_invocations",
 )
 _TIME_UNITS = {"ms", "s", "us", "ns"}
+# What a reader of a diff looks at first: listed in this order whether they moved or not.
+HEADLINE = (
+    "what_if.share_of_decode_wall",
+    "slow_steps.count",
+    "tail_steps.straggler.share",
+    "step_interval_ms.p50",
+    "pipeline.cadence_p50_ms",
+    "serving.throughput_tok_s",
+)
+# Time figures of one step (besides the percentiles of the figures blocks), or sums of findings that are each
+# above their run's noise floor: a change smaller than that floor is within one run's noise.
+_PER_STEP_MS = (
+    "noise.*",
+    "verdict.noise_floor_ms",
+    "pipeline.cadence_p50_ms",
+    "slow_steps.median_interval_ms",
+    "what_if.total_saved_ms",
+    "what_if.by_rank.*",
+    "what_if.by_mechanism.*",
+)
+NOISE_FLOOR = "noise.floor_ms"
 
 
 def _bad_status(value: Any) -> bool:
@@ -82,6 +109,7 @@ def _bad_straggler(value: Any) -> bool:
 
 # Verdict-like leaves, compared as labels; each with the test for its bad value (None: no better or worse).
 _VERDICTS: dict[str, Callable[[Any], bool] | None] = {
+    "verdict.status": lambda value: value not in ("healthy", None),
     "exit_status": _bad_status,
     "validation.valid": lambda value: value is False,
     "pipeline.serialized": lambda value: value is True,
@@ -281,7 +309,8 @@ def _relative(change: float | None, a_mean: float | None, counted: bool) -> floa
     return relative if abs(relative) <= _MAX_RELATIVE else None
 
 
-def _figure_change(name: str, a_values: list, b_values: list, repeats: bool) -> FigureChange:
+def _figure_change(name: str, a_values: list, b_values: list, repeats: bool, floor_ms: float | None = None) -> FigureChange:
+    """One figure on both sides; ``floor_ms``: the single runs' noise floor, for a per-step time figure."""
     a_mean = _mean(a_values) if a_values else None
     b_mean = _mean(b_values) if b_values else None
     change = b_mean - a_mean if a_mean is not None and b_mean is not None else None
@@ -291,6 +320,8 @@ def _figure_change(name: str, a_values: list, b_values: list, repeats: bool) -> 
         a_low, a_high = _band(a_values)
         b_low, b_high = _band(b_values)
         beyond = not (a_low <= b_mean <= a_high) and not (b_low <= a_mean <= b_high)
+    elif change and floor_ms is not None and abs(change) < floor_ms:
+        beyond = False  # one run per side: within the runs' own noise floor
     return FigureChange(
         figure=name,
         a_mean=a_mean,
@@ -339,8 +370,17 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
     names = list(dict.fromkeys(k for flat in (*a_flat, *b_flat) for k in flat))
     repeats = len(a_flat) > 1 or len(b_flat) > 1
     failed_side = _failed_side([s for s, _ in a_loaded], [s for s, _ in b_loaded])
+    floor_ms = None if repeats else _single_run_floor(a_flat[0], b_flat[0])
+    blocks = {name for s, _ in (*a_loaded, *b_loaded) if isinstance(s.get("figures"), dict) for name in s["figures"]}
     figures = [
-        _figure_change(name, [f[name] for f in a_flat if name in f], [f[name] for f in b_flat if name in f], repeats) for name in names
+        _figure_change(
+            name,
+            [f[name] for f in a_flat if name in f],
+            [f[name] for f in b_flat if name in f],
+            repeats,
+            floor_ms if _per_step_ms(name, blocks) else None,
+        )
+        for name in names
     ]
     for figure in figures:
         figure.failed_side = failed_side
@@ -365,6 +405,18 @@ def diff_summaries(a: Any, b: Any, *, per_rank: bool = False) -> DiffResult:
         a_summaries=a_loaded,
         b_summaries=b_loaded,
     )
+
+
+def _single_run_floor(a: dict[str, int | float], b: dict[str, int | float]) -> float | None:
+    """The larger of two single runs' noise floors; None when either run has none (an older summary)."""
+    floors = [flat.get(NOISE_FLOOR) for flat in (a, b)]
+    return max(float(f) for f in floors if f is not None) if all(f is not None for f in floors) else None
+
+
+def _per_step_ms(name: str, blocks: set[str]) -> bool:
+    """A time figure of one step (a percentile of a figures block, and :data:`_PER_STEP_MS`)."""
+    block = name.split(".", 1)[0]
+    return (block in blocks and figure_unit(name) == "ms") or any(fnmatchcase(name, pattern) for pattern in _PER_STEP_MS)
 
 
 def _workload(summary: dict) -> dict:
@@ -450,7 +502,13 @@ def format_diff(result: DiffResult, *, show_all: bool = False) -> str:
     else:
         lines.append("verdicts: none changed")
     lines.append("")
-    listed = [f for f in result.figures if show_all or not f.folded]
+    by_name = {f.figure: f for f in result.figures}
+    headline = [by_name[name] for name in HEADLINE if name in by_name]
+    if headline:
+        lines.append("headline figures:")
+        lines.extend(_table([_figure_row(f, show_all=True) for f in headline]))
+        lines.append("")
+    listed = [f for f in result.figures if (show_all or not f.folded) and f.figure not in HEADLINE]
     listed.sort(key=lambda f: (f.folded, _ORDER[f.assessment]))
     if result.has_noise_estimate:
         title = "figures beyond noise" if not show_all else "figures"
@@ -465,13 +523,14 @@ def format_diff(result: DiffResult, *, show_all: bool = False) -> str:
 
 def _footer(result: DiffResult, show_all: bool) -> str:
     """What was folded and how to see it; with repeats, the noise rule; without, how to get one."""
-    unchanged = sum(f.state == "unchanged" for f in result.figures)
+    below_headline = [f for f in result.figures if f.figure not in HEADLINE]
+    unchanged = sum(f.state == "unchanged" for f in below_headline)
+    within = sum(f.state == "within noise" for f in below_headline)
     if result.has_noise_estimate:
-        within = sum(f.state == "within noise" for f in result.figures)
         worse = sum(f.assessment == "worse" for f in result.flagged)
         text = f"{len(result.flagged)} figure(s) beyond run-to-run noise, {worse} of them worse (band: mean ± 2·stdev, widened to min..max)"
         folded = f"{within} within noise, {unchanged} unchanged"
     else:
         text = "one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one)"
-        folded = f"{unchanged} unchanged"
+        folded = (f"{within} within the runs' noise floor, " if within else "") + f"{unchanged} unchanged"
     return text if show_all else f"{text}; folded: {folded} (--all lists them)"

@@ -107,7 +107,7 @@ def test_single_runs_list_every_change_with_better_or_worse_and_fold_the_rest():
     assert rows["serving.tokens_returned"] == ["640", "600", "-40", "-6.2%", "1/1", "worse"]
     assert "runner_start_skew_ms.p50" not in rows  # unchanged: folded
     assert text.splitlines()[-1] == (
-        "one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one); folded: 9 unchanged (--all lists them)"
+        "one run per side: changes are shown without a noise estimate (give A1,A2,A3 to get one); folded: 8 unchanged (--all lists them)"
     )
     everything = _rows(format_diff(result, show_all=True))
     assert everything["runner_start_skew_ms.p50"] == ["0.100", "0.100", "+0.000", "+0.0%", "1/1", "unchanged"]
@@ -134,6 +134,35 @@ def test_the_diff_starts_with_verdict_changes():
     assert "verdicts: none changed" in format_diff(diff_summaries(a, copy.deepcopy(a)))
 
 
+def test_single_runs_lead_with_the_headline_and_fold_per_step_changes_within_their_noise_floor():
+    a, b = _summary(0.3, 12.0), _summary(3.3, 12.5)
+    for summary, floor, status in ((a, 4.0, "healthy"), (b, 5.0, "degraded")):
+        summary["noise"] = {"floor_ms": floor}
+        summary["verdict"] = {"status": status}
+        summary["what_if"] = {"share_of_decode_wall": 0.01 if status == "healthy" else 0.2, "decode_wall_ms": 900.0}
+    b["what_if"]["decode_wall_ms"] = 990.0
+    result = diff_summaries(a, b)
+    figures = _by_name(result)
+    # a per-step time figure that moved by less than the larger floor (5 ms) is within noise, one that moved more is not
+    assert figures["runner_start_skew_ms.p95"].state == "within noise" and figures["pipeline.cadence_p50_ms"].state == "within noise"
+    assert figures["what_if.decode_wall_ms"].state == "changed"  # a whole-run total: no single-run noise estimate
+    text = format_diff(result)
+    lines = text.splitlines()
+    assert (
+        lines.index("verdicts that changed (A -> B):")
+        < lines.index("headline figures:")
+        < lines.index("figures that changed (one run per side: no noise estimate):")
+    )
+    assert "  verdict.status: healthy -> degraded  [worse]" in lines
+    headline = lines[lines.index("headline figures:") + 2 : lines.index("headline figures:") + 5]
+    shown = ["what_if.share_of_decode_wall", "tail_steps.straggler.share", "pipeline.cadence_p50_ms"]  # HEADLINE's order
+    assert [re.split(r"\s{2,}", row.strip())[0] for row in headline] == shown
+    assert _rows(text)["what_if.share_of_decode_wall"][-1] == "changed, worse"
+    assert _rows(text)["pipeline.cadence_p50_ms"][-1] == "within noise"
+    assert "runner_start_skew_ms.p95" not in _rows(text)
+    assert lines[-1].endswith("folded: 2 within the runs' noise floor, 9 unchanged (--all lists them)")  # the skew and the floor itself
+
+
 def test_repeated_runs_list_only_changes_beyond_the_noise_band():
     a_runs = [_summary(p95, cadence) for p95, cadence in [(0.30, 12.0), (0.32, 12.5), (0.34, 11.5)]]
     # p95 moves inside A's spread; cadence doubles (the serialization regression).
@@ -155,12 +184,12 @@ def test_repeated_runs_list_only_changes_beyond_the_noise_band():
     assert [r.figure for r in result.regressions] == ["pipeline.serialized", "pipeline.cadence_p50_ms"]
     text = format_diff(result)
     rows = _rows(text)
-    assert rows["pipeline.cadence_p50_ms"] == ["12.000 ± 0.500", "24.500 ± 0.707", "+12.500", "+104.2%", "3/2", "worse"]
+    assert rows["pipeline.cadence_p50_ms"] == ["12.000 ± 0.500", "24.500 ± 0.707", "+12.500", "+104.2%", "3/2", "beyond noise, worse"]
     assert "runner_start_skew_ms.p95" not in rows  # within noise: folded
     assert "  pipeline.serialized: false -> true  [worse]" in text
     assert text.splitlines()[-1] == (
         "1 figure(s) beyond run-to-run noise, 1 of them worse (band: mean ± 2·stdev, widened to "
-        "min..max); folded: 1 within noise, 10 unchanged (--all lists them)"
+        "min..max); folded: 1 within noise, 9 unchanged (--all lists them)"
     )
 
 
@@ -249,7 +278,7 @@ def test_cli_diff_of_artifact_dirs_and_comma_separated_repeats(tmp_path):
     result = runner.invoke(cli, ["diff", f"{paths['a1']},{paths['a2']}", f"{paths['b1']},{paths['b2']}"])
     assert result.exit_code == 0, result.output
     rows = _rows(result.output)
-    assert rows["pipeline.cadence_p50_ms"][2:] == ["+18.300", "+150.0%", "2/2", "worse"]
+    assert rows["pipeline.cadence_p50_ms"][2:] == ["+18.300", "+150.0%", "2/2", "beyond noise, worse"]  # a headline figure
     assert "runner_start_skew_ms.p50" not in rows  # unchanged, folded
     missing = runner.invoke(cli, ["diff", paths["a1"], str(tmp_path / "nope")])
     assert missing.exit_code == 2
@@ -271,7 +300,7 @@ def test_fail_on_regression(tmp_path):
     assert worse.output.splitlines()[-1] == "regression: 1 verdict(s) or figure(s) worse beyond noise"
     better = runner.invoke(cli, ["diff", base, faster, "--fail-on-regression"])
     assert better.exit_code == 0, better.output
-    assert _rows(better.output)["pipeline.cadence_p50_ms"][-1] == "better"
+    assert _rows(better.output)["pipeline.cadence_p50_ms"][-1] == "beyond noise, better"
     serialized = write("s", _summary(0.30, 12.0, serialized=True))
     verdict_only = runner.invoke(cli, ["diff", base, serialized, "--fail-on-regression"])
     assert verdict_only.exit_code == 1  # pipeline.serialized false -> true, noise band from A's three runs
