@@ -2,7 +2,12 @@
 
 ``wait4`` gives the child's resource usage alone, so the figures do not carry
 the benchmark's own memory (``ru_maxrss`` of RUSAGE_CHILDREN would be the
-largest child so far). Stderr goes to a temporary file, not a pipe, so a
+largest child so far). Its ``ru_maxrss`` is still the largest single process
+of the child's tree: a command that parses in a pool of worker processes (HTA
+does) holds the sum of them at once. ``peak_tree_pss_mib`` is that sum,
+sampled every 50 ms as the proportional set size (``Pss`` of
+``/proc/PID/smaps_rollup``: pages a fork shares are counted once) of the child
+and every process below it. Stderr goes to a temporary file, not a pipe, so a
 chatty child never blocks on a full pipe.
 """
 
@@ -11,15 +16,65 @@ from __future__ import annotations
 import os
 import subprocess
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
+from pathlib import Path
+
+SAMPLE_S = 0.05
 
 
 @dataclass
 class ChildRun:
     seconds: float
     cpu_s: float
-    peak_rss_mib: float
+    peak_rss_mib: float  # the largest single process of the child's tree
+    peak_tree_pss_mib: float = 0.0  # the child and its descendants together, sampled
+
+
+def _descendants(root: int) -> list[int]:
+    """``root`` and every live process below it (from each process's parent in /proc/PID/stat)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            children.setdefault(parent, []).append(int(entry.name))
+    found, stack = [], [root]
+    while stack:
+        pid = stack.pop()
+        found.append(pid)
+        stack.extend(children.get(pid, []))
+    return found
+
+
+def _pss_kib(pid: int) -> int:
+    try:
+        for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+            if line.startswith("Pss:"):
+                return int(line.split()[1])
+    except (OSError, ValueError):
+        pass
+    return 0
+
+
+class _TreeSampler(threading.Thread):
+    """The peak of the summed PSS of a process tree, until :meth:`stop`."""
+
+    def __init__(self, root: int):
+        super().__init__(daemon=True)
+        self.root, self.peak_kib, self._done = root, 0, threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(SAMPLE_S):
+            self.peak_kib = max(self.peak_kib, sum(_pss_kib(pid) for pid in _descendants(self.root)))
+
+    def stop(self) -> float:
+        self._done.set()
+        self.join()
+        return self.peak_kib / 1024
 
 
 def run_child(command: list[str], env: dict[str, str] | None = None) -> ChildRun:
@@ -27,11 +82,14 @@ def run_child(command: list[str], env: dict[str, str] | None = None) -> ChildRun
     with tempfile.TemporaryFile() as stderr:
         started = time.perf_counter()
         child = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=stderr)
+        sampler = _TreeSampler(child.pid)
+        sampler.start()
         _, status, usage = os.wait4(child.pid, 0)
         seconds = time.perf_counter() - started
+        tree_pss = sampler.stop()
         child.returncode = os.waitstatus_to_exitcode(status)
         if child.returncode != 0:
             stderr.seek(0)
             tail = stderr.read().decode(errors="replace").strip()[-2000:]
             raise SystemExit(f"{' '.join(command)} failed ({child.returncode}): {tail}")
-    return ChildRun(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024)
+    return ChildRun(seconds, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, tree_pss)
