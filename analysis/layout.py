@@ -81,32 +81,54 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
 GC_LANE = -1
 
 
-@stage("layout", reads=("runs", "anchors", "processes"), writes=("lanes", "anchor_offsets"))
+@stage("layout", reads=("runs", "anchors", "processes"), writes=("lanes", "device_lanes", "anchor_offsets"))
 def build_lanes(engine: Engine) -> None:
-    """Create ``lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns); once per engine."""
+    """Create ``lanes`` and ``device_lanes`` (pid, inv, lane) for every run, and ``anchor_offsets`` (pid, wall − monotonic ns); once per engine.
+
+    ``lanes``: the run's pipeline-slot lane within its host thread. ``device_lanes``: for every run with a
+    ``device_wall``, the lane of its device program (the device_wall, placed as :func:`device_spans_sql`
+    places it) within its rank process: 0, unless it overlaps the program before it on the host axis (the
+    placement is approximate), then another.
+    """
     if "lanes" in engine.relations():
         return
-    engine.run(
-        "CREATE OR REPLACE TEMP TABLE lane_runs AS SELECT pid, inv, root_ts_ns, root_end_ns, "
-        "coalesce(slot_id, -1) AS slot, dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs"
+    _build_lane_table(
+        engine,
+        "lanes",
+        "SELECT pid, inv, root_ts_ns AS start_ns, root_end_ns AS end_ns, coalesce(slot_id, -1) AS slot, "
+        "dense_rank() OVER (ORDER BY pid, tid) AS thread FROM runs",
     )
-    engine.run("CREATE OR REPLACE TABLE lanes AS SELECT pid, inv, 0::BIGINT AS lane FROM lane_runs LIMIT 0")
+    # every program given slot 0: one lane, and a further one only for a program that overlaps its lane's previous one
+    _build_lane_table(
+        engine,
+        "device_lanes",
+        "SELECT pid, inv, runner_ts_ns + device_ts_ns AS start_ns, "
+        "runner_ts_ns + device_ts_ns + device_wall_ns AS end_ns, 0 AS slot, "
+        "dense_rank() OVER (ORDER BY pid) AS thread FROM runs WHERE runner_ts_ns IS NOT NULL AND device_wall_ns IS NOT NULL",
+    )
+    # the serving stack keeps the last anchor of a process; so does dsprof
+    engine.run("""CREATE OR REPLACE TABLE anchor_offsets AS
+                  SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM anchors GROUP BY pid""")
+
+
+def _build_lane_table(engine: Engine, name: str, intervals: str) -> None:
+    """Table ``name`` (pid, inv, lane) from ``intervals`` (pid, inv, start_ns, end_ns, slot, thread) by :func:`assign_lanes`,
+    whole threads at a time (about LANE_CHUNK_RUNS runs each), so memory stays bounded."""
+    engine.run(f"CREATE OR REPLACE TEMP TABLE lane_runs AS {intervals}")
+    engine.run(f"CREATE OR REPLACE TABLE {name} AS SELECT pid, inv, 0::BIGINT AS lane FROM lane_runs LIMIT 0")
     for first, last in _thread_chunks(engine):
-        runs = engine.arrow("SELECT * FROM lane_runs WHERE thread BETWEEN ? AND ? ORDER BY thread, root_ts_ns, pid, inv", [first, last])
+        runs = engine.arrow("SELECT * FROM lane_runs WHERE thread BETWEEN ? AND ? ORDER BY thread, start_ns, pid, inv", [first, last])
         lanes = assign_lanes(
             runs.column("thread").to_numpy(),
-            runs.column("root_ts_ns").to_numpy(),
-            runs.column("root_end_ns").to_numpy(),
+            runs.column("start_ns").to_numpy(),
+            runs.column("end_ns").to_numpy(),
             runs.column("slot").to_numpy(),
         )
         chunk = pa.table({"pid": runs.column("pid"), "inv": runs.column("inv"), "lane": pa.array(lanes)})
         engine.con.register("lanes_in", chunk)
-        engine.run("INSERT INTO lanes SELECT pid, inv, lane FROM lanes_in")
+        engine.run(f"INSERT INTO {name} SELECT pid, inv, lane FROM lanes_in")
         engine.con.unregister("lanes_in")
     engine.run("DROP TABLE lane_runs")
-    # the serving stack keeps the last anchor of a process; so does dsprof
-    engine.run("""CREATE OR REPLACE TABLE anchor_offsets AS
-                  SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM anchors GROUP BY pid""")
 
 
 def _thread_chunks(engine: Engine) -> list[tuple[int, int]]:
@@ -133,8 +155,10 @@ def drawn_runs_sql(where: str = "TRUE") -> str:
     then probes a hash table of the runs drawn, not of every run.
     """
     return f"""
-    SELECT r.pid, r.inv, r.tid, r.rank, r.device, r.step, r.callable_label, l.lane, r.runner_ts_ns, r.device_wall_ns
-    FROM runs r LEFT JOIN lanes l ON l.pid = r.pid AND l.inv = r.inv WHERE {where}"""
+    SELECT r.pid, r.inv, r.tid, r.rank, r.device, r.step, r.callable_label, l.lane, r.runner_ts_ns, r.device_wall_ns,
+           dl.lane AS device_lane
+    FROM runs r LEFT JOIN lanes l ON l.pid = r.pid AND l.inv = r.inv
+    LEFT JOIN device_lanes dl ON dl.pid = r.pid AND dl.inv = r.inv WHERE {where}"""
 
 
 def runtime_spans_sql(runs: str | None = None) -> str:
@@ -177,13 +201,19 @@ def device_spans_sql(runs: str | None = None) -> str:
     A device span's ``ts`` is an offset on a per-invocation device clock whose
     origin is the program's launch; the launch happens inside runner_run, just
     after it starts, so ``runner_run start + offset`` places it approximately
-    (early by the launch latency). For drawing only: no figure uses it. Columns
-    as :func:`runtime_spans_sql` has them that a drawing needs, with the run's thread.
+    (early by the launch latency). For drawing only: no figure uses it. The
+    columns of :func:`runtime_spans_sql` (``wall_ns`` from the placed start),
+    with the run's thread, and ``device_lane``: the lane of the run's device
+    program in its process (``device_lanes``).
     """
     return f"""
-    SELECT s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, r.rank, r.device, r.step,
-           r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase, s.os_rq_ns
+    SELECT s.file, s.line, s.pid, r.tid, s.inv, s.name, r.runner_ts_ns + s.ts_ns AS ts_ns, s.dur_ns, s.depth, s.attrs,
+           r.rank, r.device, r.step, r.callable_label AS callable, r.lane, {PHASE_SQL.replace("name", "s.name")} AS phase,
+           s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt, NULL::BIGINT AS run_device_wall_ns,
+           s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,
+           r.runner_ts_ns + s.ts_ns + a.offset_ns AS wall_ns, coalesce(r.device_lane, 0) AS device_lane
     FROM spans s JOIN {runs or f"({drawn_runs_sql()})"} r ON r.pid = s.pid AND r.inv = s.inv
+    LEFT JOIN anchor_offsets a ON a.pid = s.pid
     WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
     """
 

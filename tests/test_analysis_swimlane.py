@@ -115,7 +115,7 @@ def test_combined_swimlane_keeps_serving_events_and_adds_rank_lanes(messy):
     events = json.loads((out / "combined-swimlane.json").read_text())["traceEvents"]
     source = json.loads((out.parent / "run" / "serving-trace" / "trace.json").read_text())["traceEvents"]
     source_spans = [e for e in source if e["ph"] == "X" and e["cat"] != "request"]
-    serving = [e for e in events if e.get("cat") not in ("runtime", "request", "flow") and e["ph"] == "X"]
+    serving = [e for e in events if e.get("cat") not in ("runtime", "device", "request", "flow") and e["ph"] == "X"]
     key = lambda e: (e["pid"], e["ts"], e["name"], e["dur"])  # noqa: E731
     assert sorted(map(key, serving)) == sorted(map(key, source_spans))
     # serving spans sit on tracks per (thread, category, lane) named after their thread (docs/REPORTS.md)
@@ -135,7 +135,10 @@ def test_combined_swimlane_keeps_serving_events_and_adds_rank_lanes(messy):
     assert runner["args"]["wall_ns"] == str(WALL0_NS + int(t.runner_start_ns[2, 3]) - T0_MONO_NS)
     assert runner["args"]["device_wall_dur_ns"] == int(t.device_wall_ns[2, 3])
     assert runner["args"]["device"] == "npu:2" and isinstance(runner["args"]["inv"], str)
-    assert not any(e["name"].endswith("device_wall") for e in runtime)  # device clock never on the host axis
+    assert not any(e["name"].endswith("device_wall") for e in runtime)  # device-clock spans are not host spans
+    device = [e for e in events if e.get("cat") == "device"]  # on a device track, placed at their run's runner_run start
+    assert len(device) == outcome.result.engine.scalar("SELECT count(*) FILTER (WHERE device_wall_ns IS NOT NULL) FROM runs")
+    assert {names[(e["pid"], e["tid"])] for e in device} == {"device"}
     names = {e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
     assert {f"rank {r} · npu:{r} (pid {run.pid(r)})" for r in range(4)} <= names
 

@@ -68,7 +68,8 @@ def old_and_new(tmp_path_factory):
 def test_sigkill_inside_the_write_of_an_output_leaves_old_or_new_outputs(old_and_new, tmp_path, killed):
     run, old, new = old_and_new
     for name, content in old.items():
-        (run / name).write_bytes(content)
+        # an export draws the findings of the summary.json beside it: it runs after analyze wrote the new set
+        (run / name).write_bytes(new[name] if killed in EXPORTS and name in ANALYZE_OUTPUTS else content)
     for leftover in run.glob(".*.tmp"):
         leftover.unlink()
     evidence = tmp_path / "evidence.json"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import gzip
 import json
 import os
@@ -14,13 +16,15 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
+from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
-from dsprof.analysis.outputs.track_layout import END_SKEW_COUNTER, RUN_QUEUE_COUNTER, START_SKEW_COUNTER
+from dsprof.analysis.outputs.track_layout import BLAME_FLOW_NAME, END_SKEW_COUNTER, FLOW_NAME, RUN_QUEUE_COUNTER, START_SKEW_COUNTER
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.report import export_from_dir
 from dsprof.errors import DsprofError
 from dsprof.profiler import artifacts
 from dsprof.profiler import strace_format as fmt
+from dsprof.testing.coupled import main as write_coupled_log
 from dsprof.testing.synthetic import SyntheticRun
 
 RANKS = 4
@@ -118,10 +122,10 @@ def test_every_span_is_an_event_with_exact_microseconds(analysed, events):
     exported = Counter((e["name"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in _spans(events) if e["cat"] == "runtime")
     assert exported == Counter(runtime)  # ts/dur are µs; multiplied back they give the span table's ns exactly
     serving_x = _rows(analysed, "SELECT count(*) FROM spans WHERE inv IS NULL AND ph = 'X' AND cat <> 'request'")[0][0]
-    assert len([e for e in _spans(events) if e["cat"] != "runtime"]) == serving_x
+    assert len([e for e in _spans(events) if e["cat"] not in ("runtime", "device")]) == serving_x
     for e in _spans(events):
         assert {"name", "cat", "ph", "ts", "dur", "pid", "tid", "args"} <= e.keys() and e["dur"] >= 0
-    assert [(e["name"], e["s"]) for e in events if e["ph"] == "i"] == [("marker", "t")]
+    assert [(e["name"], e["s"]) for e in events if e["ph"] == "i" and e["cat"] != MARKER_CATEGORY] == [("marker", "t")]
 
 
 def test_roots_carry_identity_and_wall_clock_as_integer_strings(analysed, events):
@@ -136,7 +140,8 @@ def test_roots_carry_identity_and_wall_clock_as_integer_strings(analysed, events
     assert (root[0]["args"]["step"], root[0]["args"]["rank"], root[0]["args"]["run_id"], root[0]["args"]["slot_id"]) == (3, 2, run_id, slot)
 
 
-def test_tracks_nest_strictly_and_overlapping_runs_get_their_own_track(analysed, events):
+def _assert_tracks_nest(events) -> None:
+    """Every complete event lies inside or outside each other of its track (pid, tid), never partly."""
     by_track = defaultdict(list)
     for e in _spans(events):
         by_track[(e["pid"], e["tid"])].append((round(e["ts"] * 1000), round((e["ts"] + e["dur"]) * 1000)))
@@ -147,6 +152,10 @@ def test_tracks_nest_strictly_and_overlapping_runs_get_their_own_track(analysed,
                 stack.pop()
             assert not stack or end <= stack[-1], f"partial overlap on track {track}"
             stack.append(end)
+
+
+def test_tracks_nest_strictly_and_overlapping_runs_get_their_own_track(analysed, events):
+    _assert_tracks_nest(events)
     # the late rank's long run overlaps its two successors: three tracks hold its roots
     late_pid = _rows(analysed, f"SELECT DISTINCT pid FROM decode WHERE rank = {LATE_RANK}")[0][0]
     assert len({e["tid"] for e in _spans(events) if e["pid"] == late_pid and e["name"] == fmt.ROOT}) == 3
@@ -194,7 +203,7 @@ def _flows(events) -> dict[int, dict]:
 
 
 def test_each_root_gets_one_arrow_from_the_span_that_dispatched_it(analysed, events):
-    flows = _flows(events)
+    flows = {i: f for i, f in _flows(events).items() if f["s"]["name"] == FLOW_NAME}
     assert all(set(f) == {"s", "f"} and f["f"]["bp"] == "e" for f in flows.values())
     decode_roots = _rows(analysed, "SELECT count(*) FROM decode")[0][0]
     # one arrow per decode root from its own rank's scheduler step (not one per rank: 4x as many), plus one per rank's
@@ -283,9 +292,12 @@ def test_pftrace_holds_every_slice_nested_on_its_track(proto, events):
     assert slices == expected
 
 
-def _annotations(trace: pb.Trace, event: pb.TrackEvent) -> dict[str, object]:
-    names = {n.iid: n.name for p in trace.packet for n in p.interned_data.debug_annotation_names}
-    return {names[a.name_iid]: a.string_value if a.HasField("string_value") else a.int_value for a in event.debug_annotations}
+def _annotations(trace: pb.Trace, event: pb.TrackEvent, names: dict[int, str] | None = None) -> dict[str, object]:
+    names = names or {n.iid: n.name for p in trace.packet for n in p.interned_data.debug_annotation_names}
+    return {
+        names[a.name_iid]: next(getattr(a, f) for f in ("string_value", "double_value", "int_value") if a.HasField(f))
+        for a in event.debug_annotations
+    }
 
 
 def test_pftrace_annotations_carry_identity_and_text_as_read(proto, analysed):
@@ -330,16 +342,17 @@ def test_pftrace_flows_go_from_the_dispatch_to_its_root(proto, events):
     _, trace = proto
     names = _interned_names(trace)
     leaving, ending = Counter(), {}
+    blame = {f for p in _track_events(trace) if p.track_event.type == pb.TrackEvent.TYPE_INSTANT for f in p.track_event.flow_ids}
     for packet in _track_events(trace):
         event = packet.track_event
         for flow in event.flow_ids:
             leaving[flow] += 1
-        for flow in event.terminating_flow_ids:
+        for flow in set(event.terminating_flow_ids) - blame:
             assert names[event.name_iid] == fmt.ROOT and flow not in ending
             ending[flow] = packet.timestamp
-    assert set(leaving) == set(ending) and len(ending) == len(_flows(events)) and set(leaving.values()) == {1}
-    json_targets = Counter(round(f["f"]["ts"] * 1000) for f in _flows(events).values())
-    assert Counter(ending.values()) == json_targets
+    dispatch = [f for f in _flows(events).values() if f["s"]["name"] == FLOW_NAME]
+    assert set(leaving) - blame == set(ending) and len(ending) == len(dispatch) and set(leaving.values()) == {1}
+    assert Counter(ending.values()) == Counter(round(f["f"]["ts"] * 1000) for f in dispatch)
 
 
 def test_pftrace_counters_carry_the_skews(proto, analysed):
@@ -421,6 +434,187 @@ def test_combined_swimlane_draws_run_queue_wait_only_for_the_steps_it_draws(tmp_
     assert waits == [(700, float(rq[(0, 0)])), (701, float(rq[(1, 0)]))]
 
 
+# ---------------------------------------------------------------- the diagnosis: device spans and findings
+
+
+def _pftrace_slices(trace: pb.Trace) -> list[dict]:
+    """Every slice and instant of the .pftrace: its track and process, name, category, start, end, annotations and flows."""
+    names, annotation_names = _interned_names(trace), {n.iid: n.name for p in trace.packet for n in p.interned_data.debug_annotation_names}
+    categories = {c.iid: c.name for p in trace.packet for c in p.interned_data.event_categories}
+    tracks = _descriptors(trace)
+    open_on: dict[int, list[dict]] = defaultdict(list)
+    slices = []
+    for packet in _track_events(trace):
+        event = packet.track_event
+        if event.type == pb.TrackEvent.TYPE_SLICE_END:
+            ended = open_on[event.track_uuid].pop()
+            slices.append(ended | {"end": packet.timestamp})
+        elif event.type in (pb.TrackEvent.TYPE_SLICE_BEGIN, pb.TrackEvent.TYPE_INSTANT):
+            track = tracks[event.track_uuid]
+            begun = {
+                "track": track.thread.thread_name,
+                "process": tracks[track.parent_uuid].process.process_name,
+                "name": names[event.name_iid],
+                "cat": categories[event.category_iids[0]],
+                "start": packet.timestamp,
+                "end": packet.timestamp,
+                "args": _annotations(trace, event, annotation_names),
+                "flow_out": list(event.flow_ids),
+                "flow_in": list(event.terminating_flow_ids),
+            }
+            (open_on[event.track_uuid].append if event.type == pb.TrackEvent.TYPE_SLICE_BEGIN else slices.append)(begun)
+    return slices
+
+
+def _findings(summary: dict) -> Counter:
+    """(kind, step, rank) of every item that is a finding (not noise): one marker each."""
+    kinds = {"slow_steps": "slow step", "tail_steps": "tail step", "late_starts": "late start"}
+    return Counter(
+        (kind, item["step"], item["rank"]) for section, kind in kinds.items() for item in summary[section]["items"] if not item.get("noise")
+    )
+
+
+def _markers(slices: list[dict]) -> list[dict]:
+    return [s for s in slices if s["cat"] == MARKER_CATEGORY]
+
+
+def _check_markers(markers: list[dict], summary: dict, analysed) -> None:
+    """One marker per finding, on its culprit's process's findings track, at its culprit's runner_run end (a late start: start)."""
+    assert Counter((m["args"]["kind"], m["args"]["step"], m["args"]["rank"]) for m in markers) == _findings(summary)
+    times = {
+        (step, rank): (start, end)
+        for step, rank, start, end in _rows(analysed, "SELECT step, rank, runner_ts_ns, runner_end_ns FROM decode")
+    }
+    for marker in markers:
+        args = marker["args"]
+        assert marker["track"] == "findings" and marker["process"].startswith(f"rank {args['rank']} ·")
+        assert marker["start"] == times[(args["step"], args["rank"])][0 if args["kind"] == "late start" else 1]
+        assert marker["name"] == f"{args['kind']} {args['step']}: rank {args['rank']} {args['mechanism']} +{args['excess_ms']} ms"
+        assert {"phase", "evidence_ms", "finding"} <= args.keys()
+
+
+def test_pftrace_draws_every_device_span_inside_its_runner_run(proto, analysed):
+    _, trace = proto
+    slices = _pftrace_slices(trace)
+    device = [s for s in slices if s["cat"] == "device"]
+    placed = _rows(
+        analysed,
+        """SELECT s.name, r.runner_ts_ns + s.ts_ns, r.runner_ts_ns + s.ts_ns + s.dur_ns
+           FROM spans s JOIN runs r USING (pid, inv) WHERE s.clk = 'dev'""",
+    )
+    assert len(device) == len(placed) == _rows(analysed, "SELECT count(*) FROM spans WHERE clk = 'dev'")[0][0] > 0
+    assert Counter((s["name"], s["start"], s["end"]) for s in device) == Counter(placed)
+    runner = {(s["process"], s["args"]["inv"]): s for s in slices if s["name"] == fmt.RUNNER_RUN}
+    for span in device:  # on the device track of its rank process, inside its own run's runner_run
+        assert span["track"] == "device" and span["process"].startswith(f"rank {span['args']['rank']} ·")
+        run = runner[(span["process"], span["args"]["inv"])]
+        assert run["start"] <= span["start"] <= span["end"] <= run["end"]
+
+
+def test_pftrace_marks_each_finding_and_points_at_the_culprit(proto, analysed):
+    _, trace = proto
+    slices = _pftrace_slices(trace)
+    markers = _markers(slices)
+    assert _findings(analysed.summary) == Counter({("slow step", 5, LATE_RANK): 1, ("tail step", 5, LATE_RANK): 1})
+    _check_markers(markers, analysed.summary, analysed)
+    slow = next(m for m in markers if m["args"]["kind"] == "slow step")
+    assert slow["name"] == f"slow step 5: rank {LATE_RANK} device +25.0 ms" and slow["args"]["phase"] == "native_fence_wait"
+    (flow,) = slow["flow_out"]
+    (target,) = [s for s in slices if flow in s["flow_in"]]
+    assert (target["name"], target["args"]["step"], target["args"]["rank"]) == (fmt.FENCE_WAIT, 5, LATE_RANK)
+    assert not next(m for m in markers if m["args"]["kind"] == "tail step")["flow_out"]  # only slow steps have arrows
+
+
+def test_noise_items_get_no_marker(analysed, tmp_path):
+    summary = copy.deepcopy(analysed.summary)
+    summary["tail_steps"]["items"][0]["noise"] = True
+    path = write_perfetto_proto(dataclasses.replace(analysed, summary=summary), tmp_path / "t.pftrace")
+    trace = pb.Trace()
+    trace.ParseFromString(path.read_bytes())
+    assert [m["args"]["kind"] for m in _markers(_pftrace_slices(trace))] == ["slow step"]
+    events = json.loads(write_chrome_trace(dataclasses.replace(analysed, summary=summary), tmp_path / "t.json").read_text())["traceEvents"]
+    assert [e["args"]["kind"] for e in events if e.get("cat") == MARKER_CATEGORY] == ["slow step"]
+
+
+def test_overlapping_device_programs_get_a_device_lane_of_their_own(tmp_path):
+    device_wall = np.full((2, 6), 9_100_000, dtype=np.int64)
+    device_wall[1, 2] = 40 * MS  # placed on the host axis, it overlaps the next programs of its rank
+    SyntheticRun(ranks=2, steps=6, device_wall_ns=device_wall).write(tmp_path)
+    analyze_paths([tmp_path], tmp_path)
+    events = json.loads(export_from_dir(tmp_path, tmp_path / "t.json").read_text())["traceEvents"]
+    _assert_tracks_nest(events)
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    device = Counter((e["pid"], tracks[(e["pid"], e["tid"])]) for e in _spans(events) if e["cat"] == "device")
+    first, second = sorted({pid for pid, _ in device})
+    assert {track for pid, track in device if pid == first} == {"device"}  # one lane where programs never overlap
+    lanes = {track for pid, track in device if pid == second}
+    assert "device · lane 0" in lanes and len(lanes) > 1  # the programs the long one overlaps are on further lanes
+    assert sum(device.values()) == 2 * 6  # every program drawn
+
+
+@pytest.fixture(scope="module")
+def contention(tmp_path_factory):
+    """A coupled run (every rank meets the others at each layer's all-to-all) with faults: a run-queue wait among them."""
+    run = tmp_path_factory.mktemp("contention") / "run"
+    assert write_coupled_log([str(run), "--ranks", "4", "--steps", "60", "--seed", "3"]) == 0
+    outcome = analyze_paths([run], run)
+    trace = pb.Trace()
+    trace.ParseFromString(export_from_dir(run, run / "x.pftrace").read_bytes())
+    return run, outcome.result, trace
+
+
+def test_pftrace_of_a_contention_run_has_its_device_spans_and_one_marker_per_finding(contention):
+    _, result, trace = contention
+    slices = _pftrace_slices(trace)
+    device = Counter((s["name"], s["start"], s["end"]) for s in slices if s["cat"] == "device")
+    placed = _rows(
+        result,
+        "SELECT s.name, r.runner_ts_ns + s.ts_ns, r.runner_ts_ns + s.ts_ns + s.dur_ns FROM spans s JOIN runs r USING (pid, inv) WHERE s.clk = 'dev'",
+    )
+    assert device == Counter(placed) and len(placed) == _rows(result, "SELECT count(*) FROM spans WHERE clk = 'dev'")[0][0]
+    assert {fmt.DEVICE_WALL + ".forward.layer1.a2a_wait", fmt.DEVICE_WALL + ".verify"} <= {name for name, _, _ in device}
+    markers = _markers(slices)
+    assert len(markers) == sum(_findings(result.summary).values()) == 16
+    _check_markers(markers, result.summary, result)
+    assert any(m["name"].startswith("slow step 9: rank 2 run_queue +") for m in markers)
+
+
+def test_slow_step_arrows_go_to_the_culprit_and_to_the_victims_waits(contention):
+    _, result, trace = contention
+    slices = _pftrace_slices(trace)
+    ending = {flow: s for s in slices for flow in s["flow_in"]}
+    items = {item["step"]: item for item in result.summary["slow_steps"]["items"]}
+    markers = [m for m in _markers(slices) if m["args"]["kind"] == "slow step"]
+    assert len(markers) == len(items) == 6
+    for marker in markers:
+        item = items[marker["args"]["step"]]
+        targets = {(t["args"]["rank"], t["args"]["phase"], t["args"]["step"]): t for t in (ending[f] for f in marker["flow_out"])}
+        culprit = (item["rank"], item["phase"], item.get("evidence_step", item["step"]))
+        victims = [cause for cause in item["ranks"] if cause["role"] == "victim"]
+        assert set(targets) == {culprit} | {(v["rank"], v["phase"], item["step"]) for v in victims}
+        assert targets[culprit]["cat"] == ("device" if item["phase"].startswith("device_wall") else "runtime")
+        via = item["critical_path"]["via"]
+        assert bool(victims) == (via != "step end")
+        for victim in victims:  # its wait at the collective that held it: as long as the wait the item cites
+            wait = targets[(victim["rank"], victim["phase"], item["step"])]
+            assert wait["name"] == f"{fmt.RUNNER_RUN}.{via}" and wait["cat"] == "device"
+            assert abs((wait["end"] - wait["start"]) / 1e6 - victim["evidence_ms"]) < 1e-3
+
+
+def test_json_export_of_a_contention_run_draws_the_same_diagnosis(contention, tmp_path):
+    run, result, trace = contention
+    events = json.loads(export_from_dir(run, tmp_path / "x.json").read_text())["traceEvents"]
+    slices = _pftrace_slices(trace)
+    json_markers = Counter((e["name"], round(e["ts"] * 1000), e["pid"]) for e in events if e.get("cat") == MARKER_CATEGORY)
+    pid_of = {e["args"]["name"]: e["pid"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert json_markers == Counter((m["name"], m["start"], pid_of[m["process"]]) for m in _markers(slices))
+    blame = [f for f in _flows(events).values() if f["s"]["name"] == BLAME_FLOW_NAME]
+    assert len(blame) == sum(len(m["flow_out"]) for m in _markers(slices)) == 6 + 3 * 3
+    tracks = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert all(tracks[(f["s"]["pid"], f["s"]["tid"])] == "findings" for f in blame)
+    assert Counter(e["cat"] for e in events if e["ph"] == "X")["device"] == sum(s["cat"] == "device" for s in slices)
+
+
 # ---------------------------------------------------------------- Perfetto's trace processor
 
 
@@ -459,10 +653,11 @@ def test_perfettos_trace_processor_loads_the_export(run_dir, analysed, tmp_path,
         counters = tp.query(
             f"SELECT count(*) AS n FROM counter c JOIN counter_track t ON c.track_id = t.id WHERE t.name = '{END_SKEW_COUNTER}'"
         ).as_pandas_dataframe()["n"][0]
-    runtime = _rows(analysed, "SELECT count(*) FROM spans s JOIN runs r USING (pid, inv) WHERE s.clk = 'host'")[0][0]
+    runtime = _rows(analysed, "SELECT count(*) FROM spans s JOIN runs r USING (pid, inv)")[0][0]  # host and device clock
     serving = _rows(analysed, "SELECT count(*) FROM spans WHERE inv IS NULL")[0][0]
-    assert slices == runtime + serving
-    assert flows == _rows(analysed, "SELECT count(*) FROM decode")[0][0] + RANKS
+    markers = 2  # the late rank's slow step and tail step, each an instant (a slice of no length)
+    assert slices == runtime + serving + markers
+    assert flows == _rows(analysed, "SELECT count(*) FROM decode")[0][0] + RANKS + 1  # and one blame arrow
     assert threads == 0 and counters == STEPS
 
 

@@ -4,11 +4,14 @@ Where every span, arrow and counter goes — processes, tracks and their names,
 flows, counters — is :mod:`~dsprof.analysis.outputs.track_layout`, shared with
 the native protobuf writer; this module only spells it as Chrome trace events:
 
-* spans as complete events (``X``) on their track; device-clock spans never
-  reach the host axis (a runner_run carries its run's ``device_wall_dur_ns``);
+* spans as complete events (``X``) on their track: runtime spans in category
+  ``runtime``, device-clock spans (placed by the layout) in ``device``;
+* each finding's marker as a thread-scoped instant (``i``, category ``finding``)
+  on its findings track, the item's facts as args;
 * ``request`` spans, which overlap on one thread, as async slices (``b``/``e``,
   one id each) instead of an invented nesting;
-* flows as ``s``/``f`` pairs (``bp: "e"``), one id per arrow; counters as ``C``;
+* flows as ``s``/``f`` pairs (``bp: "e"``), one id per arrow (named ``dispatch``
+  or ``blame``); counters as ``C``;
 * args: the run's step, rank, device, phase, callable and lane, ``inv`` and
   ``wall_ns`` as strings (64-bit), host evidence as numbers, every other
   attribute as the text it was read as.
@@ -32,12 +35,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import AnalysisResult
+from dsprof.analysis.engine import Engine
 from dsprof.analysis.layout import detailed_steps, drawn_runs_sql, runtime_spans_sql
+from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
 from dsprof.analysis.outputs.text import json_string, text_buffer, us_text
 from dsprof.analysis.outputs.track_layout import (
-    FLOW_NAME,
+    DEVICE_CATEGORY,
+    RUNTIME_CATEGORY,
     TrackLayout,
     build_track_layout,
+    device_spans_drawn_sql,
     flow_links,
     serving_lanes_sql,
     serving_span_count,
@@ -152,13 +159,20 @@ def write_chrome_trace(
         out.write(b'{"displayTimeUnit":"ns","otherData":' + json.dumps(other).encode() + b',"traceEvents":[\n')
         writer = _Writer(out)
         writer.dicts(metadata_events(layout))
-        runtime_tracks, serving_tracks = layout.runtime_track_table(), layout.serving_track_table()
+        runtime_tracks, device_tracks, serving_tracks = (
+            layout.runtime_track_table(),
+            layout.device_track_table(),
+            layout.serving_track_table(),
+        )
         engine.run(f"CREATE OR REPLACE TEMP TABLE drawn_runs AS {drawn_runs_sql(keep)}")
         for batch in _batches(engine, f"SELECT * FROM ({runtime_spans_sql('drawn_runs')}) {SPAN_ORDER}", progress, "runtime spans"):
-            writer.events(_runtime_events(batch, runtime_tracks))
+            writer.events(_runtime_events(batch, runtime_tracks, RUNTIME_CATEGORY))
+        for batch in _batches(engine, f"SELECT * FROM ({device_spans_drawn_sql('drawn_runs')}) {SPAN_ORDER}", progress, "device spans"):
+            writer.events(_runtime_events(batch, device_tracks, DEVICE_CATEGORY))
         for batch in _batches(engine, f"SELECT * FROM ({serving_lanes_sql()}) {SPAN_ORDER}", progress, "serving spans"):
             writer.events(_serving_events(batch, serving_tracks, writer))
-        writer.events(_flow_events(flow_links(engine, steps), runtime_tracks, serving_tracks))
+        writer.events(_marker_events(engine))
+        writer.events(_flow_events(flow_links(engine, steps)))
         writer.events(counter_events(layout))
         out.write(b"\n]}\n")
         if out is not raw:
@@ -208,7 +222,22 @@ def counter_events(layout: TrackLayout) -> pa.Array:
     )
 
 
-def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table) -> pa.Array:
+def _marker_events(engine: Engine) -> pa.Array:
+    """An instant (``i``, thread scope) per finding's marker on its process's findings track, the item's facts as args."""
+    markers = _plain(
+        engine.arrow("SELECT m.*, t.track FROM finding_markers m JOIN track_of_findings t USING (pid) ORDER BY m.ts_ns, m.marker")
+    )
+    if markers.num_rows == 0:
+        return pa.array([], pa.string())
+    members = [
+        *[_member(name, json_string(markers.column(name), null=None)) for name in ("kind", "mechanism", "phase", "finding")],
+        *[_member(name, _ints(markers.column(name))) for name in ("step", "rank")],
+        *[_member(name, pc.cast(markers.column(name), pa.string())) for name in ("excess_ms", "evidence_ms")],
+    ]
+    return _event_text(markers, f',"cat":"{MARKER_CATEGORY}","ph":"i","s":"t","ts":', "", markers.column("track"), members)
+
+
+def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table, category: str) -> pa.Array:
     track = _track_ids(batch, tracks)
     is_runner = pc.equal(batch.column("phase"), fmt.PHASE_RUNNER).fill_null(False)
     device_wall = pc.if_else(is_runner, batch.column("run_device_wall_ns"), pa.scalar(None, pa.int64()))
@@ -224,17 +253,22 @@ def _runtime_events(batch: pa.RecordBatch, tracks: pa.Table) -> pa.Array:
         *[_member(name, _ints(batch.column(column))) for column, name in _EVIDENCE.items()],
         _attrs_members(batch.column("attrs")),
     ]
+    duration = _join(',"dur":', us_text(batch.column("dur_ns").to_numpy()))
+    return _event_text(batch, f',"cat":"{category}","ph":"X","ts":', duration, pa.array(track), members)
+
+
+def _event_text(rows: pa.RecordBatch, head: str, after_ts: pa.Array | str, track: pa.Array, members: list[pa.Array]) -> pa.Array:
+    """``{"name":...`` ``head`` ts ``after_ts`` ``,"pid":...,"tid":...,"args":{members}}`` of each row (its name, ts_ns and pid)."""
     return _join(
         '{"name":',
-        json_string(batch.column("name"), null="null"),
-        ',"cat":"runtime","ph":"X","ts":',
-        us_text(batch.column("ts_ns").to_numpy()),
-        ',"dur":',
-        us_text(batch.column("dur_ns").to_numpy()),
+        json_string(rows.column("name"), null="null"),
+        head,
+        us_text(rows.column("ts_ns").to_numpy()),
+        after_ts,
         ',"pid":',
-        _ints(batch.column("pid")),
+        _ints(rows.column("pid")),
         ',"tid":',
-        _ints(pa.array(track)),
+        _ints(track),
         ',"args":',
         _object(members),
         "}",
@@ -279,24 +313,25 @@ def _serving_events(batch: pa.RecordBatch, tracks: pa.Table, writer: _Writer) ->
     return pa.concat_arrays([complete.filter(pa.array(~is_request)), begin, finish])
 
 
-def _flow_events(links: pa.Table, runtime_tracks: pa.Table, serving_tracks: pa.Table) -> pa.Array:
+def _plain(table: pa.Table) -> pa.RecordBatch:
+    """A table as one batch of plain arrays (one chunk each)."""
+    return pa.RecordBatch.from_struct_array(table.to_struct_array().combine_chunks())
+
+
+def _flow_events(links: pa.Table) -> pa.Array:
     """An ``s``/``f`` pair per arrow (see :func:`~dsprof.analysis.outputs.track_layout.flow_links`)."""
     if links.num_rows == 0:
         return pa.array([], pa.string())
-    links = pa.RecordBatch.from_struct_array(links.to_struct_array().combine_chunks())  # plain arrays, one chunk
-    sources = pa.table(
-        {"pid": links.column("src_pid"), "tid": links.column("src_tid"), "cat": links.column("src_cat"), "lane": links.column("src_lane")}
-    )
-    targets = pa.table({"pid": links.column("dst_pid"), "tid": links.column("dst_tid"), "lane": links.column("dst_lane")})
-    src_track, dst_track = pa.array(_track_ids(sources, serving_tracks)), pa.array(_track_ids(targets, runtime_tracks))
+    batch = _plain(links)
     flow_id = _ints(pa.array(np.arange(1, links.num_rows + 1)))
+    name = json_string(batch.column("name"))
 
-    def flow_end(head: str, side: str, track: pa.Array) -> pa.Array:
-        ts, pid = us_text(links.column(f"{side}_ts").to_numpy()), _ints(links.column(f"{side}_pid"))
-        return _join(
-            f'{{{head},"name":"{FLOW_NAME}","cat":"flow","id":', flow_id, ',"ts":', ts, ',"pid":', pid, ',"tid":', _ints(track), "}"
+    def flow_end(head: str, side: str) -> pa.Array:
+        ts, pid, track = (
+            us_text(batch.column(f"{side}_ts").to_numpy()),
+            _ints(batch.column(f"{side}_pid")),
+            _ints(batch.column(f"{side}_track")),
         )
+        return _join(f"{{{head},", '"name":', name, ',"cat":"flow","id":', flow_id, ',"ts":', ts, ',"pid":', pid, ',"tid":', track, "}")
 
-    start = flow_end('"ph":"s"', "src", src_track)
-    finish = flow_end('"ph":"f","bp":"e"', "dst", dst_track)
-    return pa.concat_arrays([start, finish])
+    return pa.concat_arrays([flow_end('"ph":"s"', "src"), flow_end('"ph":"f","bp":"e"', "dst")])

@@ -7,12 +7,15 @@ decides processes, tracks, names, arrows and counters); here it is spelled as
 * a ``TrackDescriptor`` per process (``ProcessDescriptor``), per track
   (``ThreadDescriptor``; overlapping ``request`` spans lie on lanes of their
   own, as every serving category does) and per counter (``CounterDescriptor``);
-* every span as a ``TYPE_SLICE_BEGIN`` / ``TYPE_SLICE_END`` pair (instants as
-  ``TYPE_INSTANT``), its name and category interned once at the start of the
-  sequence, the run's step, rank, phase, identity and host evidence and the
-  span's own attributes as debug annotations on the begin (their names interned too);
-* flows as ``flow_ids`` on the dispatching serving span and
-  ``terminating_flow_ids`` on the root it started;
+* every span (runtime, device and serving) as a ``TYPE_SLICE_BEGIN`` /
+  ``TYPE_SLICE_END`` pair (instants as ``TYPE_INSTANT``), its name and category
+  interned once at the start of the sequence, the run's step, rank, phase,
+  identity and host evidence and the span's own attributes as debug
+  annotations on the begin (their names interned too);
+* each finding's marker as a ``TYPE_INSTANT`` on its findings track, with the
+  item's kind, step, rank, mechanism, phase, excess, evidence and wording;
+* flows as ``flow_ids`` on the dispatching serving span (or the slow step's
+  marker) and ``terminating_flow_ids`` on the root it started (or the span it blames);
 * counter values as ``TYPE_COUNTER`` events, in time order with the slices.
 
 Events are ordered in the engine (SQL) by time, then ends before begins, outer
@@ -36,14 +39,22 @@ from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.layout import runtime_spans_sql
-from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, flow_links, serving_lanes_sql
+from dsprof.analysis.layout import drawn_runs_sql, runtime_spans_sql
+from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
+from dsprof.analysis.outputs.track_layout import (
+    DEVICE_CATEGORY,
+    RUNTIME_CATEGORY,
+    TrackLayout,
+    build_track_layout,
+    device_spans_drawn_sql,
+    flow_links,
+    serving_lanes_sql,
+)
 from dsprof.fileio import atomic_output
 from dsprof.profiler import strace_format as fmt
 
 SEQUENCE_ID = 1
 BATCH_ROWS = 100_000
-RUNTIME_CATEGORY = "runtime"
 # Debug annotations of a runtime span's begin: integer columns, then text columns (null: left out).
 RUNTIME_INT_ARGS = (
     "step",
@@ -60,8 +71,19 @@ RUNTIME_INT_ARGS = (
     "os_majflt",
     "device_wall_dur_ns",
 )
-# (annotation name, column) of the text annotations
-TEXT_ARGS = (("phase", "phase"), ("device", "device"), ("callable", "callable"), ("inv", "inv_text"), ("wall_ns", "wall_text"))
+# (annotation name, column) of the text annotations; then a finding's marker's own
+TEXT_ARGS = (
+    ("phase", "phase"),
+    ("device", "device"),
+    ("callable", "callable"),
+    ("inv", "inv_text"),
+    ("wall_ns", "wall_text"),
+    ("kind", "kind"),
+    ("mechanism", "mechanism"),
+    ("finding", "finding"),
+)
+# Debug annotations of a finding's marker that are numbers with a fraction (ms).
+FLOAT_ARGS = ("excess_ms", "evidence_ms")
 # Attribute names as the trace wrote them, for the promoted host-evidence columns.
 EVIDENCE_NAMES = {"os_cpu_ns": "os.cpu_ns", "os_rq_ns": "os.rq_ns", "os_nivcsw": "os.nivcsw", "os_majflt": "os.majflt"}
 
@@ -107,7 +129,7 @@ class _Interned:
             categories=iids("SELECT DISTINCT cat FROM report_events WHERE cat IS NOT NULL ORDER BY 1"),
             annotations=iids(
                 "SELECT DISTINCT k FROM (SELECT unnest(map_keys(attrs)) AS k FROM report_events) ORDER BY 1",
-                (*(EVIDENCE_NAMES.get(n, n) for n in RUNTIME_INT_ARGS), *(n for n, _ in TEXT_ARGS)),
+                (*(EVIDENCE_NAMES.get(n, n) for n in RUNTIME_INT_ARGS), *(n for n, _ in TEXT_ARGS), *FLOAT_ARGS),
             ),
         )
 
@@ -128,26 +150,37 @@ class _Uuids:
 
 
 def _register_tracks(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
-    """Tables ``track_of_run`` (pid, tid, lane -> uuid) and ``track_of_serving`` (pid, tid, cat, lane -> uuid); view ``report_events``."""
-    for name, table in (("track_of_run", layout.runtime_track_table()), ("track_of_serving", layout.serving_track_table())):
-        uuid = [
-            uuids.thread[(pid, track)]
-            for pid, track in zip(table.column("pid").to_pylist(), table.column("track").to_pylist(), strict=True)
-        ]
-        engine.con.register(name, table.append_column("uuid", pa.array(uuid, pa.int64())))  # one per track
-    engine.run(f"""CREATE OR REPLACE TEMP VIEW report_events AS
-        SELECT t.uuid AS track, s.name, '{RUNTIME_CATEGORY}' AS cat, 'X' AS ph, s.ts_ns, s.dur_ns, s.depth, s.pid, s.inv,
+    """Table ``track_uuids`` (layout track -> uuid) and view ``report_events``: every span and marker with its track's uuid
+    (``layout_track``: the layout's track), ``origin`` (runtime, device, serving, finding) and what it is annotated with."""
+    thread_uuids = pa.table(
+        {
+            "layout_track": pa.array([t.tid for t in layout.threads], pa.int64()),
+            "uuid": pa.array([uuids.thread[(t.pid, t.tid)] for t in layout.threads], pa.int64()),
+        }
+    )
+    engine.con.register("track_uuids", thread_uuids)  # one row per track
+    runtime_columns = f"""s.name, s.ts_ns, s.dur_ns, s.depth, s.pid, s.inv,
                s.step, s.rank, s.lane, s.run_id, s.dispatch_id, s.run_epoch, s.slot_id, s.generation,
                s.os_cpu_ns, s.os_rq_ns, s.os_nivcsw, s.os_majflt,
                CASE WHEN s.phase = '{fmt.PHASE_RUNNER}' THEN s.run_device_wall_ns END AS device_wall_dur_ns,
                s.phase, s.device, s.callable, CAST(s.inv AS VARCHAR) AS inv_text, CAST(s.wall_ns AS VARCHAR) AS wall_text,
-               s.attrs, TRUE AS runtime, s.file, s.line
-        FROM ({runtime_spans_sql()}) s JOIN track_of_run t USING (pid, tid, lane)
+               s.attrs, s.file, s.line"""
+    engine.run(f"""CREATE OR REPLACE TEMP VIEW report_events AS
+        SELECT u.uuid AS track, t.track AS layout_track, 'runtime' AS origin, '{RUNTIME_CATEGORY}' AS cat, 'X' AS ph, {runtime_columns}
+        FROM ({runtime_spans_sql()}) s JOIN track_of_run t USING (pid, tid, lane) JOIN track_uuids u ON u.layout_track = t.track
         UNION ALL BY NAME
-        SELECT t.uuid AS track, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, NULL AS depth, s.pid, NULL AS inv,
-               s.step, s.rank, s.dispatch_id, s.run_id, CAST(s.wall_ns AS VARCHAR) AS wall_text, s.attrs, FALSE AS runtime,
+        SELECT u.uuid AS track, t.track AS layout_track, 'device' AS origin, '{DEVICE_CATEGORY}' AS cat, 'X' AS ph, {runtime_columns}
+        FROM ({device_spans_drawn_sql(f"({drawn_runs_sql()})")}) s JOIN track_of_device t USING (pid, device_lane) JOIN track_uuids u ON u.layout_track = t.track
+        UNION ALL BY NAME
+        SELECT u.uuid AS track, t.track AS layout_track, 'serving' AS origin, s.name, s.cat, s.ph, s.ts_ns, s.dur_ns, NULL AS depth,
+               s.pid, NULL AS inv, s.step, s.rank, s.dispatch_id, s.run_id, CAST(s.wall_ns AS VARCHAR) AS wall_text, s.attrs,
                s.file, s.line
-        FROM ({serving_lanes_sql()}) s JOIN track_of_serving t USING (pid, tid, cat, lane)""")
+        FROM ({serving_lanes_sql()}) s JOIN track_of_serving t USING (pid, tid, cat, lane) JOIN track_uuids u ON u.layout_track = t.track
+        UNION ALL BY NAME
+        SELECT u.uuid AS track, t.track AS layout_track, 'finding' AS origin, m.name, '{MARKER_CATEGORY}' AS cat, 'i' AS ph,
+               m.ts_ns, 0 AS dur_ns, m.pid, m.step, m.rank, m.phase, m.kind, m.mechanism, m.finding, m.excess_ms, m.evidence_ms,
+               m.marker
+        FROM finding_markers m JOIN track_of_findings t USING (pid) JOIN track_uuids u ON u.layout_track = t.track""")
 
 
 def _register_counters(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> None:
@@ -168,13 +201,19 @@ def _register_counters(engine: Engine, layout: TrackLayout, uuids: _Uuids) -> No
 
 
 def _register_flows(engine: Engine) -> None:
-    """``flow_out`` (flow ids leaving each serving span) and ``flow_in`` (ids ending on each root)."""
+    """Flow ids leaving each serving span (``flow_out_span``) and marker (``flow_out_marker``), and ending on each
+    root (``flow_in_root``) and span (``flow_in_span``), numbered in :func:`flow_links`' order."""
     engine.con.register("flow_links_in", flow_links(engine))
     engine.run("""CREATE OR REPLACE TEMP TABLE flows AS SELECT row_number() OVER (
-            ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts, dst_inv) AS flow_id, * FROM flow_links_in;
-        CREATE OR REPLACE TEMP TABLE flow_out AS SELECT src_file, src_line, list(flow_id ORDER BY flow_id) AS ids
-            FROM flows GROUP BY ALL;
-        CREATE OR REPLACE TEMP TABLE flow_in AS SELECT dst_pid, dst_inv, list(flow_id ORDER BY flow_id) AS ids FROM flows GROUP BY ALL""")
+            ORDER BY src_ts, src_file, src_line, src_marker, dst_pid, dst_ts, dst_inv, dst_file, dst_line) AS flow_id, * FROM flow_links_in;
+        CREATE OR REPLACE TEMP TABLE flow_out_span AS SELECT src_file, src_line, list(flow_id ORDER BY flow_id) AS ids
+            FROM flows WHERE src_marker IS NULL GROUP BY ALL;
+        CREATE OR REPLACE TEMP TABLE flow_out_marker AS SELECT src_marker, list(flow_id ORDER BY flow_id) AS ids
+            FROM flows WHERE src_marker IS NOT NULL GROUP BY ALL;
+        CREATE OR REPLACE TEMP TABLE flow_in_root AS SELECT dst_pid, dst_inv, list(flow_id ORDER BY flow_id) AS ids
+            FROM flows WHERE dst_inv IS NOT NULL GROUP BY ALL;
+        CREATE OR REPLACE TEMP TABLE flow_in_span AS SELECT dst_file, dst_line, dst_ts, dst_track, list(flow_id ORDER BY flow_id) AS ids
+            FROM flows WHERE dst_file IS NOT NULL GROUP BY ALL""")
 
 
 # Begin and end events in an order every track nests in: by time; at one time ends first (inner before
@@ -182,15 +221,18 @@ def _register_flows(engine: Engine) -> None:
 # ties by the span's place in its file (span_id), then track, so that the same input gives the same bytes.
 _ORDERED_EVENTS_SQL = """
 WITH spans_out AS (
-    SELECT e.*, row_number() OVER (ORDER BY e.file, e.line, e.ts_ns, e.track) AS span_id, fo.ids AS flow_out, fi.ids AS flow_in
+    SELECT e.*, row_number() OVER (ORDER BY e.file, e.line, e.ts_ns, e.track, e.marker) AS span_id,
+           coalesce(fo.ids, mo.ids) AS flow_out, list_concat(fr.ids, fs.ids) AS flow_in
     FROM report_events e
-    LEFT JOIN flow_out fo ON NOT e.runtime AND fo.src_file = e.file AND fo.src_line = e.line
-    LEFT JOIN flow_in fi ON e.runtime AND e.depth = 0 AND fi.dst_pid = e.pid AND fi.dst_inv = e.inv)
+    LEFT JOIN flow_out_span fo ON e.origin = 'serving' AND fo.src_file = e.file AND fo.src_line = e.line
+    LEFT JOIN flow_out_marker mo ON mo.src_marker = e.marker
+    LEFT JOIN flow_in_root fr ON e.origin = 'runtime' AND e.depth = 0 AND fr.dst_pid = e.pid AND fr.dst_inv = e.inv
+    LEFT JOIN flow_in_span fs ON fs.dst_file = e.file AND fs.dst_line = e.line AND fs.dst_ts = e.ts_ns AND fs.dst_track = e.layout_track)
 SELECT * FROM (
     SELECT ts_ns AS t, CASE WHEN ph = 'i' OR dur_ns = 0 THEN 1 ELSE 2 END AS k, -dur_ns AS k2, coalesce(depth, 0) AS k3,
            span_id, 0 AS is_end, track, name, cat, ph, flow_out, flow_in,
            step, rank, lane, run_id, dispatch_id, run_epoch, slot_id, generation, os_cpu_ns, os_rq_ns, os_nivcsw, os_majflt,
-           device_wall_dur_ns, phase, device, callable, inv_text, wall_text, attrs
+           device_wall_dur_ns, phase, device, callable, inv_text, wall_text, kind, mechanism, finding, excess_ms, evidence_ms, attrs
     FROM spans_out
     UNION ALL BY NAME
     SELECT ts_ns + dur_ns AS t, CASE WHEN dur_ns = 0 THEN 1 ELSE 0 END AS k, CASE WHEN dur_ns = 0 THEN 0 ELSE -ts_ns END AS k2,
@@ -270,6 +312,11 @@ def _annotate(event: pb.TrackEvent, columns: dict[str, list], i: int, iids: dict
         if value is not None:
             annotation = event.debug_annotations.add()
             annotation.name_iid, annotation.string_value = iids[name], value
+    for name in FLOAT_ARGS:
+        value = columns[name][i]
+        if value is not None:
+            annotation = event.debug_annotations.add()
+            annotation.name_iid, annotation.double_value = iids[name], value
     for key, value in columns["attrs"][i] or ():
         annotation = event.debug_annotations.add()
         annotation.name_iid, annotation.string_value = iids[key], value if value is not None else ""

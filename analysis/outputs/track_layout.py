@@ -14,8 +14,17 @@ the same picture, so they take it from here (docs/REPORTS.md, "Perfetto"):
   `` · lane L`` where spans of one category overlap on their thread without
   nesting (pipelined ``worker.execute`` spans, the ``request`` spans of a
   batch): each lane holds spans that never overlap, so every track nests;
-* flow arrows from a serving dispatch span to the one root it started (see
-  :func:`flow_links`);
+* device-clock spans (``clk=dev``) on a ``device`` track per rank process,
+  placed as report.html places them (at their run's ``runner_run`` start +
+  their device-clock offset; approximate), nested by depth; a device program
+  that overlaps the one before it (the placement's error, or a pipeline) is on
+  a lane of its own (``device · lane L``), and a run whose device spans do not
+  nest is left out (:func:`_build_device_runs`);
+* every finding of the summary (slow steps, tail steps, late starts; not the
+  noise) as an instant on a ``findings`` track, first in its culprit's rank
+  process (:mod:`~dsprof.analysis.outputs.finding_markers`);
+* flow arrows from a serving dispatch span to the one root it started, and
+  from a slow step's marker to the spans it blames (see :func:`flow_links`);
 * counters: the runner-start and runner-end skew of each step (from the
   summary) at the step's first runner start, and, where spans carry host
   evidence (``os.rq_ns``), each rank's run-queue wait per run at the run's start.
@@ -27,6 +36,7 @@ process' main thread. The real thread id is in the track's name.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -34,19 +44,37 @@ import pyarrow as pa
 
 from dsprof.analysis.analyze import AnalysisResult
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.invocations import serving_row
-from dsprof.analysis.layout import GC_LANE, assign_lanes, build_lanes, collection_row, serving_spans_sql
+from dsprof.analysis.invocations import runtime_row, serving_row
+from dsprof.analysis.layout import (
+    GC_LANE,
+    assign_lanes,
+    build_lanes,
+    collection_row,
+    device_spans_sql,
+    drawn_runs_sql,
+    runtime_spans_sql,
+    serving_spans_sql,
+)
+from dsprof.analysis.outputs.finding_markers import SLOW_STEP, build_finding_markers
 from dsprof.analysis.summary_model import StepRow
 from dsprof.profiler import sa_profile
+from dsprof.profiler import strace_format as fmt
 
 TRACK_TID_BASE = 1 << 30
 SERVING_PROCESS_SORT = 0
 RANK_PROCESS_SORT = 1000
 SERVING_THREAD_SORT = 0
 RUNTIME_THREAD_SORT = 100
+FINDINGS_THREAD_SORT = -1  # a rank process's findings first
+DEVICE_TRACK = "device"
+# the categories of runtime spans on the host clock and of device-clock spans
+RUNTIME_CATEGORY = "runtime"
+DEVICE_CATEGORY = "device"
+FINDINGS_TRACK = "findings"
 # A scheduler span carrying a step dispatched that step's run in its own rank process.
 STEP_LINK_CATEGORY = sa_profile.CAT_SCHEDULER
 FLOW_NAME = "dispatch"
+BLAME_FLOW_NAME = "blame"
 START_SKEW_COUNTER = "runner-start skew (ms)"
 END_SKEW_COUNTER = "runner-end skew (ms)"
 RUN_QUEUE_COUNTER = "run-queue wait per run (ms)"
@@ -87,35 +115,44 @@ class TrackLayout:
     runtime: dict[tuple[int, int, int], Thread]  # (pid, OS tid, lane) -> track
     serving: dict[tuple[int, int, str, int], Thread]  # (pid, tid, category, lane) -> track
     counters: list[Counter] = field(default_factory=list)
+    device: dict[tuple[int, int], Thread] = field(default_factory=dict)  # (pid, device lane) -> track
+    findings: dict[int, Thread] = field(default_factory=dict)  # pid -> the track of its findings' markers
 
     @property
     def threads(self) -> list[Thread]:
-        return [*self.serving.values(), *self.runtime.values()]
+        return [*self.findings.values(), *self.serving.values(), *self.runtime.values(), *self.device.values()]
 
     def runtime_track_table(self) -> pa.Table:
         """``pid, tid, lane -> track`` as a table, to join against span batches."""
-        keys = list(self.runtime)
-        return pa.table(
-            {
-                "pid": pa.array([k[0] for k in keys], pa.int64()),
-                "tid": pa.array([k[1] for k in keys], pa.int64()),
-                "lane": pa.array([k[2] for k in keys], pa.int64()),
-                "track": pa.array([t.tid for t in self.runtime.values()], pa.int64()),
-            }
-        )
+        return _track_table({"pid": pa.int64(), "tid": pa.int64(), "lane": pa.int64()}, self.runtime)
 
     def serving_track_table(self) -> pa.Table:
         """``pid, tid, cat, lane -> track`` as a table, to join against span batches."""
-        keys = list(self.serving)
-        return pa.table(
-            {
-                "pid": pa.array([k[0] for k in keys], pa.int64()),
-                "tid": pa.array([k[1] for k in keys], pa.int64()),
-                "cat": pa.array([k[2] for k in keys], pa.string()),
-                "lane": pa.array([k[3] for k in keys], pa.int64()),
-                "track": pa.array([t.tid for t in self.serving.values()], pa.int64()),
-            }
-        )
+        return _track_table({"pid": pa.int64(), "tid": pa.int64(), "cat": pa.string(), "lane": pa.int64()}, self.serving)
+
+    def device_track_table(self) -> pa.Table:
+        """``pid, device_lane -> track`` as a table, to join against device span batches."""
+        return _track_table({"pid": pa.int64(), "device_lane": pa.int64()}, self.device)
+
+    def findings_track_table(self) -> pa.Table:
+        """``pid -> track`` of the findings' markers."""
+        return _track_table({"pid": pa.int64()}, {(pid,): track for pid, track in self.findings.items()})
+
+    def register(self, engine: Engine) -> None:
+        """The track tables as ``track_of_run``, ``track_of_serving``, ``track_of_device``, ``track_of_findings``."""
+        for name, table in (
+            ("track_of_run", self.runtime_track_table()),
+            ("track_of_serving", self.serving_track_table()),
+            ("track_of_device", self.device_track_table()),
+            ("track_of_findings", self.findings_track_table()),
+        ):
+            engine.con.register(name, table)
+
+
+def _track_table(keys: dict[str, pa.DataType], tracks: Mapping[tuple, Thread]) -> pa.Table:
+    """One row per track: its key columns (``keys``: name -> type, in the order of the dict's key tuples), then ``track``."""
+    columns = {name: pa.array([key[i] for key in tracks], type) for i, (name, type) in enumerate(keys.items())}
+    return pa.table({**columns, "track": pa.array([t.tid for t in tracks.values()], pa.int64())})
 
 
 def build_track_layout(result: AnalysisResult, steps: list[int] | None = None, serving_budget: int | None = None) -> TrackLayout:
@@ -130,13 +167,20 @@ def build_track_layout(result: AnalysisResult, steps: list[int] | None = None, s
     runtime = _runtime_threads(engine)
     _build_serving_lanes(engine, serving_budget)
     serving = _serving_threads(engine, result.trace.thread_names, first_tid=TRACK_TID_BASE + len(runtime))
-    pids = {t.pid for t in runtime.values()} | {t.pid for t in serving.values()}
-    return TrackLayout(
+    device = _device_threads(engine, TRACK_TID_BASE + len(runtime) + len(serving), RUNTIME_THREAD_SORT + len(runtime))
+    build_finding_markers(engine, result.summary)
+    findings = _findings_threads(engine, TRACK_TID_BASE + len(runtime) + len(serving) + len(device))
+    pids = {t.pid for tracks in (runtime, serving, device, findings) for t in tracks.values()}
+    layout = TrackLayout(
         processes=_processes(result, pids),
         runtime=runtime,
         serving=serving,
         counters=_skew_counters(engine, result.summary.get("per_step") or []) + _run_queue_counters(engine, steps),
+        device=device,
+        findings=findings,
     )
+    layout.register(engine)
+    return layout
 
 
 def _processes(result: AnalysisResult, pids: set[int]) -> list[Process]:
@@ -169,6 +213,58 @@ def _runtime_threads(engine: Engine) -> dict[tuple[int, int, int], Thread]:
         (pid, tid, lane): Thread(pid, TRACK_TID_BASE + i, f"host thread {tid} · {lane_name(lane)}", RUNTIME_THREAD_SORT + i)
         for i, (pid, tid, lane) in enumerate(rows)
     }
+
+
+def _build_device_runs(engine: Engine) -> None:
+    """``device_runs`` (pid, inv): the runs whose device spans are drawn, those that nest.
+
+    A run's device spans nest when every one lies inside its ``device_wall``,
+    spans of one depth never overlap, and each span lies inside the latest span
+    one depth up that started at or before it. The device programs' lanes keep
+    apart the device_walls that overlap, so then every device track nests.
+    Spans that overlap without nesting (a Kineto run's device-time breakdown
+    and kernel activities) cannot be drawn on one track: their run's device
+    spans are left out of the exports (report.html draws them). Once per engine.
+    """
+    if "device_runs" in engine.relations():
+        return
+    engine.run(f"""CREATE TEMP TABLE device_runs AS
+        WITH d AS (SELECT s.pid, s.inv, s.depth, s.depth - 1 AS parent_depth, s.ts_ns AS ts, s.ts_ns + s.dur_ns AS end_ns
+                   FROM spans s WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}'),
+             checked AS (
+                SELECT c.pid, c.inv, c.depth, c.ts, c.end_ns, p.end_ns AS parent_end, min(c.depth) OVER (PARTITION BY c.pid, c.inv) AS top,
+                       max(c.end_ns) OVER (PARTITION BY c.pid, c.inv, c.depth ORDER BY c.ts, c.end_ns
+                                           ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end
+                FROM d c ASOF LEFT JOIN d p ON p.pid = c.pid AND p.inv = c.inv AND p.depth = c.parent_depth AND p.ts <= c.ts)
+        SELECT c.pid, c.inv FROM checked c JOIN runs r ON r.pid = c.pid AND r.inv = c.inv
+        WHERE r.runner_ts_ns IS NOT NULL AND r.device_wall_ns IS NOT NULL
+        GROUP BY c.pid, c.inv
+        HAVING bool_and(c.ts >= r.device_ts_ns AND c.end_ns <= r.device_ts_ns + r.device_wall_ns
+                        AND coalesce(c.before_end <= c.ts, TRUE)
+                        AND (c.depth = c.top OR coalesce(c.end_ns <= c.parent_end, FALSE)))""")
+
+
+def device_spans_drawn_sql(runs: str) -> str:
+    """The device spans the exports draw (:func:`~dsprof.analysis.layout.device_spans_sql`) of ``runs`` (a table of
+    :func:`~dsprof.analysis.layout.drawn_runs_sql`): those of the runs in ``device_runs``."""
+    return device_spans_sql(f"(SELECT * FROM {runs} x SEMI JOIN device_runs k ON k.pid = x.pid AND k.inv = x.inv)")
+
+
+def _device_threads(engine: Engine, first_tid: int, first_sort: int) -> dict[tuple[int, int], Thread]:
+    """A track per (pid, device lane) of the device programs drawn: ``device``, or ``device · lane L`` where a process has several."""
+    _build_device_runs(engine)
+    rows = engine.rows("""SELECT pid, lane, max(lane) OVER (PARTITION BY pid) AS last_lane
+                          FROM (SELECT DISTINCT pid, lane FROM device_lanes SEMI JOIN device_runs USING (pid, inv)) ORDER BY pid, lane""")
+    return {
+        (pid, lane): Thread(pid, first_tid + i, DEVICE_TRACK + (f" · lane {lane}" if last_lane else ""), first_sort + i)
+        for i, (pid, lane, last_lane) in enumerate(rows)
+    }
+
+
+def _findings_threads(engine: Engine, first_tid: int) -> dict[int, Thread]:
+    """A ``findings`` track in every process a finding's marker lies in (``finding_markers``), first in its process."""
+    pids = [pid for (pid,) in engine.rows("SELECT DISTINCT pid FROM finding_markers ORDER BY pid")]
+    return {pid: Thread(pid, first_tid + i, FINDINGS_TRACK, FINDINGS_THREAD_SORT) for i, pid in enumerate(pids)}
 
 
 def lane_name(lane: int) -> str:
@@ -266,25 +362,29 @@ def _per_process(name: str, table: pa.Table) -> list[Counter]:
 
 
 def flow_links(engine: Engine, steps: list[int] | None = None) -> pa.Table:
-    """One row per arrow: a serving dispatch span -> the root it started (``src_*`` -> ``dst_*``).
+    """One row per arrow, in a total order: ``name`` (:data:`FLOW_NAME` or :data:`BLAME_FLOW_NAME`), its source
+    (``src_pid``, ``src_track``, ``src_ts``; a serving span ``src_file``/``src_line``, or a finding's marker
+    ``src_marker``) and its destination (``dst_pid``, ``dst_track``, ``dst_ts``; a run's root ``dst_inv``, or a
+    span ``dst_file``/``dst_line``), among the runs drawn (``steps``: the decode steps drawn; None: all).
+    Tracks are the layout's (:meth:`TrackLayout.register`).
 
-    The source is the span at ``src_file``/``src_line`` (on ``src_pid``/``src_tid``, category ``src_cat``, lane
-    ``src_lane``, at ``src_ts``); the
-    destination the root of run ``dst_pid``/``dst_inv`` (on ``dst_tid``, lane ``dst_lane``, at ``dst_ts``),
-    among the runs drawn (``steps``: the decode steps drawn; None: all).
+    A dispatch arrow goes from a serving span to the root it started. A span
+    links by the first identity it carries: ``dispatch_id`` (non-zero), else
+    ``run_id``, else — a scheduler span in a rank process — ``step``. A span in
+    a rank process only links to roots of that process, so one scheduler step
+    of rank r starts rank r's run, not every rank's; a span of a process
+    without runs (a central scheduler) links by dispatch_id or run_id. The
+    three ways exclude each other, so each is its own (hash) join.
 
-    A span links by the first identity it carries: ``dispatch_id`` (non-zero),
-    else ``run_id``, else — a scheduler span in a rank process — ``step``. A
-    span in a rank process only links to roots of that process, so one
-    scheduler step of rank r starts rank r's run, not every rank's; a span of
-    a process without runs (a central scheduler) links by dispatch_id or run_id.
-    The three ways exclude each other, so each is its own (hash) join.
+    A blame arrow goes from a slow step's marker to each span it blames
+    (:mod:`~dsprof.analysis.outputs.finding_markers`).
     """
+    drawn = _drawn_runs(engine, steps)
     same_process = "(NOT d.in_rank_process OR r.pid = d.pid)"
     return engine.arrow(f"""
         WITH roots AS (SELECT r.pid, r.tid, l.lane, r.inv, r.root_ts_ns, r.dispatch_id, r.run_id, r.step_attr
                        FROM runs r JOIN lanes l ON l.pid = r.pid AND l.inv = r.inv
-                       LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv WHERE {_drawn_runs(engine, steps)}),
+                       LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv WHERE {drawn}),
              dispatch AS (SELECT s.file, s.line, s.pid, s.tid, s.ts_ns, s.cat, s.lane, coalesce(s.dispatch_id, 0) AS dispatch_id,
                                  s.run_id, s.step, s.pid IN (SELECT pid FROM runs) AS in_rank_process
                           FROM ({serving_lanes_sql()}) s WHERE s.ph = 'X'
@@ -301,7 +401,56 @@ def flow_links(engine: Engine, steps: list[int] | None = None) -> pa.Table:
                 UNION ALL
                 SELECT d.*, r.pid, r.tid, r.lane, r.inv, r.root_ts_ns
                 FROM dispatch d JOIN roots r ON r.pid = d.pid AND r.step_attr = d.step
-                WHERE d.in_rank_process AND d.dispatch_id = 0 AND d.run_id IS NULL AND d.cat = '{STEP_LINK_CATEGORY}')
-        SELECT file AS src_file, line AS src_line, pid AS src_pid, tid AS src_tid, cat AS src_cat, lane AS src_lane,
-               ts_ns AS src_ts, dst_pid, dst_tid, dst_lane, dst_inv, dst_ts
-        FROM links ORDER BY src_ts, src_file, src_line, dst_pid, dst_ts, dst_inv""")
+                WHERE d.in_rank_process AND d.dispatch_id = 0 AND d.run_id IS NULL AND d.cat = '{STEP_LINK_CATEGORY}'),
+             blamed AS ({_blamed_spans_sql(drawn)})
+        SELECT '{FLOW_NAME}' AS name, l.file AS src_file, l.line AS src_line, NULL::BIGINT AS src_marker, l.pid AS src_pid,
+               st.track AS src_track, l.ts_ns AS src_ts, l.dst_pid, rt.track AS dst_track, l.dst_ts, l.dst_inv,
+               NULL::VARCHAR AS dst_file, NULL::BIGINT AS dst_line
+        FROM links l
+        JOIN track_of_serving st ON st.pid = l.pid AND st.tid = l.tid AND st.cat IS NOT DISTINCT FROM l.cat AND st.lane = l.lane
+        JOIN track_of_run rt ON rt.pid = l.dst_pid AND rt.tid = l.dst_tid AND rt.lane = l.dst_lane
+        UNION ALL
+        SELECT '{BLAME_FLOW_NAME}', NULL, NULL, m.marker, m.pid, ft.track, m.ts_ns, b.pid, coalesce(dt.track, rt.track), b.ts_ns, NULL,
+               b.file, b.line
+        FROM blamed b JOIN finding_markers m ON m.marker = b.marker JOIN track_of_findings ft ON ft.pid = m.pid
+        LEFT JOIN track_of_device dt ON b.device AND dt.pid = b.pid AND dt.device_lane = b.device_lane
+        LEFT JOIN track_of_run rt ON NOT b.device AND rt.pid = b.pid AND rt.tid = b.tid AND rt.lane = b.lane
+        ORDER BY src_ts, src_file, src_line, src_marker, dst_pid, dst_ts, dst_inv, dst_file, dst_line""")
+
+
+def _blamed_spans_sql(drawn: str) -> str:
+    """The span each arrow of a slow-step marker ends on: ``marker``, the span's ``pid, tid, lane, device_lane``
+    (``device``: a device-clock span), ``file, line`` and drawn ``ts_ns``; only in runs meeting ``drawn``
+    (a condition on ``runs r`` left-joined to ``decode d``).
+
+    One arrow to the culprit's span of the blamed phase, in its run of the item's
+    ``evidence_step`` where it names one (a long bind of the next step), else of
+    the step; and, where the critical path went through a collective, one to each
+    victim's wait span at it in that step: of the victim's phase, the one whose
+    length is the wait the item cites. A run without a span of that phase (or
+    whose device spans are not drawn) gets the arrow on its ``runner_run``.
+    """
+    return f"""
+    WITH targets AS (
+        SELECT marker, rank, coalesce(evidence_step, step) AS step, phase, NULL::BIGINT AS evidence_ns, 0 AS victim
+        FROM finding_markers WHERE kind = '{SLOW_STEP}'
+        UNION ALL
+        SELECT v.marker, v.rank, m.step, v.phase, v.evidence_ns, 1 FROM finding_victims v JOIN finding_markers m USING (marker)),
+    target_runs AS (
+        SELECT t.*, d.pid, d.inv FROM targets t JOIN decode d ON d.step = t.step AND d.rank = t.rank
+        QUALIFY row_number() OVER (PARTITION BY t.marker, t.victim, t.rank ORDER BY d.root_ts_ns, d.pid, d.inv) = 1),
+    runs_drawn AS (
+        SELECT x.* FROM ({drawn_runs_sql()}) x SEMI JOIN (
+            SELECT r.pid, r.inv FROM runs r LEFT JOIN decode d ON d.pid = r.pid AND d.inv = r.inv
+            SEMI JOIN target_runs t ON t.pid = r.pid AND t.inv = r.inv WHERE {drawn}) k ON k.pid = x.pid AND k.inv = x.inv),
+    candidates AS (
+        SELECT file, line, pid, tid, inv, lane, NULL::BIGINT AS device_lane, phase, ts_ns, dur_ns, FALSE AS device
+        FROM ({runtime_spans_sql("runs_drawn")}) WHERE phase <> '{fmt.GC}'
+        UNION ALL
+        SELECT file, line, pid, tid, inv, lane, device_lane, phase, ts_ns, dur_ns, TRUE FROM ({device_spans_drawn_sql("runs_drawn")}))
+    SELECT t.marker, c.pid, c.tid, c.lane, c.device_lane, c.device, c.file, c.line, c.ts_ns
+    FROM target_runs t JOIN candidates c ON c.pid = t.pid AND c.inv = t.inv
+    WHERE c.phase = t.phase OR c.phase = '{fmt.PHASE_RUNNER}'
+    QUALIFY row_number() OVER (PARTITION BY t.marker, t.victim, t.rank
+                               ORDER BY c.phase = t.phase DESC, abs(c.dur_ns - coalesce(t.evidence_ns, c.dur_ns)), c.ts_ns,
+                                        c.file, c.line) = 1"""
