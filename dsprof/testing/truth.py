@@ -60,14 +60,18 @@ def scored_faults(faults: list[dict], persistent: bool = False) -> list[dict]:
     return [f for f in alone_faults(faults, persistent) if f["effective"]]
 
 
-def found_faults(summary: dict, faults: list[dict]) -> list[dict]:
-    """The faults found at a (step, rank) where they cost time, with their mechanism, as a culprit above the noise floor."""
+def found_faults(summary: dict, faults: list[dict], mechanism: bool = True) -> list[dict]:
+    """The faults found at a (step, rank) where they cost time, with their mechanism, as a culprit above the noise floor.
+
+    ``mechanism=False``: any culprit there will do (a source that lacks the evidence of a mechanism, e.g. a Kineto
+    trace without host evidence, can still find where a fault struck).
+    """
     cells = late_cells(summary)
     return [
         f
         for f in faults
         if any(
-            c["mechanism"] == f["mechanism"] and c["role"] == "culprit" and not c.get("noise")
+            (c["mechanism"] == f["mechanism"] or not mechanism) and c["role"] == "culprit" and not c.get("noise")
             for cell in losers(f)
             for c in cells.get(cell, [])
         )
