@@ -256,6 +256,9 @@ def test_device_programs_of_overlapping_steps(tmp_path):
         (32_000, 13_000, {"peer": "1", "instance": "1"}),
         (70_000, 40_000, {"peer": "1", "instance": "2"}),
     ]
+    # the program's outermost ops are the CPU device's activities
+    activities = [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == f"{ACTIVITY}.compute"]
+    assert activities == [(1, 10_000, 20_000), (1, 50_000, 20_000), (2, 35_000, 30_000)]
     # host gap: the program less compute and collectives
     assert [by_step[(i, HOST_GAP)]["dur_ns"] for i in (1, 2)] == [85_000 - 40_000 - 13_000, 88_000 - 30_000 - 40_000]
     summary = analyze_trace(trace).summary

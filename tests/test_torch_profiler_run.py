@@ -15,12 +15,16 @@ import json
 import subprocess
 import sys
 from collections import Counter
+from decimal import Decimal
 from pathlib import Path
 
+import numpy as np
+import pyarrow.compute as pc
 import pytest
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.ingest.kineto import ACTIVITY
 from dsprof.profiler import artifacts, torch_labels
 from dsprof.profiler import strace_format as fmt
 from dsprof.testing.truth import alone_faults, found_faults, scored_faults
@@ -54,6 +58,20 @@ def test_kineto_traces_alone_find_the_faults_at_their_step_and_rank(faulty):
     assert len(faults) >= 6 and len(faults) >= 0.6 * len(alone_faults(injected)), (faults, injected)
     found = found_faults(summary, faults, mechanism=False)
     assert len(found) >= 0.8 * len(faults), (len(found), len(faults), [f for f in faults if f not in found])
+
+
+def test_runs_without_markers_take_the_kineto_device_timeline(faulty):
+    """With the device-phase markers off, each decode run's device_wall and collective waits come from its Kineto step."""
+    spans = read_paths([faulty]).spans.to_pylist()
+    decode = {
+        (r["pid"], r["inv"])
+        for r in spans
+        if r["name"] == fmt.ROOT and r["source"] == "strace" and (r["step"] or 0) >= 0 and r["rank"] is not None
+    }
+    walls = {(r["pid"], r["inv"]) for r in spans if r["name"] == fmt.DEVICE_WALL}
+    waits = [r for r in spans if r["name"].endswith(fmt.WAIT_SUFFIX) and r["source"] == "kineto"]
+    assert walls == decode and {(r["pid"], r["inv"]) for r in waits} == decode
+    assert all(dict(r["attrs"]).get(fmt.PEER_ATTR) is not None for r in waits)
 
 
 def test_every_rank_records_its_steps_and_its_device_thread(faulty):
@@ -91,3 +109,59 @@ def test_a_run_without_the_flag_writes_the_same_strace_and_no_trace(tmp_path):
     _run(out, *clean)  # into the same directory: the earlier traces must not be read with this run
     assert not list((out / artifacts.TORCH_PROFILER_DIR).glob("*.json"))
     assert _records(out / artifacts.SERVER_LOG) == profiled
+
+
+def _device_walls(spans) -> dict[int, np.ndarray]:
+    """rank -> the [start, end] of every STRACE run's device_wall on the host axis (its runner_run start + offset), by start."""
+    rows = spans.filter(pc.equal(spans.column("source"), "strace")).select(["pid", "inv", "name", "ts_ns", "dur_ns", "rank"]).to_pylist()
+    rank = {(r["pid"], r["inv"]): r["rank"] for r in rows if r["name"] == fmt.ROOT}
+    runner = {(r["pid"], r["inv"]): r["ts_ns"] for r in rows if r["name"] == fmt.RUNNER_RUN}
+    walls: dict[int, list] = {}
+    for r in rows:
+        if r["name"] == fmt.DEVICE_WALL:
+            start = runner[(r["pid"], r["inv"])] + r["ts_ns"]
+            walls.setdefault(rank[(r["pid"], r["inv"])], []).append((start, start + r["dur_ns"]))
+    return {k: np.array(sorted(v), dtype=np.int64) for k, v in walls.items()}
+
+
+def _share_inside(walls: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> float:
+    at = np.searchsorted(walls[:, 0], starts, side="right") - 1
+    return float(((at >= 0) & (ends <= walls[np.clip(at, 0, None), 1])).mean())
+
+
+def test_one_swimlane_one_clock(tmp_path):
+    """STRACE and Kineto of one run on one swimlane: the Kineto steps join the STRACE runs (no second set of runs), the
+    clock comes from each rank's CLOCK_ANCHOR and agrees with runner_run, and the executor's profiled ops (mapped by
+    the anchor, read straight from the files) fall inside their rank's STRACE device_wall."""
+    out = tmp_path / "run"
+    _run(out, "--ranks", "4", "--requests", "8", "--output-tokens", "64", "--torch-profiler")
+    trace = read_paths([out])
+    summary = analyze_trace(trace).summary
+    alone = analyze_trace(read_paths([out / artifacts.SERVER_LOG])).summary
+    assert summary["validation"]["valid"], summary["validation"]["problems"]
+    assert summary["figures"]["root_ms"]["count"] == alone["figures"]["root_ms"]["count"]  # no second set of runs
+    steps = len(alone["per_step"])
+    notes = [n for n in summary["inputs"]["notes"] if n.startswith("Kineto")]
+    assert f"{4 * steps} of {4 * steps} Kineto steps matched" in notes[0], notes
+    assert len(notes) == 5 and all("from its CLOCK_ANCHOR" in n for n in notes[1:]), notes
+    walls = _device_walls(trace.spans)
+    anchors = {r["pid"]: r["wall_ns"] - r["mono_ns"] for r in trace.anchors.to_pylist()}
+    pids = {
+        r["rank"]: r["pid"] for r in trace.spans.filter(pc.equal(trace.spans.column("name"), fmt.ROOT)).to_pylist() if r["rank"] is not None
+    }
+    for path in sorted((out / artifacts.TORCH_PROFILER_DIR).glob("*.json")):
+        document = json.loads(path.read_text(), parse_float=Decimal)
+        rank, base = document["distributedInfo"]["rank"], int(document["baseTimeNanoseconds"])
+        spans = [e for e in document["traceEvents"] if e.get("ph") == "X"]
+        executor = {e["tid"] for e in spans if e["name"].startswith(torch_labels.PROGRAM)}
+        ops = [e for e in spans if e["tid"] in executor and e.get("cat") == "cpu_op"]
+        starts = np.array([base + int(e["ts"] * 1000) for e in ops], dtype=np.int64) - anchors[pids[rank]]
+        ends = starts + np.array([int(e["dur"] * 1000) for e in ops], dtype=np.int64)
+        assert len(ops) > 100 * steps and _share_inside(walls[rank], starts, ends) >= 0.99, rank
+    # the joined activities (the executor's outermost ops) lie inside their own run's device_wall
+    rows = trace.spans.to_pylist()
+    wall = {(r["pid"], r["inv"]): (r["ts_ns"], r["ts_ns"] + r["dur_ns"]) for r in rows if r["name"] == fmt.DEVICE_WALL}
+    joined = [r for r in rows if r["source"] == "kineto"]
+    assert joined and all(r["name"] == f"{ACTIVITY}.compute" for r in joined)
+    inside = [wall[(r["pid"], r["inv"])][0] <= r["ts_ns"] and r["ts_ns"] + r["dur_ns"] <= wall[(r["pid"], r["inv"])][1] for r in joined]
+    assert sum(inside) >= 0.99 * len(inside), (sum(inside), len(inside))

@@ -60,7 +60,7 @@ import pyarrow.compute as pc
 from dsprof.analysis.ingest.chrome import read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.sink import Progress
-from dsprof.analysis.intervals import union_sql
+from dsprof.analysis.intervals import islands_sql, union_sql
 from dsprof.analysis.spans import ATTRS_TYPE, SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import strace_format as fmt
@@ -421,6 +421,12 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
     con.execute(f"CREATE TEMP TABLE compute AS {union_sql('(' + clip.format(busy) + ')', 'rank, inv')}")
     both = f"({clip.format(busy)} UNION ALL {clip.format('(SELECT rank, inv, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_calls)')})"
     con.execute(f"CREATE TEMP TABLE covered AS {union_sql(both, 'rank, inv')}")
+    # a program's outermost ops are the CPU device's activities (a GPU's are its kernels)
+    program_ops = (
+        f"(SELECT * FROM ({clip.format(busy)}) WHERE rank IN (SELECT rank FROM progs) AND rank NOT IN (SELECT rank FROM activities))"
+    )
+    con.execute(f"""INSERT INTO step_activities SELECT o.rank, o.inv, {ACTIVITY_KINDS["compute"]}, o.lo, o.hi - o.lo, s.step_ns
+                    FROM ({islands_sql(program_ops, "rank, inv")}) o JOIN stretch s USING (rank, inv)""")
     con.register("activity_kinds", pa.table({"activity": pa.array(list(ACTIVITY_KINDS.values()), pa.int8()), "kind": list(ACTIVITY_KINDS)}))
     return con.sql(f"""
         WITH run AS (SELECT w.*, coalesce(w.number, w.inv - 1) AS step, s.lo - w.ts_ns AS device_ts_ns, s.hi - s.lo AS device_ns,
