@@ -12,7 +12,7 @@ from click.testing import CliRunner
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.ingest.kineto import ACTIVITY, COMPUTE, HOST_GAP, SHARED_PID_BASE, read_kineto_traces
+from dsprof.analysis.ingest.kineto import ACTIVITY, BETWEEN_OPS, COMPUTE, HOST_GAP, SHARED_PID_BASE, read_kineto_traces
 from dsprof.cli.main import cli
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler import torch_labels
@@ -259,8 +259,9 @@ def test_device_programs_of_overlapping_steps(tmp_path):
     # the program's outermost ops are the CPU device's activities
     activities = [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == f"{ACTIVITY}.compute"]
     assert activities == [(1, 10_000, 20_000), (1, 50_000, 20_000), (2, 35_000, 30_000)]
-    # host gap: the program less compute and collectives
-    assert [by_step[(i, HOST_GAP)]["dur_ns"] for i in (1, 2)] == [85_000 - 40_000 - 13_000, 88_000 - 30_000 - 40_000]
+    # between the ops: the program less compute and collectives (the device's own time, no host gap)
+    assert [by_step[(i, BETWEEN_OPS)]["dur_ns"] for i in (1, 2)] == [85_000 - 40_000 - 13_000, 88_000 - 30_000 - 40_000]
+    assert (1, HOST_GAP) not in by_step
     summary = analyze_trace(trace).summary
     assert summary["validation"]["valid"], summary["validation"]
     assert summary["pipeline"]["serialized"] is None  # no bind phase: no verdict on the overlap

@@ -27,7 +27,7 @@ from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.ingest.kineto import ACTIVITY
 from dsprof.profiler import artifacts, torch_labels
 from dsprof.profiler import strace_format as fmt
-from dsprof.testing.truth import alone_faults, found_faults, scored_faults
+from dsprof.testing.truth import alone_faults, device_timeline_agreement, found_faults, scored_faults
 
 pytestmark = pytest.mark.runtime
 
@@ -165,3 +165,23 @@ def test_one_swimlane_one_clock(tmp_path):
     assert joined and all(r["name"] == f"{ACTIVITY}.compute" for r in joined)
     inside = [wall[(r["pid"], r["inv"])][0] <= r["ts_ns"] and r["ts_ns"] + r["dur_ns"] <= wall[(r["pid"], r["inv"])][1] for r in joined]
     assert sum(inside) >= 0.99 * len(inside), (sum(inside), len(inside))
+
+
+@pytest.mark.parametrize(
+    "specs",
+    [["fence_tail:p=0.15,ms=40", "gc_pause:p=0.1,ms=40,at=device"], ["straggler:rank=2,ms=30"]],
+    ids=["fence_tail+gc_pause_device", "straggler"],
+)
+def test_tails_strace_leaves_unattributed_are_attributed_from_the_device_timeline(tmp_path, specs):
+    """Device-phase markers off: STRACE alone places a tail inside runner_run, unattributed; with the Kineto device
+    timeline beside it, the device still computing is ``device``, the device idle before the fence signal the late
+    fence (``device`` in native_fence_wait), a wait at a collective ``peer_wait`` — in agreement with faults.json."""
+    out = tmp_path / "run"
+    _run(out, *SHAPE, "--no-device-phases", "--torch-profiler", *(a for spec in specs for a in ("--inject", spec)))
+    alone = analyze_trace(read_paths([out / artifacts.SERVER_LOG])).summary
+    joined = analyze_trace(read_paths([out])).summary
+    assert joined["validation"]["valid"], joined["validation"]["problems"]
+    faults = [f for f in json.loads((out / artifacts.FAULTS).read_text())["faults"] if f["measured"] and f["delay_ms"] >= 20]
+    agreeing, explained = device_timeline_agreement(alone, joined, faults, persistent=all("p=" not in spec for spec in specs))
+    assert len(explained) >= 5, (explained, "STRACE alone leaves tails at the faults unattributed")
+    assert len(agreeing) >= 0.9 * len(explained), (len(agreeing), len(explained), sorted(set(explained) - set(agreeing)))

@@ -28,8 +28,9 @@ Where a rank labels its device programs ``chip.run.runner_run.device_wall#N``
 on the host thread), step N's device timeline is program N instead: its
 ``device_wall`` is the program, its compute the ops on the program's thread
 inside it, its waits the collectives that begin inside it, its host gap the
-program's time with neither; whatever runs in no numbered program belongs to
-no step (see :func:`_assigned`).
+program's time with neither (``between_ops``: the device's own time, not a
+host gap); whatever runs in no numbered program belongs to no step (see
+:func:`_assigned`).
 
 :data:`FILLS` and :data:`LACKS` declare, in this one place, which phases the
 source gives; the figures of the lacking ones are absent, never zero.
@@ -72,6 +73,9 @@ HID_PREFIX = "kineto:"
 STEP_PREFIX, PROFILER_STEP = torch_labels.STEP_PREFIX, torch_labels.PROFILER_STEP
 COMPUTE = f"{fmt.DEVICE_WALL}.compute"
 HOST_GAP = f"{fmt.DEVICE_WALL}.host_gap"
+# in a labelled device program the time with neither op nor collective is the device's own (the CPU device's
+# Python between ops, a collection, a wait for a CPU), not a host that launched nothing
+BETWEEN_OPS = f"{fmt.DEVICE_WALL}.between_ops"
 ACTIVITY = f"{fmt.DEVICE_WALL}.activity"  # + "." + kind: one row per device activity
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::")
@@ -85,7 +89,7 @@ FILLS = (
     "device_wall",
     "device_waits (collectives, with peer)",
     "device_wall.compute",
-    "device_wall.host_gap",
+    "device_wall.host_gap (device_wall.between_ops in a labelled device program)",
     "device_wall.activity.* (device activities)",
 )
 LACKS = ("bind", "validate", "claim_release", "native_fence_wait", "host evidence (os.*)")
@@ -441,7 +445,8 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{COMPUTE}', coalesce(c.first_ns - r.ts_ns, r.device_ts_ns),
                          coalesce(c.union_ns, 0), r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r LEFT JOIN compute c USING (rank, inv)
-        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{HOST_GAP}', r.device_ts_ns, greatest(r.device_ns - coalesce(v.union_ns, 0), 0),
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid,
+                         CASE WHEN r.rank IN (SELECT rank FROM progs) THEN '{BETWEEN_OPS}' ELSE '{HOST_GAP}' END, r.device_ts_ns, greatest(r.device_ns - coalesce(v.union_ns, 0), 0),
                          r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r LEFT JOIN covered v USING (rank, inv)
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{fmt.DEVICE_WALL}.' || s.name || '{fmt.WAIT_SUFFIX}', s.ts_ns - s.step_ns,
