@@ -265,3 +265,28 @@ def test_device_programs_of_overlapping_steps(tmp_path):
     summary = analyze_trace(trace).summary
     assert summary["validation"]["valid"], summary["validation"]
     assert summary["pipeline"]["serialized"] is None  # no bind phase: no verdict on the overlap
+
+
+def test_cuda_programs_assign_kernels_by_their_launch(tmp_path):
+    """On CUDA the program's label is the host's enqueue: its kernels (by their launch) are the step's, and the device
+    timeline spans the step, not the label."""
+    program = torch_labels.PROGRAM
+    paths = []
+    for rank in (0, 1):
+        events = [
+            _x("ProfilerStep#0", "user_annotation", 0, 100),
+            _x("ProfilerStep#1", "user_annotation", 60, 140),
+            _x(torch_labels.step_label(program, 0), "user_annotation", 1, 4),
+            _x(torch_labels.step_label(program, 1), "user_annotation", 61, 4),
+            *_kernel("gemm", 10, 40, 1, 2),
+            *_kernel("gemm", 70, 80, 2, 62),  # runs into step 1's overlap with step 0: still step 1's
+        ]
+        document = {"distributedInfo": {"rank": rank, "world_size": 2}, "baseTimeNanoseconds": BASE_NS, "traceEvents": events}
+        paths.append(tmp_path / f"rank{rank}.json")
+        paths[-1].write_text(json.dumps(document))
+    trace = read_kineto_traces(paths)
+    rank0 = [r for r in trace.spans.to_pylist() if r["pid"] == SHARED_PID_BASE]
+    assert [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == fmt.DEVICE_WALL] == [(1, 0, 100_000), (2, 0, 140_000)]
+    assert [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == COMPUTE] == [(1, 10_000, 40_000), (2, 10_000, 80_000)]
+    assert [(r["inv"], r["dur_ns"]) for r in rank0 if r["name"] == HOST_GAP] == [(1, 60_000), (2, 60_000)]
+    assert not [r for r in rank0 if r["name"] == BETWEEN_OPS]

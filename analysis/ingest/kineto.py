@@ -30,7 +30,8 @@ on the host thread), step N's device timeline is program N instead: its
 inside it, its waits the collectives that begin inside it, its host gap the
 program's time with neither (``between_ops``: the device's own time, not a
 host gap); whatever runs in no numbered program belongs to no step (see
-:func:`_assigned`).
+:func:`_assigned`). On a device with kernels (CUDA) the label is the host's
+enqueue: the kernels it launched are the step's, the stretch the step's.
 
 :data:`FILLS` and :data:`LACKS` declare, in this one place, which phases the
 source gives; the figures of the lacking ones are absent, never zero.
@@ -398,12 +399,15 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
                coalesce(lead(ts_ns) OVER by_rank, ts_ns + dur_ns) AS next_ns
         FROM steps WINDOW by_rank AS (PARTITION BY rank ORDER BY ts_ns, line)""")
     # the device programs (inv: the measured step each ran for; NULL for another program, e.g. the prefill), and per
-    # run the stretch its device timeline covers: its program, else its step
+    # run the stretch its device timeline covers: on a CPU device (a rank with programs and no device activity) its
+    # program, else its step (a CUDA program's label is the host's enqueue: its kernels run after it)
     con.execute("""CREATE TEMP TABLE progs AS SELECT p.rank, p.tid, p.ts_ns, p.ts_ns + p.dur_ns AS end_ns, w.inv
                    FROM programs p LEFT JOIN windows w ON w.rank = p.rank AND w.number = p.number""")
+    con.execute("""CREATE TEMP TABLE cpu_device AS SELECT DISTINCT rank FROM progs WHERE rank NOT IN (SELECT rank FROM activities)""")
     con.execute("""CREATE TEMP TABLE stretch AS
         SELECT w.rank, w.inv, w.ts_ns AS step_ns, coalesce(p.lo, w.ts_ns) AS lo, coalesce(p.hi, w.end_ns) AS hi
-        FROM windows w LEFT JOIN (SELECT rank, inv, min(ts_ns) AS lo, max(end_ns) AS hi FROM progs GROUP BY ALL) p USING (rank, inv)""")
+        FROM windows w LEFT JOIN (SELECT rank, inv, min(ts_ns) AS lo, max(end_ns) AS hi FROM progs
+                                  WHERE rank IN (SELECT rank FROM cpu_device) GROUP BY ALL) p USING (rank, inv)""")
     first_launch = "(SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL)"
     con.execute(f"""CREATE TEMP TABLE calls AS
         SELECT c.*, row_number() OVER (PARTITION BY c.rank, c.grp, c.name ORDER BY c.ts_ns, c.dur_ns, c.line) AS n,
@@ -426,9 +430,7 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
     both = f"({clip.format(busy)} UNION ALL {clip.format('(SELECT rank, inv, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_calls)')})"
     con.execute(f"CREATE TEMP TABLE covered AS {union_sql(both, 'rank, inv')}")
     # a program's outermost ops are the CPU device's activities (a GPU's are its kernels)
-    program_ops = (
-        f"(SELECT * FROM ({clip.format(busy)}) WHERE rank IN (SELECT rank FROM progs) AND rank NOT IN (SELECT rank FROM activities))"
-    )
+    program_ops = f"(SELECT * FROM ({clip.format(busy)}) WHERE rank IN (SELECT rank FROM cpu_device))"
     con.execute(f"""INSERT INTO step_activities SELECT o.rank, o.inv, {ACTIVITY_KINDS["compute"]}, o.lo, o.hi - o.lo, s.step_ns
                     FROM ({islands_sql(program_ops, "rank, inv")}) o JOIN stretch s USING (rank, inv)""")
     con.register("activity_kinds", pa.table({"activity": pa.array(list(ACTIVITY_KINDS.values()), pa.int8()), "kind": list(ACTIVITY_KINDS)}))
@@ -446,7 +448,7 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
                          coalesce(c.union_ns, 0), r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r LEFT JOIN compute c USING (rank, inv)
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid,
-                         CASE WHEN r.rank IN (SELECT rank FROM progs) THEN '{BETWEEN_OPS}' ELSE '{HOST_GAP}' END, r.device_ts_ns, greatest(r.device_ns - coalesce(v.union_ns, 0), 0),
+                         CASE WHEN r.rank IN (SELECT rank FROM cpu_device) THEN '{BETWEEN_OPS}' ELSE '{HOST_GAP}' END, r.device_ts_ns, greatest(r.device_ns - coalesce(v.union_ns, 0), 0),
                          r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r LEFT JOIN covered v USING (rank, inv)
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{fmt.DEVICE_WALL}.' || s.name || '{fmt.WAIT_SUFFIX}', s.ts_ns - s.step_ns,
