@@ -161,6 +161,43 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
             (f"{excess_of('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
             for cond, phase, mech, ev, detail in start_rules(excess_of("start_ns"))
         ],
+        *device_grew_rules(runner_x),
+        (
+            f"{markers} AND {explains(excess_of('drain_lag_ns'), runner_x)} AND {explains(drain, runner_x)} AND host_at_fence_ns >= drain_after_ns",
+            fmt.PHASE_RUNNER,
+            fmt.MECH_CARRIED_OVER,
+            drain,
+            "'its drain waited for the late previous run'",
+        ),
+        *fence_rules(runner_x),
+        # the thread binds the next run before it drains this one (depth 2): a slow next bind holds this run's end
+        *[
+            (
+                f"coalesce(next_bind_ts_ns < end_ns, FALSE) AND {explains(next_bind, runner_x)} AND {cond}",
+                PHASE_NEXT_BIND,
+                mech,
+                ev,
+                detail.replace(PHASE_NEXT_BIND, "the bind of the next run"),
+            )
+            for cond, _, mech, ev, detail in host_rules(PHASE_NEXT_BIND, "gc_next_bind", "next_bind_rq_ns", "next_bind_cpu_ns", next_bind)[
+                :3
+            ]
+        ],
+        *[
+            (f"{markers} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
+        ],
+        # no device-phase markers: the host evidence of runner_run may still tell
+        *host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
+        ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
+    ]
+
+
+def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
+    """Rules for a runner_run that took ``runner_x`` longer mostly because its device wall grew (docs/FIGURES.md rule 1)."""
+    markers = "device_markers > 0"
+    device = excess_of("device_wall_ns")
+    return [
         (
             f"{markers} AND {explains(device, runner_x)} AND {explains('gc_run', device)}",
             fmt.PHASE_DEVICE_WALL,
@@ -192,13 +229,15 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
             "'the device thread was runnable but waiting for a CPU'",
         ),
         (f"{markers} AND {explains(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
-        (
-            f"{markers} AND {explains(excess_of('drain_lag_ns'), runner_x)} AND {explains(drain, runner_x)} AND fence_ts_ns >= drain_after_ns",
-            fmt.PHASE_RUNNER,
-            fmt.MECH_CARRIED_OVER,
-            drain,
-            "'its drain waited for the late previous run'",
-        ),
+    ]
+
+
+def fence_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
+    """Rules for a runner_run that took ``runner_x`` longer after its device was done: its fence wait grew
+    (docs/FIGURES.md rule 3), or without a fence span, its device timeline shows the device idle (rule 4)."""
+    markers = "device_markers > 0"
+    fence = excess_of("fence_ns")
+    return [
         (
             f"{markers} AND {explains(fence, runner_x)} AND {explains('gc_fence', fence)}",
             fmt.PHASE_FENCE_WAIT,
@@ -220,26 +259,21 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
             fence,
             "'the completion fence was signalled late'",
         ),
-        # the thread binds the next run before it drains this one (depth 2): a slow next bind holds this run's end
-        *[
-            (
-                f"coalesce(next_bind_ts_ns < end_ns, FALSE) AND {explains(next_bind, runner_x)} AND {cond}",
-                PHASE_NEXT_BIND,
-                mech,
-                ev,
-                detail.replace(PHASE_NEXT_BIND, "the bind of the next run"),
-            )
-            for cond, _, mech, ev, detail in host_rules(PHASE_NEXT_BIND, "gc_next_bind", "next_bind_rq_ns", "next_bind_cpu_ns", next_bind)[
-                :3
-            ]
-        ],
-        *[
-            (f"{markers} AND {cond}", phase, mech, ev, detail)
-            for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
-        ],
-        # no device-phase markers: the host evidence of runner_run may still tell
-        *host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
-        ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
+        # no fence span, but a device timeline (a Kineto trace's, e.g. beside a log without device-phase markers):
+        # runner_run went on after the device had finished
+        *device_idle_rules(runner_x),
+    ]
+
+
+def device_idle_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
+    """Rules for a runner_run that went on, after its device program had ended, longer than typical (``signal_lag_ns``):
+    where no fence span says what the host did then, the device timeline says that the device was idle before the
+    fence signal. Only where a device timeline exists (``device_markers``) and no fence span does."""
+    idle = excess_of("signal_lag_ns")
+    where = f"device_markers > 0 AND fence_ns IS NULL AND {explains(idle, runner_x)}"
+    return [
+        (f"{where} AND {explains('gc_run', idle)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_run", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
+        (where, fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, idle, "'the device was idle before the completion fence was signalled'"),
     ]
 
 

@@ -80,8 +80,14 @@ _COMPARED = (
 
 
 def _cells_sql() -> str:
-    """One row per decode run: times, durations, evidence and its predecessors on the rank."""
+    """One row per decode run: times, durations, evidence and its predecessors on the rank.
+
+    ``host_at_fence_ns``: when the host thread reached the run's completion fence: its fence wait's start, else
+    (no device-phase markers) when it finished what it does before that drain in the depth-2 loop: the previous
+    run's validate, the next run's bind and launch (at most the run's end).
+    """
     slot = "coalesce(slot_id, position % 2)"
+    host_at = """coalesce(fence_ts_ns, least(greatest(lag(validate_end_ns) OVER by_rank, lead(claim_ts_ns) OVER by_rank), runner_end_ns))"""
     return f"""
     SELECT rank, step, position, device, pid, slot_id,
            runner_ts_ns AS start_ns, runner_end_ns AS end_ns, root_ts_ns, root_end_ns,
@@ -91,8 +97,9 @@ def _cells_sql() -> str:
            runner_end_ns - runner_ts_ns AS runner_ns,
            fence_end_ns - fence_ts_ns AS fence_ns,
            validate_end_ns - validate_ts_ns AS validate_ns,
-           fence_ts_ns - runner_ts_ns AS drain_lag_ns,
-           runner_end_ns - greatest(fence_ts_ns, CAST(runner_ts_ns AS HUGEINT) + device_ts_ns + device_wall_ns) AS signal_lag_ns,
+           {host_at} AS host_at_fence_ns,
+           {host_at} - runner_ts_ns AS drain_lag_ns,
+           runner_end_ns - greatest({host_at}, CAST(runner_ts_ns AS HUGEINT) + device_ts_ns + device_wall_ns) AS signal_lag_ns,
            device_wall_ns,
            CASE WHEN device_markers > 0 THEN coalesce(device_wait_ns, 0) END AS device_wait_ns,
            device_wall_ns - coalesce(device_wait_ns, 0) AS device_work_ns,

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
-from dsprof.analysis.spans import Trace
+from dsprof.analysis.spans import Trace, with_sequence
 from dsprof.errors import DsprofError
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
@@ -166,14 +166,9 @@ def _registered(con: duckdb.DuckDBPyConnection, trace: Trace) -> Engine:
         con.execute(f"CREATE VIEW spans AS {on_disk} UNION ALL BY NAME SELECT * FROM spans_in_memory")
     else:
         con.execute("CREATE VIEW spans AS SELECT * FROM spans_in_memory")
-    # side tables keep their order of reading in ``seq``: "the first ready line", "the last anchor"
-    con.register("anchors", _with_sequence(trace.anchors))
-    con.register("chip_devices", _with_sequence(trace.chip_devices))
+    con.register("anchors", with_sequence(trace.anchors))
+    con.register("chip_devices", with_sequence(trace.chip_devices))
     return Engine(con, trace)
-
-
-def _with_sequence(table: pa.Table) -> pa.Table:
-    return table.append_column("seq", pa.array(range(table.num_rows), pa.int64()))
 
 
 def _sql_text(text: str) -> str:

@@ -10,18 +10,27 @@ per-row loop.
 from __future__ import annotations
 
 
-def union_sql(intervals: str, keys: str) -> str:
-    """SQL: per ``keys``, ``union_ns`` (the length of the union of ``[lo, hi)``) and ``first_ns`` (the earliest ``lo``).
+def islands_sql(intervals: str, keys: str) -> str:
+    """SQL: per ``keys``, the islands of overlapping intervals, one row each (``lo``, ``hi``).
 
     ``intervals`` is a relation (a table name or a parenthesised query) with
-    the columns named in ``keys`` (comma-separated) and ``lo``, ``hi``.
+    the columns named in ``keys`` (comma-separated) and ``lo``, ``hi``. Of
+    properly nested spans of one thread (a profiler's ops), the islands are the
+    outermost spans.
     """
-    return f"""SELECT {keys}, CAST(sum(hi - lo) AS BIGINT) AS union_ns, min(lo) AS first_ns FROM (
-        SELECT {keys}, min(lo) AS lo, max(hi) AS hi FROM (
+    return f"""SELECT {keys}, min(lo) AS lo, max(hi) AS hi FROM (
             SELECT *, sum(CASE WHEN lo > prev_hi THEN 1 ELSE 0 END)
                           OVER (PARTITION BY {keys} ORDER BY lo, hi ROWS UNBOUNDED PRECEDING) AS island
             FROM (SELECT {keys}, lo, hi,
                          max(hi) OVER (PARTITION BY {keys} ORDER BY lo, hi ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS prev_hi
                   FROM {intervals} WHERE hi > lo))
-        GROUP BY {keys}, island)
+        GROUP BY {keys}, island"""
+
+
+def union_sql(intervals: str, keys: str) -> str:
+    """SQL: per ``keys``, ``union_ns`` (the length of the union of ``[lo, hi)``) and ``first_ns`` (the earliest ``lo``).
+
+    ``intervals`` as for :func:`islands_sql`.
+    """
+    return f"""SELECT {keys}, CAST(sum(hi - lo) AS BIGINT) AS union_ns, min(lo) AS first_ns FROM ({islands_sql(intervals, keys)})
     GROUP BY {keys}"""

@@ -14,6 +14,7 @@ import pyarrow as pa
 
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import runtime_row, serving_row
+from dsprof.analysis.spans import anchor_offsets_sql
 from dsprof.analysis.stages import stage
 from dsprof.profiler import strace_format as fmt
 
@@ -107,8 +108,7 @@ def build_lanes(engine: Engine) -> None:
         "dense_rank() OVER (ORDER BY pid) AS thread FROM runs WHERE runner_ts_ns IS NOT NULL AND device_wall_ns IS NOT NULL",
     )
     # the serving stack keeps the last anchor of a process; so does dsprof
-    engine.run("""CREATE OR REPLACE TABLE anchor_offsets AS
-                  SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM anchors GROUP BY pid""")
+    engine.run(f"CREATE OR REPLACE TABLE anchor_offsets AS {anchor_offsets_sql('anchors')}")
 
 
 def _build_lane_table(engine: Engine, name: str, intervals: str) -> None:

@@ -101,7 +101,7 @@ def pipeline_figures(engine: Engine, performance_summary: dict | None = None) ->
     cadence = _cadence(engine)
     depth = _depth(engine, "root_ts_ns", "root_end_ns")
     cadence_p50 = _cadence_p50(engine)
-    return _unjudged_if_failed(
+    figures = _unjudged_if_failed(
         Pipeline(
             rule="native identity (serving stack)" if identity else "decode runs by run_epoch",
             pairs_checked=int(checked),
@@ -121,6 +121,11 @@ def pipeline_figures(engine: Engine, performance_summary: dict | None = None) ->
         ),
         run_info(performance_summary),
     )
+    if checked and not engine.scalar("SELECT count(*) FROM decode WHERE bind_ts_ns IS NOT NULL"):
+        # a source without bind (a Kineto trace) cannot tell a serialized pipeline from an overlapped one
+        figures["serialized"] = None
+        figures["diagnosis"] = "no verdict: the runs record no bind phase (the overlap of bind(N+1) with runner_run(N) is unknown)"
+    return figures
 
 
 def _unjudged_if_failed(figures: Pipeline, run: RunInfo) -> Pipeline:

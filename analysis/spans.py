@@ -105,6 +105,17 @@ ANCHOR_SCHEMA = pa.schema([("pid", pa.int64()), ("mono_ns", pa.int64()), ("wall_
 CHIP_SCHEMA = pa.schema([("pid", pa.int64()), ("device", pa.string())])
 
 
+def with_sequence(table: pa.Table) -> pa.Table:
+    """A side table with its order of reading in ``seq``: "the first ready line", "the last anchor"."""
+    return table.append_column("seq", pa.array(range(table.num_rows), pa.int64()))
+
+
+def anchor_offsets_sql(anchors: str) -> str:
+    """SQL: per pid, ``offset_ns`` = wall − monotonic of its last clock anchor (``anchors`` with ``seq``; the serving
+    stack keeps the last anchor of a process, so does dsprof)."""
+    return f"SELECT pid, arg_max(wall_ns - mono_ns, seq) AS offset_ns FROM {anchors} GROUP BY pid"
+
+
 def empty_spans() -> pa.Table:
     return SPAN_SCHEMA.empty_table()
 

@@ -64,6 +64,14 @@ __all__ = ["cli", "main"]
     help="Attach what the OS saw of each span's thread (os.cpu_ns, os.rq_ns, ...) [default: on].",
 )
 @click.option(
+    "--torch-profiler",
+    "torch_profiler",
+    is_flag=True,
+    default=None,
+    help="Also record a torch.profiler (Kineto) trace per rank in DIR/torch-profiler/ (CPU activities, and CUDA's "
+    "where available): the runtime's phases as record_function labels, one ProfilerStep#N per decode step.",
+)
+@click.option(
     "--inject",
     "inject",
     multiple=True,
@@ -108,6 +116,7 @@ def run(
     profile_level,
     device_phases,
     host_evidence,
+    torch_profiler,
     inject,
     seed,
     ab_pairs,
@@ -144,6 +153,7 @@ def run(
         profile_level=profile_level,
         device_phases=device_phases,
         host_evidence=host_evidence,
+        torch_profiler=torch_profiler,
         seed=seed,
         inject=list(inject) or None,
         threshold_ms=threshold_ms,

@@ -21,6 +21,7 @@ SERVER_LOG = "server.log"
 SERVING_TRACE_DIR = "serving-trace"
 PERFORMANCE_SUMMARY = "performance_summary.json"
 FAULTS = "faults.json"
+TORCH_PROFILER_DIR = "torch-profiler"  # one Kineto trace per rank (dsprof run --torch-profiler): torch_profile_name(rank)
 
 # -- SA_PROFILE output layout ----------------------------------------------------------------
 FRAGMENTS_DIR = "fragments"
@@ -39,6 +40,14 @@ SPAN_DATASET_MANIFEST = "dataset.json"  # the manifest of a span dataset directo
 # Schemas of the JSON side files (bumped when a field changes meaning).
 PERFORMANCE_SUMMARY_SCHEMA = "dsprof.performance_summary/1"
 FAULTS_SCHEMA = "dsprof.faults/1"
+
+
+TORCH_PROFILE_PATTERN = re.compile(r"^rank(\d+)\.json$")
+
+
+def torch_profile_name(rank: int) -> str:
+    """The file of one rank's torch.profiler (Kineto) trace inside :data:`TORCH_PROFILER_DIR`."""
+    return f"rank{rank}.json"
 
 
 def fragment_name(pid: int) -> str:

@@ -45,6 +45,13 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="STRACE spans without host evidence (os.cpu_ns, os.rq_ns, os.nivcsw, os.majflt)",
     )
+    parser.add_argument(
+        "--torch-profiler",
+        dest="torch_profiler",
+        action="store_true",
+        default=None,
+        help="also record a torch.profiler (Kineto) trace per rank in DIR/torch-profiler/",
+    )
     parser.add_argument("-o", "--out", required=True, help="artifact directory")
     return parser
 

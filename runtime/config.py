@@ -50,6 +50,8 @@ class RuntimeConfig:
     # Host evidence on the STRACE spans (docs/FORMATS.md "Host evidence": os.cpu_ns, os.rq_ns, ...); its
     # cost is measured by benchmarks/bench_runtime.py and well under 5%.
     host_evidence: bool = True
+    # A torch.profiler (Kineto) trace per rank beside STRACE (docs/RUNTIME.md "torch.profiler traces")
+    torch_profiler: bool = False
     peer_source: str = "auto"  # PEER_SOURCES
     # model shape (small on purpose: the runtime must run on a 2-core CPU)
     hidden: int = 64

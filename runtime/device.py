@@ -30,6 +30,7 @@ import torch
 
 from dsprof.profiler import strace
 from dsprof.profiler import strace_format as fmt
+from dsprof.runtime import torch_profile
 from dsprof.runtime.injectors import ThreadRunQueues, thread_run_queue_ns
 
 # A device phase: (path below device_wall, start offset from the launch ns, duration ns, attributes).
@@ -40,10 +41,14 @@ _running = threading.local()
 
 
 class PhaseClock:
-    """Collects the named, possibly nested, device phases of one program run (CPU: executor clock)."""
+    """Collects the named, possibly nested, device phases of one program run (CPU: executor clock).
 
-    def __init__(self, origin_ns: int):
+    ``labelled``: each phase is also a ``record_function`` label of its span name (:mod:`.torch_profile`).
+    """
+
+    def __init__(self, origin_ns: int, labelled: bool = False):
         self.origin_ns = origin_ns
+        self.labelled = labelled
         self.phases: list[Phase] = []  # (path below device_wall, start offset ns, dur ns, attributes)
         self._open: list[str] = []  # names of the phases open now, outermost first
 
@@ -58,7 +63,8 @@ class PhaseClock:
         attrs: dict[str, Any] = {}
         token = self._start()
         try:
-            yield attrs
+            with torch_profile.label(fmt.device_phase_name(path) if self.labelled else None):
+                yield attrs
         finally:
             self._open.pop()
             self._finish(path, token, attrs)
@@ -199,7 +205,7 @@ class CpuDevice:
             item = self._queue.get()
             if item is None:
                 return
-            fn, fence, signal_delay_s = item
+            fn, fence, signal_delay_s, label = item
             evidence = strace.SAMPLING
             if evidence or fence.measure_rq:
                 self._threads.refresh()  # threads started since (the executor waited on its queue anyway)
@@ -209,7 +215,7 @@ class CpuDevice:
             fence.start_ns = time.monotonic_ns()
             try:
                 # device programs never need autograd
-                with torch.inference_mode(), running(fence.clock, self._threads if evidence else None):
+                with torch.inference_mode(), running(fence.clock, self._threads if evidence else None), torch_profile.label(label):
                     fn(fence.clock)
             except BaseException as error:  # the host sees it when it waits on the fence
                 fence.error = error
@@ -224,16 +230,19 @@ class CpuDevice:
                 fence.signal_at_ns = fence.end_ns + int(signal_delay_s * 1e9)
             fence._done.set()
 
-    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False) -> Fence:
+    def submit(
+        self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False, label: str | None = None
+    ) -> Fence:
         """Queue ``fn(phase_clock)`` behind earlier work; returns its completion fence.
 
         ``signal_delay_s`` signals the fence that much after the program ends (the
-        stream runs on); ``measure_rq`` takes the executor's run-queue wait over the program.
+        stream runs on); ``measure_rq`` takes the executor's run-queue wait over the program;
+        ``label``: the program's ``record_function`` label (its phases are labelled too).
         """
         launch = time.monotonic_ns()
-        fence = Fence(launch, PhaseClock(launch))
+        fence = Fence(launch, PhaseClock(launch, labelled=label is not None))
         fence.measure_rq = measure_rq
-        self._queue.put((fn, fence, signal_delay_s))
+        self._queue.put((fn, fence, signal_delay_s, label))
         return fence
 
     def copy_to_device(self, dst: torch.Tensor, src: torch.Tensor) -> None:
@@ -263,8 +272,8 @@ class CpuDevice:
 class _CudaPhaseClock(PhaseClock):
     """Phases as pairs of CUDA events, resolved to offsets from the launch's origin event once done."""
 
-    def __init__(self, origin_event):
-        super().__init__(0)
+    def __init__(self, origin_event, labelled: bool = False):
+        super().__init__(0, labelled)
         self.origin_event = origin_event
         self.events: list[tuple[str, Any, Any, dict[str, Any]]] = []  # (path, start event, end event, attributes)
 
@@ -319,17 +328,19 @@ class CudaDevice:
         torch.cuda.set_device(self.torch_device)
         self.stream = torch.cuda.Stream(self.torch_device)
 
-    def submit(self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False) -> Fence:
-        """``measure_rq`` is moot: a CUDA stream is no thread that waits for a CPU."""
+    def submit(
+        self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False, label: str | None = None
+    ) -> Fence:
+        """``measure_rq`` is moot: a CUDA stream is no thread that waits for a CPU; ``label`` is on the enqueueing host thread."""
         launch = time.monotonic_ns()
         with torch.cuda.stream(self.stream), torch.inference_mode():
             origin = torch.cuda.Event(enable_timing=True)
             origin.record()
             start = torch.cuda.Event(enable_timing=True)
             end = torch.cuda.Event(enable_timing=True)
-            clock = _CudaPhaseClock(origin)
+            clock = _CudaPhaseClock(origin, labelled=label is not None)
             start.record()
-            with running(clock):
+            with running(clock), torch_profile.label(label):
                 fn(clock)
             end.record()
         return _CudaFence(launch, clock, start, end, signal_delay_s)

@@ -52,6 +52,8 @@ from dsprof.runtime.processes import (
     signal_of,
 )
 from dsprof.runtime.serving import Injectors, RankServer, plan_serving
+from dsprof.runtime.torch_profile import RankProfile
+from dsprof.runtime.torch_profile import remove_stale as remove_stale_profiles
 from dsprof.runtime.worker import DistributedWorker
 
 EXIT_OK, EXIT_RANK_FAILED, EXIT_TOKENS_MISSING = 0, 1, 3
@@ -120,6 +122,7 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
         strace.disable()
         sa_profile.shutdown()
     device = None
+    profile = RankProfile(out_dir, rank) if config.torch_profiler else None
     try:
         par = init_distributed(
             rank,
@@ -145,14 +148,21 @@ def run_rank(config: RuntimeConfig, rank: int, world: int, master_addr: str, mas
             gc_pauses = _prepare_gc_pauses(plan, rank, device)
             server = RankServer(config, par, device, worker, serving, sink, Injectors(plan, neighbour, *gc_pauses, cpu_mates))
         sink.send("up", rank, device.name, os.getpid())
+        if profile is not None:  # before the ranks meet: every rank's trace holds the same collective calls
+            profile.start()  # (its first start takes most of a second: not in the batch time)
         dist.barrier()
         sink.send("start", rank, time.perf_counter_ns())
         server.serve()
+        if profile is not None:
+            profile.stop()
         dist.barrier()
         stats = {"verified": server.verified, "accepted": server.accepted, "allocations": worker.allocations()}
         sink.send("done", rank, stats)
         return stats
     finally:
+        if profile is not None:  # what a failed rank recorded (once: a stopped profile does nothing)
+            with contextlib.suppress(Exception):
+                profile.stop()
         if device is not None:
             device.close()
         if neighbour is not None:
@@ -340,6 +350,7 @@ def run_workload(config: RuntimeConfig, out_dir: str | os.PathLike, progress: Ca
         raise DsprofError(f"cannot create output directory {out}: {error.strerror}") from None
     for stale in (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS):
         (out / stale).unlink(missing_ok=True)
+    remove_stale_profiles(out)
     if config.profile:
         sa_profile.configure(out / artifacts.SERVING_TRACE_DIR, config.profile_level, main=True)
         sa_profile.set_process_name("dsprof launcher")

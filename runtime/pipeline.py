@@ -18,6 +18,13 @@ thread (docs/FORMATS.md "Host evidence"), so each span carries what the OS saw o
 between its own two boundaries. The device phases (clk=dev) come from the
 fence: ``device_wall`` with what the OS saw of the CPU executor thread, and
 the program's phases below it, collective waits included.
+
+With ``dsprof run --torch-profiler`` the same phases are ``record_function``
+labels of the profiled runs (:mod:`.torch_profile`), opened and closed here at
+the marks: bind, runner_run, claim_release and validate on the host thread;
+``ProfilerStep#N`` over a decode step's runner_run (its launch to its drain:
+the steps overlap on the host thread, as the runs do); the program
+``device_wall#N`` and its phases on the device (:mod:`.device`).
 """
 
 from __future__ import annotations
@@ -28,8 +35,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from dsprof.profiler import strace
+from dsprof.profiler import strace, torch_labels
 from dsprof.profiler import strace_format as fmt
+from dsprof.runtime import torch_profile
 from dsprof.runtime.device import Fence, PhaseClock
 from dsprof.runtime.injectors import thread_run_queue_ns
 from dsprof.runtime.task_args import TaskArgs
@@ -86,6 +94,19 @@ class Run:
     at_fence_wait: Callable[[Fence], object] | None = None
     drained: bool = False
     attrs: dict = field(default_factory=dict)
+    labels: list = field(default_factory=list)  # torch.profiler labels open from launch to drain
+
+    @property
+    def measured_decode(self) -> bool:
+        return self.profiled and self.callable == DECODE_CALLABLE and self.step >= 0
+
+    def label(self, name: str) -> str | None:
+        """The torch.profiler label of one of the run's phases (its span name); None where it records none."""
+        return name if self.profiled and torch_profile.recording() else None
+
+    def step_label(self, name: str) -> str | None:
+        """``name#step`` for a measured decode step, else as :meth:`label`."""
+        return torch_labels.step_label(name, self.step) if self.measured_decode and self.label(name) else self.label(name)
 
 
 class ChipRunLane:
@@ -145,22 +166,33 @@ class ChipRunLane:
             generation=slot.generation,
         )
         self._epoch += 1
-        run.bind_start = mark(self.measure_host_rq)
-        stage_args(slot)
-        run.args_end = mark(self.measure_host_rq)
-        bind_prebuilt(slot)
-        run.bind_end = mark(self.measure_host_rq)
+        with torch_profile.label(run.label(fmt.BIND)):
+            run.bind_start = mark(self.measure_host_rq)
+            stage_args(slot)
+            run.args_end = mark(self.measure_host_rq)
+            bind_prebuilt(slot)
+            run.bind_end = mark(self.measure_host_rq)
         return run
 
     def launch(
         self, run: Run, program: Callable[[TaskArgs, PhaseClock], None], fence_delay_s: float = 0.0, measure_rq: bool = False
     ) -> None:
         """runner_run starts: queue the program on the device stream, then release the launch claim."""
+        program_label = run.step_label(torch_labels.PROGRAM)
+        if run.label(fmt.RUNNER_RUN):
+            # opened before the mark (and closed after the drain's): their cost stays out of runner_run, and the launch
+            # follows the mark as closely as without them (the device clock's origin is the launch). The step last:
+            # it is the Kineto reader's runner_run, nearest the marks
+            names = [fmt.RUNNER_RUN] + ([torch_labels.step_label(torch_labels.PROFILER_STEP, run.step)] if run.measured_decode else [])
+            run.labels = [torch_profile.open_label(name) for name in names]
         run.runner_start = mark(self.measure_host_rq)
-        run.fence = self.device.submit(lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s, measure_rq=measure_rq)
-        run.claim_start = mark(self.measure_host_rq)
-        self._in_flight.append(run)  # the successor may launch from here on
-        run.claim_end = mark(self.measure_host_rq)
+        run.fence = self.device.submit(
+            lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s, measure_rq=measure_rq, label=program_label
+        )
+        with torch_profile.label(run.label(fmt.CLAIM_RELEASE)):
+            run.claim_start = mark(self.measure_host_rq)
+            self._in_flight.append(run)  # the successor may launch from here on
+            run.claim_end = mark(self.measure_host_rq)
 
     def drain(self, run: Run) -> None:
         """Wait on the run's completion fence; runner_run ends here."""
@@ -172,15 +204,18 @@ class ChipRunLane:
             run.at_fence_wait(run.fence)
         run.fence.wait()
         run.fence_end = mark(self.measure_host_rq)
+        for handle in reversed(run.labels):
+            torch_profile.close_label(handle)
         run.drained = True
         self._in_flight.remove(run)
 
     def finish(self, run: Run, validate: Callable[[Run], None]) -> None:
         """Drain (if still in flight), validate, and write the run's spans."""
         self.drain(run)
-        run.validate_start = mark(self.measure_host_rq)
-        validate(run)
-        run.validate_end = mark(self.measure_host_rq)
+        with torch_profile.label(run.label(fmt.VALIDATE)):
+            run.validate_start = mark(self.measure_host_rq)
+            validate(run)
+            run.validate_end = mark(self.measure_host_rq)
         if not run.profiled:
             return
         if self.exchange_waits is None:

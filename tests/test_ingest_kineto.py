@@ -12,10 +12,11 @@ from click.testing import CliRunner
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.ingest.kineto import ACTIVITY, COMPUTE, HOST_GAP, read_kineto_traces
+from dsprof.analysis.ingest.kineto import ACTIVITY, BETWEEN_OPS, COMPUTE, HOST_GAP, SHARED_PID_BASE, read_kineto_traces
 from dsprof.cli.main import cli
 from dsprof.commands.report import export_from_dir
 from dsprof.profiler import strace_format as fmt
+from dsprof.profiler import torch_labels
 
 BASE_NS = 1_000_000_000_000
 A2A = f"{fmt.DEVICE_WALL}.ncclDevKernel_AllToAll{fmt.WAIT_SUFFIX}"
@@ -207,3 +208,90 @@ def test_report_and_perfetto_export_of_a_kineto_job(tmp_path):
 def test_the_same_traces_read_twice_give_the_same_rows(tmp_path):
     paths = [write_rank(tmp_path, 0), write_rank(tmp_path, 1)]
     assert read_kineto_traces(paths).spans.equals(read_kineto_traces(list(reversed(paths))).spans)
+
+
+def _pipelined_rank(directory: Path, rank: int) -> Path:
+    """The bundled runtime's shape: steps overlap on the host thread (1); the device programs run on an executor
+    thread (2), labelled with their step (the prefill's without); the collectives on a gloo thread (3). µs."""
+    program = torch_labels.PROGRAM
+    late = 20 * rank  # rank 1 reaches the second all-to-all last
+    events = [
+        _x("ProfilerStep#0", "user_annotation", 0, 100),
+        _x("ProfilerStep#1", "user_annotation", 60, 140),
+        _x("aten::copy_", "cpu_op", 65, 10),  # the host binds the next run: no device work
+        _x(program, "user_annotation", -20, 25, tid=2),  # the prefill: no step of its own
+        _x("aten::mm", "cpu_op", -15, 15, tid=2),
+        _x(torch_labels.step_label(program, 0), "user_annotation", 5, 85, tid=2),
+        _x("aten::mm", "cpu_op", 10, 20, tid=2),
+        _x("aten::mm", "cpu_op", 50, 20, tid=2),
+        _x(torch_labels.step_label(program, 1), "user_annotation", 92, 88, tid=2),
+        _x("aten::mm", "cpu_op", 95, 30, tid=2),
+        _x("gloo:all_to_all", "user_annotation", 32 + rank, 13 - rank, tid=3),
+        _x("gloo:all_to_all", "user_annotation", 130 + late, 40 - late, tid=3),
+    ]
+    document = {
+        "distributedInfo": {"rank": rank, "world_size": 2},
+        "host_name": "h0",
+        "baseTimeNanoseconds": BASE_NS,
+        "traceEvents": events,
+    }
+    path = directory / f"rank{rank}.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_device_programs_of_overlapping_steps(tmp_path):
+    """A step's device timeline is its numbered program: its ops, and the collectives inside it, whatever the host did."""
+    trace = read_kineto_traces([_pipelined_rank(tmp_path, r) for r in (0, 1)])
+    rank0 = [r for r in trace.spans.to_pylist() if r["pid"] == SHARED_PID_BASE]
+    by_step = {(r["inv"], r["name"]): r for r in rank0}
+    assert [(r["step"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == fmt.ROOT] == [
+        (0, BASE_NS, 100_000),
+        (1, BASE_NS + 60_000, 140_000),
+    ]
+    # device_wall: the program, from the step's start
+    assert [(by_step[(i, fmt.DEVICE_WALL)]["ts_ns"], by_step[(i, fmt.DEVICE_WALL)]["dur_ns"]) for i in (1, 2)] == [
+        (5_000, 85_000),
+        (32_000, 88_000),
+    ]
+    # compute: the executor's ops in the program (not the host's copy, not the prefill's mm)
+    assert [(by_step[(i, COMPUTE)]["ts_ns"], by_step[(i, COMPUTE)]["dur_ns"]) for i in (1, 2)] == [(10_000, 40_000), (35_000, 30_000)]
+    wait = f"{fmt.DEVICE_WALL}.gloo:all_to_all{fmt.WAIT_SUFFIX}"
+    assert [(by_step[(i, wait)]["ts_ns"], by_step[(i, wait)]["dur_ns"], dict(by_step[(i, wait)]["attrs"])) for i in (1, 2)] == [
+        (32_000, 13_000, {"peer": "1", "instance": "1"}),
+        (70_000, 40_000, {"peer": "1", "instance": "2"}),
+    ]
+    # the program's outermost ops are the CPU device's activities
+    activities = [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == f"{ACTIVITY}.compute"]
+    assert activities == [(1, 10_000, 20_000), (1, 50_000, 20_000), (2, 35_000, 30_000)]
+    # between the ops: the program less compute and collectives (the device's own time, no host gap)
+    assert [by_step[(i, BETWEEN_OPS)]["dur_ns"] for i in (1, 2)] == [85_000 - 40_000 - 13_000, 88_000 - 30_000 - 40_000]
+    assert (1, HOST_GAP) not in by_step
+    summary = analyze_trace(trace).summary
+    assert summary["validation"]["valid"], summary["validation"]
+    assert summary["pipeline"]["serialized"] is None  # no bind phase: no verdict on the overlap
+
+
+def test_cuda_programs_assign_kernels_by_their_launch(tmp_path):
+    """On CUDA the program's label is the host's enqueue: its kernels (by their launch) are the step's, and the device
+    timeline spans the step, not the label."""
+    program = torch_labels.PROGRAM
+    paths = []
+    for rank in (0, 1):
+        events = [
+            _x("ProfilerStep#0", "user_annotation", 0, 100),
+            _x("ProfilerStep#1", "user_annotation", 60, 140),
+            _x(torch_labels.step_label(program, 0), "user_annotation", 1, 4),
+            _x(torch_labels.step_label(program, 1), "user_annotation", 61, 4),
+            *_kernel("gemm", 10, 40, 1, 2),
+            *_kernel("gemm", 70, 80, 2, 62),  # runs into step 1's overlap with step 0: still step 1's
+        ]
+        document = {"distributedInfo": {"rank": rank, "world_size": 2}, "baseTimeNanoseconds": BASE_NS, "traceEvents": events}
+        paths.append(tmp_path / f"rank{rank}.json")
+        paths[-1].write_text(json.dumps(document))
+    trace = read_kineto_traces(paths)
+    rank0 = [r for r in trace.spans.to_pylist() if r["pid"] == SHARED_PID_BASE]
+    assert [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == fmt.DEVICE_WALL] == [(1, 0, 100_000), (2, 0, 140_000)]
+    assert [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == COMPUTE] == [(1, 10_000, 40_000), (2, 10_000, 80_000)]
+    assert [(r["inv"], r["dur_ns"]) for r in rank0 if r["name"] == HOST_GAP] == [(1, 60_000), (2, 60_000)]
+    assert not [r for r in rank0 if r["name"] == BETWEEN_OPS]

@@ -17,8 +17,11 @@
   inside ``serving-trace/``, or a ``.json`` output path with
   ``<path>.fragments/`` beside it), as a PyTorch-profiler trace when it
   describes its process (``distributedInfo``: :mod:`.kineto`; every such file
-  of the inputs, directories' included, is one rank of one job, read
-  together), else as a generic Chrome trace; an SA_PROFILE ``.json`` output
+  of the inputs, directories' included — a run directory's ``torch-profiler/``
+  too —, is one rank of one job, read together), else as a generic Chrome
+  trace. Where STRACE runs are read as well, the Kineto steps join them as their
+  device timeline on the STRACE clock instead of being runs of their own
+  (:mod:`.kineto_join`); an SA_PROFILE ``.json`` output
   path that was never merged is read from its fragments;
 * ``performance_summary.json`` / ``faults.json`` given directly are side files;
 * any other file is a text log searched for STRACE records.
@@ -35,14 +38,17 @@ import stat
 from collections.abc import Sequence
 from pathlib import Path
 
+import pyarrow as pa
+
 from dsprof.analysis.ingest.chrome import read_chrome_trace
 from dsprof.analysis.ingest.json_stream import GZIP_MAGIC
 from dsprof.analysis.ingest.kineto import SOURCE, is_kineto, read_kineto_traces
+from dsprof.analysis.ingest.kineto_join import RunIndex, join_device_timeline
 from dsprof.analysis.ingest.sa_profile import fragment_home, read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
 from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
-from dsprof.analysis.spans import PARQUET_SCHEMA, Trace, empty_spans, merge_traces
+from dsprof.analysis.spans import ANCHOR_SCHEMA, PARQUET_SCHEMA, Trace, empty_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
@@ -70,19 +76,36 @@ def read_paths(
     traces: list[Trace] = []
     seen: set[Path] = set()
     kineto: list[Path] = []  # the ranks of one job, read together
+    index = RunIndex(sink) if sink is not None else None  # the STRACE runs handed to the sink, for the Kineto join
     for path in map(Path, paths):
         if path.resolve() in seen:  # the same input named twice is read once
             continue
         seen.add(path.resolve())
-        traces.extend(_read_one(path, progress, sink, limits, logs, kineto))
+        traces.extend(_read_one(path, progress, index, limits, logs, kineto))
     if kineto:
-        traces.append(_kineto_job(kineto, step_marker, limits, progress, sink))
+        in_memory = RunIndex()
+        for trace in traces:
+            in_memory.add(trace.spans)
+        runs = pa.concat_tables([in_memory.table(), *([index.table()] if index is not None else [])])
+        anchors = pa.concat_tables([ANCHOR_SCHEMA.empty_table(), *(t.anchors for t in traces)])
+        traces.append(_kineto_job(kineto, step_marker, limits, progress, sink, runs, anchors))
     return merge_traces(traces)
 
 
-def _kineto_job(paths: list[Path], step_marker: str | None, limits: JsonLimits, progress: Progress, sink: SpanSink | None) -> Trace:
-    """The Kineto files' runs; handed to ``sink`` when there is one (they are a few rows per step)."""
+def _kineto_job(
+    paths: list[Path],
+    step_marker: str | None,
+    limits: JsonLimits,
+    progress: Progress,
+    sink: SpanSink | None,
+    runs: pa.Table,
+    anchors: pa.Table,
+) -> Trace:
+    """The Kineto files' runs, or where STRACE ``runs`` were read, their device timeline (:mod:`.kineto_join`);
+    handed to ``sink`` when there is one (they are a few rows per step)."""
     trace = read_kineto_traces(sorted(set(paths)), step_marker=step_marker, limits=limits, progress=progress)
+    joined = join_device_timeline(trace, runs, anchors) if runs.num_rows else None
+    trace = joined if joined is not None else trace
     if sink is not None and trace.spans.num_rows:
         sink.add(trace.spans.cast(PARQUET_SCHEMA))
         trace.spans_written[SOURCE] = trace.spans_written.get(SOURCE, 0) + trace.spans.num_rows
@@ -159,6 +182,9 @@ def _read_directory(
         for p in sorted([*path.glob("*.json"), *path.glob("*.json.gz")])
         if p.is_file() and p.name not in (*SIDE_FILES, artifacts.MERGED_TRACE)
     ]
+    profiles = path / artifacts.TORCH_PROFILER_DIR  # dsprof run --torch-profiler: one Kineto trace per rank
+    if profiles.is_dir():
+        ranks += sorted(p for p in profiles.iterdir() if p.is_file() and artifacts.TORCH_PROFILE_PATTERN.match(p.name))
     for json_file in ranks:
         if is_kineto(json_file, limits):
             kineto.append(json_file)
@@ -168,7 +194,7 @@ def _read_directory(
     for name in SIDE_FILES:
         if (path / name).is_file():
             traces.append(read_side_file(path / name))
-    if not traces and not any(p.parent == path for p in kineto) and logs:
+    if not traces and not any(path in (p.parent, p.parent.parent) for p in kineto) and logs:
         raise InputError(
             path,
             "directory holds no dsprof inputs",

@@ -23,6 +23,16 @@ on them unchanged (docs/FORMATS.md "Kineto traces"):
   ``communication``, ``memory``), assigned to the step whose span holds its
   launch; activities outside every step are left out.
 
+Where a rank labels its device programs ``chip.run.runner_run.device_wall#N``
+(:mod:`dsprof.profiler.torch_labels`: dsprof's runtime, whose steps overlap
+on the host thread), step N's device timeline is program N instead: its
+``device_wall`` is the program, its compute the ops on the program's thread
+inside it, its waits the collectives that begin inside it, its host gap the
+program's time with neither (``between_ops``: the device's own time, not a
+host gap); whatever runs in no numbered program belongs to no step (see
+:func:`_assigned`). On a device with kernels (CUDA) the label is the host's
+enqueue: the kernels it launched are the step's, the stretch the step's.
+
 :data:`FILLS` and :data:`LACKS` declare, in this one place, which phases the
 source gives; the figures of the lacking ones are absent, never zero.
 
@@ -30,8 +40,8 @@ Ranks come from ``distributedInfo.rank`` (else the order of the files, noted).
 Files with one ``host_name`` share a clock; every other host is shifted onto
 the first rank's host: every rank leaves a collective instance after the last
 one arrives, so each instance bounds the offset from both sides, and the
-midpoint of the tightest bounds is taken (noted with the offset). The n-th call of one process group on every rank is one
-collective instance. Collectives are taken from one kind of record per file,
+midpoint of the tightest bounds is taken (noted with the offset). The n-th
+call of one process group and name on every rank is one collective instance. Collectives are taken from one kind of record per file,
 the first present of: communication kernels, ``gloo:``/``nccl:`` annotations,
 ``record_param_comms`` (its ``Collective name``), ``c10d::`` ops. Kernels are
 assigned to the step whose span holds their launch (``correlation``).
@@ -52,18 +62,21 @@ import pyarrow.compute as pc
 from dsprof.analysis.ingest.chrome import read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.sink import Progress
-from dsprof.analysis.intervals import union_sql
+from dsprof.analysis.intervals import islands_sql, union_sql
 from dsprof.analysis.spans import ATTRS_TYPE, SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import strace_format as fmt
+from dsprof.profiler import torch_labels
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
 
 SOURCE = "kineto"
 HID_PREFIX = "kineto:"
-STEP_PREFIX = "ProfilerStep#"
-PROFILER_STEP = "ProfilerStep"
+STEP_PREFIX, PROFILER_STEP = torch_labels.STEP_PREFIX, torch_labels.PROFILER_STEP
 COMPUTE = f"{fmt.DEVICE_WALL}.compute"
 HOST_GAP = f"{fmt.DEVICE_WALL}.host_gap"
+# in a labelled device program the time with neither op nor collective is the device's own (the CPU device's
+# Python between ops, a collection, a wait for a CPU), not a host that launched nothing
+BETWEEN_OPS = f"{fmt.DEVICE_WALL}.between_ops"
 ACTIVITY = f"{fmt.DEVICE_WALL}.activity"  # + "." + kind: one row per device activity
 DEVICE_CATS = ("kernel", "gpu_memcpy", "gpu_memset")
 COLLECTIVE_PREFIXES = ("gloo:", "nccl:", "c10d::")
@@ -77,7 +90,7 @@ FILLS = (
     "device_wall",
     "device_waits (collectives, with peer)",
     "device_wall.compute",
-    "device_wall.host_gap",
+    "device_wall.host_gap (device_wall.between_ops in a labelled device program)",
     "device_wall.activity.* (device activities)",
 )
 LACKS = ("bind", "validate", "claim_release", "native_fence_wait", "host evidence (os.*)")
@@ -117,6 +130,7 @@ class _RankFile:
     activities: pa.Table
     launches: pa.Table
     ops: pa.Table
+    programs: pa.Table
 
 
 class _Selector:
@@ -124,7 +138,14 @@ class _Selector:
 
     def __init__(self, step_marker: str | None):
         self.step_marker = step_marker
-        self.parts: dict[str, list[pa.Table]] = {"steps": [], "collectives": [], "activities": [], "launches": [], "ops": []}
+        self.parts: dict[str, list[pa.Table]] = {
+            "steps": [],
+            "collectives": [],
+            "activities": [],
+            "launches": [],
+            "ops": [],
+            "programs": [],
+        }
 
     def add(self, table: pa.Table) -> None:
         names = table.column("name")
@@ -190,6 +211,10 @@ class _Selector:
             )
         ops = pc.and_(spans, pc.and_(pc.equal(cats, "cpu_op"), pc.less(kind, 0)))
         self._keep("ops", table, ops, ["tid", "ts_ns", "dur_ns"])
+        programs = pc.or_(
+            pc.equal(names, torch_labels.PROGRAM), pc.match_substring_regex(names, torch_labels.step_label_regex(torch_labels.PROGRAM))
+        )
+        self._keep("programs", table, pc.and_(spans, programs), ["tid", "ts_ns", "dur_ns", "name"])
 
     def _keep(self, part: str, table: pa.Table, mask: pa.Array, columns: list[str]) -> None:
         kept = table.filter(mask).select(columns)
@@ -225,6 +250,7 @@ _COLLECTIVE_COLUMNS = pa.schema(
 _ACTIVITY_COLUMNS = pa.schema([("ts_ns", pa.int64()), ("dur_ns", pa.int64()), ("activity", pa.int8()), ("correlation", pa.int64())])
 _LAUNCH_COLUMNS = pa.schema([("ts_ns", pa.int64()), ("correlation", pa.int64())])
 _OP_COLUMNS = pa.schema([("tid", pa.int64()), ("ts_ns", pa.int64()), ("dur_ns", pa.int64())])
+_PROGRAM_COLUMNS = pa.schema([*_OP_COLUMNS, ("name", pa.string())])
 
 
 def _read_rank_file(path: Path, step_marker: str | None, limits: JsonLimits) -> _RankFile:
@@ -247,6 +273,7 @@ def _read_rank_file(path: Path, step_marker: str | None, limits: JsonLimits) -> 
         activities=selector.table("activities", _ACTIVITY_COLUMNS),
         launches=selector.table("launches", _LAUNCH_COLUMNS),
         ops=selector.table("ops", _OP_COLUMNS),
+        programs=selector.table("programs", _PROGRAM_COLUMNS),
     )
 
 
@@ -296,7 +323,7 @@ def _register(con: duckdb.DuckDBPyConnection, files: list[_RankFile], ranks: lis
     """The files' tables, stacked with their rank, host and file, in ``con``; pids made distinct where files share one."""
     pids = [set(f.steps.column("pid").to_pylist()) for f in files]
     shared = any(pids[i] & pids[j] for i in range(len(pids)) for j in range(i))
-    for part in ("steps", "collectives", "activities", "launches", "ops"):
+    for part in ("steps", "collectives", "activities", "launches", "ops", "programs"):
         tables = []
         for index, (f, rank) in enumerate(zip(files, ranks, strict=True)):
             table = getattr(f, part)
@@ -311,6 +338,9 @@ def _register(con: duckdb.DuckDBPyConnection, files: list[_RankFile], ranks: lis
                    WHERE kind = (SELECT min(kind) FROM collectives_in k WHERE k.rank = c.rank)""")
     for part in ("activities", "launches", "ops"):
         con.execute(f"CREATE TEMP TABLE {part} AS SELECT * FROM {part}_in")
+    con.execute(f"""CREATE TEMP TABLE programs AS SELECT rank, host, tid, ts_ns, dur_ns,
+                           TRY_CAST(regexp_extract(name, '{torch_labels.step_label_regex(torch_labels.PROGRAM)}', 1) AS BIGINT) AS number
+                    FROM programs_in""")
 
 
 def _align_hosts(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
@@ -322,18 +352,18 @@ def _align_hosts(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
     # arrival, nor the reference host's before h's last arrival. The midpoint of the tightest bounds is taken
     # (the median difference of the exits where the bounds cross).
     offsets = con.execute("""
-        WITH calls AS (SELECT host, grp, ts_ns, ts_ns + dur_ns AS end_ns,
-                              row_number() OVER (PARTITION BY rank, grp ORDER BY ts_ns, dur_ns) AS n FROM colls),
-             per_host AS (SELECT host, grp, n, max(ts_ns) AS arrival_ns, min(end_ns) AS exit_ns FROM calls GROUP BY host, grp, n),
+        WITH calls AS (SELECT host, grp, name, ts_ns, ts_ns + dur_ns AS end_ns,
+                              row_number() OVER (PARTITION BY rank, grp, name ORDER BY ts_ns, dur_ns) AS n FROM colls),
+             per_host AS (SELECT host, grp, name, n, max(ts_ns) AS arrival_ns, min(end_ns) AS exit_ns FROM calls GROUP BY host, grp, name, n),
              ref AS (SELECT arg_min(host, rank) AS host FROM steps),
              bounds AS (SELECT h.host, max(r.arrival_ns - h.exit_ns) AS lo, min(r.exit_ns - h.arrival_ns) AS hi,
                                quantile_disc(r.exit_ns - h.exit_ns, 0.5) AS median_ns, count(*) AS instances
-                        FROM per_host h JOIN per_host r USING (grp, n)
+                        FROM per_host h JOIN per_host r USING (grp, name, n)
                         WHERE r.host = (SELECT host FROM ref) AND h.host <> r.host GROUP BY h.host)
         SELECT host, CASE WHEN lo <= hi THEN lo + (hi - lo) // 2 ELSE median_ns END, instances FROM bounds ORDER BY host""").fetchall()
     aligned = {host for host, _, _ in offsets}
     con.register("host_offsets", pa.table({"host": [h for h, _, _ in offsets], "offset_ns": [int(o) for _, o, _ in offsets]}))
-    for part in ("steps", "colls", "activities", "launches", "ops"):
+    for part in ("steps", "colls", "activities", "launches", "ops", "programs"):
         con.execute(f"UPDATE {part} SET ts_ns = ts_ns + o.offset_ns FROM host_offsets o WHERE {part}.host = o.host")
     reference = con.execute("SELECT arg_min(host, rank) FROM steps").fetchone()
     for host, offset, instances in offsets:
@@ -345,47 +375,81 @@ def _align_hosts(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
         trace.notes.append(f"Kineto clock of host {host!r} not aligned: no collective instance in common with the first rank's host")
 
 
+def _assigned(events: str, same_thread: bool) -> str:
+    """SQL: the rows of ``events`` (with ``rank``, ``tid``, ``anchor_ns``) and ``inv``, the run each belongs to.
+
+    On a rank whose trace labels its device programs (``device_wall#N``), the
+    numbered program holding the anchor (on the same thread, for ``same_thread``);
+    a row in no numbered program belongs to no run. On any other rank, the step
+    that began last at or before the anchor.
+    """
+    thread = "AND p.tid = e.tid" if same_thread else ""
+    return f"""(SELECT e.*, CASE WHEN e.rank IN (SELECT rank FROM progs) THEN p.inv ELSE w.inv END AS inv
+        FROM {events} e
+        LEFT JOIN progs p ON p.rank = e.rank AND e.anchor_ns >= p.ts_ns AND e.anchor_ns < p.end_ns {thread}
+        LEFT JOIN windows w ON w.rank = e.rank AND e.rank NOT IN (SELECT rank FROM progs)
+                               AND e.anchor_ns >= w.ts_ns AND e.anchor_ns < w.next_ns
+        WHERE (CASE WHEN e.rank IN (SELECT rank FROM progs) THEN p.inv ELSE w.inv END) IS NOT NULL)"""
+
+
 def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
     """The STRACE-shaped rows of every step of every rank (see the module docstring)."""
     con.execute("""CREATE TEMP TABLE windows AS
         SELECT *, row_number() OVER by_rank AS inv, ts_ns + dur_ns AS end_ns,
                coalesce(lead(ts_ns) OVER by_rank, ts_ns + dur_ns) AS next_ns
         FROM steps WINDOW by_rank AS (PARTITION BY rank ORDER BY ts_ns, line)""")
-    con.execute("""CREATE TEMP TABLE calls AS
-        SELECT c.*, row_number() OVER (PARTITION BY c.rank, c.grp ORDER BY c.ts_ns, c.dur_ns, c.line) AS n,
+    # the device programs (inv: the measured step each ran for; NULL for another program, e.g. the prefill), and per
+    # run the stretch its device timeline covers: on a CPU device (a rank with programs and no device activity) its
+    # program, else its step (a CUDA program's label is the host's enqueue: its kernels run after it)
+    con.execute("""CREATE TEMP TABLE progs AS SELECT p.rank, p.tid, p.ts_ns, p.ts_ns + p.dur_ns AS end_ns, w.inv
+                   FROM programs p LEFT JOIN windows w ON w.rank = p.rank AND w.number = p.number""")
+    con.execute("""CREATE TEMP TABLE cpu_device AS SELECT DISTINCT rank FROM progs WHERE rank NOT IN (SELECT rank FROM activities)""")
+    con.execute("""CREATE TEMP TABLE stretch AS
+        SELECT w.rank, w.inv, w.ts_ns AS step_ns, coalesce(p.lo, w.ts_ns) AS lo, coalesce(p.hi, w.end_ns) AS hi
+        FROM windows w LEFT JOIN (SELECT rank, inv, min(ts_ns) AS lo, max(end_ns) AS hi FROM progs
+                                  WHERE rank IN (SELECT rank FROM cpu_device) GROUP BY ALL) p USING (rank, inv)""")
+    first_launch = "(SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL)"
+    con.execute(f"""CREATE TEMP TABLE calls AS
+        SELECT c.*, row_number() OVER (PARTITION BY c.rank, c.grp, c.name ORDER BY c.ts_ns, c.dur_ns, c.line) AS n,
                coalesce(l.ts_ns, c.ts_ns) AS anchor_ns
-        FROM colls c LEFT JOIN (SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL) l
-             ON l.rank = c.rank AND l.correlation = c.correlation""")
-    con.execute("""CREATE TEMP TABLE step_calls AS
-        SELECT w.rank, w.inv, c.name, c.n, c.ts_ns, c.dur_ns, w.ts_ns AS step_ns, p.peer
-        FROM calls c JOIN windows w ON w.rank = c.rank AND c.anchor_ns >= w.ts_ns AND c.anchor_ns < w.next_ns
-        JOIN (SELECT grp, n, arg_max(rank, (ts_ns, rank)) AS peer FROM calls GROUP BY grp, n) p USING (grp, n)""")
-    con.execute("""CREATE TEMP TABLE step_activities AS
-        SELECT w.rank, w.inv, a.activity, a.ts_ns, a.dur_ns, w.ts_ns AS step_ns
-        FROM (SELECT a.*, coalesce(l.ts_ns, a.ts_ns) AS anchor_ns FROM activities a
-              LEFT JOIN (SELECT rank, correlation, min(ts_ns) AS ts_ns FROM launches GROUP BY ALL) l
-                   ON l.rank = a.rank AND l.correlation = a.correlation) a
-        JOIN windows w ON w.rank = a.rank AND a.anchor_ns >= w.ts_ns AND a.anchor_ns < w.next_ns""")
-    busy = """(SELECT rank, ts_ns AS lo, ts_ns + dur_ns AS hi FROM activities WHERE activity = 0
-               UNION ALL SELECT rank, ts_ns, ts_ns + dur_ns FROM ops WHERE rank NOT IN (SELECT rank FROM activities WHERE activity = 0))"""
-    clip = "SELECT w.rank, w.inv, greatest(b.lo, w.ts_ns) AS lo, least(b.hi, w.end_ns) AS hi FROM {} b JOIN windows w ON b.rank = w.rank AND b.lo < w.end_ns AND b.hi > w.ts_ns"
+        FROM colls c LEFT JOIN {first_launch} l ON l.rank = c.rank AND l.correlation = c.correlation""")
+    con.execute(f"""CREATE TEMP TABLE step_calls AS
+        SELECT a.rank, a.inv, a.name, a.n, a.ts_ns, a.dur_ns, s.step_ns, p.peer
+        FROM {_assigned("calls", same_thread=False)} a JOIN stretch s USING (rank, inv)
+        JOIN (SELECT grp, name, n, arg_max(rank, (ts_ns, rank)) AS peer FROM calls GROUP BY grp, name, n) p USING (grp, name, n)""")
+    launched = f"""(SELECT a.*, NULL AS tid, coalesce(l.ts_ns, a.ts_ns) AS anchor_ns
+                    FROM activities a LEFT JOIN {first_launch} l ON l.rank = a.rank AND l.correlation = a.correlation)"""
+    con.execute(f"""CREATE TEMP TABLE step_activities AS
+        SELECT a.rank, a.inv, a.activity, a.ts_ns, a.dur_ns, s.step_ns
+        FROM {_assigned(launched, same_thread=False)} a JOIN stretch s USING (rank, inv)""")
+    ops = _assigned("(SELECT *, ts_ns AS anchor_ns FROM ops WHERE rank NOT IN (SELECT rank FROM activities WHERE activity = 0))", True)
+    busy = f"""(SELECT rank, inv, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_activities WHERE activity = 0
+               UNION ALL SELECT rank, inv, ts_ns, ts_ns + dur_ns FROM {ops})"""
+    clip = "SELECT b.rank, b.inv, greatest(b.lo, s.lo) AS lo, least(b.hi, s.hi) AS hi FROM {} b JOIN stretch s USING (rank, inv)"
     con.execute(f"CREATE TEMP TABLE compute AS {union_sql('(' + clip.format(busy) + ')', 'rank, inv')}")
-    both = f"({clip.format(busy)} UNION ALL {clip.format('(SELECT rank, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_calls)')})"
+    both = f"({clip.format(busy)} UNION ALL {clip.format('(SELECT rank, inv, ts_ns AS lo, ts_ns + dur_ns AS hi FROM step_calls)')})"
     con.execute(f"CREATE TEMP TABLE covered AS {union_sql(both, 'rank, inv')}")
+    # a program's outermost ops are the CPU device's activities (a GPU's are its kernels)
+    program_ops = f"(SELECT * FROM ({clip.format(busy)}) WHERE rank IN (SELECT rank FROM cpu_device))"
+    con.execute(f"""INSERT INTO step_activities SELECT o.rank, o.inv, {ACTIVITY_KINDS["compute"]}, o.lo, o.hi - o.lo, s.step_ns
+                    FROM ({islands_sql(program_ops, "rank, inv")}) o JOIN stretch s USING (rank, inv)""")
     con.register("activity_kinds", pa.table({"activity": pa.array(list(ACTIVITY_KINDS.values()), pa.int8()), "kind": list(ACTIVITY_KINDS)}))
-    rows = con.sql(f"""
-        WITH run AS (SELECT w.*, coalesce(w.number, w.inv - 1) AS step,
-                            CASE WHEN w.host = '' THEN 'rank' || w.rank ELSE w.host || ':rank' || w.rank END AS device FROM windows w)
+    return con.sql(f"""
+        WITH run AS (SELECT w.*, coalesce(w.number, w.inv - 1) AS step, s.lo - w.ts_ns AS device_ts_ns, s.hi - s.lo AS device_ns,
+                            CASE WHEN w.host = '' THEN 'rank' || w.rank ELSE w.host || ':rank' || w.rank END AS device
+                     FROM windows w JOIN stretch s USING (rank, inv))
         SELECT file_index, line, pid, tid, '{fmt.ROOT}' AS name, ts_ns, dur_ns, inv, 0 AS depth, 'host' AS clk,
                rank, step, device, NULL::BIGINT AS peer, NULL::BIGINT AS n FROM run
         UNION ALL SELECT file_index, line, pid, tid, '{fmt.RUNNER_RUN}', ts_ns, dur_ns, inv, 1, 'host', NULL, NULL, NULL, NULL, NULL FROM run
-        UNION ALL SELECT file_index, line, pid, tid, '{fmt.DEVICE_WALL}', 0, dur_ns, inv, 2, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+        UNION ALL SELECT file_index, line, pid, tid, '{fmt.DEVICE_WALL}', device_ts_ns, device_ns, inv, 2, '{fmt.CLK_DEVICE}',
+                         NULL, NULL, NULL, NULL, NULL
                   FROM run
-        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{COMPUTE}', coalesce(c.first_ns - r.ts_ns, 0), coalesce(c.union_ns, 0), r.inv, 3,
-                         '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{COMPUTE}', coalesce(c.first_ns - r.ts_ns, r.device_ts_ns),
+                         coalesce(c.union_ns, 0), r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r LEFT JOIN compute c USING (rank, inv)
-        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{HOST_GAP}', 0, greatest(r.dur_ns - coalesce(v.union_ns, 0), 0), r.inv, 3,
-                         '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
+        UNION ALL SELECT r.file_index, r.line, r.pid, r.tid,
+                         CASE WHEN r.rank IN (SELECT rank FROM cpu_device) THEN '{BETWEEN_OPS}' ELSE '{HOST_GAP}' END, r.device_ts_ns, greatest(r.device_ns - coalesce(v.union_ns, 0), 0),
+                         r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r LEFT JOIN covered v USING (rank, inv)
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{fmt.DEVICE_WALL}.' || s.name || '{fmt.WAIT_SUFFIX}', s.ts_ns - s.step_ns,
                          s.dur_ns, r.inv, 3, '{fmt.CLK_DEVICE}', NULL, NULL, NULL, s.peer, s.n
@@ -394,7 +458,6 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
                          '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
                   FROM run r JOIN step_activities a USING (rank, inv) JOIN activity_kinds k USING (activity)
         ORDER BY file_index, inv, depth, ts_ns, name, dur_ns""").to_arrow_table()
-    return rows
 
 
 def _span_rows(rows: pa.Table, names: list[str], label: str) -> pa.Table:

@@ -116,7 +116,7 @@ CHIP_PATTERN = (
     + rf"{_CHIP_PID}=(?P<{_CHIP_PID}>\d{{1,19}}) {_CHIP_DEVICE}=(?P<{_CHIP_DEVICE}>{_TOKEN}+)"
     + _literal(fmt.CHIP_READY_END)
 )
-_SOURCE, _PHASE = "strace", "X"  # the source and Chrome phase of every STRACE row
+SOURCE, _PHASE = "strace", "X"  # the source and Chrome phase of every STRACE row
 
 
 class Records:
@@ -396,7 +396,7 @@ def constant_columns(file: str, n: int) -> dict[str, pa.Array]:
     """The columns that hold one value on every row of a log, each a dictionary of one entry (nothing per row to hash or write)."""
     zeros = pa.py_buffer(np.zeros(n, np.int32))
     columns = {}
-    values = {"source": _SOURCE, "file": file, "cat": "", "ph": _PHASE}
+    values = {"source": SOURCE, "file": file, "cat": "", "ph": _PHASE}
     for name in PER_FILE_COLUMNS:
         data = values[name].encode()
         entry = pa.Array.from_buffers(pa.string(), 1, [None, pa.py_buffer(np.array([0, len(data)], np.int32)), pa.py_buffer(data)])
