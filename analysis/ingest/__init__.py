@@ -150,16 +150,16 @@ def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: Jso
         return _read_directory(path, progress, sink, limits, logs, kineto)
     if path.name in SIDE_FILES:
         return [read_side_file(path)]
+    json_trace = path.suffix != ".jsonl" and (path.suffix in (".json", ".gz") or _starts_with_gzip_magic(path))
+    serving_merge = json_trace and _is_sa_profile_merge(path)
+    if json_trace and not serving_merge and is_kineto(path, limits):
+        kineto.append(path)  # read with the job's other ranks, which says "reading" for each
+        return []
     if progress is not None:
         progress(f"reading {path}")
-    if path.suffix == ".jsonl":
+    if path.suffix == ".jsonl" or serving_merge:
         return [read_sa_profile(path, limits=limits, sink=sink)]
-    if path.suffix in (".json", ".gz") or _starts_with_gzip_magic(path):
-        if _is_sa_profile_merge(path):
-            return [read_sa_profile(path, limits=limits, sink=sink)]
-        if is_kineto(path, limits):
-            kineto.append(path)
-            return []
+    if json_trace:
         return [read_chrome_trace(path, limits=limits, sink=sink)]
     return [read_strace_log(path, progress=progress, sink=sink)] if logs else []
 
