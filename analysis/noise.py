@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, cast
 
+from dsprof.analysis.cause_rules import EXPLAINS_SHARE
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
@@ -25,8 +26,6 @@ from dsprof.profiler import strace_format as fmt
 ALPHA = 0.05
 # a MAD times this estimates the standard deviation of normally distributed values
 MAD_TO_SIGMA = 1.4826
-# a cause is named on evidence for at least this share of its item's excess
-EXPLAINS_HALF = 0.5
 METHOD = "level + z(1 - alpha/n) * 1.4826 * MAD of the run's own values (one-sided, Bonferroni over the n values), alpha 0.05"
 
 
@@ -126,7 +125,7 @@ def require_evidence(cause: Cause, excess_ms: float) -> None:
         return
     share = min(1.0, float(cause.get("evidence_ms") or 0.0) / excess_ms)
     cause["explained_share"] = round(share, 3)
-    if share >= EXPLAINS_HALF:
+    if share >= EXPLAINS_SHARE:
         return
     cause["partial_mechanism"] = mechanism
     cause["mechanism"] = fmt.MECH_UNATTRIBUTED

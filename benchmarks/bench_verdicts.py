@@ -22,9 +22,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from dsprof.analysis.cause_rules import EXPLAINS_SHARE
 from dsprof.analysis.gate import evaluate_gate
 from dsprof.analysis.outputs.gate_outputs import format_verdict
 from dsprof.testing.truth import culprits_near_faults, found_faults, scored_faults
@@ -34,6 +36,9 @@ CI_RULES = ROOT / "examples" / "ci-rules.toml"
 DSPROF = Path(sys.executable).with_name("dsprof")
 PRODUCTION_2 = ["--preset", "production", "--ranks", "2"]
 TRUTH_SHAPE = ["--ranks", "4", "--requests", "8", "--output-tokens", "128"]
+# the late-item sections, and the mechanisms that name no cause (a named one needs evidence for EXPLAINS_SHARE of the excess)
+LATE_SECTIONS = ("late_starts", "tail_steps", "slow_steps")
+UNNAMED = ("unattributed", None)
 CASES: dict[str, list[tuple[str, list[str]]]] = {
     "healthy": [("demo", []), ("production-2", PRODUCTION_2)],
     "readme": [("readme contention", [*PRODUCTION_2, "--inject", "cpu_contention:rank=1,p=0.08,ms=25"])],
@@ -54,6 +59,8 @@ class Tally:
     faults: int = 0
     near: int = 0
     named: int = 0
+    mechanisms: int = 0
+    evidenced: int = 0
     notes: list[str] = field(default_factory=list)
 
 
@@ -70,6 +77,9 @@ def judge(case: str, name: str, summary: dict, faults: list[dict], tally: Tally)
     verdict, straggler = summary["verdict"], summary["tail_steps"]["straggler"]
     gate = evaluate_gate(summary, CI_RULES)
     tally.runs += 1
+    named = [i for section in LATE_SECTIONS for i in summary[section]["items"] if i["mechanism"] not in UNNAMED]
+    tally.mechanisms += len(named)
+    tally.evidenced += sum((i["explained_share"] or 0) >= EXPLAINS_SHARE for i in named)
     if case == "healthy":
         tally.good += verdict["status"] == "healthy" and straggler["rank"] is None
         tally.gate_ok += gate.passed
@@ -87,11 +97,18 @@ def judge(case: str, name: str, summary: dict, faults: list[dict], tally: Tally)
         tally.near, tally.named = tally.near + near, tally.named + named
         tally.good += verdict["status"] != "healthy"
         tally.gate_ok += not gate.passed
-    return f"  {name}: {verdict['status']} · {verdict['headline']} · gate {'PASSED' if gate.passed else 'FAILED'}"
+    line = f"  {name}: {verdict['status']} · {verdict['headline']} · gate {'PASSED' if gate.passed else 'FAILED'}"
+    if case == "spread" and straggler["rank"] is not None:  # random ranks can still land lopsided: say how they fell
+        line += f" · injected by rank {dict(sorted(Counter(f['rank'] for f in faults).items()))}"
+    return line
+
+
+def _share(a: int, b: int) -> str:
+    return f"{a}/{b} ({100 * a / b:.0f}%)" if b else "n/a"
 
 
 def rates(case: str, name: str, t: Tally) -> str:
-    share = lambda a, b: f"{a}/{b} ({100 * a / b:.0f}%)" if b else "n/a"  # noqa: E731
+    share = _share
     if case == "healthy":
         return f"{name}: healthy, no straggler {share(t.good, t.runs)}; CI rules pass {share(t.gate_ok, t.runs)}"
     if case == "readme":
@@ -113,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     options = parser.parse_args(argv)
     work = options.keep or Path(tempfile.mkdtemp(prefix="dsprof-verdicts-"))
     summary_lines = []
+    evidence = [0, 0]
     try:
         for case in options.cases.split(","):
             for name, args in CASES[case]:
@@ -122,6 +140,8 @@ def main(argv: list[str] | None = None) -> int:
                     summary, faults = run_once(work / f"{name.replace(' ', '_').replace(',', '')}-{seed}", args, seed)
                     print(judge(case, f"seed {seed}", summary, faults, tally), flush=True)
                 summary_lines.append(rates(case, name, tally))
+                evidence = [evidence[0] + tally.evidenced, evidence[1] + tally.mechanisms]
+        summary_lines.append(f"every run: named mechanisms with evidence for at least half their excess {_share(*evidence)}")
         print("\n".join(["", "rates:", *summary_lines]))
     finally:
         if options.keep is None:
