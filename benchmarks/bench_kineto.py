@@ -10,7 +10,8 @@ launches and correlations, for the breakdown too.
 Measured, each in its own process (``child_process.run_child``: wall time,
 and the peak memory of that process and the workers it starts together, as
 PSS): dsprof reading the traces
-(``read_paths``), and, when ``--hta PYTHON`` names the interpreter of a
+(``read_inputs``, as ``dsprof analyze`` reads: into a span dataset on disk past
+``SPILL_BYTES`` of weight), and, when ``--hta PYTHON`` names the interpreter of a
 separate virtualenv with ``pip install holistictraceanalysis`` (never dsprof's
 own), HTA's ``TraceAnalysis(trace_dir=...)`` load. Then each rank's idle,
 compute and non-compute time from dsprof's ``device_time.ranks`` and from
@@ -38,7 +39,11 @@ from hta.trace_analysis import TraceAnalysis
 analysis = TraceAnalysis(trace_dir=sys.argv[1], include_last_profiler_step=True)
 df = analysis.get_temporal_breakdown(visualize=False)
 print(json.dumps(df.to_dict(orient="records"), default=float))"""
-DSPROF_LOAD = "import sys; from dsprof.analysis.ingest import read_paths; read_paths([sys.argv[1]])"
+# what `dsprof analyze` does to read its inputs: in memory, or, past SPILL_BYTES of weight, into a span dataset on disk
+DSPROF_LOAD = (
+    "import sys; from dsprof.commands.analyze import read_inputs; from dsprof.tempdirs import remove_owned_dir; "
+    "trace, spill = read_inputs([sys.argv[1]]); remove_owned_dir(spill)"
+)
 
 
 def synthetic_rank(rank: int, ranks: int, target_bytes: int, seed: int) -> dict:
@@ -135,7 +140,7 @@ def compare(directory: Path, hta: str | None) -> None:
     size = sum(p.stat().st_size for p in directory.glob("*.json")) / 2**20
     print(f"traces: {directory} ({len(list(directory.glob('*.json')))} files, {size:.1f} MiB)")
     ours = run_child([sys.executable, "-c", DSPROF_LOAD, str(directory)])
-    print(f"dsprof read_paths: {ours.seconds:.2f} s, peak {_memory(ours)}")
+    print(f"dsprof read_inputs (as analyze reads): {ours.seconds:.2f} s, peak {_memory(ours)}")
     breakdown = dsprof_breakdown(directory)
     if hta is None:
         print("HTA: not given (--hta PYTHON of a virtualenv with holistictraceanalysis)")

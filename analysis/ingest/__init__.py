@@ -103,8 +103,9 @@ def _kineto_job(
 ) -> Trace:
     """The Kineto files' runs, or where STRACE ``runs`` were read, their device timeline (:mod:`.kineto_join`);
     handed to ``sink`` when there is one (they are a few rows per step)."""
-    trace = read_kineto_traces(sorted(set(paths)), step_marker=step_marker, limits=limits, progress=progress)
-    joined = join_device_timeline(trace, runs, anchors) if runs.num_rows else None
+    alone = not runs.num_rows  # no STRACE runs to join: the rows can go to the sink as they are made
+    trace = read_kineto_traces(sorted(set(paths)), step_marker=step_marker, limits=limits, progress=progress, sink=sink if alone else None)
+    joined = None if alone else join_device_timeline(trace, runs, anchors)
     trace = joined if joined is not None else trace
     if sink is not None and trace.spans.num_rows:
         sink.add(trace.spans.cast(PARQUET_SCHEMA))

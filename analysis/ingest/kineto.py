@@ -3,7 +3,11 @@
 Each file is streamed (:mod:`.json_stream`, events converted by the Chrome
 reader's :class:`~.chrome.SpanBuilder`) and only the events the diagnosis
 needs are kept, as narrow columns: the step spans, the collective calls, the
-device activities with their launches, and the CPU ops. From them the reader
+device activities with their launches, and the CPU ops. They go, a file at a
+time, into a DuckDB database of the reader's own, which holds at most
+:data:`READER_MEMORY_LIMIT` in memory and spills the rest to a private folder;
+the rows made from them are handed on a chunk at a time, so reading a job holds
+about one file's worth, not the job's. From them the reader
 makes the rows the STRACE reader makes for a run, so that every analysis runs
 on them unchanged (docs/FORMATS.md "Kineto traces"):
 
@@ -50,7 +54,7 @@ assigned to the step whose span holds their launch (``correlation``).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -61,13 +65,14 @@ import pyarrow.compute as pc
 
 from dsprof.analysis.ingest.chrome import read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
-from dsprof.analysis.ingest.sink import Progress
+from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.intervals import islands_sql, union_sql
-from dsprof.analysis.spans import ATTRS_TYPE, SPAN_SCHEMA, Trace, merge_traces
+from dsprof.analysis.spans import ATTRS_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler import torch_labels
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
+from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 SOURCE = "kineto"
 HID_PREFIX = "kineto:"
@@ -97,6 +102,12 @@ LACKS = ("bind", "validate", "claim_release", "native_fence_wait", "host evidenc
 
 # where two files share a pid (ranks on several hosts), each rank's runs take this + rank instead
 SHARED_PID_BASE = 1 << 30
+# rows made and handed on at a time: a sink holds a chunk of a rank, not the job
+ROWS_PER_CHUNK = 1 << 16
+# the reader's database holds at most this much memory, then spills to a private folder (prefix SPILL_PREFIX)
+READER_MEMORY_LIMIT = 64 << 20
+SPILL_PREFIX = "dsprof-kineto-"
+_PARTS = ("steps", "collectives", "activities", "launches", "ops", "programs")
 # collective record kinds, in the order of preference within one file
 _KERNEL, _ANNOTATION, _PARAM_COMMS, _C10D = range(4)
 ACTIVITY_KINDS = {"compute": 0, "communication": 1, "memory": 2}
@@ -115,6 +126,17 @@ def is_kineto(path: Path, limits: JsonLimits = DEFAULT_LIMITS) -> bool:
     except InputError:
         return False
     return "distributedInfo" in document.kept or "deviceProperties" in document.kept
+
+
+@dataclass
+class _StagedFile:
+    """A rank's file once its tables are in the reader's database: what is left to decide its rank and pids."""
+
+    path: Path
+    rank: int | None
+    host: str
+    trace: Trace
+    pids: set[int]
 
 
 @dataclass
@@ -283,34 +305,42 @@ def read_kineto_traces(
     step_marker: str | None = None,
     limits: JsonLimits = DEFAULT_LIMITS,
     progress: Progress = None,
+    sink: SpanSink | None = None,
 ) -> Trace:
-    """The runs of a multi-rank job's per-rank Kineto traces (see the module docstring), as one Trace."""
-    files = []
-    for path in sorted(map(Path, paths)):
-        if progress is not None:
-            progress(f"reading {path}")
-        files.append(_read_rank_file(path, step_marker, limits))
-    trace = merge_traces([f.trace for f in files])
-    trace.files = [str(f.path) for f in files]
-    if not files:
-        return trace
-    ranks = _assign_ranks(files, trace)
-    con = duckdb.connect()
-    con.execute("SET enable_progress_bar = false")  # progress is the caller's, not bars on stderr
+    """The runs of a multi-rank job's per-rank Kineto traces (see the module docstring), as one Trace.
+
+    With a ``sink``, each file's rows go to it as they are made (the trace keeps
+    their count), so memory holds one rank's rows, not the job's.
+    """
+    spill = make_owned_dir(SPILL_PREFIX)
+    con = duckdb.connect(config={"memory_limit": f"{READER_MEMORY_LIMIT}B", "temp_directory": str(spill)})
     try:
-        _register(con, files, ranks)
+        con.execute("SET enable_progress_bar = false")  # progress is the caller's, not bars on stderr
+        files = []
+        for index, path in enumerate(sorted(map(Path, paths))):
+            if progress is not None:
+                progress(f"reading {path}")
+            files.append(_staged(con, _read_rank_file(path, step_marker, limits), index))
+        trace = merge_traces([f.trace for f in files])
+        trace.files = [str(f.path) for f in files]
+        if not files:
+            return trace
+        _register(con, files, _assign_ranks(files, trace))
         _align_hosts(con, trace)
         label = step_marker or PROFILER_STEP
-        trace.spans = _span_rows(_runs(con), [str(f.path) for f in files], label)
+        names = [str(f.path) for f in files]
+        chunks = (_span_rows(rows, names, label) for rows in _runs(con, len(files)))
+        trace.spans = _handed(chunks, sink, trace) if sink is not None else pa.concat_tables(list(chunks))
     finally:
         con.close()
+        remove_owned_dir(spill)
     trace.notes.append(
         f"Kineto traces: {len(files)} ranks; phases filled: {', '.join(FILLS)}; lacking (their figures absent): {', '.join(LACKS)}"
     )
     return trace
 
 
-def _assign_ranks(files: list[_RankFile], trace: Trace) -> list[int]:
+def _assign_ranks(files: list[_StagedFile], trace: Trace) -> list[int]:
     """Each file's rank: ``distributedInfo.rank`` when every file has a distinct one, else the order of the files (noted)."""
     given = [f.rank for f in files]
     if all(r is not None for r in given) and len(set(given)) == len(given):
@@ -319,18 +349,25 @@ def _assign_ranks(files: list[_RankFile], trace: Trace) -> list[int]:
     return list(range(len(files)))
 
 
-def _register(con: duckdb.DuckDBPyConnection, files: list[_RankFile], ranks: list[int]) -> None:
+def _staged(con: duckdb.DuckDBPyConnection, file: _RankFile, index: int) -> _StagedFile:
+    """Append the file's tables to ``<part>_staged`` in ``con`` with its index, so memory holds one file's tables, not the job's."""
+    for part in _PARTS:
+        table = getattr(file, part)
+        con.register("file_part", table.append_column("file_index", pa.array(np.full(table.num_rows, index, np.int64))))
+        con.execute(f"CREATE TABLE IF NOT EXISTS {part}_staged AS SELECT * FROM file_part LIMIT 0")
+        con.execute(f"INSERT INTO {part}_staged SELECT * FROM file_part")
+        con.unregister("file_part")
+    pids = set(file.steps.column("pid").to_pylist())
+    return _StagedFile(path=file.path, rank=file.rank, host=file.host, trace=file.trace, pids=pids)
+
+
+def _register(con: duckdb.DuckDBPyConnection, files: list[_StagedFile], ranks: list[int]) -> None:
     """The files' tables, stacked with their rank, host and file, in ``con``; pids made distinct where files share one."""
-    pids = [set(f.steps.column("pid").to_pylist()) for f in files]
-    shared = any(pids[i] & pids[j] for i in range(len(pids)) for j in range(i))
-    for part in ("steps", "collectives", "activities", "launches", "ops", "programs"):
-        tables = []
-        for index, (f, rank) in enumerate(zip(files, ranks, strict=True)):
-            table = getattr(f, part)
-            n = table.num_rows
-            table = table.append_column("rank", pa.array(np.full(n, rank, np.int64))).append_column("host", pa.repeat(pa.scalar(f.host), n))
-            tables.append(table.append_column("file_index", pa.array(np.full(n, index, np.int64))))
-        con.register(f"{part}_in", pa.concat_tables(tables))
+    shared = any(files[i].pids & files[j].pids for i in range(len(files)) for j in range(i))
+    con.register("file_ranks", pa.table({"file_index": range(len(files)), "rank": ranks, "host": [f.host for f in files]}))
+    for part in _PARTS:
+        con.execute(f"""CREATE TEMP VIEW {part}_in AS SELECT s.* EXCLUDE (file_index), r.rank, r.host, s.file_index
+                        FROM {part}_staged s JOIN file_ranks r USING (file_index)""")
     pid = f"{SHARED_PID_BASE} + rank" if shared else "pid"  # int32, as trace viewers take pids
     con.execute(f"""CREATE TEMP TABLE steps AS SELECT rank, host, file_index, {pid} AS pid, tid, line, ts_ns, dur_ns,
                            TRY_CAST(regexp_extract(name, '^{STEP_PREFIX}([0-9]+)$', 1) AS BIGINT) AS number FROM steps_in""")
@@ -392,8 +429,17 @@ def _assigned(events: str, same_thread: bool) -> str:
         WHERE (CASE WHEN e.rank IN (SELECT rank FROM progs) THEN p.inv ELSE w.inv END) IS NOT NULL)"""
 
 
-def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
-    """The STRACE-shaped rows of every step of every rank (see the module docstring)."""
+def _handed(chunks: Iterator[pa.Table], sink: SpanSink, trace: Trace) -> pa.Table:
+    """Hand each chunk of rows to ``sink`` as it is made, counted in ``trace.spans_written``; the trace keeps none."""
+    for chunk in chunks:
+        sink.add(chunk.cast(PARQUET_SCHEMA))
+        trace.spans_written[SOURCE] = trace.spans_written.get(SOURCE, 0) + chunk.num_rows
+        pa.default_memory_pool().release_unused()  # the chunks handed on: their memory back, not kept by the allocator
+    return SPAN_SCHEMA.empty_table()
+
+
+def _runs(con: duckdb.DuckDBPyConnection, files: int) -> Iterator[pa.Table]:
+    """The STRACE-shaped rows of every step of every rank (see the module docstring), one file's at a time."""
     con.execute("""CREATE TEMP TABLE windows AS
         SELECT *, row_number() OVER by_rank AS inv, ts_ns + dur_ns AS end_ns,
                coalesce(lead(ts_ns) OVER by_rank, ts_ns + dur_ns) AS next_ns
@@ -434,7 +480,7 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
     con.execute(f"""INSERT INTO step_activities SELECT o.rank, o.inv, {ACTIVITY_KINDS["compute"]}, o.lo, o.hi - o.lo, s.step_ns
                     FROM ({islands_sql(program_ops, "rank, inv")}) o JOIN stretch s USING (rank, inv)""")
     con.register("activity_kinds", pa.table({"activity": pa.array(list(ACTIVITY_KINDS.values()), pa.int8()), "kind": list(ACTIVITY_KINDS)}))
-    return con.sql(f"""
+    con.execute(f"""CREATE TEMP TABLE kineto_rows AS
         WITH run AS (SELECT w.*, coalesce(w.number, w.inv - 1) AS step, s.lo - w.ts_ns AS device_ts_ns, s.hi - s.lo AS device_ns,
                             CASE WHEN w.host = '' THEN 'rank' || w.rank ELSE w.host || ':rank' || w.rank END AS device
                      FROM windows w JOIN stretch s USING (rank, inv))
@@ -456,8 +502,11 @@ def _runs(con: duckdb.DuckDBPyConnection) -> pa.Table:
                   FROM run r JOIN step_calls s USING (rank, inv)
         UNION ALL SELECT r.file_index, r.line, r.pid, r.tid, '{ACTIVITY}.' || k.kind, a.ts_ns - a.step_ns, a.dur_ns, r.inv, 4,
                          '{fmt.CLK_DEVICE}', NULL, NULL, NULL, NULL, NULL
-                  FROM run r JOIN step_activities a USING (rank, inv) JOIN activity_kinds k USING (activity)
-        ORDER BY file_index, inv, depth, ts_ns, name, dur_ns""").to_arrow_table()
+                  FROM run r JOIN step_activities a USING (rank, inv) JOIN activity_kinds k USING (activity)""")
+    for index in range(files):
+        ordered = con.sql(f"SELECT * FROM kineto_rows WHERE file_index = {index} ORDER BY inv, depth, ts_ns, name, dur_ns")
+        for batch in ordered.to_arrow_reader(ROWS_PER_CHUNK):
+            yield pa.Table.from_batches([batch])
 
 
 def _span_rows(rows: pa.Table, names: list[str], label: str) -> pa.Table:

@@ -280,6 +280,7 @@ def spill_weight(paths: Sequence[str | os.PathLike]) -> int:
 def _input_files(directory: Path) -> list[Path]:
     folders = [directory, directory / artifacts.SERVING_TRACE_DIR, directory / artifacts.FRAGMENTS_DIR]
     folders.append(directory / artifacts.SERVING_TRACE_DIR / artifacts.FRAGMENTS_DIR)
+    folders.append(directory / artifacts.TORCH_PROFILER_DIR)
     return [file for folder in folders if folder.is_dir() for file in folder.iterdir() if file.suffix in (".log", *_JSON_SUFFIXES)]
 
 
