@@ -40,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import stat
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor, wait
@@ -64,7 +65,7 @@ from dsprof.analysis.spans import (
     Trace,
 )
 from dsprof.errors import InputError
-from dsprof.fileio import atomic_output, atomic_write_text
+from dsprof.fileio import OutputError, atomic_output, atomic_write_text, file_kind
 from dsprof.profiler import artifacts
 
 DATASET_SCHEMA = "dsprof.span_dataset/1"
@@ -268,6 +269,17 @@ def rows_of(table: pa.Table, rows: np.ndarray) -> pa.Table:
     return pa.concat_tables(pieces)
 
 
+def _existing_directory(directory: Path) -> bool:
+    """Whether ``directory`` exists (as a directory); OutputError, saying what is expected, for a file or device there."""
+    try:
+        mode = os.stat(directory).st_mode
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISDIR(mode):
+        raise OutputError(f"{directory}: is {file_kind(mode)}, not a directory (expected a new directory or a span dataset's)")
+    return True
+
+
 class SpanDatasetWriter:
     """A SpanSink that writes the span dataset: rows to the files of their time windows, the manifest last.
 
@@ -293,7 +305,7 @@ class SpanDatasetWriter:
         self._closed: list[tuple[int, str, SpanParquetFile]] = []
         self._jobs = BackgroundWrites()
         # folders this writer makes, removed again by abort() where empty
-        self._made_folders = [] if self.directory.exists() else [self.directory]
+        self._made_folders = [] if _existing_directory(self.directory) else [self.directory]
         self.directory.mkdir(parents=True, exist_ok=True)
         (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
         for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=part_prefix, n='*')}"):

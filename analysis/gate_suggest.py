@@ -17,8 +17,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from dsprof.analysis.summary import is_number
+from dsprof.textsafe import toml_string
 
 DEFAULT_MARGIN = 1.5
+MAX_MARGIN = 1000.0  # far beyond any sane headroom; keeps value × margin finite for every value _values takes
+LARGEST_VALUE = 2.0**63  # a summary's counts and shares are far below; beyond it the arithmetic overflows
 
 
 @dataclass(frozen=True)
@@ -56,13 +59,13 @@ OVERLAP_SLACK = 0.1  # below the worst healthy overlap share
 
 
 def _values(summaries: Sequence[dict], path: str) -> list | None:
-    """The figure at ``path`` in every summary, or None when one of them lacks a number there."""
+    """The figure at ``path`` in every summary, or None when one of them lacks a number there (or one as huge as 1e308)."""
     values = []
     for summary in summaries:
         node: object = summary
         for key in path.split("."):
             node = node.get(key) if isinstance(node, dict) else None
-        if not is_number(node):
+        if not is_number(node) or abs(node) > LARGEST_VALUE:  # type: ignore[arg-type]  # is_number: an int or a float
             return None
         values.append(node)
     return values
@@ -110,7 +113,7 @@ def _effect_sizes(summaries: Sequence[dict], margin: float) -> list[str]:
     for limit in SHARE_LIMITS:
         values = _values(summaries, limit.path)
         if values is None:
-            lines += [f"# not suggested: {limit.path} is not a number in every run", ""]
+            lines += [f"# not suggested: {limit.path} is not a number (below 2^63) in every run", ""]
             continue
         bound = _up(max(max(values) * margin, limit.floor))
         source = f"Healthy: {_shown(values)}; limit = max × {margin:g}, at least {limit.floor:g}."
@@ -145,11 +148,11 @@ def suggest_rules(summaries: Sequence[dict], *, margin: float = DEFAULT_MARGIN, 
     """A rules file for runs like ``summaries`` (healthy runs of one configuration on the machine that will gate)."""
     if not summaries:
         raise ValueError("suggesting rules needs at least one healthy summary")
-    if not (math.isfinite(margin) and margin >= 1):
-        raise ValueError(f"the margin must be a finite number >= 1, not {margin}")
+    if not (math.isfinite(margin) and 1 <= margin <= MAX_MARGIN):
+        raise ValueError(f"the margin must be a number from 1 to {MAX_MARGIN:g}, not {margin}")
     head = [
         f"# Suggested by dsprof gate --suggest from {len(summaries)} healthy run(s), margin {margin:g}.",
-        *(f"#   {source}" for source in sources),
+        *(f"#   {toml_string(source)}" for source in sources),  # a path may hold a newline: quoted, it cannot start a table
         "# Check that each limit is one you want (docs/GATE_RULES.md); more healthy runs give safer limits.",
         "",
     ]

@@ -6,6 +6,9 @@ every figure that can be computed, and the verdict says what is wrong.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Iterable
+
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.invocations import serving_row
 from dsprof.analysis.stages import stage
@@ -28,8 +31,16 @@ class _Checks:
             self.problems.append(detail)
 
 
-def _ranges(numbers: list[int]) -> str:
-    return ", ".join(map(str, numbers[:20])) + (f" and {len(numbers) - 20} more" if len(numbers) > 20 else "")
+def _ranges(numbers: list[int], total: int | None = None) -> str:
+    total = len(numbers) if total is None else total
+    return ", ".join(map(str, numbers[:20])) + (f" and {total - 20} more" if total > 20 else "")
+
+
+def _missing_ranks(expect_ranks: int, present: Iterable[int]) -> tuple[list[int], int]:
+    """The first 20 ranks below ``expect_ranks`` without decode steps, and how many there are: no set of every expected rank is built."""
+    have = {rank for rank in present if 0 <= rank < expect_ranks}
+    count = expect_ranks - len(have)
+    return list(itertools.islice((rank for rank in itertools.count() if rank not in have), min(count, 20))), count
 
 
 @stage("validation", reads=("spans", "decode"))
@@ -140,9 +151,9 @@ def _check_steps(engine: Engine, checks: _Checks, steps_per_rank: dict, decode_s
             "complete_steps", False, f"{where} present on only {present} of {ranks} ranks; their figures use the ranks that have them"
         )
     if expect_ranks is not None:
-        missing = sorted(set(range(expect_ranks)) - set(steps_per_rank))
-        if missing:
-            checks.add("ranks_present", False, "no decode steps on rank " + _ranges(missing))
+        missing, count = _missing_ranks(expect_ranks, steps_per_rank)
+        if count:
+            checks.add("ranks_present", False, "no decode steps on rank " + _ranges(missing, count))
     gap_ranks = [
         r
         for (r,) in engine.rows("""SELECT DISTINCT rank FROM (

@@ -37,6 +37,11 @@ _ISO_SHAPE = re.compile(
     r"[0-9]{4}-[0-9]{2}-[0-9]{2}[T ][0-9]{2}:[0-9]{2}(?::[0-9]{2}(?:\.[0-9]{1,9})?)?(?:Z|[+-][0-9]{2}:?[0-9]{2})", re.ASCII
 )
 _FRACTION = re.compile(r"\.([0-9]{1,9})")
+_ZONE = re.compile(r"([+-])([0-9]{2}):?([0-9]{2})$", re.ASCII)
+_DIGITS = re.compile(r"[0-9]+", re.ASCII)
+MAX_STEP = 2**63 - 1  # steps and times are int64 wherever they are compared (Arrow, DuckDB)
+# The instants int64 ns since the epoch can hold: 1677-09-21T00:12:43.145224192Z to 2262-04-11T23:47:16.854775807Z.
+_MIN_NS, _MAX_NS = -(2**63), 2**63 - 1
 
 
 @dataclass(frozen=True)
@@ -100,16 +105,20 @@ class Window:
 
 
 def parse_steps(text: str) -> tuple[int, int]:
-    """``A:B`` (either side may be left out) -> (first, last) step, both included; DsprofError on anything else."""
+    """``A:B`` (either side may be left out) -> (first, last) step, both included; DsprofError on anything else.
+
+    ASCII digits only (``int()`` would take ``1_0`` and other scripts' digits), and within int64 as the
+    step column is: an open end is the largest step, so that ``0:`` keeps every step the run has.
+    """
     first, sep, last = text.strip().partition(":")
-    try:
-        if not sep or not (first or last):
-            raise ValueError
-        window = (int(first) if first else 0, int(last) if last else 2**62)
-    except ValueError:
-        raise DsprofError(f"bad step window {text!r} (expected A:B, e.g. 1000:1999, or 1000: for the rest)") from None
-    if window[0] < 0 or window[1] < window[0]:
-        raise DsprofError(f"bad step window {text!r}: the first step must be >= 0 and not after the last")
+    if not sep or not (first or last) or not all(_DIGITS.fullmatch(side) for side in (first, last) if side):
+        raise DsprofError(f"bad step window {text[:80]!r} (expected A:B in ASCII digits, e.g. 1000:1999, or 1000: for the rest)")
+    first, last = (side.lstrip("0") or side[:1] for side in (first, last))  # "" stays open, "000" is 0
+    if any(len(side) > len(str(MAX_STEP)) or int(side or 0) > MAX_STEP for side in (first, last)):
+        raise DsprofError(f"bad step window {text[:80]!r}: steps are numbered at most {MAX_STEP} (int64)")
+    window = (int(first) if first else 0, int(last) if last else MAX_STEP)
+    if window[1] < window[0]:
+        raise DsprofError(f"bad step window {text[:80]!r}: the first step must not be after the last")
     return window
 
 
@@ -134,6 +143,8 @@ def parse_time(text: str, option: str = "time") -> TimeBound:
     value = text.strip()
     if _OFFSET.fullmatch(value):
         total = sum(_term_ns(number, unit) for number, unit in _OFFSET_TERM.findall(value))
+        if total > _MAX_NS:
+            raise DsprofError(f"bad {option} value {value[:80]!r}: an offset is at most {_MAX_NS // _UNIT_NS['h']:,}h (int64 ns)")
         return TimeBound(text=value, offset_ns=total)
     if _ISO_SHAPE.fullmatch(value):
         return TimeBound(text=value, wall_ns=_iso_ns(value, option))
@@ -150,7 +161,14 @@ def _term_ns(number: str, unit: str) -> int:
 
 
 def _iso_ns(value: str, option: str) -> int:
-    """Nanoseconds since the epoch of an ISO 8601 instant, exact (the fraction is kept to the ns, never a float)."""
+    """Nanoseconds since the epoch of an ISO 8601 instant, exact (the fraction is kept to the ns, never a float).
+
+    Refused in one readable line: a zone beyond ±23:59 (datetime's own message shows timedelta reprs) and an
+    instant int64 ns cannot hold, which no trace clock reaches either.
+    """
+    zone = _ZONE.search(value)
+    if zone and (int(zone[2]) > 23 or int(zone[3]) > 59):
+        raise DsprofError(f"bad {option} value {value!r}: zone {zone[0]} is out of range (expected -23:59 to +23:59)")
     fraction = _FRACTION.search(value)
     digits = fraction.group(1) if fraction else ""
     try:
@@ -158,7 +176,12 @@ def _iso_ns(value: str, option: str) -> int:
     except ValueError as exc:
         raise DsprofError(f"bad {option} value {value!r}: {exc}") from None
     seconds = int(stamp.timestamp())
-    return seconds * 1_000_000_000 + (int(digits.ljust(9, "0")) if digits else 0)
+    total = seconds * 1_000_000_000 + (int(digits.ljust(9, "0")) if digits else 0)
+    if not _MIN_NS <= total <= _MAX_NS:
+        raise DsprofError(
+            f"bad {option} value {value!r}: out of range (expected a time from 1677-09-21T00:12:44Z to 2262-04-11T23:47:16Z, what int64 ns hold)"
+        )
+    return total
 
 
 def _same_kind(a: TimeBound, b: TimeBound) -> bool:
@@ -167,6 +190,11 @@ def _same_kind(a: TimeBound, b: TimeBound) -> bool:
 
 def _comparable(bound: TimeBound) -> int:
     return bound.wall_ns if bound.wall_ns is not None else int(bound.offset_ns or 0)
+
+
+def _int64(ns: int) -> int:
+    """``ns`` held to int64, which the span columns compare against: a bound beyond every time is as good as the extreme."""
+    return min(max(ns, _MIN_NS), _MAX_NS)
 
 
 def clock_offset_ns(anchors: pa.Table) -> int | None:
@@ -197,10 +225,10 @@ def resolve_window(spec: WindowSpec, anchors: pa.Table, run_start_ns: int | None
                 raise DsprofError(
                     f"cannot place {bound.text!r} on the trace's clock: it has no CLOCK_ANCHOR line (use an offset such as +5m)"
                 )
-            return bound.wall_ns - offset
+            return _int64(bound.wall_ns - offset)
         if run_start_ns is None:
             raise DsprofError(f"cannot place {bound.text!r}: the trace has no host-clock span to start the run from")
-        return run_start_ns + int(bound.offset_ns or 0)
+        return _int64(run_start_ns + int(bound.offset_ns or 0))
 
     first, last = host_ns(spec.since), host_ns(spec.until)
     if first is not None and last is not None and last <= first:

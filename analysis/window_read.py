@@ -44,7 +44,7 @@ import pyarrow.parquet as pq
 
 from dsprof.analysis.dataset import SpanDatasetWriter
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans
-from dsprof.analysis.window import Window, WindowSpec, anchor_start_ns, resolve_window
+from dsprof.analysis.window import MAX_STEP, Window, WindowSpec, anchor_start_ns, resolve_window
 from dsprof.profiler import strace_format as fmt
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
@@ -272,8 +272,9 @@ def _window_roots(table: pa.Table, window: Window) -> pa.Table:
     inside = pa.array(np.ones(roots.num_rows, bool))
     if window.steps is not None and not window.steps_by_position:
         step = roots.column("step")
+        every_step = window.steps == (0, MAX_STEP)  # the only window that holds a run without a step number (`0:`)
         inside = pc.and_(
-            inside, pc.fill_null(pc.and_(pc.greater_equal(step, window.steps[0]), pc.less_equal(step, window.steps[1])), False)
+            inside, pc.fill_null(pc.and_(pc.greater_equal(step, window.steps[0]), pc.less_equal(step, window.steps[1])), every_step)
         )
     if window.from_ns is not None:
         inside = pc.and_(inside, pc.greater_equal(ts, window.from_ns))

@@ -147,6 +147,8 @@ def err_line(line: str) -> None:
 
 
 PRESET = "the preset's"
+# --expect-ranks: far beyond any job, small enough that per-rank bookkeeping stays cheap
+EXPECTED_RANKS = click.IntRange(min=1, max=1 << 20)
 THRESHOLD = click.option(
     "--threshold-ms", type=click.FloatRange(min=0), default=5.0, show_default=True, help="Late-start / tail-step threshold."
 )

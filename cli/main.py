@@ -17,10 +17,10 @@ from pathlib import Path
 
 import click
 
-from dsprof.cli.group import PRESET, THRESHOLD, cli, err_line, out_line, progress_printer, raise_stopped, window_options
+from dsprof.cli.group import EXPECTED_RANKS, PRESET, THRESHOLD, cli, err_line, out_line, progress_printer, raise_stopped, window_options
 from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
 from dsprof.commands.diff import diff_command
-from dsprof.commands.gate import gate_command, suggest_command
+from dsprof.commands.gate import MAX_MARGIN, gate_command, suggest_command
 from dsprof.commands.history import history_add_command, history_check_command, history_report_command
 from dsprof.commands.ingest import ingest_command
 from dsprof.commands.merge import merge_command
@@ -179,9 +179,7 @@ def run(
     help="Where to write the outputs [default: the artifact dir when one directory is given, else ./dsprof-analysis].",
 )
 @THRESHOLD
-@click.option(
-    "--expect-ranks", type=click.IntRange(min=1), show_default="any number", help="Fail validation unless this many ranks appear."
-)
+@click.option("--expect-ranks", type=EXPECTED_RANKS, show_default="any number", help="Fail validation unless this many ranks appear.")
 @click.option(
     "--memory-limit",
     default=None,
@@ -252,6 +250,10 @@ def ingest(paths, output) -> None:
 
     Prints the records read, the spans kept and the records dropped by reason.
     """
+    if not output.strip():  # else it would be written into the current directory
+        raise click.BadParameter(
+            "an empty path (expected DIR/ for the span dataset, or a .parquet, .csv or .jsonl file)", param_hint="'-o'"
+        )
     ingest_command(paths, output, progress=progress_printer(), out=out_line)
 
 
@@ -272,7 +274,7 @@ def ingest(paths, output) -> None:
 )
 @click.option(
     "--expect-ranks",
-    type=click.IntRange(min=1),
+    type=EXPECTED_RANKS,
     show_default="any number",
     help="Show a step only once this many ranks reached it; fail validation unless this many ranks appear.",
 )
@@ -313,8 +315,8 @@ _INPUTS = click.option(
     multiple=True,
     type=click.Path(exists=True, path_type=Path),
     metavar="PATH",
-    show_default="the span dataset or input files summary.json names, else ARTIFACT_DIR",
-    help="Read the spans from these inputs (repeatable): for inputs that moved since the analysis.",
+    show_default="the span dataset or input files summary.json names inside ARTIFACT_DIR, else ARTIFACT_DIR",
+    help="Read the spans from these inputs (repeatable): for inputs outside ARTIFACT_DIR, or that moved since the analysis.",
 )
 
 
@@ -327,8 +329,8 @@ def report(artifact_dir, output, inputs, steps, since, until) -> None:
     """Write the HTML report of an analysed artifact directory.
 
     Every figure comes from ARTIFACT_DIR/summary.json (run `dsprof analyze` first);
-    only the swimlane's spans are read again, from the inputs the summary names
-    (or the span dataset kept with `analyze --spans`); stderr says which (docs/REPORTS.md).
+    only the swimlane's spans are read again, from the inputs the summary names inside
+    ARTIFACT_DIR (or the span dataset kept with `analyze --spans`), else --inputs; stderr says which (docs/REPORTS.md).
     """
     progress = progress_printer()
     window = {"steps": steps, "since": since, "until": until}
@@ -386,7 +388,9 @@ def export(artifact_dir, fmt, output, inputs, steps, since, until) -> None:
     is_flag=True,
     help="Print suggested rules from the SUMMARY... of healthy runs (facts, and effect-size limits: worst healthy value x --margin).",
 )
-@click.option("--margin", type=click.FloatRange(min=1), default=1.5, help="With --suggest: headroom over the worst healthy value.")
+@click.option(
+    "--margin", type=click.FloatRange(min=1, max=MAX_MARGIN), default=1.5, help="With --suggest: headroom over the worst healthy value."
+)
 @click.option(
     "--baseline",
     type=click.Path(path_type=Path),

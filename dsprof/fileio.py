@@ -176,6 +176,7 @@ def file_kind(mode: int) -> str:
         (stat.S_ISCHR, "a character device"),
         (stat.S_ISBLK, "a block device"),
         (stat.S_ISSOCK, "a socket"),
+        (stat.S_ISREG, "a regular file"),
     ):
         if test(mode):
             return name

@@ -10,6 +10,8 @@ all other text, non-ASCII letters included, as it is.
 
 Its output is also valid XML 1.0 character data (no C0 controls, surrogates or
 U+FFFE/U+FFFF), so the same function serves JUnit files read by CI systems.
+:func:`toml_string` is the TOML target: a basic string that reads back as the
+text and is terminal-safe as printed (``gate --suggest`` prints rules files).
 """
 
 from __future__ import annotations
@@ -40,3 +42,24 @@ def terminal_safe(text: str) -> str:
     not a reversible encoding).
     """
     return _UNSAFE.sub(_escape, text)
+
+
+_TOML_UNSAFE = re.compile(f'["\\\\]|{_UNSAFE.pattern}')
+_TOML_SHORT = {"\b": "\\b", "\t": "\\t", "\n": "\\n", "\f": "\\f", "\r": "\\r", '"': '\\"', "\\": "\\\\"}
+
+
+def _toml_escape(match: re.Match[str]) -> str:
+    char = match.group()
+    if char in _TOML_SHORT:
+        return _TOML_SHORT[char]
+    code = ord(char)
+    return "\\ufffd" if 0xD800 <= code <= 0xDFFF else f"\\u{code:04x}"  # TOML has no escape for a lone surrogate
+
+
+def toml_string(text: str) -> str:
+    """``text`` as a TOML basic string (quoted) that reads back as ``text``: a newline or quote in it cannot start a table.
+
+    Every character :func:`terminal_safe` escapes is written as a TOML escape, so the
+    line is also safe to print; a lone surrogate (an undecodable file name byte) becomes U+FFFD.
+    """
+    return '"' + _TOML_UNSAFE.sub(_toml_escape, text) + '"'

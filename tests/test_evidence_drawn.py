@@ -20,7 +20,7 @@ from dsprof.testing.coupled import main as write_coupled_log
 def analysed(tmp_path_factory):
     run = tmp_path_factory.mktemp("evidence") / "run"
     assert write_coupled_log([str(run), "--ranks", "4", "--steps", "60", "--seed", "3"]) == 0
-    out = run.parent / "out"
+    out = run  # analysed in place: report and export read only the inputs a summary names inside its directory
     outcome = analyze_paths([run], out)
     collections = outcome.result.engine.rows(f"SELECT pid, ts_ns, dur_ns FROM spans WHERE name = '{fmt.GC}' ORDER BY ts_ns")
     assert len(collections) >= 4  # the log holds the faults' collections and small young-generation ones

@@ -68,7 +68,7 @@ def test_a_figure_missing_from_a_run_is_not_suggested(healthy):
     partial = copy.deepcopy(healthy[0])
     partial["what_if"]["share_of_decode_wall"] = None
     text = suggest_rules([healthy[0], partial])
-    assert "# not suggested: what_if.share_of_decode_wall is not a number in every run" in text
+    assert "# not suggested: what_if.share_of_decode_wall is not a number (below 2^63) in every run" in text
     assert "what_if.share_of_decode_wall <=" not in text
 
 

@@ -1,14 +1,15 @@
-"""terminal_safe: untrusted text cannot drive a terminal, and stays readable."""
+"""terminal_safe and toml_string: untrusted text cannot drive a terminal or break out of a TOML string, and stays readable."""
 
 from __future__ import annotations
 
+import tomllib
 import unicodedata
 import xml.etree.ElementTree as ET
 
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsprof.textsafe import terminal_safe
+from dsprof.textsafe import terminal_safe, toml_string
 
 
 def test_escape_sequences_become_visible_text():
@@ -39,3 +40,15 @@ def test_output_has_no_control_characters_is_idempotent_and_valid_xml(text):
     element.text = safe
     parsed = ET.fromstring(ET.tostring(element, encoding="unicode"))
     assert parsed.get("name") == safe and (parsed.text or "") == safe
+
+
+@given(st.text(alphabet=st.characters(exclude_categories=("Cs",)), max_size=60))
+def test_toml_strings_read_back_as_the_text_and_are_terminal_safe(text):
+    quoted = toml_string(text)
+    assert tomllib.loads(f"v = {quoted}\n# {quoted}\n") == {"v": text}  # as a value, and inside a comment
+    assert terminal_safe(quoted) == quoted
+
+
+def test_toml_string_escapes_what_would_end_the_string_or_the_line():
+    assert toml_string('a"b\\c\n[[rule]]\x1b\u202e') == '"a\\"b\\\\c\\n[[rule]]\\u001b\\u202e"'
+    assert toml_string("x\udc80") == '"x\\ufffd"'  # an undecodable file name byte: TOML has no escape for it

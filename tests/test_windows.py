@@ -216,7 +216,8 @@ def test_report_and_export_draw_only_the_window(run, tmp_path):
     analyze_paths([run], out)
     runner = CliRunner()
     trace_path = tmp_path / "window.json"
-    result = runner.invoke(cli, ["export", str(out), "-o", str(trace_path), "--steps", f"{FIRST}:{LAST}"])
+    inputs = ["--inputs", str(run)]  # the inputs lie outside the analysed directory
+    result = runner.invoke(cli, ["export", str(out), "-o", str(trace_path), *inputs, "--steps", f"{FIRST}:{LAST}"])
     assert result.exit_code == 0, result.output
     assert "drawing only the window steps 30:59" in result.output
     trace = json.loads(trace_path.read_text())
@@ -228,7 +229,7 @@ def test_report_and_export_draw_only_the_window(run, tmp_path):
     assert len(trace["traceEvents"]) < len(whole["traceEvents"]) / 2
     result = runner.invoke(cli, ["report", str(out), "-o", str(tmp_path / "r.html"), "--until", "+1s", "--since", "+2s"])
     assert result.exit_code == 2 and "not after" in result.output
-    result = runner.invoke(cli, ["report", str(out), "-o", str(tmp_path / "r.html"), "--steps", f"{FIRST}:{LAST}"])
+    result = runner.invoke(cli, ["report", str(out), "-o", str(tmp_path / "r.html"), *inputs, "--steps", f"{FIRST}:{LAST}"])
     assert result.exit_code == 0, result.output
     assert "Swimlane drawn for the window steps 30:59 only." in (tmp_path / "r.html").read_text()
 
@@ -286,7 +287,7 @@ def test_without_step_attributes_steps_count_by_position(tmp_path):
 def test_a_report_of_a_windowed_analysis_draws_its_window(run, tmp_path):
     out = tmp_path / "out"
     analyze_paths([run], out, window=parse_window(f"{FIRST}:{LAST}"))
-    result = CliRunner().invoke(cli, ["export", str(out), "-o", str(tmp_path / "t.json")])
+    result = CliRunner().invoke(cli, ["export", str(out), "-o", str(tmp_path / "t.json"), "--inputs", str(run)])
     assert result.exit_code == 0, result.output
     assert json.loads((tmp_path / "t.json").read_text())["otherData"]["window"]["steps"] == [FIRST, LAST]
 

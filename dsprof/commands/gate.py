@@ -15,7 +15,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from dsprof.analysis.gate import GateVerdict, evaluate_gate
-from dsprof.analysis.gate_suggest import DEFAULT_MARGIN, suggest_rules
+from dsprof.analysis.gate_suggest import DEFAULT_MARGIN, MAX_MARGIN, suggest_rules
 from dsprof.analysis.outputs.gate_outputs import (
     format_step_summary,
     format_step_summary_error,
@@ -29,6 +29,8 @@ from dsprof.analysis.summary import summary_path, summary_with_path
 from dsprof.commands.printing import Printer, os_error_message
 from dsprof.errors import DsprofError
 from dsprof.fileio import atomic_append_text, check_input_file
+
+__all__ = ["MAX_MARGIN", "gate", "gate_command", "suggest_command"]  # MAX_MARGIN: the CLI's bound on --margin
 
 
 def gate(

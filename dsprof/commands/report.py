@@ -7,9 +7,11 @@ disagrees with the summary, gate and diff.
 
 The spans come from, first found: the paths given (``--inputs``), the span
 dataset ``analyze --spans`` kept (``inputs.span_dataset``), the input files the
-summary names (``inputs.files``), or the directory itself. So ``analyze RUN -o
-OUT`` then ``report OUT`` works, and inputs that moved get one line naming
-``--inputs``.
+summary names (``inputs.files``), or the directory itself. What a summary names
+is a record, not an instruction: it is read only where it resolves inside the
+directory (links followed), so a crafted summary cannot point ``report`` at any
+file it likes. After ``analyze RUN -o OUT``, ``report OUT --inputs RUN`` reads
+them; named inputs outside, or moved, get one line naming ``--inputs``.
 """
 
 from __future__ import annotations
@@ -84,21 +86,42 @@ def span_sources(artifact_dir: Path, summary: Summary, inputs: InputPaths = None
             raise InputError(missing[0], "no such file or directory", expected="the inputs the summary was analysed from")
         return [Path(p) for p in inputs]
     recorded = summary.get("inputs") or {}
-    dataset = recorded.get("span_dataset")
-    if isinstance(dataset, str) and (Path(dataset) / artifacts.SPAN_DATASET_MANIFEST).is_file():
-        return [Path(dataset)]
+    dataset = Path(recorded["span_dataset"]) if isinstance(recorded.get("span_dataset"), str) else None
     files = [Path(f) for f in recorded.get("files") or [] if isinstance(f, str)]
-    if files and all(f.exists() for f in files):
+    outside = [f for f in [*([dataset] if dataset else []), *files] if not _inside(f, artifact_dir)]
+    if dataset is not None and dataset not in outside and (dataset / artifacts.SPAN_DATASET_MANIFEST).is_file():
+        return [dataset]
+    if files and all(f not in outside and f.exists() for f in files):
         return files
     if _holds_inputs(artifact_dir):
         return [artifact_dir]
-    gone = next((f for f in files if not f.exists()), None) if files else (Path(dataset) if isinstance(dataset, str) else None)
+    raise _no_inputs(artifact_dir, outside, files, dataset)
+
+
+def _no_inputs(artifact_dir: Path, outside: list[Path], files: list[Path], dataset: Path | None) -> InputError:
+    """Why nothing can be read, naming ``--inputs``: inputs named outside the directory, inputs gone, or none named."""
+    if outside:
+        more = f" and {len(outside) - 1} more" if len(outside) > 1 else ""
+        return InputError(
+            artifact_dir / artifacts.SUMMARY_JSON,
+            f"names inputs outside {artifact_dir} ({outside[0]}{more}), which are read only when given: --inputs PATH (repeatable)",
+        )
+    gone = next((f for f in files if not f.exists()), None) if files else dataset
     if gone is None:
-        raise InputError(artifact_dir, "holds no dsprof inputs and its summary names none", expected="--inputs PATH... naming them")
-    raise InputError(
+        return InputError(artifact_dir, "holds no dsprof inputs and its summary names none", expected="--inputs PATH... naming them")
+    return InputError(
         artifact_dir / artifacts.SUMMARY_JSON,
         f"the inputs it was analysed from have moved ({gone} is gone); point at them with --inputs PATH (repeatable)",
     )
+
+
+def _inside(path: Path, directory: Path) -> bool:
+    """Whether ``path`` resolves (links followed) inside ``directory``: a summary's inputs are a record, not an instruction
+    to read any file the summary names."""
+    try:
+        return path.resolve().is_relative_to(directory.resolve())
+    except (OSError, ValueError):  # a loop of links, a NUL in the name
+        return False
 
 
 def _holds_inputs(directory: Path) -> bool:
