@@ -6,13 +6,15 @@ import gzip
 import json
 from pathlib import Path
 
+import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 from click.testing import CliRunner
 
 from dsprof.analysis.analyze import analyze_trace
-from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.ingest import kineto, read_paths
 from dsprof.analysis.ingest.kineto import ACTIVITY, BETWEEN_OPS, COMPUTE, HOST_GAP, SHARED_PID_BASE, read_kineto_traces
+from dsprof.analysis.spans import SPAN_SCHEMA
 from dsprof.cli.main import cli
 from dsprof.commands.report import export_from_dir
 from dsprof.profiler import strace_format as fmt
@@ -295,3 +297,20 @@ def test_cuda_programs_assign_kernels_by_their_launch(tmp_path):
     assert [(r["inv"], r["ts_ns"], r["dur_ns"]) for r in rank0 if r["name"] == COMPUTE] == [(1, 10_000, 40_000), (2, 10_000, 80_000)]
     assert [(r["inv"], r["dur_ns"]) for r in rank0 if r["name"] == HOST_GAP] == [(1, 60_000), (2, 60_000)]
     assert not [r for r in rank0 if r["name"] == BETWEEN_OPS]
+
+
+def test_rows_handed_to_a_sink_in_chunks_are_the_rows_read_into_memory(tmp_path, monkeypatch):
+    """Out of core (``analyze`` of a big job, ``ingest``): the same rows, a chunk at a time, and no spill folder left."""
+    paths = [write_rank(tmp_path, 0), write_rank(tmp_path, 1)]
+    in_memory = read_kineto_traces(paths).spans
+    made: list[Path] = []
+    own_folder = kineto.make_owned_dir
+    monkeypatch.setattr(kineto, "make_owned_dir", lambda prefix: made.append(own_folder(prefix, tmp_path)) or made[-1])
+    monkeypatch.setattr(kineto, "ROWS_PER_CHUNK", 3)
+    chunks: list[pa.Table] = []
+    sink = type("ListSink", (), {"add": lambda self, table: chunks.append(table)})()
+    trace = read_kineto_traces(paths, sink=sink)
+    assert trace.spans.num_rows == 0 and trace.spans_written == {kineto.SOURCE: in_memory.num_rows}
+    assert len(chunks) > len(paths) and max(c.num_rows for c in chunks) <= 3
+    assert pa.concat_tables([c.cast(SPAN_SCHEMA) for c in chunks]).equals(in_memory)
+    assert made and not made[0].exists()
