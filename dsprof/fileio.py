@@ -150,22 +150,30 @@ def check_input_file(path: str | os.PathLike, expected: str) -> None:
         raise InputError(path, f"is {file_kind(mode)}, not a regular file", expected=expected)
 
 
-def read_regular_file(path: str | os.PathLike, *, max_bytes: int, expected: str) -> bytes:
-    """The bytes of ``path``, opened without blocking and checked on the open file: a FIFO, device or directory is an InputError.
+def open_regular_file(path: str | os.PathLike, *, expected: str) -> BinaryIO:
+    """``path`` opened for reading without blocking, checked on the open file: a FIFO, device or directory is an InputError.
 
-    Missing or unreadable files raise the OSError, for the caller to word.
+    A FIFO opened the usual way would wait for a writer for good. Missing or unreadable files raise the OSError, for the
+    caller to word.
     """
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        status = os.fstat(fd)
-        if not stat.S_ISREG(status.st_mode):
-            raise InputError(path, f"is {file_kind(status.st_mode)}, not a regular file", expected=expected)
-        if status.st_size > max_bytes:  # the reader holds several times the text in memory
-            raise InputError(path, f"{status.st_size} bytes is too large", expected=f"at most {max_bytes >> 20} MiB")
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            return handle.read(max_bytes + 1)
-    finally:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise InputError(path, f"is {file_kind(mode)}, not a regular file", expected=expected)
+    except BaseException:
         os.close(fd)
+        raise
+    return os.fdopen(fd, "rb")
+
+
+def read_regular_file(path: str | os.PathLike, *, max_bytes: int, expected: str) -> bytes:
+    """The bytes of ``path`` (:func:`open_regular_file`), at most ``max_bytes`` of them or an InputError."""
+    with open_regular_file(path, expected=expected) as handle:
+        size = os.fstat(handle.fileno()).st_size
+        if size > max_bytes:  # the reader holds several times the text in memory
+            raise InputError(path, f"{size} bytes is too large", expected=f"at most {max_bytes >> 20} MiB")
+        return handle.read(max_bytes + 1)
 
 
 def file_kind(mode: int) -> str:

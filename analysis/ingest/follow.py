@@ -12,8 +12,12 @@ rows equal those of a whole-file read.
 
 * Rotation (the path now names another file): the old file is read to its end
   and parsed to the last byte, then the new one is followed from its start.
-* Truncation (the file is now shorter than what was read): what was held back
-  is parsed, the file is read again from its start, and a note says so.
+* Truncation or a rewrite in place (the file is now shorter than what was
+  read, or its first bytes changed: copytruncate, then more written than was
+  there, within one poll; :mod:`.followed_file`): what was held back is
+  parsed, the file is read again from its start, and a note says so.
+* A FIFO, device or directory at the path is refused in one line naming it
+  (as a file that cannot be read is), never waited on.
 * :meth:`LogFollower.finish` parses everything left, torn record included,
   exactly as a whole-file read would at the file's end.
 """
@@ -22,14 +26,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import BinaryIO
 
 import pyarrow as pa
 
+from dsprof.analysis.ingest.followed_file import FollowedFile
 from dsprof.analysis.ingest.strace_log import LogTally, parsed_pieces, refuse_binary
 from dsprof.analysis.ingest.strace_pieces import CHUNK_BYTES, HEAD_BYTES, MAX_LINE_BYTES, mapped_pieces
 from dsprof.analysis.spans import Trace
-from dsprof.errors import InputError
 
 # Bytes read from one file in one poll, at most: a follower that starts on a big log catches up piece by piece.
 POLL_BYTES = CHUNK_BYTES
@@ -44,9 +47,7 @@ class LogFollower:
         self.path = Path(path)
         self.name = str(path)
         self.counts = LogTally()
-        self._handle: BinaryIO | None = None
-        self._identity: tuple[int, int] | None = None
-        self._read = 0  # bytes read from the open file
+        self._file: FollowedFile | None = None
         self.total_read = 0  # bytes read from every file this path has named (rotations, truncations)
         self._held = bytearray()  # read but not parsed yet: from the last line opening with '['
         self._line_base = 0  # lines of the open file parsed so far
@@ -63,17 +64,20 @@ class LogFollower:
             current = os.stat(self.path)
         except FileNotFoundError:
             current = None  # renamed away, the new file not made yet: keep reading the old one
-        if self._handle is not None and current is not None and (current.st_dev, current.st_ino) != self._identity:
+        if self._file is not None and current is not None and not self._file.named_by(current):
             self._drain(tables)  # rotated: the old file to its end, then the new one
             self._close()
-        if self._handle is None:
+        if self._file is None:
             if current is None:
                 return tables
             self._open()
-        assert self._handle is not None
-        if os.fstat(self._handle.fileno()).st_size < self._read:
+        assert self._file is not None
+        if self._file.rewritten():
             self._parse(bytes(self._held), tables)
-            self.counts.notes.append(f"{self.name}: truncated after {self._read:,} bytes were read; read again from its start")
+            self.counts.notes.append(
+                f"{self.name}: truncated or rewritten after {self._file.read:,} bytes were read; read again from its start"
+            )
+            self._file.restart()
             self._restart()
         self._read_new(tables, final=False)
         return tables
@@ -81,7 +85,7 @@ class LogFollower:
     def finish(self) -> list[pa.Table]:
         """The tables of everything left (a torn last record too), as a whole-file read ends; the file is closed."""
         tables = self.poll()
-        if self._handle is not None:
+        if self._file is not None:
             self._drain(tables)
             self._close()
         self.finished = True
@@ -92,25 +96,19 @@ class LogFollower:
         return self.counts.trace(self.name)
 
     def _open(self) -> None:
-        try:
-            self._handle = self.path.open("rb")
-        except OSError as exc:
-            raise InputError(self.path, f"cannot read: {exc.strerror or exc}") from None
-        status = os.fstat(self._handle.fileno())
-        self._identity = (status.st_dev, status.st_ino)
-        self.identities.add(self._identity)
+        self._file = FollowedFile(self.path, expected="a text log")
+        assert self._file.identity is not None
+        self.identities.add(self._file.identity)
         self._restart()
 
     def _restart(self) -> None:
-        """From the open file's start: nothing read, nothing held, lines counted from 1."""
-        assert self._handle is not None
-        self._handle.seek(0)
-        self._read, self._held, self._line_base, self._head_checked = 0, bytearray(), 0, False
+        """From the open file's start: nothing held, lines counted from 1."""
+        self._held, self._line_base, self._head_checked = bytearray(), 0, False
 
     def _close(self) -> None:
-        if self._handle is not None:
-            self._handle.close()
-        self._handle, self._identity = None, None
+        if self._file is not None:
+            self._file.close()
+        self._file = None
 
     def _drain(self, tables: list[pa.Table]) -> None:
         """Read the open file to its end and parse all of it (its last record, torn or not, included)."""
@@ -120,9 +118,8 @@ class LogFollower:
 
     def _read_new(self, tables: list[pa.Table], final: bool) -> int:
         """Read up to POLL_BYTES more and parse what is complete (``final``: everything held); the bytes read."""
-        assert self._handle is not None
-        data = self._handle.read(POLL_BYTES)
-        self._read += len(data)
+        assert self._file is not None
+        data = self._file.read_more(POLL_BYTES)
         self.total_read += len(data)
         self._held += data
         if not self._head_checked and self._held:

@@ -15,7 +15,17 @@ fragment's count, so the rows equal those of a whole-file read.
   its last line handed on as a whole read ends, and the new file is read from
   its start. One rewritten in place — shorter than what was read, or its first
   bytes changed (a file made again on a reused inode) — is read again from its
-  start, after its held line is handed on; a note says so.
+  start, after its held line is handed on; a note says so
+  (:mod:`.followed_file`). A FIFO, device or directory put in a fragment's
+  place is refused in one line naming it, as a fragment that cannot be read is.
+* At most ``MAX_OPEN`` fragments hold a descriptor, fewer under a low
+  descriptor limit (a job may have thousands of processes): past that, the
+  one that grew least recently lets its go, and is opened again when its size
+  changes, read on only if it is still the file read (device, inode, first
+  bytes). One removed or replaced while it held
+  none cannot be read to its end: what it got after its last poll is missing
+  from the window's serving figures only (the final outputs read the
+  fragments whole).
 * A line longer than ``JsonLimits.max_event_bytes`` is counted
   (``overlong_line``) and skipped to its newline, never held whole.
 * ``B``/``E`` events pair within one poll's lines only (SA_PROFILE writes
@@ -28,49 +38,65 @@ from __future__ import annotations
 
 import io
 import os
+import resource
 import time
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import BinaryIO
 
 from dsprof.analysis.ingest.follow import POLL_BYTES
+from dsprof.analysis.ingest.followed_file import FollowedFile
 from dsprof.analysis.ingest.sa_profile import FragmentBatch
 from dsprof.analysis.spans import Trace, merge_traces
-from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits, LineBatch, line_batches
 
-# A fragment's first bytes, kept and compared every poll: changed, the file was written again from its start.
-HEAD_BYTES = 4096
 # A fragments directory is listed at most this often (seconds): a new fragment means a new process, and a job
 # may have thousands; the fragments already open are read every poll.
 LIST_INTERVAL_S = 1.0
+# Fragments holding a descriptor at most (fewer under a low descriptor limit: open_budget), whatever the number of processes.
+MAX_OPEN = 64
+EXPECTED = "an SA_PROFILE fragment (trace.<pid>.jsonl)"
 
 
 @dataclass
 class _Fragment:
     """One fragment file being read: where reading stands, and the start of a line not complete yet."""
 
-    path: Path
-    handle: BinaryIO
-    identity: tuple[int, int]  # (device, inode)
-    read: int = 0  # bytes read from the file
+    file: FollowedFile
     lines: int = 0  # lines handed on
     held: bytearray = field(default_factory=bytearray)
-    head: bytes = b""  # the file's first bytes, up to HEAD_BYTES
     skipping: bool = False  # inside an overlong line: its bytes are dropped up to its newline
+
+    def restart(self) -> None:
+        """From the file's start: no line handed on, nothing held."""
+        self.lines, self.held, self.skipping = 0, bytearray(), False
+
+
+def open_budget() -> int:
+    """MAX_OPEN, or a quarter of the process's descriptor limit where lower: the rest is for the logs, DuckDB, outputs."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return MAX_OPEN if soft == resource.RLIM_INFINITY else max(1, min(MAX_OPEN, soft // 4))
 
 
 class FragmentFollower:
     """The fragments of ``source`` (a fragments directory, or one ``.jsonl``); :meth:`poll` converts their new lines."""
 
-    def __init__(self, source: str | os.PathLike, limits: JsonLimits = DEFAULT_LIMITS, list_interval_s: float = LIST_INTERVAL_S):
+    def __init__(
+        self,
+        source: str | os.PathLike,
+        limits: JsonLimits = DEFAULT_LIMITS,
+        list_interval_s: float = LIST_INTERVAL_S,
+        max_open: int | None = None,
+    ):
         self.source = Path(source)
         self.limits = limits
         self.list_interval_s = list_interval_s
+        self.max_open = open_budget() if max_open is None else max_open
         self.counts = Trace()  # what was handed on, less its rows: lines read, lines dropped by reason, names, notes
         self.total_read = 0  # bytes read from every fragment file
-        self._open: dict[Path, _Fragment] = {}
+        self._fragments: dict[Path, _Fragment] = {}  # every fragment followed
+        self._open: OrderedDict[Path, None] = OrderedDict()  # those holding a descriptor, the one grown longest ago first
         self._listing: list[Path] = []
         self._listed_at: float | None = None  # time.monotonic() of the last listing
         self.finished = False  # finish() was called: nothing more is read
@@ -80,7 +106,7 @@ class FragmentFollower:
         if self.finished:
             return Trace()
         batch = FragmentBatch(self.limits)
-        for path in dict.fromkeys([*self._listed(), *self._open]):
+        for path in dict.fromkeys([*self._listed(), *self._fragments]):
             self._poll_one(path, batch)
         return self._converted(batch)
 
@@ -89,17 +115,18 @@ class FragmentFollower:
         self._listed_at = None  # every fragment there now, however recently the directory was listed
         tail = self.poll()
         batch = FragmentBatch(self.limits)
-        for fragment in list(self._open.values()):
-            self._drain(fragment, batch)
-            self._close(fragment)
+        for fragment in list(self._fragments.values()):
+            if fragment.file.handle is None:
+                self._reopen(fragment, batch)
+            self._end(fragment, batch)
         self.finished = True
         return merge_traces([tail, self._converted(batch)])
 
     def close(self) -> None:
         """Close the fragments open (the watch was given up); nothing more is read."""
         self.finished = True
-        for fragment in list(self._open.values()):
-            self._close(fragment)
+        for fragment in list(self._fragments.values()):
+            self._forget(fragment)
 
     def _listed(self) -> list[Path]:
         if self.source.suffix == ".jsonl":
@@ -110,59 +137,67 @@ class FragmentFollower:
         return self._listing
 
     def _poll_one(self, path: Path, batch: FragmentBatch) -> None:
-        """A replaced fragment is read to its end first; a truncated one again from its start; then the new bytes."""
-        fragment = self._open.get(path)
+        """A replaced fragment is read to its end first; a rewritten one again from its start; then the new bytes."""
+        fragment = self._fragments.get(path)
         try:
             status = os.stat(path)
         except FileNotFoundError:
             status = None
-        if fragment is not None and (status is None or (status.st_dev, status.st_ino) != fragment.identity):
-            self._drain(fragment, batch)
-            self._close(fragment)
+        if fragment is not None and not fragment.file.named_by(status):
+            self._end(fragment, batch)
             fragment = None
         if status is None:
             return
-        fragment = fragment or self._opened(path)
-        if self._rewritten(fragment):
-            self._hand_on(fragment, bytes(fragment.held), batch)
-            self.counts.notes.append(f"{path}: rewritten after {fragment.read:,} bytes were read; read again from its start")
-            self._close(fragment)
-            fragment = self._opened(path)
-        self._read_new(fragment, batch, final=False)
+        if fragment is None:
+            fragment = self._fragments[path] = _Fragment(FollowedFile(path, EXPECTED))
+        elif fragment.file.handle is None:
+            if status.st_size == fragment.file.read:
+                return  # nothing new: its descriptor is not taken again
+            self._reopen(fragment, batch)
+        elif fragment.file.rewritten():
+            self._read_again(fragment, batch, fragment.file.read)
+        if self._read_new(fragment, batch, final=False) or path not in self._open:
+            self._used(fragment)
 
-    @staticmethod
-    def _rewritten(fragment: _Fragment) -> bool:
-        """Whether the open file is shorter than what was read, or its first bytes are no longer those read."""
-        if os.fstat(fragment.handle.fileno()).st_size < fragment.read:
-            return True
-        return bool(fragment.head) and os.pread(fragment.handle.fileno(), len(fragment.head), 0) != fragment.head
+    def _reopen(self, fragment: _Fragment, batch: FragmentBatch) -> None:
+        """Take a descriptor on a fragment again; one rewritten meanwhile is read again from its start."""
+        read = fragment.file.read
+        if not fragment.file.open():
+            self._read_again(fragment, batch, read)
+        self._used(fragment)
 
-    def _opened(self, path: Path) -> _Fragment:
-        try:
-            handle = path.open("rb")
-        except OSError as exc:
-            raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
-        status = os.fstat(handle.fileno())
-        self._open[path] = _Fragment(path, handle, (status.st_dev, status.st_ino))
-        return self._open[path]
+    def _read_again(self, fragment: _Fragment, batch: FragmentBatch, read: int) -> None:
+        """Hand on the held line, note the rewrite (``read`` bytes had been read), and read the file from its start."""
+        self._hand_on(fragment, bytes(fragment.held), batch)
+        self.counts.notes.append(f"{fragment.file.path}: rewritten after {read:,} bytes were read; read again from its start")
+        fragment.file.restart()
+        fragment.restart()
 
-    def _close(self, fragment: _Fragment) -> None:
-        fragment.handle.close()
-        del self._open[fragment.path]
+    def _used(self, fragment: _Fragment) -> None:
+        """Mark the fragment grown last; past ``max_open`` descriptors, the one grown longest ago lets its go."""
+        self._open[fragment.file.path] = None
+        self._open.move_to_end(fragment.file.path)
+        while len(self._open) > self.max_open:
+            idle, _ = self._open.popitem(last=False)
+            self._fragments[idle].file.close()
 
-    def _drain(self, fragment: _Fragment, batch: FragmentBatch) -> None:
-        """Read the fragment to its end and hand on all of it (its last line, torn or not, included)."""
-        while self._read_new(fragment, batch, final=False):
-            pass
-        self._read_new(fragment, batch, final=True)
+    def _end(self, fragment: _Fragment, batch: FragmentBatch) -> None:
+        """Read the fragment to its end if it holds a descriptor, hand on all that is held, and forget it."""
+        if fragment.file.handle is not None:
+            while self._read_new(fragment, batch, final=False):
+                pass
+        self._hand_on(fragment, bytes(fragment.held), batch)
+        self._forget(fragment)
+
+    def _forget(self, fragment: _Fragment) -> None:
+        fragment.file.close()
+        self._open.pop(fragment.file.path, None)
+        del self._fragments[fragment.file.path]
 
     def _read_new(self, fragment: _Fragment, batch: FragmentBatch, final: bool) -> int:
         """Read up to POLL_BYTES more and hand on the complete lines (``final``: everything held); the bytes read."""
-        data = fragment.handle.read(POLL_BYTES)
+        data = fragment.file.read_more(POLL_BYTES)
         got = len(data)
-        if len(fragment.head) < HEAD_BYTES:
-            fragment.head += data[: HEAD_BYTES - len(fragment.head)]
-        fragment.read += got
         self.total_read += got
         if fragment.skipping:
             newline = data.find(b"\n")
@@ -176,7 +211,7 @@ class FragmentFollower:
             self._hand_on(fragment, ready, batch)
         if len(fragment.held) > self.limits.max_event_bytes:  # as line_batches does: counted once, skipped to its newline
             fragment.lines += 1
-            batch.add_lines(str(fragment.path), [LineBatch(fragment.lines, [b""], overlong=[fragment.lines])])
+            batch.add_lines(str(fragment.file.path), [LineBatch(fragment.lines, [b""], overlong=[fragment.lines])])
             fragment.held, fragment.skipping = bytearray(), True
         return got
 
@@ -184,7 +219,7 @@ class FragmentFollower:
         """Decode whole lines (a last one without its newline only at the end) into the batch, numbered on."""
         if not ready:
             return
-        batch.add_lines(str(fragment.path), line_batches(io.BytesIO(ready), self.limits, first_line=fragment.lines + 1))
+        batch.add_lines(str(fragment.file.path), line_batches(io.BytesIO(ready), self.limits, first_line=fragment.lines + 1))
         fragment.lines += ready.count(b"\n") + (not ready.endswith(b"\n"))
 
     def _converted(self, batch: FragmentBatch) -> Trace:

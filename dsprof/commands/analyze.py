@@ -50,6 +50,8 @@ JSON_WEIGHT = 8
 GZIP_WEIGHT = 10
 _JSON_SUFFIXES = (".json", ".jsonl", ".gz")
 ENGINES = ("embedded", "ray")
+# What the memory error tells the user to do; a command without --memory-limit (watch) says what it can do instead.
+MEMORY_REMEDY = "raise --memory-limit"
 MEMORY_LIMIT_DEFAULT = f"{DEFAULT_MEMORY_SHARE:.0%} of RAM"  # what the engine takes without --memory-limit
 FALLBACK_OUT_DIR = Path("dsprof-analysis")
 SPILL_PREFIX = "dsprof-spans-"  # temporary span datasets, removed on success, error and interrupt
@@ -141,6 +143,7 @@ def analyze_paths(
     window: WindowSpec | None = None,
     step_marker: str | None = None,
     progress: Progress = None,
+    memory_remedy: str = MEMORY_REMEDY,
 ) -> AnalyzeOutcome:
     """Analyse artifacts (dirs, logs, traces); with ``out_dir``, write the outputs there.
 
@@ -149,7 +152,7 @@ def analyze_paths(
     the cluster at ``address``; docs/CLUSTER.md). Inputs without a single span
     (and no serving summary) are an InputError. ``window`` (or just ``steps``):
     analyse that window of the run only (:mod:`dsprof.analysis.window_read`). ``step_marker``: the label of a
-    Kineto trace's steps (default ``ProfilerStep#N``).
+    Kineto trace's steps (default ``ProfilerStep#N``). ``memory_remedy``: what the error of exhausted memory advises.
     """
     check_threshold(threshold_ms)
     if engine not in ENGINES:
@@ -172,7 +175,7 @@ def analyze_paths(
         if window is not None:
             trace, placed, spill = read_window(trace, window, spill, progress=progress)
         require_something_to_analyse(trace, paths)
-        with explained_query_errors(trace):
+        with explained_query_errors(trace, memory_remedy):
             result = analyze_trace(
                 trace,
                 threshold_ms=threshold_ms,
@@ -219,7 +222,7 @@ def _dataset_input(paths: Sequence[str | os.PathLike]) -> str | os.PathLike | No
 
 
 @contextlib.contextmanager
-def explained_query_errors(trace: Trace) -> Iterator[None]:
+def explained_query_errors(trace: Trace, memory_remedy: str = MEMORY_REMEDY) -> Iterator[None]:
     """DuckDB errors as one line: a span dataset part whose data is corrupt is named, exhausted memory said so.
 
     A part's footer and schema are checked before the first query
@@ -231,7 +234,7 @@ def explained_query_errors(trace: Trace) -> Iterator[None]:
         yield
     except duckdb.OutOfMemoryException as exc:
         detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "out of memory"
-        raise DsprofError(f"the analysis needs more memory than its limit ({detail}): raise --memory-limit") from None
+        raise DsprofError(f"the analysis needs more memory than its limit ({detail}): {memory_remedy}") from None
     except duckdb.Error:
         culprit = corrupt_part(trace.span_files)
         if culprit is None:

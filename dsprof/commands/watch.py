@@ -26,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from typing import IO, NoReturn
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, check_threshold
 from dsprof.analysis.gate import evaluate_gate
@@ -45,6 +45,7 @@ from dsprof.commands.analyze import (
 )
 from dsprof.commands.printing import Printer, safe_lines
 from dsprof.errors import DsprofError
+from dsprof.fileio import OutputError
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 from dsprof.textsafe import terminal_safe
 
@@ -52,6 +53,8 @@ DEFAULT_INTERVAL_S = 1.0
 POLL_S = 0.1  # how often the logs are polled between refreshes
 # The runtime writes faults.json just after performance_summary.json: the watch ends this long after the latter appears.
 JOB_END_GRACE_S = 1.0
+# watch has no --memory-limit: the final analysis is analyze's, of the span dataset --spans keeps.
+MEMORY_REMEDY = "keep the spans (--spans DIR) and analyse them with 'dsprof analyze DIR --memory-limit'"
 ALERT_ENV = "DSPROF_ALERT"
 Screen = Callable[[str], None]
 
@@ -121,10 +124,19 @@ class Alerts:
 
 
 class Events:
-    """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them)."""
+    """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them).
+
+    A file that cannot be written (a directory, ``/dev/full``) is an error naming it, at the open or the first write.
+    """
 
     def __init__(self, path: str | os.PathLike | None):
-        self.handle: IO[str] | None = None if path is None else open(path, "a", encoding="utf-8")
+        self.path = path
+        self.handle: IO[str] | None = None
+        if path is not None:
+            try:
+                self.handle = open(path, "a", encoding="utf-8")
+            except OSError as exc:
+                self._refuse(exc)
         self.last_shown: int | None = None
 
     def write(self, steps: tuple[int, int] | None, alerts: list[str], refresh_s: float) -> None:
@@ -142,12 +154,23 @@ class Events:
             "alerts": alerts,
             "refresh_s": round(refresh_s, 4),
         }
-        self.handle.write(json.dumps(event) + "\n")
-        self.handle.flush()
+        try:
+            self.handle.write(json.dumps(event) + "\n")
+            self.handle.flush()
+        except OSError as exc:
+            self._refuse(exc)
 
     def close(self) -> None:
         if self.handle is not None:
             self.handle.close()
+
+    def _refuse(self, exc: OSError) -> NoReturn:
+        """The file is let go (its unwritten line would fail again on close) and named in the error."""
+        handle, self.handle = self.handle, None
+        if handle is not None:
+            with contextlib.suppress(OSError):
+                handle.close()
+        raise OutputError(f"{self.path}: cannot write the --events file: {exc.strerror or exc}") from None
 
 
 def watch_command(
@@ -187,11 +210,12 @@ def watch_paths(
     """Follow ``paths`` until the job ends, then write the final outputs; the caller closes ``analysis.result.engine``."""
     options.check()
     out_dir = Path(default_out_dir(paths) if options.out_dir is None else options.out_dir)
-    temporary = None if options.spans_dir is not None else make_owned_dir(SPILL_PREFIX)
-    dataset = Path(options.spans_dir) if options.spans_dir is not None else temporary
-    assert dataset is not None
-    events = Events(options.events)
+    events = Events(options.events)  # before the temporary folder: a bad --events leaves nothing behind
+    temporary = None
     try:
+        temporary = None if options.spans_dir is not None else make_owned_dir(SPILL_PREFIX)
+        dataset = Path(options.spans_dir) if options.spans_dir is not None else temporary
+        assert dataset is not None
         live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms, expect_ranks=options.expect_ranks)
         follower = _Follower(live, options, out, screen, events)
         try:
@@ -202,8 +226,10 @@ def watch_paths(
             raise
         analysis = finish_watch(live, out_dir, options, keep_dataset=temporary is None)
     finally:
-        events.close()
-        remove_owned_dir(temporary)
+        try:
+            events.close()
+        finally:
+            remove_owned_dir(temporary)
     code = 1 if follower.alerts.fired and options.on_alert is None else 0
     return WatchOutcome(analysis, ended_by, code, follower.alerts.fired)
 
@@ -220,7 +246,13 @@ def finish_watch(live: LiveAnalysis, out_dir: Path, options: WatchOptions, *, ke
     except BaseException:
         live.abort()
         raise
-    analysis = analyze_paths([live.writer.directory], None, threshold_ms=options.threshold_ms, expect_ranks=options.expect_ranks)
+    analysis = analyze_paths(
+        [live.writer.directory],
+        None,
+        threshold_ms=options.threshold_ms,
+        expect_ranks=options.expect_ranks,
+        memory_remedy=MEMORY_REMEDY,
+    )
     try:
         if not keep_dataset:  # analyze of the same bytes keeps no dataset, and names none
             analysis.summary["inputs"].pop("span_dataset", None)
