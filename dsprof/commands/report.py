@@ -39,6 +39,9 @@ PERFETTO_PROTO, PERFETTO_JSON = "perfetto", "perfetto-json"
 EXPORT_FORMATS = (PERFETTO_PROTO, PERFETTO_JSON)
 _DEFAULT_NAMES = {PERFETTO_PROTO: artifacts.PERFETTO_PROTO, PERFETTO_JSON: artifacts.PERFETTO_JSON}
 
+# report and export have no --memory-limit: a drawing that runs out of memory draws less
+DRAWING_MEMORY_REMEDY = "draw a window of the run (--steps A:B, --since, --until)"
+
 
 InputPaths = Sequence[str | os.PathLike] | None
 
@@ -60,7 +63,7 @@ def _analysed(
         if window is not None:
             trace, placed, spill = read_window(trace, window, spill, drawing=True, progress=progress)
             note(f"drawing only the window {placed.describe()}")
-        with explained_query_errors(trace):
+        with explained_query_errors(trace, DRAWING_MEMORY_REMEDY):
             return layout_only(trace, summary, window=placed), spill
     except BaseException:
         remove_owned_dir(spill)
