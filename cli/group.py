@@ -45,8 +45,21 @@ class Stopped(KeyboardInterrupt):
         self.signum = signum
 
 
+# the signals that stopped this command, in order: a query library that catches the exception a handler raised
+# (DuckDB turns it into "Query interrupted") still stops the command with the signal's line and status
+_stopping_signals: list[int] = []
+
+
 def raise_stopped(signum: int, _frame) -> None:
+    _stopping_signals.append(signum)
     raise Stopped(signum)
+
+
+def install_stop_handlers() -> None:
+    """SIGTERM, and Ctrl-C unless this process was started with it ignored (a background job), raise :class:`Stopped`."""
+    signal.signal(signal.SIGTERM, raise_stopped)
+    if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+        signal.signal(signal.SIGINT, raise_stopped)
 
 
 def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:
@@ -81,6 +94,11 @@ class DsprofGroup(click.Group):
             if isinstance(exc, DsprofError):
                 raise UserError(str(exc), exc.exit_code) from exc
             raise UserError(os_error_message(exc)) from exc
+        except Exception:
+            if not _stopping_signals or ctx.meta.get(_DEBUG_KEY):
+                raise
+            message, status = _stop_message(Stopped(_stopping_signals[-1]))  # what the signal's exception became
+            raise UserError(message, status) from None
 
 
 class ProgressPrinter:

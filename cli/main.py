@@ -11,13 +11,22 @@ print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 from __future__ import annotations
 
 import functools
-import signal
 import sys
 from pathlib import Path
 
 import click
 
-from dsprof.cli.group import EXPECTED_RANKS, PRESET, THRESHOLD, cli, err_line, out_line, progress_printer, raise_stopped, window_options
+from dsprof.cli.group import (
+    EXPECTED_RANKS,
+    PRESET,
+    THRESHOLD,
+    cli,
+    err_line,
+    install_stop_handlers,
+    out_line,
+    progress_printer,
+    window_options,
+)
 from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
 from dsprof.commands.diff import diff_command
 from dsprof.commands.gate import MAX_MARGIN, gate_command, suggest_command
@@ -534,8 +543,8 @@ def history_report(store, output) -> None:
 
 
 def main() -> None:
-    """Console-script entry point; SIGTERM stops a command as Ctrl-C does (cleanup runs, one line, exit 143)."""
-    signal.signal(signal.SIGTERM, raise_stopped)
+    """Console-script entry point; SIGTERM and Ctrl-C stop a command (cleanup runs, one line, exit 143 or 130)."""
+    install_stop_handlers()
     cli(prog_name="dsprof")
 
 
