@@ -45,6 +45,7 @@ from dsprof.commands.analyze import (
 )
 from dsprof.commands.printing import Printer, safe_lines
 from dsprof.errors import DsprofError
+from dsprof.fileio import open_append
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 from dsprof.textsafe import terminal_safe
 
@@ -121,10 +122,13 @@ class Alerts:
 
 
 class Events:
-    """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them)."""
+    """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them).
+
+    The file is opened without following a link (:func:`~dsprof.fileio.open_append`): a planted one is refused.
+    """
 
     def __init__(self, path: str | os.PathLike | None):
-        self.handle: IO[str] | None = None if path is None else open(path, "a", encoding="utf-8")
+        self.handle: IO[str] | None = None if path is None else os.fdopen(open_append(path), "a", encoding="utf-8")
         self.last_shown: int | None = None
 
     def write(self, steps: tuple[int, int] | None, alerts: list[str], refresh_s: float) -> None:
@@ -187,11 +191,12 @@ def watch_paths(
     """Follow ``paths`` until the job ends, then write the final outputs; the caller closes ``analysis.result.engine``."""
     options.check()
     out_dir = Path(default_out_dir(paths) if options.out_dir is None else options.out_dir)
-    temporary = None if options.spans_dir is not None else make_owned_dir(SPILL_PREFIX)
-    dataset = Path(options.spans_dir) if options.spans_dir is not None else temporary
-    assert dataset is not None
-    events = Events(options.events)
+    events = Events(options.events)  # first: a refused events file leaves no temporary folder behind
+    temporary = None
     try:
+        temporary = None if options.spans_dir is not None else make_owned_dir(SPILL_PREFIX)
+        dataset = Path(options.spans_dir) if options.spans_dir is not None else temporary
+        assert dataset is not None
         live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms, expect_ranks=options.expect_ranks)
         follower = _Follower(live, options, out, screen, events)
         try:
