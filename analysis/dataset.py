@@ -33,16 +33,23 @@ MAX_WINDOWS windows (sparse timestamps), the manifest recording the last.
 Integers in ``anchors`` are written as JSON integers (Python's json keeps them
 exact). The manifest is written last and atomically: a dataset without one is
 incomplete and is refused.
+
+The writer opens the dataset directory once and makes, writes, moves and
+removes everything in it through directory descriptors, a window folder opened
+with ``O_NOFOLLOW`` (:func:`dsprof.fileio.open_dir`): a ``time_window=`` folder
+that is a link is refused when written to, and never followed to remove a part.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import json
 import os
 import stat
+import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import ExitStack
 from pathlib import Path
@@ -65,7 +72,7 @@ from dsprof.analysis.spans import (
     Trace,
 )
 from dsprof.errors import InputError
-from dsprof.fileio import OutputError, atomic_output, atomic_write_text, file_kind
+from dsprof.fileio import OutputError, atomic_output, atomic_write_text, file_kind, move_regular, open_dir, unlink_at
 from dsprof.profiler import artifacts
 
 DATASET_SCHEMA = "dsprof.span_dataset/1"
@@ -121,16 +128,20 @@ def parquet_table(table: pa.Table) -> pa.Table:
 
 
 class SpanParquetFile:
-    """One span Parquet file, written through :func:`dsprof.fileio.atomic_output`: it appears whole on close, or not at all."""
+    """One span Parquet file, written through :func:`dsprof.fileio.atomic_output`: it appears whole on close, or not at all.
 
-    def __init__(self, path: str | os.PathLike):
+    With ``dataset_fd``, ``path``'s folder is opened relative to it, no link followed.
+    """
+
+    def __init__(self, path: str | os.PathLike, dataset_fd: int | None = None):
         self.path = Path(path)
         self.rows = 0
         self.min_ts_ns: int | None = None
         self.max_ts_ns: int | None = None
         self._stack = ExitStack()
         try:
-            handle = self._stack.enter_context(atomic_output(self.path))
+            folder_fd = None if dataset_fd is None else self._stack.enter_context(open_dir(self.path.parent, dataset_fd))
+            handle = self._stack.enter_context(atomic_output(self.path, folder_fd))
             self._writer = pq.ParquetWriter(handle, PARQUET_SCHEMA, **PARQUET_OPTIONS)
         except BaseException:  # an interrupt included: no temporary file is left behind
             self._stack.close()
@@ -304,12 +315,14 @@ class SpanDatasetWriter:
         self._open: dict[int, tuple[str, SpanParquetFile]] = {}
         self._closed: list[tuple[int, str, SpanParquetFile]] = []
         self._jobs = BackgroundWrites()
-        # folders this writer makes, removed again by abort() where empty
-        self._made_folders = [] if _existing_directory(self.directory) else [self.directory]
+        self._made_directory = not _existing_directory(self.directory)
+        self._made_folders: list[str] = []  # window folders this writer makes, removed again by abort() where empty
         self.directory.mkdir(parents=True, exist_ok=True)
-        (self.directory / MANIFEST).unlink(missing_ok=True)  # the old dataset is incomplete from here on
-        for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=part_prefix, n='*')}"):
-            stale.unlink()
+        with open_dir(self.directory, follow=True) as fd:  # the directory the user named, resolved this once
+            self._fd = os.dup(fd)
+        self._release_fd = weakref.finalize(self, os.close, self._fd)
+        unlink_at(self._fd, MANIFEST)  # the old dataset is incomplete from here on
+        self._remove_own_parts()
 
     def add(self, table: pa.Table) -> None:
         if table.num_rows == 0:
@@ -329,18 +342,44 @@ class SpanDatasetWriter:
             if len(self._open) >= MAX_OPEN_PARTS:  # the earliest window open goes; its later rows get a new part
                 self._close_behind(min(self._open) + 1)
             relative = self._new_part(window)
-            self._open[window] = (relative, SpanParquetFile(self.directory / relative))
+            self._open[window] = (relative, SpanParquetFile(self.directory / relative, self._fd))
         return self._open[window][1]
 
     def _new_part(self, window: int) -> str:
         """The relative path of a new part of ``window`` (its folder made)."""
         relative = f"{WINDOW_DIR}{window}/{PART_FILE.format(prefix=self.part_prefix, n=self._parts)}"
         self._parts += 1
-        folder = (self.directory / relative).parent
-        if not folder.exists():
-            self._made_folders.append(folder)
-            folder.mkdir()
+        self._make_folder(window)
         return relative
+
+    def _make_folder(self, window: int) -> None:
+        """``window``'s folder, made if missing (what is there already is checked when it is opened, no link followed)."""
+        folder = f"{WINDOW_DIR}{window}"
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(folder, dir_fd=self._fd)
+            self._made_folders.append(folder)
+
+    @contextlib.contextmanager
+    def _folder(self, folder: str) -> Iterator[int]:
+        """A window folder's descriptor, opened relative to the dataset's: a link is refused, never followed."""
+        with open_dir(self.directory / folder, self._fd) as fd:
+            yield fd
+
+    def _remove_part(self, relative: str) -> None:
+        """Remove one part of this writer; a folder that is gone, or a link now, is left alone."""
+        folder, name = relative.split("/")
+        with contextlib.suppress(OutputError, FileNotFoundError), self._folder(folder) as fd:
+            unlink_at(fd, name)
+
+    def _remove_own_parts(self) -> None:
+        """Every part of this writer's prefix, in each real window folder (a link is never followed)."""
+        pattern = PART_FILE.format(prefix=self.part_prefix, n="*")
+        for folder in os.listdir(self._fd):
+            if not folder.startswith(WINDOW_DIR):
+                continue
+            with contextlib.suppress(OutputError, FileNotFoundError), self._folder(folder) as fd:
+                for name in fnmatch.filter(os.listdir(fd), pattern):
+                    unlink_at(fd, name)
 
     def _bounded(self, windows: np.ndarray) -> np.ndarray:
         """The rows' ``windows``, after windows were made longer as often as it takes to stay within MAX_WINDOWS."""
@@ -372,33 +411,38 @@ class SpanDatasetWriter:
 
     def _moved(self, relative: str, window: int) -> str:
         """Move a closed part to ``window``'s folder; its new relative path."""
-        target = f"{WINDOW_DIR}{window}/{Path(relative).name}"
+        source, name = relative.split("/")
+        target = f"{WINDOW_DIR}{window}/{name}"
         if target != relative:
-            folder = (self.directory / target).parent
-            if not folder.exists():
-                self._made_folders.append(folder)
-                folder.mkdir()
-            os.replace(self.directory / relative, self.directory / target)
+            self._make_folder(window)
+            with self._folder(source) as source_fd, self._folder(f"{WINDOW_DIR}{window}") as target_fd:
+                move_regular(name, source_fd, target_fd)
             with contextlib.suppress(OSError):  # the old window's folder, now empty
-                (self.directory / relative).parent.rmdir()
+                os.rmdir(source, dir_fd=self._fd)
         return target
 
     def _merged(self, window: int, parts: list[str]) -> tuple[str, SpanParquetFile]:
         """One new part of ``window`` holding the rows of ``parts`` (small ones), which are removed."""
         relative = self._new_part(window)
-        merged = SpanParquetFile(self.directory / relative)
+        merged = SpanParquetFile(self.directory / relative, self._fd)
         try:
             for old in parts:
-                merged.write(pq.read_table(self.directory / old, columns=PARQUET_SCHEMA.names))
+                merged.write(self._read_part(old))
             merged.close()
         except BaseException:
             merged.discard()
             raise
         for old in parts:
-            (self.directory / old).unlink()
-            with contextlib.suppress(OSError):
-                (self.directory / old).parent.rmdir()
+            self._remove_part(old)
+            with contextlib.suppress(OSError):  # not empty (or a link, which rmdir refuses)
+                os.rmdir(old.split("/")[0], dir_fd=self._fd)
         return relative, merged
+
+    def _read_part(self, relative: str) -> pa.Table:
+        """A part this writer closed, read through its folder's descriptor (no link followed)."""
+        folder, name = relative.split("/")
+        with self._folder(folder) as fd, os.fdopen(os.open(name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=fd), "rb") as handle:
+            return pq.read_table(handle, columns=PARQUET_SCHEMA.names)
 
     def _close_behind(self, window: int) -> None:
         for old in [w for w in self._open if w < window]:
@@ -443,7 +487,7 @@ class SpanDatasetWriter:
             },
         }
         path = self.directory / MANIFEST
-        atomic_write_text(path, json.dumps(manifest) + "\n")
+        atomic_write_text(path, json.dumps(manifest) + "\n", self._fd)
         return path
 
     @property
@@ -455,20 +499,26 @@ class SpanDatasetWriter:
 
         Files still open are discarded, the parts already closed are removed
         (the dataset they belonged to is incomplete), and so are the folders
-        this writer made, where they are empty now.
+        this writer made, where they are empty now. The directory's descriptor is
+        closed here (else when the writer is collected); a second call does nothing.
         """
+        if not self._release_fd.alive:
+            return
         self._jobs.stop()
         for _, part in self._open.values():
             part.discard()
         self._open.clear()
         for _, relative, _part in self._closed:
-            (self.directory / relative).unlink(missing_ok=True)
+            self._remove_part(relative)
         self._closed.clear()
-        for stale in self.directory.glob(f"{WINDOW_DIR}*/{PART_FILE.format(prefix=self.part_prefix, n='*')}"):
-            stale.unlink(missing_ok=True)  # this writer's, wherever an interrupted _lengthen left it
-        for folder in reversed(self._made_folders):  # the window folders, then the dataset's
+        self._remove_own_parts()  # wherever an interrupted _lengthen left them
+        for folder in self._made_folders:
             with contextlib.suppress(OSError):  # not empty: another writer's or the user's files are kept there
-                folder.rmdir()
+                os.rmdir(folder, dir_fd=self._fd)
+        self._release_fd()
+        if self._made_directory:
+            with contextlib.suppress(OSError):
+                self.directory.rmdir()
 
 
 def _distinct(windows: np.ndarray) -> list[int]:

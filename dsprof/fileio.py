@@ -17,6 +17,13 @@ device node, a FIFO or a socket at an output path is refused (checked with
 ``lstat``, so a link is never followed), rather than replaced by a new file or
 written through. Inputs named by the user are checked the same way before
 they are opened (:func:`check_input_file`), so a FIFO cannot block a reader.
+
+Inside a directory others can write to (an output set's, a span dataset's),
+every rename, write and delete goes through directory descriptors: a folder is
+opened once with ``O_DIRECTORY|O_NOFOLLOW`` (:func:`open_dir`) and each file
+is named relative to it (``dir_fd``), never by a path that is resolved again,
+so a folder swapped for a link meanwhile cannot redirect it. Only the
+directory the user named is opened through links (once).
 """
 
 from __future__ import annotations
@@ -43,55 +50,73 @@ class OutputError(DsprofError):
 
 
 @contextlib.contextmanager
-def atomic_output(path: str | os.PathLike) -> Iterator[BinaryIO]:
-    """A binary file handle whose content replaces ``path`` only when the block ends without error."""
+def atomic_output(path: str | os.PathLike, dir_fd: int | None = None) -> Iterator[BinaryIO]:
+    """A binary file handle whose content replaces ``path`` only when the block ends without error.
+
+    With ``dir_fd``, the file is ``path``'s name in that directory (``path`` is what messages show).
+    """
     path = Path(path)
-    refuse_non_regular(path)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, temporary = _create_temporary(path)
+        with contextlib.ExitStack() as stack:
+            if dir_fd is None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+                dir_fd = stack.enter_context(open_dir(path.parent, follow=True))
+            refuse_non_regular(path, dir_fd=dir_fd)
+            with _atomic_output_at(dir_fd, path) as handle:
+                yield handle
     except OSError as exc:
         raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+
+
+@contextlib.contextmanager
+def _atomic_output_at(dir_fd: int, path: Path) -> Iterator[BinaryIO]:
+    """The temporary file beside ``path.name`` in ``dir_fd``, renamed over it there when complete."""
+    fd, temporary = _create_temporary(dir_fd, path.name)
     try:
         with os.fdopen(fd, "wb") as handle:
             yield handle
             handle.flush()
             os.fsync(handle.fileno())
-        refuse_non_regular(path)  # again: something may have been put there while the file was written
-        os.replace(temporary, path)
-        _sync_directory(path.parent)
-    except OSError as exc:
-        _remove(temporary)
-        raise OutputError(f"{path}: cannot write: {exc.strerror or exc}") from None
+        refuse_non_regular(path, dir_fd=dir_fd)  # again: something may have been put there while the file was written
+        os.replace(temporary, path.name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+        with contextlib.suppress(OSError):  # the rename itself on disk, where the platform allows it
+            os.fsync(dir_fd)
     except BaseException:
-        _remove(temporary)
+        with contextlib.suppress(OSError):
+            unlink_at(dir_fd, temporary)
         raise
 
 
-def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview) -> Path:
-    with atomic_output(path) as handle:
+def atomic_write_bytes(path: str | os.PathLike, data: bytes | memoryview, dir_fd: int | None = None) -> Path:
+    with atomic_output(path, dir_fd) as handle:
         handle.write(data)
     return Path(path)
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    return atomic_write_bytes(path, text.encode("utf-8"))
+def atomic_write_text(path: str | os.PathLike, text: str, dir_fd: int | None = None) -> Path:
+    return atomic_write_bytes(path, text.encode("utf-8"), dir_fd)
+
+
+def open_append(path: str | os.PathLike) -> int:
+    """A descriptor appending to ``path`` (a regular file, created if absent): a link there is refused, never written through."""
+    refuse_non_regular(path, "append to")
+    try:  # no link followed, and a FIFO swapped in meanwhile fails at once instead of blocking
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as exc:
+        raise OutputError(f"{path}: cannot append: {exc.strerror or exc}") from None
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OutputError(f"{path}: refusing to append to {file_kind(mode)} (only a regular file or a new path is written)")
+    return fd
 
 
 def atomic_append_text(path: str | os.PathLike, text: str) -> Path:
     """Append ``text`` to ``path`` (a regular file, created if absent) as one write, then flush it to disk."""
     path = Path(path)
     data = text.encode("utf-8")
-    refuse_non_regular(path, "append to")
-    try:  # no link followed, and a FIFO swapped in meanwhile fails at once instead of blocking
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
-    except OSError as exc:
-        raise OutputError(f"{path}: cannot append: {exc.strerror or exc}") from None
+    fd = open_append(path)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OutputError(
-                f"{path}: refusing to append to {file_kind(os.fstat(fd).st_mode)} (only a regular file or a new path is written)"
-            )
         written = os.write(fd, data)
         if written != len(data):  # a full disk or a file size limit: say so rather than leave a torn block unnoticed
             raise OutputError(f"{path}: cannot append: wrote {written} of {len(data)} bytes")
@@ -103,35 +128,62 @@ def atomic_append_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
-def _create_temporary(path: Path) -> tuple[int, str]:
-    """A new hidden file next to ``path``, created with mode 0666 so that the umask decides (``mkstemp`` would force 0600)."""
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+def _create_temporary(dir_fd: int, name: str) -> tuple[int, str]:
+    """A new hidden file beside ``name``, created with mode 0666 so that the umask decides (``mkstemp`` would force 0600)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC | os.O_NOFOLLOW
     for _ in range(_NAME_TRIES):
-        temporary = str(path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp"))
+        temporary = f".{name}.{secrets.token_hex(6)}.tmp"
         try:
-            return os.open(temporary, flags, 0o666), temporary
+            return os.open(temporary, flags, 0o666, dir_fd=dir_fd), temporary
         except FileExistsError:
             continue
-    raise FileExistsError(errno.EEXIST, "no free temporary name", str(path.parent))
+    raise FileExistsError(errno.EEXIST, "no free temporary name", name)
 
 
-def _sync_directory(directory: Path) -> None:
-    """Flush the rename itself to disk, so that a power loss keeps the new file (where the platform allows it)."""
+@contextlib.contextmanager
+def open_dir(path: str | os.PathLike, dir_fd: int | None = None, *, follow: bool = False) -> Iterator[int]:
+    """A descriptor of the directory ``path`` (its name in ``dir_fd``, if given), closed after the block.
+
+    A link there is refused with an OutputError naming ``path`` unless ``follow``
+    (only for the directory the user named, so that it is resolved once).
+    """
+    name = Path(path).name if dir_fd is not None else path
+    flags = os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC | (0 if follow else os.O_NOFOLLOW)
     try:
-        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return
+        fd = os.open(name, flags, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+            raise
+        mode = os.lstat(name, dir_fd=dir_fd).st_mode
+        kind = "a file" if stat.S_ISREG(mode) else file_kind(mode)
+        raise OutputError(f"{path}: refusing to write into {kind} (a real directory is expected)") from None
     try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
+        yield fd
     finally:
         os.close(fd)
 
 
-def refuse_non_regular(path: str | os.PathLike, action: str = "replace") -> None:
-    """OutputError unless ``path`` is missing or a regular file (``lstat``: a symbolic link counts as a link)."""
+def move_regular(name: str, src_fd: int, dst_fd: int) -> None:
+    """Rename the regular file ``name`` from one directory descriptor to another; absent is no error, a link is refused."""
     try:
-        mode = os.lstat(path).st_mode
+        mode = os.lstat(name, dir_fd=src_fd).st_mode
+        if not stat.S_ISREG(mode):
+            raise OutputError(f"{name}: refusing to move {file_kind(mode)} (only a regular file is moved)")
+        os.replace(name, name, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+    except FileNotFoundError:
+        pass
+
+
+def unlink_at(dir_fd: int, name: str) -> None:
+    """Remove ``name`` in ``dir_fd`` (a link itself, never what it points at); a missing file is no error."""
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(name, dir_fd=dir_fd)
+
+
+def refuse_non_regular(path: str | os.PathLike, action: str = "replace", dir_fd: int | None = None) -> None:
+    """OutputError unless ``path`` (its name in ``dir_fd``, if given) is missing or a regular file (``lstat``: a link counts as a link)."""
+    try:
+        mode = os.lstat(Path(path).name if dir_fd is not None else path, dir_fd=dir_fd).st_mode
     except FileNotFoundError:
         return
     except OSError as exc:
@@ -189,11 +241,6 @@ def file_kind(mode: int) -> str:
         if test(mode):
             return name
     return "not a regular file"
-
-
-def _remove(temporary: str) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(temporary)
 
 
 def strict_json_loads(text: str | bytes) -> Any:

@@ -6,11 +6,13 @@ window's cut) has a fresh private name (``mkdtemp``, mode 0700) and holds an
 Errors, Ctrl-C and SIGTERM remove the folder on the way out; a process killed
 outright cannot, so whoever next makes a folder with the same prefix removes
 those whose owner lock is free (their process is gone). The staging folders
-of :mod:`dsprof.output_set` are cleaned the same way.
+of :mod:`dsprof.output_set` are cleaned the same way, through the parent's
+directory descriptor (:func:`dsprof.fileio.open_dir`): no link is followed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import shutil
@@ -18,6 +20,8 @@ import stat
 import tempfile
 import time
 from pathlib import Path
+
+from dsprof.fileio import OutputError, open_dir
 
 OWNER_NAME = ".owner"
 # A folder this young may be one another process is making right now (its owner file not locked yet): it is left alone.
@@ -35,7 +39,8 @@ def make_owned_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path
     remove_dead(base, prefix)
     folder = Path(tempfile.mkdtemp(prefix=prefix, dir=base))
     try:
-        owner = os.open(folder / OWNER_NAME, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        with open_dir(folder) as folder_fd:  # the folder just made, not a link put in its place
+            owner = os.open(OWNER_NAME, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600, dir_fd=folder_fd)
     except BaseException:
         shutil.rmtree(folder, ignore_errors=True)
         raise
@@ -59,33 +64,39 @@ def release_owned_dir(folder: str | os.PathLike) -> None:
         os.close(owner)
 
 
-def remove_dead(parent: Path, prefix: str, young_s: float = YOUNG_S) -> None:
+def remove_dead(parent: Path, prefix: str, young_s: float = YOUNG_S, dir_fd: int | None = None) -> None:
     """Remove this user's folders ``parent/prefix*`` older than ``young_s`` whose owner lock is free.
 
-    A planted link is never followed (``lstat``); another user's folder is left alone.
+    Everything is done relative to ``parent``'s descriptor (``dir_fd``, if the
+    caller holds one), so a planted link is never followed; another user's folder is left alone.
     """
-    now = time.time()
-    for folder in parent.glob(glob_escape(prefix) + "*"):
-        if folder in _owners:
-            continue
+    with contextlib.ExitStack() as stack:
         try:
-            info = os.lstat(folder)
-        except OSError:
-            continue
-        if stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and now - info.st_mtime >= young_s and _owner_gone(folder):
-            shutil.rmtree(folder, ignore_errors=True)
+            parent_fd = dir_fd if dir_fd is not None else stack.enter_context(open_dir(parent, follow=True))
+            names = [name for name in os.listdir(parent_fd) if name.startswith(prefix) and parent / name not in _owners]
+        except (OSError, OutputError):  # no such folder yet: nothing to remove
+            return
+        now = time.time()
+        for name in names:
+            try:
+                info = os.lstat(name, dir_fd=parent_fd)
+            except OSError:
+                continue
+            if (
+                stat.S_ISDIR(info.st_mode)
+                and info.st_uid == os.getuid()
+                and now - info.st_mtime >= young_s
+                and _owner_gone(parent_fd, name)
+            ):
+                shutil.rmtree(name, ignore_errors=True, dir_fd=parent_fd)
 
 
-def glob_escape(text: str) -> str:
-    """``text`` matched literally by ``Path.glob``."""
-    return "".join(f"[{c}]" if c in "*?[" else c for c in text)
-
-
-def _owner_gone(folder: Path) -> bool:
+def _owner_gone(parent_fd: int, name: str) -> bool:
     """Whether the folder has an owner file and no process holds its lock."""
     try:
-        fd = os.open(folder / OWNER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except OSError:  # none: not one of ours (or an older dsprof's, which may be alive), left alone
+        with open_dir(name, parent_fd) as folder_fd:
+            fd = os.open(OWNER_NAME, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW, dir_fd=folder_fd)
+    except (OSError, OutputError):  # none: not one of ours (or an older dsprof's, which may be alive), left alone
         return False
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -49,8 +49,8 @@ class _KillingHandle:
 
 def _wrap(target: str, limit: int, evidence: Path):
     @contextlib.contextmanager
-    def atomic_output(path: str | os.PathLike) -> Iterator[Any]:
-        with _real_atomic_output(path) as handle:
+    def atomic_output(path: str | os.PathLike, dir_fd: int | None = None) -> Iterator[Any]:
+        with _real_atomic_output(path, dir_fd) as handle:
             yield _KillingHandle(handle, limit, evidence) if Path(path).name == target else handle
 
     return atomic_output

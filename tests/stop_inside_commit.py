@@ -28,8 +28,9 @@ ACTIONS = ("kill", "pause", "term", "term-staged", "int-staged")
 
 
 def _wrap(action: str, name: str):
-    def replace(source, target, *args, **kwargs):
-        _real_replace(source, target, *args, **kwargs)
+    def replace(source, target, *, src_dir_fd=None, dst_dir_fd=None):
+        _real_replace(source, target, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
+        source, target = _resolved(source, src_dir_fd), _resolved(target, dst_dir_fd)
         if Path(target).name != name or not Path(source).parent.name.startswith(STAGING_PREFIX):
             return
         staged = Path(target).parent.name.startswith(STAGING_PREFIX)  # complete in staging, not yet moved
@@ -46,6 +47,11 @@ def _wrap(action: str, name: str):
             sys.stdin.readline()
 
     return replace
+
+
+def _resolved(path: str | os.PathLike, dir_fd: int | None) -> Path:
+    """The path a rename relative to a directory descriptor (as dsprof's are) names."""
+    return Path(path) if dir_fd is None else Path(os.readlink(f"/proc/self/fd/{dir_fd}")) / path
 
 
 def main() -> None:

@@ -48,9 +48,10 @@ def test_the_new_content_is_written_next_to_the_target_flushed_then_renamed(tmp_
         calls.append(("fsync", os.readlink(f"/proc/self/fd/{fd}")))
         return real_fsync(fd)
 
-    def replace(source, destination):
-        calls.append(("replace", str(source), str(destination)))
-        return real_replace(source, destination)
+    def replace(source, destination, *, src_dir_fd=None, dst_dir_fd=None):  # names relative to the directory's descriptor
+        where = {fd: os.readlink(f"/proc/self/fd/{fd}") for fd in (src_dir_fd, dst_dir_fd) if fd is not None}
+        calls.append(("replace", os.path.join(where.get(src_dir_fd, ""), source), os.path.join(where.get(dst_dir_fd, ""), destination)))
+        return real_replace(source, destination, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
 
     monkeypatch.setattr(os, "fsync", fsync)
     monkeypatch.setattr(os, "replace", replace)

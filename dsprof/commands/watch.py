@@ -45,7 +45,7 @@ from dsprof.commands.analyze import (
 )
 from dsprof.commands.printing import Printer, safe_lines
 from dsprof.errors import DsprofError
-from dsprof.fileio import OutputError
+from dsprof.fileio import OutputError, open_append
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 from dsprof.textsafe import terminal_safe
 
@@ -127,6 +127,7 @@ class Events:
     """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them).
 
     A file that cannot be written (a directory, ``/dev/full``) is an error naming it, at the open or the first write.
+    It is opened without following a link (:func:`~dsprof.fileio.open_append`): a planted one is refused.
     """
 
     def __init__(self, path: str | os.PathLike | None):
@@ -134,7 +135,7 @@ class Events:
         self.handle: IO[str] | None = None
         if path is not None:
             try:
-                self.handle = open(path, "a", encoding="utf-8")
+                self.handle = os.fdopen(open_append(path), "a", encoding="utf-8")
             except OSError as exc:
                 self._refuse(exc)
         self.last_shown: int | None = None
