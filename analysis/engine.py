@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from dsprof.analysis.spans import Trace, with_sequence
 from dsprof.errors import DsprofError
+from dsprof.interrupts import interruptible
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 # Share of physical memory DuckDB may hold before spilling (``--memory-limit`` overrides):
@@ -135,12 +136,14 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
     """
     own_spill = None if spill_dir is not None else make_owned_dir(SPILL_PREFIX)
     try:
-        con = duckdb.connect(
-            config={
-                "memory_limit": f"{memory_limit or default_memory_limit()}B",
-                "temp_directory": str(spill_dir if spill_dir is not None else own_spill),
-                "preserve_insertion_order": True,
-            }
+        con = interruptible(
+            duckdb.connect(
+                config={
+                    "memory_limit": f"{memory_limit or default_memory_limit()}B",
+                    "temp_directory": str(spill_dir if spill_dir is not None else own_spill),
+                    "preserve_insertion_order": True,
+                }
+            )
         )
         engine = _registered(con, trace)
     except BaseException:

@@ -32,6 +32,7 @@ from dsprof.analysis.change_points import ALPHA, RESOLUTION, change_points
 from dsprof.analysis.diff import HIGHER, LOWER, figure_direction, flatten_figures
 from dsprof.analysis.summary import figure_unit, summary_with_path
 from dsprof.errors import DsprofError, InputError
+from dsprof.interrupts import interruptible
 from dsprof.profiler import artifacts
 
 STORE_FORMAT = "dsprof.history"
@@ -208,7 +209,7 @@ class HistoryStore:
 
 def _connect(path: Path, read_only: bool) -> duckdb.DuckDBPyConnection:
     try:
-        return duckdb.connect(str(path), read_only=read_only)
+        return interruptible(duckdb.connect(str(path), read_only=read_only))
     except duckdb.Error as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise InputError(path, f"not a readable DuckDB database ({first[:200]})", expected=_EXPECTED) from None

@@ -15,6 +15,7 @@ import click
 from dsprof.commands import __version__
 from dsprof.commands.printing import error_line, os_error_message
 from dsprof.errors import DsprofError
+from dsprof.interrupts import watch_signals
 
 _DEBUG_KEY = "dsprof.debug"
 _PROGRESS_KEY = "dsprof.progress"
@@ -56,10 +57,12 @@ def raise_stopped(signum: int, _frame) -> None:
 
 
 def install_stop_handlers() -> None:
-    """SIGTERM, and Ctrl-C unless this process was started with it ignored (a background job), raise :class:`Stopped`."""
+    """SIGTERM, and Ctrl-C unless this process was started with it ignored (a background job), raise :class:`Stopped`,
+    and interrupt the DuckDB queries under way (:mod:`dsprof.interrupts`); a command that handles them itself keeps them."""
     signal.signal(signal.SIGTERM, raise_stopped)
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, raise_stopped)
+    watch_signals(lambda signum: signal.getsignal(signum) is raise_stopped)
 
 
 def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:

@@ -3,8 +3,9 @@
 Every folder dsprof makes under TMPDIR (span datasets, DuckDB's spill, a
 window's cut) has a fresh private name (``mkdtemp``, mode 0700) and holds an
 ``.owner`` file that this process keeps ``flock``-ed while the folder lives.
-Errors, Ctrl-C and SIGTERM remove the folder on the way out; a process killed
-outright cannot, so whoever next makes a folder with the same prefix removes
+Errors, Ctrl-C and SIGTERM remove the folder on the way out, and a folder
+still owned when the process exits goes then (a signal's exception can land
+inside the cleanup that would have removed it); a process killed outright cannot, so whoever next makes a folder with the same prefix removes
 those whose owner lock is free (their process is gone). The staging folders
 of :mod:`dsprof.output_set` are cleaned the same way, through the parent's
 directory descriptor (:func:`dsprof.fileio.open_dir`): no link is followed.
@@ -12,6 +13,7 @@ directory descriptor (:func:`dsprof.fileio.open_dir`): no link is followed.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import os
@@ -28,6 +30,7 @@ OWNER_NAME = ".owner"
 YOUNG_S = 10.0
 
 _owners: dict[Path, int] = {}  # the folders this process owns, and the descriptor holding each one's lock
+_made_by: dict[Path, int] = {}  # ... and the process that made each one
 
 
 def make_owned_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path:
@@ -46,6 +49,7 @@ def make_owned_dir(prefix: str, parent: str | os.PathLike | None = None) -> Path
         raise
     fcntl.flock(owner, fcntl.LOCK_EX)
     _owners[folder] = owner
+    _made_by[folder] = os.getpid()
     return folder
 
 
@@ -60,8 +64,17 @@ def remove_owned_dir(folder: str | os.PathLike | None) -> None:
 def release_owned_dir(folder: str | os.PathLike) -> None:
     """Let a folder's lock go without removing it (it was moved away, or is left for the next process to finish)."""
     owner = _owners.pop(Path(folder), None)
+    _made_by.pop(Path(folder), None)
     if owner is not None:
         os.close(owner)
+
+
+@atexit.register
+def _remove_owned_at_exit() -> None:
+    """The folders this process still owns as it exits: a signal cut their cleanup short (a forked child's exit leaves them)."""
+    for folder, pid in list(_made_by.items()):
+        if pid == os.getpid():
+            remove_owned_dir(folder)
 
 
 def remove_dead(parent: Path, prefix: str, young_s: float = YOUNG_S, dir_fd: int | None = None) -> None:

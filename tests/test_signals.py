@@ -134,3 +134,36 @@ def test_ingest_of_bad_input_leaves_no_folder_it_made(tmp_path, output):
             ingest_paths([tmp_path / "bad.log"], base / output)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.log", "kept"]
     assert list((tmp_path / "kept").iterdir()) == []
+
+
+# the CLI with a long query on the analysis engine's DuckDB connection before the analysis: Python's handler waits
+# for the main thread, which is inside DuckDB, so only dsprof.interrupts can stop the query
+QUERYING_CLI = """import sys, threading
+from dsprof.analysis.engine import open_engine
+from dsprof.commands import analyze
+analyzed = analyze.analyze_trace
+def query_first(trace, **options):
+    engine = open_engine(trace)
+    threading.Timer(0.5, lambda: print("querying", file=sys.stderr, flush=True)).start()  # the query runs for hours
+    engine.con.execute("SELECT count(*) FROM range(10000000000000) t(i) WHERE i % 7 = 3").fetchall()
+    return analyzed(trace, **options)
+analyze.analyze_trace = query_first
+from dsprof.cli.main import main; main()"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_during_a_duckdb_query_stops_with_one_line(tmp_path, signum):
+    SyntheticRun(ranks=2, steps=6).write(tmp_path / "run")
+    process = _command(["analyze", "-o", "out", "run"], tmp_path, launcher=("-c", QUERYING_CLI))
+    try:
+        assert process.stderr is not None
+        while (line := process.stderr.readline()) and line != "querying\n":
+            pass
+        process.send_signal(signum)
+        _, rest = process.communicate(timeout=30)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    assert process.returncode == 128 + signum, rest  # within the 30 s, where the query would run for hours
+    assert rest.strip().splitlines() == [f"dsprof: error: stopped by {signal.Signals(signum).name}; no partial output is left"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["run"]

@@ -59,3 +59,22 @@ def test_this_process_keeps_its_own_folders_until_it_removes_them(tmp_path):
     remove_owned_dir(mine)
     remove_owned_dir(mine)  # twice is harmless
     assert not mine.exists()
+
+
+# makes a folder, forks a child that exits normally, then exits itself without removing the folder
+LEAVER = """import os, sys
+from dsprof.tempdirs import make_owned_dir
+folder = make_owned_dir(sys.argv[1], sys.argv[2])
+(folder / "spill.tmp").write_bytes(b"x")
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # a forked child's exit leaves its parent's folder alone
+os.waitpid(child, 0)
+print(folder, os.path.isdir(folder), flush=True)"""
+
+
+def test_a_folder_its_process_still_owns_at_exit_goes_with_it(tmp_path):
+    """A signal's exception may cut a cleanup short: the folder is removed at exit all the same, by its maker only."""
+    done = subprocess.run([sys.executable, "-c", LEAVER, PREFIX, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True)
+    folder, alive_after_child = done.stdout.split()
+    assert alive_after_child == "True" and not os.path.exists(folder)

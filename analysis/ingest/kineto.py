@@ -55,6 +55,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,7 @@ from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.intervals import islands_sql, union_sql
 from dsprof.analysis.spans import ATTRS_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
+from dsprof.interrupts import interruptible
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler import torch_labels
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
@@ -312,9 +314,11 @@ def read_kineto_traces(
     With a ``sink``, each file's rows go to it as they are made (the trace keeps
     their count), so memory holds one rank's rows, not the job's.
     """
-    spill = make_owned_dir(SPILL_PREFIX)
-    con = duckdb.connect(config={"memory_limit": f"{READER_MEMORY_LIMIT}B", "temp_directory": str(spill)})
-    try:
+    with ExitStack() as cleanup:  # each step undone even if another's undoing is cut short by a signal
+        spill = make_owned_dir(SPILL_PREFIX)
+        cleanup.callback(remove_owned_dir, spill)
+        con = interruptible(duckdb.connect(config={"memory_limit": f"{READER_MEMORY_LIMIT}B", "temp_directory": str(spill)}))
+        cleanup.callback(con.close)
         con.execute("SET enable_progress_bar = false")  # progress is the caller's, not bars on stderr
         files = []
         for index, path in enumerate(sorted(map(Path, paths))):
@@ -331,9 +335,6 @@ def read_kineto_traces(
         names = [str(f.path) for f in files]
         chunks = (_span_rows(rows, names, label) for rows in _runs(con, len(files)))
         trace.spans = _handed(chunks, sink, trace) if sink is not None else pa.concat_tables(list(chunks))
-    finally:
-        con.close()
-        remove_owned_dir(spill)
     trace.notes.append(
         f"Kineto traces: {len(files)} ranks; phases filled: {', '.join(FILLS)}; lacking (their figures absent): {', '.join(LACKS)}"
     )

@@ -31,6 +31,7 @@ import pyarrow.compute as pc
 
 from dsprof.analysis.ingest.strace_records import SOURCE as STRACE_SOURCE
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace, anchor_offsets_sql, with_sequence
+from dsprof.interrupts import interruptible
 from dsprof.profiler import strace_format as fmt
 
 # an anchor that leaves the runner_run spans of both sources further apart than this is not the profiler's clock
@@ -64,7 +65,7 @@ class RunIndex:
 def join_device_timeline(kineto: Trace, runs: pa.Table, anchors: pa.Table) -> Trace | None:
     """The Kineto rows as the device timeline of the STRACE runs (see the module docstring); None when no STRACE
     run has a rank and step, so that the Kineto traces stand alone."""
-    con = duckdb.connect()
+    con = interruptible(duckdb.connect())
     con.execute("SET enable_progress_bar = false")
     try:
         con.register("index_in", runs)
