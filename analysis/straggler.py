@@ -24,7 +24,8 @@ from dsprof.profiler import strace_format as fmt
 # the culprit cause of a flagged step: a tail step or a slow step
 Flagged = TailStep | SlowStep
 
-ALPHA = 0.05
+# a straggler's bootstrap p below this: at 0.05, healthy runs named a rank at p 0.037 (docs/FIGURES.md "Straggler")
+ALPHA = 0.01
 MATERIAL_SHARE = 0.05
 MIN_STEPS = 3
 # a rank behind more than this share of the flagged steps: where the replay saves little, their excess is its cost

@@ -12,10 +12,9 @@ import sys
 
 import click
 
-from dsprof.commands import __version__
+from dsprof.commands import __version__, watch_signals
 from dsprof.commands.printing import error_line, os_error_message
 from dsprof.errors import DsprofError
-from dsprof.interrupts import watch_signals
 
 _DEBUG_KEY = "dsprof.debug"
 _PROGRESS_KEY = "dsprof.progress"

@@ -885,7 +885,7 @@ def test_help_shows_every_default_and_points_at_the_projects_docs():
     flat = " ".join(text.split())
     for default in ("[default: (none: [[relative]] rules are skipped)]", "[default: (not written)]"):
         assert default in flat
-    assert "[default: (required unless --suggest)]" in flat and "[default: 1.5; x>=1]" in flat
+    assert "[default: (required unless --suggest)]" in flat and "[default: 1.5; 1<=x<=1000.0]" in flat
     assert '[default: (none: change = "worse" rules are skipped)]' in flat
     assert flat.count("[default:") == 6  # --rules, --margin, --baseline, --junit, --verdict, --history
 

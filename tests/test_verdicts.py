@@ -55,7 +55,7 @@ def test_a_rank_hit_at_every_fault_is_a_significant_straggler(tmp_path):
     summary, _ = _summary(tmp_path, [Fault(step, 2, "device", 25 * MS) for step in FAULT_STEPS])
     straggler = summary["tail_steps"]["straggler"]
     assert (straggler["pattern"], straggler["rank"], straggler["mechanism"]) == ("rank", 2, "device"), straggler
-    assert straggler["p_value"] < 0.05 and straggler["parts"] >= 3
+    assert straggler["p_value"] < 0.01 and straggler["parts"] >= 3
     low, high = straggler["share_ci"]
     assert 0 < low <= straggler["share"] <= high
     assert summary["verdict"]["status"] == "degraded" and summary["verdict"]["headline"].startswith("rank 2 ")

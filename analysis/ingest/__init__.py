@@ -50,7 +50,6 @@ from dsprof.analysis.ingest.sink import Progress, SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
 from dsprof.analysis.spans import ANCHOR_SCHEMA, PARQUET_SCHEMA, Trace, empty_spans, merge_traces
 from dsprof.errors import InputError
-from dsprof.fileio import check_input_file
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
 
@@ -150,7 +149,6 @@ def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: Jso
         raise InputError(path, "no such file or directory")
     if path.is_dir():
         return _read_directory(path, progress, sink, limits, logs, kineto)
-    check_input_file(path, expected="a trace file or a directory of them")  # a FIFO or a device would block the reader
     if path.name in SIDE_FILES:
         return [read_side_file(path)]
     json_trace = path.suffix != ".jsonl" and (path.suffix in (".json", ".gz") or _starts_with_gzip_magic(path))

@@ -6,5 +6,7 @@ never import it.
 """
 
 from dsprof import __version__
+from dsprof.interrupts import watch_signals
 
-__all__ = ["__version__"]  # for the CLI's --version: it imports nothing of dsprof but the commands and the errors
+# for the CLI's --version and its stop handlers: it imports nothing of dsprof but the commands and the errors
+__all__ = ["__version__", "watch_signals"]

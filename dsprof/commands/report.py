@@ -55,6 +55,8 @@ def _analysed(
     check_input_file(summary_path(artifact_dir), expected="summary.json written by dsprof analyze")
     summary = load_summary(artifact_dir)
     sources = span_sources(artifact_dir, summary, inputs)
+    for source in sources:  # a FIFO or a device would block the drawing (analyze, asked for one, reads a pipe)
+        check_input_file(source, expected="a trace file or a directory of them")
     note(f"reading the spans from {', '.join(map(str, sources))}")
     window = window or analysed_window(summary)
     trace, spill = read_inputs(sources, progress=progress)
