@@ -10,6 +10,8 @@ RUN_ARGS ?=
 TEST_WORKERS ?= auto
 # The tests that need no rank processes, browser, Ray cluster or large files (markers: pyproject.toml)
 QUICK_TESTS := not runtime and not browser and not cluster and not slow
+# the product's packages, for the dead-code check (vulture)
+PRODUCT := analysis cli dsprof profiler runtime
 # mypy's cache outlives scripts/typecheck.py's temporary tree; it goes with the virtualenv
 MYPY_CACHE := $(abspath $(VENV))/mypy-cache
 
@@ -45,6 +47,7 @@ check: $(STAMP)
 check-lint:
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/vulture --min-confidence 80 $(PRODUCT)
 
 check-types:
 	MYPY_CACHE_DIR=$(MYPY_CACHE) $(BIN)/python scripts/typecheck.py

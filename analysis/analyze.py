@@ -13,26 +13,22 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import pyarrow as pa
 
-from dsprof.analysis.causes import diagnose, tail_block
-from dsprof.analysis.device_time import device_time_section
+# importing the analyses declares their stages (analysis/stages.py)
+from dsprof.analysis import device_time, pipeline, serving, straggler, trends, validation, verdict, what_if  # noqa: F401
+from dsprof.analysis.causes import tail_block
 from dsprof.analysis.engine import Engine, open_engine
-from dsprof.analysis.noise import judge_items, noise_floor
-from dsprof.analysis.pipeline import pipeline_figures
-from dsprof.analysis.serving import serving_figures
-from dsprof.analysis.skew import ns_to_ms, skew_figures
-from dsprof.analysis.slow_steps import critical_path, slow_step_items, step_intervals
+from dsprof.analysis.noise import Findings
+from dsprof.analysis.slow_steps import StepIntervals
 from dsprof.analysis.spans import Trace
-from dsprof.analysis.straggler import Flagged, straggler_verdict
-from dsprof.analysis.summary import Summary, build_summary, run_info
-from dsprof.analysis.summary_model import Inputs, LateStarts, SlowSteps, StepRow
-from dsprof.analysis.swimlane import Swimlane, build_swimlane
-from dsprof.analysis.trends import trends_section
-from dsprof.analysis.validation import validate
-from dsprof.analysis.verdict import run_verdict
-from dsprof.analysis.what_if import own_causes, tail_cost, what_if_section
+from dsprof.analysis.stages import Stage, run_stages
+from dsprof.analysis.summary import Summary, build_summary
+from dsprof.analysis.summary_model import Figures, Inputs, LateStarts, SlowSteps, StepRow
+from dsprof.analysis.swimlane import Swimlane
+from dsprof.analysis.units import ns_to_ms
 from dsprof.analysis.window import Window
 from dsprof.errors import DsprofError
 
@@ -60,6 +56,13 @@ def check_threshold(threshold_ms: float) -> float:
     return float(threshold_ms)
 
 
+# the stages whose results summary.json is built from (run_stages adds what they need)
+SUMMARY_STAGES = (
+    "swimlane", "skew", "intervals", "causes", "slow_step_causes", "noise_floor", "findings", "what_if", "straggler",
+    "validation", "pipeline", "serving", "verdict", "trends", "tail_cost", "device_time",
+)  # fmt: skip
+
+
 def analyze_trace(
     trace: Trace,
     *,
@@ -70,31 +73,47 @@ def analyze_trace(
     window: Window | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
-    """Every figure of an already-read trace; ``invocations`` may come precomputed (cluster engine).
+    """Every figure of an already-read trace: run the stages, build the summary.
 
-    ``window``: the trace was cut to it (:mod:`~dsprof.analysis.window_read`); the summary states it.
+    ``invocations`` may come precomputed (cluster engine); ``window``: the trace
+    was cut to it (:mod:`~dsprof.analysis.window_read`); the summary states it.
     """
     threshold_ms = check_threshold(threshold_ms)
     engine = open_engine(trace, memory_limit=memory_limit)
-    if progress:
-        progress("swimlane: invocations, ranks, decode steps")
-    swimlane = build_swimlane(engine, invocations, _positional_steps(window))
-    if progress:
-        progress("figures: skew, step intervals, causes, what-if replay, pipeline, serving")
-    figures, per_step = skew_figures(engine)
-    intervals = step_intervals(engine, threshold_ms)
-    figures["step_interval_ms"] = intervals["step_interval_ms"]
-    critical_path(engine, threshold_ms)
-    diagnosis = diagnose(engine, threshold_ms)
-    slow = slow_step_items(engine, threshold_ms)
-    floor = noise_floor(engine)
-    judge_items(diagnosis.late_starts, diagnosis.tail_steps, slow, floor)
-    what_if = what_if_section(engine, own_causes(diagnosis.late_starts, diagnosis.tail_steps, slow))
-    devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
-    tails = [t for t in diagnosis.tail_steps if not t.get("noise")]
-    tail_steps = {t["step"] for t in tails}
-    flagged: list[Flagged] = [*tails, *(item for item in slow if not item.get("noise") and item["step"] not in tail_steps)]
-    straggler = straggler_verdict(what_if, flagged, [row["step"] for row in per_step], devices)
+    inputs = {
+        "trace": trace,
+        "performance_summary": trace.performance_summary,
+        "threshold_ms": threshold_ms,
+        "expect_ranks": expect_ranks,
+        "invocations": invocations,
+        "steps": _positional_steps(window),
+    }
+    results = run_stages(engine, inputs, SUMMARY_STAGES, announce=_announcer(progress))
+    summary = _summary(results, engine, _inputs_block(trace, window), threshold_ms)
+    return AnalysisResult(summary=summary, swimlane=cast(Swimlane, results["swimlane"]), engine=engine, window=window)
+
+
+def _announcer(progress: Callable[[str], None] | None) -> Callable[[Stage], None] | None:
+    """Progress lines: one before the swimlane, one before the figures after it."""
+    if progress is None:
+        return None
+    said: set[str] = set()
+
+    def announce(next_stage: Stage) -> None:
+        line = PROGRESS_SWIMLANE if next_stage.name == "swimlane" else PROGRESS_FIGURES
+        if line not in said:
+            said.add(line)
+            progress(line)
+
+    return announce
+
+
+PROGRESS_SWIMLANE = "swimlane: invocations, ranks, decode steps"
+PROGRESS_FIGURES = "figures: skew, step intervals, causes, what-if replay, pipeline, serving"
+
+
+def _inputs_block(trace: Trace, window: Window | None) -> Inputs:
+    """The ``inputs`` block: what was read, what was dropped, the window analysed."""
     inputs = Inputs(
         files=list(trace.files),
         records_read=int(trace.records_read),
@@ -108,38 +127,39 @@ def analyze_trace(
         inputs["window"] = window.block()
         if window.steps is not None:
             inputs["steps"] = [int(window.steps[0]), int(window.steps[1])]  # the window of decode steps analysed
-    validation = validate(engine, swimlane, expect_ranks=expect_ranks)
-    pipeline = pipeline_figures(engine, trace.performance_summary)
-    serving = serving_figures(engine, trace)
-    verdict = run_verdict(
-        validation=validation,
-        run=run_info(trace.performance_summary),
-        pipeline=pipeline,
-        serving=serving,
-        straggler=straggler,
-        what_if=what_if,
-        floor=floor,
-        items=[*diagnosis.late_starts, *diagnosis.tail_steps, *slow],
-    )
-    summary = build_summary(
-        verdict=verdict,
+    return inputs
+
+
+def _summary(results: dict[str, Any], engine: Engine, inputs: Inputs, threshold_ms: float) -> Summary:
+    """summary.json from the stages' results (output only: no stage reads it)."""
+    figures: Figures
+    figures, per_step = results["skew"]
+    figures = Figures(**figures, step_interval_ms=results["intervals"]["step_interval_ms"])
+    intervals: StepIntervals = results["intervals"]
+    findings: Findings = results["findings"]
+    return build_summary(
+        verdict=results["verdict"],
         inputs=inputs,
-        performance_summary=trace.performance_summary,
-        validation=validation,
+        performance_summary=engine.trace.performance_summary,
+        validation=results["validation"],
         figures=figures,
         per_step=_with_intervals(per_step, engine),
-        noise=floor.block(),
-        late_starts=LateStarts(threshold_ms=threshold_ms, count=len(diagnosis.late_starts), items=diagnosis.late_starts),
-        tail_steps=tail_block(diagnosis.tail_steps, threshold_ms, straggler),
-        slow_steps=SlowSteps(threshold_ms=threshold_ms, median_interval_ms=intervals["median_interval_ms"], count=len(slow), items=slow),
-        what_if=what_if,
-        trends=trends_section(engine, what_if["items"]),
-        tail_cost=tail_cost(engine),
-        pipeline=pipeline,
-        serving=serving,
-        device_time=device_time_section(engine),
+        noise=results["noise_floor"].block(),
+        late_starts=LateStarts(threshold_ms=threshold_ms, count=len(findings.late_starts), items=findings.late_starts),
+        tail_steps=tail_block(findings.tail_steps, threshold_ms, results["straggler"]),
+        slow_steps=SlowSteps(
+            threshold_ms=threshold_ms,
+            median_interval_ms=intervals["median_interval_ms"],
+            count=len(findings.slow_steps),
+            items=findings.slow_steps,
+        ),
+        what_if=results["what_if"],
+        trends=results["trends"],
+        tail_cost=results["tail_cost"],
+        pipeline=results["pipeline"],
+        serving=results["serving"],
+        device_time=results["device_time"],
     )
-    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine, window=window)
 
 
 def _positional_steps(window: Window | None) -> tuple[int, int] | None:
@@ -160,6 +180,6 @@ def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = No
     (runs, steps, lanes) is rebuilt from the spans themselves.
     """
     engine = open_engine(trace, memory_limit=memory_limit)
-    swimlane = build_swimlane(engine, None, _positional_steps(window))
-    skew_figures(engine)  # the per-step table the span budget ranks steps by
-    return AnalysisResult(summary=summary, swimlane=swimlane, engine=engine, window=window)
+    # the swimlane, and the per-step table the span budget ranks steps by
+    results = run_stages(engine, {"steps": _positional_steps(window)}, ("swimlane", "skew"))
+    return AnalysisResult(summary=summary, swimlane=cast(Swimlane, results["swimlane"]), engine=engine, window=window)

@@ -39,9 +39,9 @@ from dsprof.analysis.cause_rules import (
 )
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.ingest.kineto import HOST_GAP
-from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
+from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 
 # Quantities compared with the typical rank of the same step (medians over the other ranks).

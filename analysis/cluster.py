@@ -42,8 +42,8 @@ from dsprof.analysis.ingest import is_text_log, read_paths
 from dsprof.analysis.invocations import in_window, invocation_query
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import DsprofError
+from dsprof.progress import Progress
 
-Progress = Callable[[str], None] | None
 # How long the driver waits for a cluster's address to accept a connection before giving up.
 CONNECT_TIMEOUT_S = 15.0
 # What Ray reads itself (a running local cluster's address file), rather than an address to probe.

@@ -16,9 +16,9 @@ from __future__ import annotations
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.ingest.kineto import ACTIVITY
 from dsprof.analysis.intervals import union_sql
-from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import DeviceTime, DeviceTimeFigures, DeviceTimeStep
+from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 
 COMPUTE_KIND = "compute"

@@ -11,15 +11,17 @@ item's excess; otherwise the item is ``unattributed`` with its partial evidence.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from statistics import NormalDist
 from typing import Any, cast
 
 from dsprof.analysis.cause_rules import EXPLAINS_SHARE
+from dsprof.analysis.causes import Diagnosis
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import Cause, LateStart, NoiseBlock, SlowStep, TailStep
+from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 
 # the chance that a healthy run shows one noise item above its floor, over all the steps tested
@@ -55,7 +57,7 @@ def bound_z(tests: int) -> float:
     return NormalDist().inv_cdf(1 - ALPHA / max(1, tests))
 
 
-@stage("noise floor", reads=("decode", "step_intervals"))
+@stage("noise_floor", reads=("decode", "step_intervals"))
 def noise_floor(engine: Engine) -> NoiseFloor:
     """Each kind's floor from the run's own variation, scaled for the number of values tested.
 
@@ -87,6 +89,26 @@ def noise_floor(engine: Engine) -> NoiseFloor:
         tail_steps_ms=floor(0.0, end_mad, z_cells),
         steps=int(steps),
     )
+
+
+@dataclass(frozen=True)
+class Findings:
+    """The late items of a run, each judged against the noise floor and held to its evidence."""
+
+    late_starts: list[LateStart]
+    tail_steps: list[TailStep]
+    slow_steps: list[SlowStep]
+
+    def items(self) -> list[LateStart | TailStep | SlowStep]:
+        return [*self.late_starts, *self.tail_steps, *self.slow_steps]
+
+
+@stage("findings", reads=())
+def judged_findings(engine: Engine, causes: Diagnosis, slow_step_causes: list[SlowStep], noise_floor: NoiseFloor) -> Findings:
+    """The late starts, tail steps and slow steps, each marked against its noise floor (copies: the causes stay as found)."""
+    late_starts, tail_steps, slow_steps = copy.deepcopy((causes.late_starts, causes.tail_steps, slow_step_causes))
+    judge_items(late_starts, tail_steps, slow_steps, noise_floor)
+    return Findings(late_starts, tail_steps, slow_steps)
 
 
 def judge_items(late_starts: list[LateStart], tail_steps: list[TailStep], slow_steps: list[SlowStep], floor: NoiseFloor) -> None:

@@ -23,10 +23,10 @@ serialized).
 from __future__ import annotations
 
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary import run_info
 from dsprof.analysis.summary_model import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair, RunInfo
+from dsprof.analysis.units import ns_to_ms, percentile_blocks
 from dsprof.profiler import strace_format as fmt
 
 FIRST_VIOLATIONS = 10

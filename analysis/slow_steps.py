@@ -27,9 +27,9 @@ from typing import TypedDict
 from dsprof.analysis.causes import cause_item
 from dsprof.analysis.engine import Engine
 from dsprof.analysis.replay import ALIGNMENT_TOLERANCE_NS
-from dsprof.analysis.skew import ns_to_ms, percentile_blocks
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import Cause, CriticalPath, Percentiles, SlowStep
+from dsprof.analysis.units import ns_to_ms, percentile_blocks
 from dsprof.profiler import strace_format as fmt
 
 # the critical path goes through a collective when it held the other ranks this share of the excess, or the threshold

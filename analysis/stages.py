@@ -17,11 +17,13 @@ checks that list against :data:`STAGES`.
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable
+import inspect
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
 from dsprof.analysis.engine import ENGINE_TABLES, Engine
+from dsprof.analysis.tables import TABLES
 from dsprof.errors import DsprofError
 
 P = ParamSpec("P")
@@ -30,12 +32,19 @@ R = TypeVar("R")
 
 @dataclass(frozen=True)
 class Stage:
-    """One analysis step: its name, the relations it reads and the ones it leaves for later stages."""
+    """One analysis step: the relations it reads and leaves for later stages, and the results it takes.
+
+    ``needs``: the stage function's parameters after the engine. A parameter
+    named like a stage takes that stage's result; any other is an input of the
+    run (``threshold_ms``, ``trace``, ...).
+    """
 
     name: str
     reads: tuple[str, ...]
     writes: tuple[str, ...]
     doc: str
+    needs: tuple[str, ...]
+    function: Callable[..., object]
 
 
 # name -> Stage, in the order the modules declare them (import order of analysis/analyze.py)
@@ -62,7 +71,9 @@ def stage(
         doc = (function.__doc__ or "").strip().splitlines()[0] if function.__doc__ else ""
         if name in STAGES:
             raise ValueError(f"stage {name!r} declared twice")
-        STAGES[name] = Stage(name, tuple(reads), tuple(writes), doc)
+        undeclared = [t for t in writes if t not in TABLES]
+        if undeclared:
+            raise ValueError(f"stage {name!r} writes table {undeclared[0]!r}, which analysis/tables.py does not declare")
 
         @functools.wraps(function)
         def run(engine: Engine, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -72,6 +83,8 @@ def stage(
             _settle_outputs(engine, STAGES[name], before)
             return result
 
+        needs = tuple(inspect.signature(function).parameters)[1:]
+        STAGES[name] = Stage(name, tuple(reads), tuple(writes), doc, needs, run)
         return run
 
     return declare
@@ -96,27 +109,75 @@ def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
     for table in sorted(after.keys() - before - set(declared.writes)):
         engine.drop(table, after[table])
     for table in declared.writes:
+        _check_columns(engine, declared.name, table)
         engine.written[table] = declared.name
 
 
-def in_order() -> list[Stage]:
-    """The declared stages in an order that satisfies every read (writers first; ties by name)."""
+def _check_columns(engine: Engine, stage_name: str, table: str) -> None:
+    """The columns the stage wrote to ``table`` are exactly those analysis/tables.py declares."""
+    written = [row[0] for row in engine.rows(f'DESCRIBE "{table}"')]
+    declared = TABLES[table].column_names
+    extra = [c for c in written if c not in declared]
+    missing = [c for c in declared if c not in written]
+    if extra or missing:
+        wrong = f"column {extra[0]!r}, which it does not declare" if extra else f"no column {missing[0]!r}, which it declares"
+        raise StageOrderError(f"analysis stage {stage_name!r} wrote table {table!r} with {wrong} (analysis/tables.py)")
+
+
+def in_order(stages: Collection[Stage] | None = None) -> list[Stage]:
+    """``stages`` (all declared ones by default) in an order that satisfies every read and need: writers first, ties by name.
+
+    The order comes from the declarations alone, never from the order the
+    stages were registered in.
+    """
     done: set[str] = set(ENGINE_TABLES)
-    left = sorted(STAGES.values(), key=lambda s: s.name)
+    left = sorted(STAGES.values() if stages is None else stages, key=lambda s: s.name)
     ordered: list[Stage] = []
     while left:
-        ready = next((s for s in left if set(s.reads) <= done), left[0])  # a cycle or a missing writer: listed as it is
+        ready = next((s for s in left if _ready(s, done)), left[0])  # a cycle or a missing writer: listed as it is
         ordered.append(ready)
-        done |= set(ready.writes)
+        done |= {*ready.writes, ready.name}
         left.remove(ready)
     return ordered
 
 
+def _ready(candidate: Stage, done: set[str]) -> bool:
+    return set(candidate.reads) <= done and all(need in done or need not in STAGES for need in candidate.needs)
+
+
+def _with_prerequisites(wanted: Collection[str]) -> list[Stage]:
+    """The stages ``wanted`` and every stage whose tables or result they need, transitively."""
+    chosen: dict[str, Stage] = {}
+    todo = list(wanted)
+    while todo:
+        name = todo.pop()
+        if name in chosen:
+            continue
+        chosen[name] = STAGES[name]
+        todo += [writer_of(t) for t in chosen[name].reads if writer_of(t) in STAGES]
+        todo += [need for need in chosen[name].needs if need in STAGES]
+    return list(chosen.values())
+
+
+def run_stages(
+    engine: Engine, inputs: Mapping[str, object], wanted: Collection[str], *, announce: Callable[[Stage], None] | None = None
+) -> dict[str, object]:
+    """Run the ``wanted`` stages and what they need, in declaration order, each given its needs by name; their results by stage."""
+    results: dict[str, object] = {}
+    for next_stage in in_order(_with_prerequisites(wanted)):
+        if announce:
+            announce(next_stage)
+        given = {need: results[need] if need in STAGES else inputs[need] for need in next_stage.needs if need in STAGES or need in inputs}
+        results[next_stage.name] = next_stage.function(engine, **given)
+    return results
+
+
 def stages_markdown() -> str:
     """The table of stages for docs/ARCHITECTURE.md (checked by tests/test_stages.py), in the order they can run."""
-    lines = ["| stage | reads | writes | what it does |", "|---|---|---|---|"]
+    lines = ["| stage | reads | writes | takes | what it does |", "|---|---|---|---|---|"]
     for s in in_order():
         reads = ", ".join(f"`{t}`" for t in s.reads) or "—"
         writes = ", ".join(f"`{t}`" for t in s.writes) or "—"
-        lines.append(f"| `{s.name}` | {reads} | {writes} | {s.doc.replace('``', '`')} |")
+        takes = ", ".join(f"`{n}`" for n in s.needs) or "—"
+        lines.append(f"| `{s.name}` | {reads} | {writes} | {takes} | {s.doc.replace('``', '`')} |")
     return "\n".join(lines)

@@ -18,7 +18,10 @@ import math
 
 import numpy as np
 
-from dsprof.analysis.summary_model import SlowStep, Straggler, TailStep, WhatIf, WhatIfItem
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.noise import Findings
+from dsprof.analysis.stages import stage
+from dsprof.analysis.summary_model import Figures, SlowStep, StepRow, Straggler, TailStep, WhatIf, WhatIfItem
 from dsprof.profiler import strace_format as fmt
 
 # the culprit cause of a flagged step: a tail step or a slow step
@@ -49,6 +52,16 @@ MECHANISM_WORDS = {
     fmt.MECH_PEER_WAIT: "waiting on a peer rank",
     fmt.MECH_UNATTRIBUTED: "unattributed time",
 }
+
+
+@stage("straggler", reads=("decode",))
+def straggler_block(engine: Engine, what_if: WhatIf, findings: Findings, skew: tuple[Figures, list[StepRow]]) -> Straggler:
+    """The ``straggler`` block of summary.json, from the culprit of each tail and slow step above the noise floor."""
+    devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
+    tails = [t for t in findings.tail_steps if not t.get("noise")]
+    tail_steps = {t["step"] for t in tails}
+    flagged: list[Flagged] = [*tails, *(item for item in findings.slow_steps if not item.get("noise") and item["step"] not in tail_steps)]
+    return straggler_verdict(what_if, flagged, [row["step"] for row in skew[1]], devices)
 
 
 def straggler_verdict(what_if: WhatIf, flagged: list[Flagged], step_numbers: list[int], devices: dict[int, str]) -> Straggler:

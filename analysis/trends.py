@@ -13,9 +13,9 @@ import bisect
 import math
 
 from dsprof.analysis.engine import Engine
-from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
-from dsprof.analysis.summary_model import Trends, TrendWindow, WhatIfItem
+from dsprof.analysis.summary_model import Trends, TrendWindow, WhatIf, WhatIfItem
+from dsprof.analysis.units import ns_to_ms
 
 LONG_RUN_WINDOW = 1_000
 SHORT_RUN_WINDOWS = 20
@@ -31,7 +31,7 @@ def window_steps(steps: int) -> int:
 
 
 @stage("trends", reads=("decode", "steps", "step_intervals"))
-def trends_section(engine: Engine, what_if_items: list[WhatIfItem]) -> Trends:
+def trends_section(engine: Engine, what_if: WhatIf) -> Trends:
     """The ``trends`` block of summary.json: per window, its span of steps and time and its figures; the worst windows."""
     steps = int(engine.scalar("SELECT count(*) FROM step_intervals") or 0)
     if not steps:
@@ -64,7 +64,7 @@ def trends_section(engine: Engine, what_if_items: list[WhatIfItem]) -> Trends:
         }
         for w, first, last, count, start, p50, p99, start_skew, end_skew, slow in rows  # one row per window
     ]
-    _add_savings(windows, what_if_items)
+    _add_savings(windows, what_if["items"])
     return {"window_steps": size, "windows": windows, "worst": _worst(windows)}
 
 

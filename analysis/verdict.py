@@ -10,8 +10,36 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dsprof.analysis.noise import NoiseFloor
+from dsprof.analysis.engine import Engine
+from dsprof.analysis.noise import Findings, NoiseFloor
+from dsprof.analysis.stages import stage
+from dsprof.analysis.summary import run_info
 from dsprof.analysis.summary_model import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
+
+
+@stage("verdict", reads=())
+def verdict_block(
+    engine: Engine,
+    validation: Validation,
+    performance_summary: dict | None,
+    pipeline: Pipeline,
+    serving: Serving,
+    straggler: Straggler,
+    what_if: WhatIf,
+    noise_floor: NoiseFloor,
+    findings: Findings,
+) -> Verdict:
+    """The run's one ``verdict``, from the sections already computed."""
+    return run_verdict(
+        validation=validation,
+        run=run_info(performance_summary),
+        pipeline=pipeline,
+        serving=serving,
+        straggler=straggler,
+        what_if=what_if,
+        floor=noise_floor,
+        items=findings.items(),
+    )
 
 
 def run_verdict(

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.engine import Engine
+from dsprof.analysis.noise import Findings
 from dsprof.analysis.replay import (
     BIND_END,
     BIND_TS,
@@ -37,10 +38,10 @@ from dsprof.analysis.replay import (
     Removal,
     Replayer,
 )
-from dsprof.analysis.skew import ns_to_ms
 from dsprof.analysis.stages import stage
 from dsprof.analysis.summary_model import LateStart, SlowStep, TailCost, TailStep, WhatIfItem
 from dsprof.analysis.summary_model import WhatIf as WhatIfSection
+from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 
 # causes that are another cause's consequence: removing them alone changes nothing the replay does not already see
@@ -336,8 +337,9 @@ class WhatIf:
 
 
 @stage("what_if", reads=("decode", "gc", "processes"))
-def what_if_section(engine: Engine, causes: list[OwnCause]) -> WhatIfSection:
-    """The ``what_if`` block of summary.json."""
+def what_if_section(engine: Engine, findings: Findings) -> WhatIfSection:
+    """The ``what_if`` block of summary.json: the findings' own causes replayed away."""
+    causes = own_causes(findings.late_starts, findings.tail_steps, findings.slow_steps)
     wall_ns = engine.scalar("SELECT max(root_end_ns) - min(root_ts_ns) FROM decode")
     if not wall_ns:
         return WhatIfSection(

@@ -336,12 +336,6 @@ def keep_rows(spans: pa.Table, kept: Kept, *, drawing: bool = False) -> pa.Table
     return spans.filter(pc.fill_null(keep, False))
 
 
-def cut_spans(spans: pa.Table, window: Window, *, drawing: bool = False) -> tuple[pa.Table, int]:
-    """The rows of an in-memory span table the window keeps, and how many invocations it kept."""
-    kept = window_invocations([spans], window)
-    return keep_rows(spans, kept, drawing=drawing), kept.keys.num_rows
-
-
 def _overlapping(spans: pa.Table, first: int | None, last: int | None) -> pa.Array:
     """Mask: host-clock rows that overlap ``[first, last]`` (none when the window kept no run)."""
     if first is None or last is None:

@@ -302,7 +302,7 @@ class _Span:
         self.ts_us = _now_us()
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_rest: object) -> None:
         end_us = _now_us()
         if not _rec.active:
             return

@@ -479,7 +479,7 @@ class _Span:
         self.sample = _sample(state) if SAMPLING else None
         return self
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(self, exc_type: type[BaseException] | None, *_rest: object) -> None:
         state = self.state
         end_sample = _sample(state) if self.sample is not None else None
         end_ns = _monotonic_ns()

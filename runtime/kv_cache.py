@@ -51,9 +51,6 @@ class PagedKVCache:
         self._free.extend(reversed(self.tables[index]))
         self.tables[index] = []
 
-    def free_blocks(self) -> int:
-        return len(self._free)
-
     def metadata(self, first_positions: list[int], tokens_per_seq: int, active: list[bool]) -> BlockMetadata:
         """Metadata for feeding ``tokens_per_seq`` tokens per sequence from ``first_positions``."""
         batch = len(first_positions)

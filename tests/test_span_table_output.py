@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.outputs.span_table import write_span_table
+from dsprof.analysis.outputs.span_table import SpanTableWriter
 from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
@@ -95,7 +95,9 @@ def test_empty_table_writes_every_format(tmp_path):
     (tmp_path / "in.log").write_text("nothing here\n")
     spans = read_paths([tmp_path / "in.log"]).spans
     for suffix in (".parquet", ".csv", ".jsonl"):
-        write_span_table(spans, tmp_path / f"empty{suffix}")
+        writer = SpanTableWriter(tmp_path / f"empty{suffix}")
+        writer.add(spans)
+        writer.finish()
     assert pq.read_table(tmp_path / "empty.parquet").num_rows == 0
     assert pq.read_table(tmp_path / "empty.parquet").schema.equals(SPAN_SCHEMA, check_metadata=False)
     assert (tmp_path / "empty.jsonl").read_text() == ""

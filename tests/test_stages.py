@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import json
+import random
 from pathlib import Path
 
+import numpy as np
 import pytest
 
+from dsprof.analysis import stages as stages_module
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.causes import diagnose
 from dsprof.analysis.engine import ENGINE_TABLES, open_engine
@@ -14,6 +18,8 @@ from dsprof.analysis.layout import build_lanes
 from dsprof.analysis.skew import skew_figures
 from dsprof.analysis.stages import STAGES, StageOrderError, stage, stages_markdown
 from dsprof.analysis.swimlane import build_swimlane
+from dsprof.analysis.tables import TABLES, tables_markdown
+from dsprof.commands.analyze import write_outputs
 from dsprof.testing.synthetic import SyntheticRun
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
@@ -36,12 +42,12 @@ def test_a_stage_run_before_the_one_that_writes_its_input_is_a_clear_error(trace
 
 
 def test_a_stage_that_does_not_write_what_it_declares_is_refused(trace):
-    @stage("test-forgetful", reads=("spans",), writes=("never_written",))
+    @stage("test-forgetful", reads=("spans",), writes=("gc",))
     def forgetful(engine) -> None:
         """Declares a table it never creates."""
 
     try:
-        with pytest.raises(StageOrderError, match="declares table 'never_written' but did not write it"):
+        with pytest.raises(StageOrderError, match="declares table 'gc' but did not write it"):
             forgetful(open_engine(trace))
     finally:
         STAGES.pop("test-forgetful")
@@ -57,4 +63,57 @@ def test_only_declared_tables_outlive_their_stage(trace):
 
 def test_architecture_lists_every_stage_and_table():
     assert "layout" in STAGES and build_lanes  # the drawing stage is declared too
-    assert stages_markdown() in ARCHITECTURE.read_text(), "docs/ARCHITECTURE.md is out of date: run scripts/stages_table.py"
+    text = ARCHITECTURE.read_text()
+    assert stages_markdown() in text, "docs/ARCHITECTURE.md is out of date: run scripts/stages_table.py"
+    assert tables_markdown() in text, "docs/ARCHITECTURE.md is out of date: run scripts/stages_table.py"
+
+
+def test_every_table_handed_on_has_its_declared_columns_and_types(trace):
+    engine = analyze_trace(trace).engine
+    build_lanes(engine)
+    written = {table for s in STAGES.values() for table in s.writes}
+    assert written == set(TABLES), "a declared table no stage writes, or the reverse"
+    for table in sorted(written):
+        described = [(row[0], row[1]) for row in engine.rows(f"DESCRIBE {table}")]
+        assert described == [(c.name, c.type) for c in TABLES[table].columns], table
+
+
+def test_a_stage_that_writes_an_undeclared_column_is_refused(trace):
+    @stage("test-extra-column", reads=("spans",), writes=("gc",))
+    def extra(engine) -> None:
+        """Writes gc with a column analysis/tables.py does not declare."""
+        engine.run(
+            "CREATE OR REPLACE TABLE gc AS SELECT 1::BIGINT AS pid, 2::BIGINT AS tid, 3::BIGINT AS gc_ts_ns, "
+            "4::BIGINT AS gc_end_ns, 5 AS surprise"
+        )
+
+    try:
+        with pytest.raises(StageOrderError, match="wrote table 'gc' with column 'surprise', which it does not declare"):
+            extra(open_engine(trace))
+    finally:
+        STAGES.pop("test-extra-column")
+
+
+def test_a_stage_cannot_declare_a_table_tables_py_does_not_know():
+    with pytest.raises(ValueError, match="writes table 'mystery', which analysis/tables.py does not declare"):
+        stage("test-mystery", reads=("spans",), writes=("mystery",))(lambda engine: None)
+    assert "test-mystery" not in STAGES
+
+
+def test_the_order_comes_from_the_declarations_not_the_registration(tmp_path, monkeypatch):
+    bind_ns = np.full((3, 16), 1_000_000)
+    bind_ns[1, [4, 9]] = 25_000_000  # two late starts on rank 1: causes, what-if and straggler all have work
+    SyntheticRun(ranks=3, steps=16, bind_ns=bind_ns, host_evidence=True).write(tmp_path / "run")
+    trace = read_paths([tmp_path / "run"])
+    declared = list(STAGES.items())
+    outputs = []
+    for seed in (0, 1, 2):
+        random.Random(seed).shuffle(declared)
+        monkeypatch.setattr(stages_module, "STAGES", dict(declared))
+        result = analyze_trace(trace)
+        write_outputs(result, tmp_path / f"out{seed}")
+        outputs.append((tmp_path / f"out{seed}" / "summary.json").read_bytes())
+        ran = [s.name for s in stages_module.in_order()]
+        assert ran.index("swimlane") < ran.index("skew") < ran.index("causes") < ran.index("findings") < ran.index("verdict")
+    assert outputs[0] == outputs[1] == outputs[2]
+    assert b'"late_starts"' in outputs[0] and json.loads(outputs[0])["late_starts"]["count"] >= 2

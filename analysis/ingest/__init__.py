@@ -46,12 +46,13 @@ from dsprof.analysis.ingest.kineto import SOURCE, is_kineto, read_kineto_traces
 from dsprof.analysis.ingest.kineto_join import RunIndex, join_device_timeline
 from dsprof.analysis.ingest.sa_profile import fragment_home, read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
-from dsprof.analysis.ingest.sink import Progress, SpanSink
+from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
 from dsprof.analysis.spans import ANCHOR_SCHEMA, PARQUET_SCHEMA, Trace, empty_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
+from dsprof.progress import Progress
 
 __all__ = ["Progress", "SpanSink", "fragment_source", "is_text_log", "read_paths", "read_strace_log"]
 

@@ -79,7 +79,7 @@ from dsprof.analysis.ingest.chrome_columns import (
     value_texts,
 )
 from dsprof.analysis.ingest.json_stream import ChromeDocument
-from dsprof.analysis.ingest.sink import Progress, SpanSink
+from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
 from dsprof.profiler.chrome_json import (
     DEFAULT_LIMITS,
@@ -88,6 +88,7 @@ from dsprof.profiler.chrome_json import (
     JsonLimits,
     TraceEvent,
 )
+from dsprof.progress import Progress
 
 # the drop reason of a document cut short: whatever followed the cut is lost (its line is where the document ends)
 TRUNCATED_DOCUMENT = "truncated_document"

@@ -66,7 +66,7 @@ import pyarrow.compute as pc
 
 from dsprof.analysis.ingest.chrome import read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
-from dsprof.analysis.ingest.sink import Progress, SpanSink
+from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.intervals import islands_sql, union_sql
 from dsprof.analysis.spans import ATTRS_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
@@ -74,6 +74,7 @@ from dsprof.interrupts import interruptible
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler import torch_labels
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
+from dsprof.progress import Progress
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 SOURCE = "kineto"

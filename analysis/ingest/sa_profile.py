@@ -47,7 +47,7 @@ import numpy as np
 
 from dsprof.analysis.ingest.chrome import SpanBuilder, nulled_note, read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
-from dsprof.analysis.ingest.sink import Progress, SpanSink
+from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.spans import Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
@@ -65,6 +65,7 @@ from dsprof.profiler.chrome_json import (
     decode_event,
     line_batches,
 )
+from dsprof.progress import Progress
 
 SOURCE = "sa_profile"
 # Fragments smaller than this are decoded one by one and converted together, many at a time: converted

@@ -1,4 +1,4 @@
-"""Where readers put span tables instead of keeping them, and how they report progress.
+"""Where readers put span tables instead of keeping them.
 
 Its own module so that every reader (text logs, Chrome JSON, SA_PROFILE) and
 every writer (the span dataset, ``dsprof ingest``) name the one interface
@@ -7,13 +7,9 @@ without importing each other.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import pyarrow as pa
-
-# A callback told one line of progress at a time (None: quiet).
-Progress = Callable[[str], None] | None
 
 
 class SpanSink(Protocol):

@@ -50,12 +50,13 @@ import pyarrow as pa
 
 from dsprof.analysis.ingest import strace_pieces
 from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module, compiled_scanner, scanned_pieces
-from dsprof.analysis.ingest.sink import Progress, SpanSink
+from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.ingest.strace_lines import Chunk, as_utf8, parse_chunk
 from dsprof.analysis.ingest.strace_pieces import HEAD_BYTES, HeadThenRest, Piece, log_pieces, map_file, mapped_pieces, read_head
 from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import ANCHOR_MARKER, CHIP_READY_MARKER, STRACE_MARKER
+from dsprof.progress import Progress
 
 _MARKERS = tuple(marker.encode() for marker in (STRACE_MARKER, ANCHOR_MARKER, CHIP_READY_MARKER))
 

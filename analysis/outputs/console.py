@@ -12,8 +12,8 @@ from typing import Any
 
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.outputs.summary_md import HEADLINE_FIGURES
-from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.units import PERCENTILES
 from dsprof.textsafe import terminal_safe
 
 LIST_LIMIT = 5

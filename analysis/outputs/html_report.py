@@ -49,8 +49,8 @@ from dsprof.analysis.layout import collection_row, device_spans_sql, drawn_runs_
 from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, window_text, worst_first
 from dsprof.analysis.outputs.report_charts import chart_data, list_items
 from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, lane_name, serving_lanes_sql, serving_span_count
-from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.units import PERCENTILES
 from dsprof.fileio import atomic_write_text
 from dsprof.profiler import artifacts, sa_profile
 

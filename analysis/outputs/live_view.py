@@ -11,8 +11,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_text, worst_first
-from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
+from dsprof.analysis.units import PERCENTILES
 from dsprof.textsafe import terminal_safe
 
 # The window's figures the live view shows (ms): skew at both ends of the device run, and the step interval.

@@ -105,17 +105,6 @@ class SpanTableWriter:
         self._stack.__exit__(RuntimeError, RuntimeError("aborted"), None)
 
 
-def write_span_table(spans: pa.Table, path: str | os.PathLike) -> Path:
-    """Write ``spans`` as Parquet, CSV or JSONL according to the extension of ``path``."""
-    writer = SpanTableWriter(path)
-    try:
-        writer.add(spans)
-    except BaseException:
-        writer.abort()
-        raise
-    return writer.finish()
-
-
 def inert_cells(table: pa.Table) -> pa.Table:
     """Text cells a spreadsheet would run as a formula (``=``, ``+``, ``-``, ``@``, tab, CR first) behind a ``'``.
 

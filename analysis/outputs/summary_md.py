@@ -12,9 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
-from dsprof.analysis.skew import PERCENTILES
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.summary_model import PercentileFigure
+from dsprof.analysis.units import PERCENTILES
 from dsprof.fileio import atomic_write_text
 from dsprof.textsafe import terminal_safe
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import statistics
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,9 +23,9 @@ from dsprof.commands.printing import Printer, note_line, print_err, safe_lines, 
 from dsprof.commands.run import ProfileRunResult, default_run_dir, profile_run
 from dsprof.errors import DsprofError
 from dsprof.fileio import atomic_write_text
+from dsprof.progress import Progress
 from dsprof.runtime.config import RuntimeConfig
 
-Progress = Callable[[str], None] | None
 AB_JSON = "ab.json"
 AB_SCHEMA = "dsprof.ab/1"
 AB_RUNS_DIR = "ab"

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import os
 import stat
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,9 +39,9 @@ from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.output_set import output_set
 from dsprof.profiler import artifacts
+from dsprof.progress import Progress
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
-Progress = Callable[[str], None] | None
 # Inputs bigger than this are analysed out of core (a span dataset on disk).
 SPILL_BYTES = 256 << 20
 # A byte of Chrome / SA_PROFILE JSON weighs this many bytes of text log (its rows in memory: ~12x the JSON, a log's ~1.5x);

@@ -23,10 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.dataset import MANIFEST, SpanDatasetWriter
-from dsprof.analysis.ingest import Progress, read_paths
+from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.span_table import SpanTableWriter
 from dsprof.analysis.spans import SPAN_SCHEMA, Trace
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
+from dsprof.progress import Progress
 
 
 class _Writer(Protocol):

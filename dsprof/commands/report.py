@@ -17,7 +17,7 @@ them; named inputs outside, or moved, get one line naming ``--inputs``.
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 from dsprof.analysis.analyze import AnalysisResult, layout_only
@@ -31,9 +31,9 @@ from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progre
 from dsprof.errors import DsprofError, InputError
 from dsprof.fileio import check_input_file
 from dsprof.profiler import artifacts
+from dsprof.progress import Progress
 from dsprof.tempdirs import remove_owned_dir
 
-Progress = Callable[[str], None] | None
 # export format -> its default file name in the artifact directory
 PERFETTO_PROTO, PERFETTO_JSON = "perfetto", "perfetto-json"
 EXPORT_FORMATS = (PERFETTO_PROTO, PERFETTO_JSON)

@@ -12,7 +12,6 @@ import json
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,9 @@ from dsprof.commands.analyze import AnalyzeOutcome, analyze_paths
 from dsprof.commands.printing import Printer, note_line, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError
 from dsprof.profiler import artifacts
+from dsprof.progress import Progress
 from dsprof.runtime.config import RuntimeConfig
 from dsprof.runtime.launch import RunOutcome, run_workload
-
-Progress = Callable[[str], None] | None
 
 
 @dataclass
