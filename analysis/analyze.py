@@ -18,13 +18,27 @@ from typing import Any, cast
 import pyarrow as pa
 
 # importing the analyses declares their stages (analysis/stages.py)
-from dsprof.analysis import device_time, pipeline, serving, straggler, trends, validation, verdict, what_if  # noqa: F401
+from dsprof.analysis import (  # noqa: F401
+    causes,
+    device_time,
+    noise,
+    pipeline,
+    serving,
+    skew,
+    slow_steps,
+    straggler,
+    swimlane,
+    trends,
+    validation,
+    verdict,
+    what_if,
+)
 from dsprof.analysis.causes import tail_block
 from dsprof.analysis.engine import Engine, open_engine
 from dsprof.analysis.noise import Findings
 from dsprof.analysis.slow_steps import StepIntervals
 from dsprof.analysis.spans import Trace
-from dsprof.analysis.stages import Stage, run_stages
+from dsprof.analysis.stages import STAGES, Stage, run_stages
 from dsprof.analysis.summary import Summary, build_summary
 from dsprof.analysis.summary_model import Figures, Inputs, LateStarts, SlowSteps, StepRow
 from dsprof.analysis.swimlane import Swimlane
@@ -56,13 +70,6 @@ def check_threshold(threshold_ms: float) -> float:
     return float(threshold_ms)
 
 
-# the stages whose results summary.json is built from (run_stages adds what they need)
-SUMMARY_STAGES = (
-    "swimlane", "skew", "intervals", "causes", "slow_step_causes", "noise_floor", "findings", "what_if", "straggler",
-    "validation", "pipeline", "serving", "verdict", "trends", "tail_cost", "device_time",
-)  # fmt: skip
-
-
 def analyze_trace(
     trace: Trace,
     *,
@@ -88,7 +95,8 @@ def analyze_trace(
         "invocations": invocations,
         "steps": _positional_steps(window),
     }
-    results = run_stages(engine, inputs, SUMMARY_STAGES, announce=_announcer(progress))
+    wanted = [s.name for s in STAGES.values() if s.in_summary]
+    results = run_stages(engine, inputs, wanted, announce=_announcer(progress))
     summary = _summary(results, engine, _inputs_block(trace, window), threshold_ms)
     return AnalysisResult(summary=summary, swimlane=cast(Swimlane, results["swimlane"]), engine=engine, window=window)
 
@@ -137,29 +145,22 @@ def _summary(results: dict[str, Any], engine: Engine, inputs: Inputs, threshold_
     figures = Figures(**figures, step_interval_ms=results["intervals"]["step_interval_ms"])
     intervals: StepIntervals = results["intervals"]
     findings: Findings = results["findings"]
-    return build_summary(
-        verdict=results["verdict"],
-        inputs=inputs,
-        performance_summary=engine.trace.performance_summary,
-        validation=results["validation"],
-        figures=figures,
-        per_step=_with_intervals(per_step, engine),
-        noise=results["noise_floor"].block(),
-        late_starts=LateStarts(threshold_ms=threshold_ms, count=len(findings.late_starts), items=findings.late_starts),
-        tail_steps=tail_block(findings.tail_steps, threshold_ms, results["straggler"]),
-        slow_steps=SlowSteps(
+    blocks = {s.name: results[s.name] for s in STAGES.values() if s.in_summary}
+    composed = {
+        "inputs": inputs,
+        "figures": figures,
+        "per_step": _with_intervals(per_step, engine),
+        "noise": results["noise_floor"].block(),
+        "late_starts": LateStarts(threshold_ms=threshold_ms, count=len(findings.late_starts), items=findings.late_starts),
+        "tail_steps": tail_block(findings.tail_steps, threshold_ms, results["straggler"]),
+        "slow_steps": SlowSteps(
             threshold_ms=threshold_ms,
             median_interval_ms=intervals["median_interval_ms"],
             count=len(findings.slow_steps),
             items=findings.slow_steps,
         ),
-        what_if=results["what_if"],
-        trends=results["trends"],
-        tail_cost=results["tail_cost"],
-        pipeline=results["pipeline"],
-        serving=results["serving"],
-        device_time=results["device_time"],
-    )
+    }
+    return build_summary(engine.trace.performance_summary, {**blocks, **composed})
 
 
 def _positional_steps(window: Window | None) -> tuple[int, int] | None:

@@ -45,7 +45,7 @@ def _figures(span_ns: int, busy_ns: int, compute_ns: int) -> DeviceTimeFigures:
     )
 
 
-@stage("device_time", reads=("spans", "decode"))
+@stage("device_time", reads=("spans", "decode"), in_summary=True)
 def device_time_section(engine: Engine) -> DeviceTime | None:
     """The ``device_time`` block of summary.json; None where no decode run has a device activity."""
     prefix = len(ACTIVITY) + 2  # SQL substr is 1-based

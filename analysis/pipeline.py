@@ -79,7 +79,7 @@ def _violation_reason() -> str:
         CASE WHEN {unordered} THEN 'launch order is not monotonic in sequence' END)"""
 
 
-@stage("pipeline", reads=("spans", "invocations", "processes", "runs", "decode"))
+@stage("pipeline", reads=("spans", "invocations", "processes", "runs", "decode"), in_summary=True)
 def pipeline_figures(engine: Engine, performance_summary: dict | None = None) -> Pipeline:
     """The ``pipeline`` block of summary.json; a failed run (``performance_summary``'s exit status) gets no verdict."""
     identity = bool(engine.scalar(f"SELECT count(*) FROM invocations WHERE n_roots > 0 AND ({_HAS_ANY})"))

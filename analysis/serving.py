@@ -127,7 +127,7 @@ def _from_request_spans(engine: Engine) -> dict[str, tuple[float, str]]:
     return found
 
 
-@stage("serving", reads=("spans",))
+@stage("serving", reads=("spans",), in_summary=True)
 def serving_figures(engine: Engine, trace: Trace) -> Serving:
     """The ``serving`` block of summary.json, with ``sources``, ``partial`` and ``partial_reason``."""
     found = _from_request_spans(engine)

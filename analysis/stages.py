@@ -36,7 +36,8 @@ class Stage:
 
     ``needs``: the stage function's parameters after the engine. A parameter
     named like a stage takes that stage's result; any other is an input of the
-    run (``threshold_ms``, ``trace``, ...).
+    run (``threshold_ms``, ``trace``, ...). ``in_summary``: the result is
+    summary.json's block of the stage's name (None: the block is left out).
     """
 
     name: str
@@ -45,6 +46,7 @@ class Stage:
     doc: str
     needs: tuple[str, ...]
     function: Callable[..., object]
+    in_summary: bool
 
 
 # name -> Stage, in the order the modules declare them (import order of analysis/analyze.py)
@@ -63,7 +65,7 @@ def writer_of(table: str) -> str:
 
 
 def stage(
-    name: str, *, reads: tuple[str, ...], writes: tuple[str, ...] = ()
+    name: str, *, reads: tuple[str, ...], writes: tuple[str, ...] = (), in_summary: bool = False
 ) -> Callable[[Callable[Concatenate[Engine, P], R]], Callable[Concatenate[Engine, P], R]]:
     """Declare the decorated function (first argument: the engine) as the stage ``name``."""
 
@@ -84,7 +86,7 @@ def stage(
             return result
 
         needs = tuple(inspect.signature(function).parameters)[1:]
-        STAGES[name] = Stage(name, tuple(reads), tuple(writes), doc, needs, run)
+        STAGES[name] = Stage(name, tuple(reads), tuple(writes), doc, needs, run, in_summary)
         return run
 
     return declare

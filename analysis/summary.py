@@ -16,6 +16,7 @@ import math
 import operator
 import os
 import types
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, TypedDict, Union, cast, get_args, get_origin, get_type_hints, is_typeddict
 
@@ -23,23 +24,8 @@ import msgspec
 
 import dsprof
 from dsprof.analysis.summary_model import (
-    DeviceTime,
-    Figures,
-    Inputs,
-    LateStarts,
-    NoiseBlock,
-    Pipeline,
     RunInfo,
-    Serving,
-    SlowSteps,
-    StepRow,
     Summary,
-    TailCost,
-    TailSteps,
-    Trends,
-    Validation,
-    Verdict,
-    WhatIf,
 )
 from dsprof.errors import InputError
 from dsprof.fileio import read_regular_file, strict_json_loads
@@ -67,52 +53,27 @@ def run_info(performance_summary: dict | None) -> RunInfo:
     }
 
 
-def build_summary(
-    *,
-    verdict: Verdict,
-    inputs: Inputs,
-    performance_summary: dict | None,
-    validation: Validation,
-    figures: Figures,
-    per_step: list[StepRow],
-    noise: NoiseBlock,
-    late_starts: LateStarts,
-    tail_steps: TailSteps,
-    slow_steps: SlowSteps,
-    what_if: WhatIf,
-    trends: Trends,
-    tail_cost: TailCost,
-    pipeline: Pipeline,
-    serving: Serving,
-    device_time: DeviceTime | None = None,
-) -> Summary:
-    """The summary, its fields in their documented order; ``device_time`` only where the source has device activities."""
+# Summary keys declared ``X | None``: written as null; any other block that is None is left out (e.g. ``device_time``)
+_NULLABLE = frozenset({"workload", "exit_status"})
+
+
+def build_summary(performance_summary: dict | None, blocks: Mapping[str, Any]) -> Summary:
+    """The summary from the analysis' blocks, its keys in the order :class:`Summary` declares them; a None block is left out."""
     run = run_info(performance_summary)
     workload = (performance_summary or {}).get("workload") if isinstance(performance_summary, dict) else None
-    summary = Summary(
-        schema=SUMMARY_SCHEMA,
-        dsprof_version=dsprof.__version__,
-        verdict=verdict,
-        inputs=inputs,
-        workload=workload if isinstance(workload, dict) else None,
-        exit_status=run["exit_status"],
-        run=run,
-        validation=validation,
-        figures=figures,
-        per_step=per_step,
-        noise=noise,
-        late_starts=late_starts,
-        tail_steps=tail_steps,
-        slow_steps=slow_steps,
-        what_if=what_if,
-        trends=trends,
-        tail_cost=tail_cost,
-        pipeline=pipeline,
-        serving=serving,
-    )
-    if device_time is not None:
-        summary["device_time"] = device_time
-    return summary
+    fields = {
+        **blocks,
+        "schema": SUMMARY_SCHEMA,
+        "dsprof_version": dsprof.__version__,
+        "workload": workload if isinstance(workload, dict) else None,
+        "exit_status": run["exit_status"],
+        "run": run,
+    }
+    unknown = fields.keys() - Summary.__annotations__.keys()
+    if unknown:
+        raise KeyError(f"summary blocks {sorted(unknown)} are not declared in summary_model.Summary")
+    ordered = {key: fields[key] for key in Summary.__annotations__ if key in fields}
+    return cast(Summary, {key: value for key, value in ordered.items() if value is not None or key in _NULLABLE})
 
 
 def summary_path(summary_or_dir: str | os.PathLike) -> Path:

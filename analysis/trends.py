@@ -30,7 +30,7 @@ def window_steps(steps: int) -> int:
     return max(MIN_WINDOW, math.ceil(steps / SHORT_RUN_WINDOWS))
 
 
-@stage("trends", reads=("decode", "steps", "step_intervals"))
+@stage("trends", reads=("decode", "steps", "step_intervals"), in_summary=True)
 def trends_section(engine: Engine, what_if: WhatIf) -> Trends:
     """The ``trends`` block of summary.json: per window, its span of steps and time and its figures; the worst windows."""
     steps = int(engine.scalar("SELECT count(*) FROM step_intervals") or 0)

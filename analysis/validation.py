@@ -43,7 +43,7 @@ def _missing_ranks(expect_ranks: int, present: Iterable[int]) -> tuple[list[int]
     return list(itertools.islice((rank for rank in itertools.count() if rank not in have), min(count, 20))), count
 
 
-@stage("validation", reads=("spans", "decode"))
+@stage("validation", reads=("spans", "decode"), in_summary=True)
 def validate(engine: Engine, swimlane: Swimlane, *, expect_ranks: int | None = None) -> Validation:
     """The ``validation`` block of summary.json."""
     checks = _Checks()

@@ -17,7 +17,7 @@ from dsprof.analysis.summary import run_info
 from dsprof.analysis.summary_model import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
 
 
-@stage("verdict", reads=())
+@stage("verdict", reads=(), in_summary=True)
 def verdict_block(
     engine: Engine,
     validation: Validation,

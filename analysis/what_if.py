@@ -336,7 +336,7 @@ class WhatIf:
         return -self.replayer.replay(removals, len(scenarios), first).end_shift_ns
 
 
-@stage("what_if", reads=("decode", "gc", "processes"))
+@stage("what_if", reads=("decode", "gc", "processes"), in_summary=True)
 def what_if_section(engine: Engine, findings: Findings) -> WhatIfSection:
     """The ``what_if`` block of summary.json: the findings' own causes replayed away."""
     causes = own_causes(findings.late_starts, findings.tail_steps, findings.slow_steps)
@@ -423,7 +423,7 @@ def _ms(saved_ns: float) -> float:
     return ns_to_ms(max(0.0, float(saved_ns)))
 
 
-@stage("tail_cost", reads=("decode",))
+@stage("tail_cost", reads=("decode",), in_summary=True)
 def tail_cost(engine: Engine) -> TailCost:
     """Σ_s (max_r end − median_r end) of runner_run, and its share of the decode wall time (docs/FIGURES.md)."""
     row = engine.rows("""SELECT sum(max_end - median_end), (SELECT max(root_end_ns) - min(root_ts_ns) FROM decode)

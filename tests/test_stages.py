@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -117,3 +120,12 @@ def test_the_order_comes_from_the_declarations_not_the_registration(tmp_path, mo
         assert ran.index("swimlane") < ran.index("skew") < ran.index("causes") < ran.index("findings") < ran.index("verdict")
     assert outputs[0] == outputs[1] == outputs[2]
     assert b'"late_starts"' in outputs[0] and json.loads(outputs[0])["late_starts"]["count"] >= 2
+
+
+def test_importing_the_facade_declares_every_summary_stage():
+    """analyze_trace runs what is registered: a stage module it forgets to import would silently drop a block."""
+    code = "import dsprof.analysis.analyze; from dsprof.analysis.stages import STAGES; print(' '.join(sorted(STAGES)))"
+    registered = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
+    sources = Path(__file__).resolve().parents[1] / "analysis"
+    declared = {m for p in sources.rglob("*.py") for m in re.findall(r'^@stage\("(\w+)"', p.read_text(), re.M)}
+    assert declared - {"layout"} == registered  # the drawing layout is imported by the renderers
