@@ -229,7 +229,7 @@ def _build_device_runs(engine: Engine) -> None:
     if "device_runs" in engine.relations():
         return
     engine.run(f"""CREATE TEMP TABLE device_runs AS
-        WITH d AS (SELECT s.pid, s.inv, s.depth, s.depth - 1 AS parent_depth, s.ts_ns AS ts, s.ts_ns + s.dur_ns AS end_ns
+        WITH d AS (SELECT s.pid, s.inv, s.depth, CAST(s.depth AS HUGEINT) - 1 AS parent_depth, s.ts_ns AS ts, s.ts_ns + s.dur_ns AS end_ns
                    FROM spans s WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}'),
              checked AS (
                 SELECT c.pid, c.inv, c.depth, c.ts, c.end_ns, p.end_ns AS parent_end, min(c.depth) OVER (PARTITION BY c.pid, c.inv) AS top,
