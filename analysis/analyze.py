@@ -1,52 +1,48 @@
 """``analyze_trace``: every figure of a trace, as one summary (no files written).
 
 A facade over one analysis per question, in the manner of Holistic Trace
-Analysis: the swimlane's structure (:mod:`~dsprof.analysis.swimlane`), its
-validity (:mod:`~dsprof.analysis.validation`), skew (:mod:`~dsprof.analysis.skew`),
-causes of late steps (:mod:`~dsprof.analysis.causes`), pipeline health
-(:mod:`~dsprof.analysis.pipeline`) and serving figures
-(:mod:`~dsprof.analysis.serving`), each a set of queries on one engine.
+Analysis: the swimlane's structure (:mod:`~dsprof.analysis.stages.swimlane`), its
+validity (:mod:`~dsprof.analysis.stages.validation`), skew (:mod:`~dsprof.analysis.stages.skew`),
+causes of late steps (:mod:`~dsprof.analysis.stages.causes`), pipeline health
+(:mod:`~dsprof.analysis.stages.pipeline`) and serving figures
+(:mod:`~dsprof.analysis.stages.serving`), each a set of queries on one engine.
 """
 
 from __future__ import annotations
 
+import importlib
 import math
+import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, cast
 
 import pyarrow as pa
 
-# importing the analyses declares their stages (analysis/stages.py)
-from dsprof.analysis import (  # noqa: F401
-    causes,
-    device_time,
-    noise,
-    pipeline,
-    serving,
-    skew,
-    slow_steps,
-    straggler,
-    swimlane,
-    trends,
-    validation,
-    verdict,
-    what_if,
-)
-from dsprof.analysis.causes import tail_block
-from dsprof.analysis.engine import Engine, open_engine
-from dsprof.analysis.noise import Findings
-from dsprof.analysis.slow_steps import StepIntervals
-from dsprof.analysis.spans import Trace
-from dsprof.analysis.stages import STAGES, Stage, run_stages
+from dsprof.analysis import stages as stages_package
+from dsprof.analysis.stages.causes import tail_block
+from dsprof.analysis.stages.noise import Findings
+from dsprof.analysis.stages.runner import STAGES, Stage, run_stages
+from dsprof.analysis.stages.slow_steps import StepIntervals
+from dsprof.analysis.stages.swimlane import Swimlane
+from dsprof.analysis.store.engine import Engine, open_engine
+from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary import Summary, build_summary
 from dsprof.analysis.summary_model import Figures, Inputs, LateStarts, SlowSteps, StepRow
-from dsprof.analysis.swimlane import Swimlane
 from dsprof.analysis.units import ns_to_ms
 from dsprof.analysis.window import Window
 from dsprof.errors import DsprofError
 
 DEFAULT_THRESHOLD_MS = 5.0
+
+
+def _declare_stages() -> None:
+    """Import every module of analysis/stages/: each declares its stages, so a new analysis needs no line here."""
+    for module in pkgutil.iter_modules(stages_package.__path__):
+        importlib.import_module(f"{stages_package.__name__}.{module.name}")
+
+
+_declare_stages()
 
 
 @dataclass

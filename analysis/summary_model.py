@@ -191,7 +191,7 @@ class Straggler(TypedDict):
 
 
 class NoiseBlock(TypedDict):
-    """The run's own noise floor (analysis/noise.py): late items within it are listed but are not findings."""
+    """The run's own noise floor (analysis/stages/noise.py): late items within it are listed but are not findings."""
 
     floor_ms: float  # the slow-step floor: the step-interval excess within the run's noise
     slow_steps_ms: float
@@ -203,7 +203,7 @@ class NoiseBlock(TypedDict):
 
 
 class Verdict(TypedDict):
-    """The run's one verdict, first in every output (analysis/verdict.py), built from the sections."""
+    """The run's one verdict, first in every output (analysis/stages/verdict.py), built from the sections."""
 
     status: Literal["healthy", "degraded", "failed", "invalid"]
     headline: str
@@ -254,7 +254,7 @@ class WhatIf(TypedDict):
 
 
 class TrendWindow(TypedDict):
-    """One window of consecutive steps and its figures (analysis/trends.py)."""
+    """One window of consecutive steps and its figures (analysis/stages/trends.py)."""
 
     window: int
     first_step: int

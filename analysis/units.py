@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import overload
 
-from dsprof.analysis.engine import Engine
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import Percentiles
 
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))

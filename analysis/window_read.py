@@ -42,8 +42,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.dataset import SpanDatasetWriter
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans
+from dsprof.analysis.store.dataset import SpanDatasetWriter
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans
 from dsprof.analysis.window import MAX_STEP, Window, WindowSpec, anchor_start_ns, resolve_window
 from dsprof.profiler import strace_format as fmt
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from dsprof.analysis.gate import evaluate_gate
+from dsprof.analysis.policy.gate import evaluate_gate
 
 ROOT = Path(__file__).resolve().parents[1]
 RULES = {"gate-rules": ROOT / "examples" / "gate-rules.toml", "ci-rules": ROOT / "examples" / "ci-rules.toml"}

@@ -76,13 +76,13 @@ def score(cases: list[tuple[np.ndarray, int | None]], detect: Detector) -> tuple
 
 def _detector(name: str, checked: int = 1) -> Detector:
     if name == "dsprof":
-        from dsprof.analysis.change_points import ALPHA, change_points
+        from dsprof.analysis.policy.change_points import ALPHA, change_points
 
         return lambda series: [c.index for c in change_points(series, alpha=ALPHA / checked)]
     if name == "ruptures-only":
         import ruptures
 
-        from dsprof.analysis.change_points import PENALTY_PER_LOG_N, noise_scale
+        from dsprof.analysis.policy.change_points import PENALTY_PER_LOG_N, noise_scale
 
         def segment(series: np.ndarray) -> list[int]:
             scaled = ((series - np.median(series)) / noise_scale(series)).reshape(-1, 1)
@@ -127,7 +127,7 @@ def _fake_summary(rng: np.random.Generator, run: int, figures: int) -> dict:
 
 
 def speed(args: argparse.Namespace) -> bool:
-    from dsprof.analysis.history import HistoryStore, check_history
+    from dsprof.analysis.policy.history import HistoryStore, check_history
 
     rng = np.random.default_rng(args.seed)
     with tempfile.TemporaryDirectory(prefix="bench-history-") as tmp:
@@ -154,7 +154,7 @@ def _dsprof(*args: str) -> subprocess.CompletedProcess:
 
 
 def contention(args: argparse.Namespace) -> bool:
-    from dsprof.analysis.history import add_run, check_history
+    from dsprof.analysis.policy.history import add_run, check_history
 
     shape = ("--preset", "production", "--ranks", "2", "--requests", "8", "--output-tokens", "64", "--seed", "1")
     rules = Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml"

@@ -27,7 +27,7 @@ from pathlib import Path
 
 from child_process import run_child
 
-from dsprof.analysis.dataset import DEFAULT_WINDOW_NS
+from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS
 from dsprof.testing.synthetic import SyntheticRun
 
 DSPROF = [sys.executable, "-c", "import sys; from dsprof.cli.main import cli; cli(sys.argv[1:])"]

@@ -26,9 +26,9 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dsprof.analysis.cause_rules import EXPLAINS_SHARE
-from dsprof.analysis.gate import evaluate_gate
 from dsprof.analysis.outputs.gate_outputs import format_verdict
+from dsprof.analysis.policy.gate import evaluate_gate
+from dsprof.analysis.stages.cause_rules import EXPLAINS_SHARE
 from dsprof.testing.truth import culprits_near_faults, found_faults, scored_faults
 
 ROOT = Path(__file__).resolve().parents[1]

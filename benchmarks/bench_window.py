@@ -33,7 +33,7 @@ from pathlib import Path
 from child_process import run_child
 
 from dsprof.analysis import window_read
-from dsprof.analysis.dataset import open_dataset
+from dsprof.analysis.store.dataset import open_dataset
 from dsprof.analysis.window import parse_window
 from dsprof.analysis.window_read import cut_trace
 from dsprof.commands.analyze import analyze_paths

@@ -484,7 +484,7 @@ def _finish(
         sa_profile.merge_fragments(out / artifacts.SERVING_TRACE_DIR)  # flushes this process's fragment first
         sa_profile.shutdown()  # nothing more goes into this run's fragments
     verified = sum(collector.verified.values())
-    # tokens each request actually got back (as analysis/serving.py counts them): after a
+    # tokens each request actually got back (as analysis/stages/serving.py counts them): after a
     # failure the TPOT must reflect the missing tokens, not the ones that were planned
     requests = len(plan.tokens_expected) or config.requests
     returned_per_request = collector.returned / requests

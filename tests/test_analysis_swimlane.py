@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from dsprof.analysis.layout import assign_lanes, build_lanes, runtime_spans_sql
+from dsprof.analysis.outputs.layout import assign_lanes, build_lanes, runtime_spans_sql
 from dsprof.analysis.outputs.text import json_string
 from dsprof.commands.analyze import analyze_paths
 from dsprof.profiler import strace_format as fmt
@@ -75,7 +75,7 @@ def test_lanes_never_hold_overlapping_roots(messy):
 
 
 def test_lanes_are_the_same_when_laid_out_a_few_threads_at_a_time(messy, monkeypatch):
-    from dsprof.analysis import layout
+    from dsprof.analysis.outputs import layout
 
     _, outcome, _ = messy
     engine = outcome.result.engine

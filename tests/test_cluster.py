@@ -191,7 +191,7 @@ def test_sigterm_of_a_local_ray_analysis_is_one_line_and_leaves_nothing(held_run
 
 def test_sigkill_of_a_local_ray_analysis_takes_the_cluster_with_it(held_run):
     proc, cluster = _held_analysis(held_run)
-    guards = [pid for pid, (_, command) in cluster.items() if "dsprof.analysis.cluster_guard" in command]
+    guards = [pid for pid, (_, command) in cluster.items() if "dsprof.analysis.cluster.guard" in command]
     assert len(guards) == 1
     proc.kill()
     proc.wait(timeout=60)

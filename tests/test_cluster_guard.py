@@ -1,4 +1,4 @@
-"""The guard of a local Ray cluster (dsprof/analysis/cluster_guard.py) without Ray: what a driver started dies with it.
+"""The guard of a local Ray cluster (analysis/cluster/guard.py) without Ray: what a driver started dies with it.
 
 A "driver" here is a Python process that enters ``guarded_local_cluster`` and
 starts an orphan (a process that double-forks away, as Ray's agents end up
@@ -19,7 +19,7 @@ from pathlib import Path
 DRIVER = """
 import subprocess, sys
 from pathlib import Path
-from dsprof.analysis.cluster_guard import guarded_local_cluster
+from dsprof.analysis.cluster.guard import guarded_local_cluster
 scratch = Path(sys.argv[1])
 own = subprocess.Popen(["sleep", "600"])  # the program's own child, started before: not the cluster's
 print(own.pid, flush=True)

@@ -13,7 +13,7 @@ from hostile_summaries import any_summary
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dsprof.analysis.diff import HIGHER, LOWER, diff_summaries, figure_direction, flatten_figures, format_diff
+from dsprof.analysis.policy.diff import HIGHER, LOWER, diff_summaries, figure_direction, flatten_figures, format_diff
 from dsprof.cli.main import cli
 
 

@@ -26,8 +26,8 @@ import pytest
 from click.testing import CliRunner
 
 import dsprof.output_set as output_set_module
-from dsprof.analysis.dataset import SpanDatasetWriter
 from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.store.dataset import SpanDatasetWriter
 from dsprof.cli.main import cli
 from dsprof.commands.watch import Events
 from dsprof.fileio import OutputError

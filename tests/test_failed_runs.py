@@ -12,8 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 
-from dsprof.analysis.diff import diff_summaries, format_diff, run_failure
-from dsprof.analysis.gate import RUN_FAILED_RULE, evaluate_gate
+from dsprof.analysis.policy.diff import diff_summaries, format_diff, run_failure
+from dsprof.analysis.policy.gate import RUN_FAILED_RULE, evaluate_gate
 from dsprof.commands.analyze import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 

@@ -21,8 +21,8 @@ import pytest
 from dsprof.analysis.ingest import read_strace_log
 from dsprof.analysis.ingest.follow import LogFollower
 from dsprof.analysis.ingest.fragment_follow import FragmentFollower
-from dsprof.analysis.live import LiveAnalysis
-from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.analysis.live.live_analysis import LiveAnalysis
+from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.commands import watch as watch_module
 from dsprof.commands.watch import WatchOptions, finish_watch
 from dsprof.errors import DsprofError, InputError

@@ -13,7 +13,6 @@ from click.testing import CliRunner
 from hostile_summaries import any_summary
 from hypothesis import given, settings
 
-from dsprof.analysis.gate_rules import MAX_NESTING, load_rules
 from dsprof.analysis.outputs.gate_outputs import (
     _github_data,
     _github_property,
@@ -22,6 +21,7 @@ from dsprof.analysis.outputs.gate_outputs import (
     github_annotations,
     write_junit,
 )
+from dsprof.analysis.policy.gate_rules import MAX_NESTING, load_rules
 from dsprof.analysis.summary import UnknownFigure, figure_unit, resolve, summary_with_path
 from dsprof.cli.main import cli
 from dsprof.commands.gate import gate, gate_command

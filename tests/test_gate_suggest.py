@@ -8,9 +8,9 @@ import json
 import pytest
 from click.testing import CliRunner
 
-from dsprof.analysis.gate import evaluate_gate
-from dsprof.analysis.gate_rules import load_rules
-from dsprof.analysis.gate_suggest import suggest_rules
+from dsprof.analysis.policy.gate import evaluate_gate
+from dsprof.analysis.policy.gate_rules import load_rules
+from dsprof.analysis.policy.gate_suggest import suggest_rules
 from dsprof.cli.main import cli
 from dsprof.commands.analyze import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun

@@ -16,10 +16,10 @@ from click.testing import CliRunner
 from test_gate import HEALTHY
 from test_report_html import browse_page
 
-from dsprof.analysis.change_points import change_points
-from dsprof.analysis.gate_rules import ChangeRule, load_rules
-from dsprof.analysis.history import HistoryStore, check_history, headline_figures, load_history
 from dsprof.analysis.outputs.trend_page import render_trend_page
+from dsprof.analysis.policy.change_points import change_points
+from dsprof.analysis.policy.gate_rules import ChangeRule, load_rules
+from dsprof.analysis.policy.history import HistoryStore, check_history, headline_figures, load_history
 from dsprof.cli.main import cli
 
 REPO = Path(__file__).resolve().parents[1]
@@ -172,7 +172,7 @@ import copy, json, sys
 sys.path.insert(0, sys.argv[3])
 from test_gate import HEALTHY
 from test_report_html import browse_page
-from dsprof.analysis.history import HistoryStore
+from dsprof.analysis.policy.history import HistoryStore
 for i in range(50):
     summary = copy.deepcopy(HEALTHY)
     summary["serving"]["throughput_tok_s"] = 1000 * int(sys.argv[2]) + i

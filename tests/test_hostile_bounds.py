@@ -19,17 +19,17 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from dsprof.analysis import cluster
-from dsprof.analysis import dataset as dataset_module
 from dsprof.analysis.analyze import analyze_trace
-from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, open_dataset
-from dsprof.analysis.engine import open_engine
+from dsprof.analysis.cluster import ray_engine as cluster
 from dsprof.analysis.ingest import read_paths, sa_profile, strace_pieces
 from dsprof.analysis.ingest.chrome import SpanBuilder
 from dsprof.analysis.ingest.strace_log import read_strace_log
-from dsprof.analysis.invocations import invocation_query
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
-from dsprof.analysis.spans import Trace, merge_traces
+from dsprof.analysis.stages.invocations import invocation_query
+from dsprof.analysis.store import dataset as dataset_module
+from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS, open_dataset
+from dsprof.analysis.store.engine import open_engine
+from dsprof.analysis.store.spans import Trace, merge_traces
 from dsprof.commands import analyze as analyze_module
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import DsprofError

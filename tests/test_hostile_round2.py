@@ -26,7 +26,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
+from dsprof.analysis.store.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.cli.main import cli
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -367,8 +367,8 @@ def test_unreachable_ray_address_leaves_nothing_in_tmpdir(run_dir, tmp_path):
 
 
 def test_engine_spills_to_a_private_folder_of_its_own(tmp_path, monkeypatch):
-    from dsprof.analysis.engine import open_engine
-    from dsprof.analysis.spans import Trace
+    from dsprof.analysis.store.engine import open_engine
+    from dsprof.analysis.store.spans import Trace
 
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     planted = tmp_path / "elsewhere"
@@ -554,9 +554,9 @@ def test_csv_span_table_cells_never_start_a_formula(tmp_path):
 
 def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path):
     from dsprof.analysis.analyze import analyze_trace
-    from dsprof.analysis.dataset import open_dataset
-    from dsprof.analysis.layout import serving_spans_sql
+    from dsprof.analysis.outputs.layout import serving_spans_sql
     from dsprof.analysis.outputs.track_layout import build_track_layout, serving_lanes_sql
+    from dsprof.analysis.store.dataset import open_dataset
 
     target = copy_dataset(dataset, tmp_path)
     part = _first_part(target)
@@ -582,7 +582,7 @@ def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path)
 
 
 def test_sparse_timestamps_do_not_open_a_file_per_window(run_dir, tmp_path):
-    from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, MAX_WINDOWS
+    from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS, MAX_WINDOWS
 
     lines = (run_dir / "server.log").read_text().splitlines()
     record = next(line for line in lines if "[STRACE]" in line and " depth=1 " in line)
@@ -706,7 +706,7 @@ def test_extreme_column_values_end_in_a_result_or_one_line(dataset, tmp_path, co
 def test_lanes_settle_whatever_the_slot_ids():
     """Overlapping runs in one slot near int64's end: lanes once wrapped past it and never settled (a hang)."""
     code = (
-        "import numpy as np; from dsprof.analysis.layout import assign_lanes; "
+        "import numpy as np; from dsprof.analysis.outputs.layout import assign_lanes; "
         "print(assign_lanes(np.zeros(4, np.int64), np.array([0, 1, 2, 3]), np.array([10, 10, 10, 10]), "
         "np.full(4, 2**63 - 1, np.int64)).tolist())"
     )

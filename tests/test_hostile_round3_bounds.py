@@ -17,7 +17,7 @@ import pytest
 from click.testing import CliRunner
 from test_hostile_round2 import one_error_line, run_cli
 
-from dsprof.analysis.gate_rules import load_rules
+from dsprof.analysis.policy.gate_rules import load_rules
 from dsprof.analysis.window import MAX_STEP, parse_steps
 from dsprof.cli.main import cli
 from dsprof.commands.analyze import analyze_paths

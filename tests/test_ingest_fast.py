@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from dsprof.analysis.ingest import compiled as compiled_helpers
 from dsprof.analysis.ingest import strace_log, strace_pieces
-from dsprof.analysis.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS
+from dsprof.analysis.store.spans import PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS
 from dsprof.profiler import strace_format as fmt
 from dsprof.testing.strace_readers import outcome, select_reader
 

@@ -13,9 +13,9 @@ import pyarrow.parquet as pq
 import pytest
 from click.testing import CliRunner
 
-from dsprof.analysis.dataset import DATASET_SCHEMA, MANIFEST, SpanDatasetWriter, open_dataset, rows_of, window_of_rows
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace
+from dsprof.analysis.store.dataset import DATASET_SCHEMA, MANIFEST, SpanDatasetWriter, open_dataset, rows_of, window_of_rows
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace
 from dsprof.cli.main import cli
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError

@@ -23,7 +23,7 @@ from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.ingest.chrome import read_chrome_trace
 from dsprof.analysis.ingest.sa_profile import read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
-from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
+from dsprof.analysis.store.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.errors import InputError
 from dsprof.profiler import sa_profile
 from dsprof.profiler.chrome_json import JsonLimits

@@ -14,7 +14,7 @@ from click.testing import CliRunner
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import kineto, read_paths
 from dsprof.analysis.ingest.kineto import ACTIVITY, BETWEEN_OPS, COMPUTE, HOST_GAP, SHARED_PID_BASE, read_kineto_traces
-from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.cli.main import cli
 from dsprof.commands.report import export_from_dir
 from dsprof.profiler import strace_format as fmt

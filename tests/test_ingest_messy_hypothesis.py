@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from dsprof.analysis.ingest import strace_pieces
 from dsprof.analysis.ingest.strace_log import parse_strace_bytes
-from dsprof.analysis.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
+from dsprof.analysis.store.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, PROMOTED_TEXT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import CLK_ATTR, format_prefix, format_strace_payload
 from dsprof.testing.strace_readers import READERS, outcome, select_reader

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from dsprof.analysis.ingest import read_paths, read_strace_log, strace_pieces
-from dsprof.analysis.spans import MAX_TIME_NS, SPAN_COLUMNS, SPAN_SCHEMA
+from dsprof.analysis.store.spans import MAX_TIME_NS, SPAN_COLUMNS, SPAN_SCHEMA
 from dsprof.commands.ingest import format_ingest_report
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import (

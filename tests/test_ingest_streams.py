@@ -14,8 +14,8 @@ import sys
 
 import pytest
 
-from dsprof.analysis import dataset
 from dsprof.analysis.ingest import read_paths, strace_pieces
+from dsprof.analysis.store import dataset
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix
@@ -26,7 +26,7 @@ PREFIX = format_prefix(1, 1, "INFO", "f").encode()
 # Reads /dev/stdin as dsprof analyze would, and hands back what it read.
 READ_STDIN = """
 import pickle, sys
-from dsprof.analysis import dataset
+from dsprof.analysis.store import dataset
 from dsprof.analysis.ingest import read_paths, strace_pieces
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError

@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 import pytest
 
 from dsprof.analysis.analyze import analyze_trace
-from dsprof.analysis.dataset import open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.ingest.kineto import ACTIVITY, COMPUTE
+from dsprof.analysis.store.dataset import open_dataset
 from dsprof.commands.ingest import ingest_paths
 from dsprof.profiler import artifacts, torch_labels
 from dsprof.profiler import strace_format as fmt

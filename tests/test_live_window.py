@@ -1,10 +1,10 @@
-"""Which steps of a live window are complete (analysis/live.py ``StepRing``): with ``--expect-ranks``, every rank's."""
+"""Which steps of a live window are complete (analysis/live/live_analysis.py ``StepRing``): with ``--expect-ranks``, every rank's."""
 
 from __future__ import annotations
 
 import pytest
 
-from dsprof.analysis.live import LiveAnalysis
+from dsprof.analysis.live.live_analysis import LiveAnalysis
 from dsprof.testing.coupled import Shape, scenario_for
 from dsprof.testing.coupled_log import write_log
 

@@ -17,7 +17,7 @@ import time
 import pytest
 
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.spans import SPAN_COLUMNS
+from dsprof.analysis.store.spans import SPAN_COLUMNS
 from dsprof.profiler import sa_profile, strace
 from dsprof.profiler.strace_format import MAX_VALUE_CHARS, PIPE_BUF, encode_value
 

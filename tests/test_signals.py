@@ -139,7 +139,7 @@ def test_ingest_of_bad_input_leaves_no_folder_it_made(tmp_path, output):
 # the CLI with a long query on the analysis engine's DuckDB connection before the analysis: Python's handler waits
 # for the main thread, which is inside DuckDB, so only dsprof.interrupts can stop the query
 QUERYING_CLI = """import sys, threading
-from dsprof.analysis.engine import open_engine
+from dsprof.analysis.store.engine import open_engine
 from dsprof.commands import analyze
 analyzed = analyze.analyze_trace
 def query_first(trace, **options):

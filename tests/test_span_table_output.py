@@ -10,7 +10,7 @@ import pytest
 
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.span_table import SpanTableWriter
-from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA
+from dsprof.analysis.store.spans import MAX_TIME_NS, SPAN_SCHEMA
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload

@@ -12,16 +12,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsprof.analysis import stages as stages_module
 from dsprof.analysis.analyze import analyze_trace
-from dsprof.analysis.causes import diagnose
-from dsprof.analysis.engine import ENGINE_TABLES, open_engine
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.layout import build_lanes
-from dsprof.analysis.skew import skew_figures
-from dsprof.analysis.stages import STAGES, StageOrderError, stage, stages_markdown
-from dsprof.analysis.swimlane import build_swimlane
-from dsprof.analysis.tables import TABLES, tables_markdown
+from dsprof.analysis.outputs.layout import build_lanes
+from dsprof.analysis.stages import runner as stages_module
+from dsprof.analysis.stages.causes import diagnose
+from dsprof.analysis.stages.runner import STAGES, StageOrderError, stage, stages_markdown
+from dsprof.analysis.stages.skew import skew_figures
+from dsprof.analysis.stages.swimlane import build_swimlane
+from dsprof.analysis.stages.tables import TABLES, tables_markdown
+from dsprof.analysis.store.engine import ENGINE_TABLES, open_engine
 from dsprof.commands.analyze import write_outputs
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -84,7 +84,7 @@ def test_every_table_handed_on_has_its_declared_columns_and_types(trace):
 def test_a_stage_that_writes_an_undeclared_column_is_refused(trace):
     @stage("test-extra-column", reads=("spans",), writes=("gc",))
     def extra(engine) -> None:
-        """Writes gc with a column analysis/tables.py does not declare."""
+        """Writes gc with a column analysis/stages/tables.py does not declare."""
         engine.run(
             "CREATE OR REPLACE TABLE gc AS SELECT 1::BIGINT AS pid, 2::BIGINT AS tid, 3::BIGINT AS gc_ts_ns, "
             "4::BIGINT AS gc_end_ns, 5 AS surprise"
@@ -98,7 +98,7 @@ def test_a_stage_that_writes_an_undeclared_column_is_refused(trace):
 
 
 def test_a_stage_cannot_declare_a_table_tables_py_does_not_know():
-    with pytest.raises(ValueError, match="writes table 'mystery', which analysis/tables.py does not declare"):
+    with pytest.raises(ValueError, match="writes table 'mystery', which analysis/stages/tables.py does not declare"):
         stage("test-mystery", reads=("spans",), writes=("mystery",))(lambda engine: None)
     assert "test-mystery" not in STAGES
 
@@ -124,7 +124,7 @@ def test_the_order_comes_from_the_declarations_not_the_registration(tmp_path, mo
 
 def test_importing_the_facade_declares_every_summary_stage():
     """analyze_trace runs what is registered: a stage module it forgets to import would silently drop a block."""
-    code = "import dsprof.analysis.analyze; from dsprof.analysis.stages import STAGES; print(' '.join(sorted(STAGES)))"
+    code = "import dsprof.analysis.analyze; from dsprof.analysis.stages.runner import STAGES; print(' '.join(sorted(STAGES)))"
     registered = set(subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split())
     sources = Path(__file__).resolve().parents[1] / "analysis"
     declared = {m for p in sources.rglob("*.py") for m in re.findall(r'^@stage\("(\w+)"', p.read_text(), re.M)}

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from dsprof.analysis.trends import LONG_RUN_WINDOW, window_steps
+from dsprof.analysis.stages.trends import LONG_RUN_WINDOW, window_steps
 from dsprof.commands.analyze import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 

@@ -16,8 +16,8 @@ import pytest
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.noise import require_evidence
-from dsprof.analysis.straggler import most_hit_chance
+from dsprof.analysis.stages.noise import require_evidence
+from dsprof.analysis.stages.straggler import most_hit_chance
 from dsprof.testing.coupled import MS, Fault, Scenario, Shape, step_intervals
 from dsprof.testing.coupled_log import write_log
 

@@ -20,11 +20,11 @@ import pytest
 from dsprof.analysis.ingest import read_strace_log
 from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV
 from dsprof.analysis.ingest.follow import LogFollower
-from dsprof.analysis.live import LiveAnalysis
+from dsprof.analysis.live.live_analysis import LiveAnalysis
 from dsprof.analysis.outputs import live_view
 from dsprof.analysis.outputs.findings import LATE_LISTS
 from dsprof.analysis.outputs.live_view import FindingLines, format_live_view
-from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.watch import Alerts, Events, WatchOptions, finish_watch
 from dsprof.errors import InputError

@@ -15,14 +15,14 @@ import pyarrow.compute as pc
 import pytest
 
 from dsprof.analysis.analyze import analyze_trace
-from dsprof.analysis.engine import open_engine
 from dsprof.analysis.ingest import read_strace_log
 from dsprof.analysis.ingest.fragment_follow import FragmentFollower
 from dsprof.analysis.ingest.sa_profile import read_sa_profile
-from dsprof.analysis.live import LiveAnalysis, ServingRows
+from dsprof.analysis.live.live_analysis import LiveAnalysis, ServingRows
 from dsprof.analysis.outputs.live_view import format_live_view
-from dsprof.analysis.serving import serving_figures
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans
+from dsprof.analysis.stages.serving import serving_figures
+from dsprof.analysis.store.engine import open_engine
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.watch import Alerts, WatchOptions, finish_watch
 from dsprof.profiler import artifacts

@@ -22,9 +22,9 @@ from click.testing import CliRunner
 
 from cli.main import cli
 from dsprof.analysis import window_read
-from dsprof.analysis.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.console import format_console_summary
+from dsprof.analysis.store.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
 from dsprof.analysis.window_read import cut_trace
 from dsprof.commands import analyze as analyze_command_module

@@ -1,4 +1,4 @@
-"""Read any mix of dsprof inputs into one :class:`~dsprof.analysis.spans.Trace`.
+"""Read any mix of dsprof inputs into one :class:`~dsprof.analysis.store.spans.Trace`.
 
 :func:`read_paths` decides what each path is:
 
@@ -48,7 +48,7 @@ from dsprof.analysis.ingest.sa_profile import fragment_home, read_sa_profile
 from dsprof.analysis.ingest.side_files import read_side_file
 from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
-from dsprof.analysis.spans import ANCHOR_SCHEMA, PARQUET_SCHEMA, Trace, empty_spans, merge_traces
+from dsprof.analysis.store.spans import ANCHOR_SCHEMA, PARQUET_SCHEMA, Trace, empty_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits

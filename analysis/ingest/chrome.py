@@ -80,7 +80,7 @@ from dsprof.analysis.ingest.chrome_columns import (
 )
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.sink import SpanSink
-from dsprof.analysis.spans import MAX_TIME_NS, SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
+from dsprof.analysis.store.spans import MAX_TIME_NS, SPAN_SCHEMA, Trace, attr_map_parts, split_attributes
 from dsprof.profiler.chrome_json import (
     DEFAULT_LIMITS,
     INT64_MAX,

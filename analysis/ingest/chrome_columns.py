@@ -17,7 +17,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.spans import MAX_TIME_NS
+from dsprof.analysis.store.spans import MAX_TIME_NS
 from dsprof.profiler.chrome_json import (
     MEMBERS_DECODER,
     VALUE_DECODER,

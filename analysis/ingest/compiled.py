@@ -23,7 +23,7 @@ import pyarrow as pa
 from dsprof.analysis.ingest.strace_lines import Chunk, parse_chunk
 from dsprof.analysis.ingest.strace_pieces import Piece
 from dsprof.analysis.ingest.strace_records import FIELD_COLUMNS, constant_columns
-from dsprof.analysis.spans import (
+from dsprof.analysis.store.spans import (
     ANCHOR_SCHEMA,
     ATTRS_TYPE,
     CHIP_SCHEMA,

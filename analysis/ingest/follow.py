@@ -32,7 +32,7 @@ import pyarrow as pa
 from dsprof.analysis.ingest.followed_file import FollowedFile
 from dsprof.analysis.ingest.strace_log import LogTally, parsed_pieces, refuse_binary
 from dsprof.analysis.ingest.strace_pieces import CHUNK_BYTES, HEAD_BYTES, MAX_LINE_BYTES, mapped_pieces
-from dsprof.analysis.spans import Trace
+from dsprof.analysis.store.spans import Trace
 
 # Bytes read from one file in one poll, at most: a follower that starts on a big log catches up piece by piece.
 POLL_BYTES = CHUNK_BYTES

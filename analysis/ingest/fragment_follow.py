@@ -47,7 +47,7 @@ from pathlib import Path
 from dsprof.analysis.ingest.follow import POLL_BYTES
 from dsprof.analysis.ingest.followed_file import FollowedFile
 from dsprof.analysis.ingest.sa_profile import FragmentBatch
-from dsprof.analysis.spans import Trace, merge_traces
+from dsprof.analysis.store.spans import Trace, merge_traces
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits, LineBatch, line_batches
 

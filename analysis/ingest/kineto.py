@@ -67,8 +67,8 @@ import pyarrow.compute as pc
 from dsprof.analysis.ingest.chrome import read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.sink import SpanSink
-from dsprof.analysis.intervals import islands_sql, union_sql
-from dsprof.analysis.spans import ATTRS_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
+from dsprof.analysis.store.intervals import islands_sql, union_sql
+from dsprof.analysis.store.spans import ATTRS_TYPE, PARQUET_SCHEMA, SPAN_SCHEMA, Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.interrupts import interruptible
 from dsprof.profiler import strace_format as fmt

@@ -30,7 +30,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.ingest.strace_records import SOURCE as STRACE_SOURCE
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, anchor_offsets_sql, with_sequence
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, anchor_offsets_sql, with_sequence
 from dsprof.interrupts import interruptible
 from dsprof.profiler import strace_format as fmt
 

@@ -48,7 +48,7 @@ import numpy as np
 from dsprof.analysis.ingest.chrome import SpanBuilder, nulled_note, read_document
 from dsprof.analysis.ingest.json_stream import ChromeDocument
 from dsprof.analysis.ingest.sink import SpanSink
-from dsprof.analysis.spans import Trace, merge_traces
+from dsprof.analysis.store.spans import Trace, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import (

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import msgspec
 
-from dsprof.analysis.spans import Trace
+from dsprof.analysis.store.spans import Trace
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import BAD_VALUE, TOO_DEEP, decode_event, parser_error

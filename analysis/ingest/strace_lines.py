@@ -45,7 +45,7 @@ from dsprof.analysis.ingest.strace_records import (
     read_anchors,
     read_chip_devices,
 )
-from dsprof.analysis.spans import PARQUET_SCHEMA
+from dsprof.analysis.store.spans import PARQUET_SCHEMA
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, VALUE_FIELDS, VERSION_FIELD
 

@@ -53,7 +53,7 @@ from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module, co
 from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.ingest.strace_lines import Chunk, as_utf8, parse_chunk
 from dsprof.analysis.ingest.strace_pieces import HEAD_BYTES, HeadThenRest, Piece, log_pieces, map_file, mapped_pieces, read_head
-from dsprof.analysis.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
+from dsprof.analysis.store.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import ANCHOR_MARKER, CHIP_READY_MARKER, STRACE_MARKER
 from dsprof.progress import Progress

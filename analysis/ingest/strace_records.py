@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.spans import (
+from dsprof.analysis.store.spans import (
     ANCHOR_SCHEMA,
     CHIP_SCHEMA,
     DICTIONARY_TYPE,

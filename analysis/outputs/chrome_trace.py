@@ -35,9 +35,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import AnalysisResult
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.layout import detailed_steps, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
+from dsprof.analysis.outputs.layout import detailed_steps, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.text import json_string, text_buffer, us_text
 from dsprof.analysis.outputs.track_layout import (
     DEVICE_CATEGORY,
@@ -49,7 +48,8 @@ from dsprof.analysis.outputs.track_layout import (
     serving_lanes_sql,
     serving_span_count,
 )
-from dsprof.analysis.spans import PROMOTED_INT_ATTRS
+from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.spans import PROMOTED_INT_ATTRS
 from dsprof.fileio import atomic_output
 from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt

@@ -25,9 +25,9 @@ from typing import Any
 
 import pyarrow as pa
 
-from dsprof.analysis.engine import Engine
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value
-from dsprof.analysis.slow_steps import VIA_STEP_END
+from dsprof.analysis.stages.slow_steps import VIA_STEP_END
+from dsprof.analysis.store.engine import Engine
 from dsprof.profiler import strace_format as fmt
 
 # summary section -> the marker's kind, and which end of the culprit's runner_run it sits at

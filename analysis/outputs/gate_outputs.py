@@ -13,7 +13,7 @@ import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-from dsprof.analysis.gate import GateVerdict
+from dsprof.analysis.policy.gate import GateVerdict
 from dsprof.fileio import atomic_output, atomic_write_text
 from dsprof.textsafe import terminal_safe
 

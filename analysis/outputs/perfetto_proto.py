@@ -38,9 +38,8 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
 from dsprof.analysis.analyze import AnalysisResult
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.layout import drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
+from dsprof.analysis.outputs.layout import drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.track_layout import (
     DEVICE_CATEGORY,
     RUNTIME_CATEGORY,
@@ -50,6 +49,7 @@ from dsprof.analysis.outputs.track_layout import (
     flow_links,
     serving_lanes_sql,
 )
+from dsprof.analysis.store.engine import Engine
 from dsprof.fileio import atomic_output
 from dsprof.profiler import strace_format as fmt
 

@@ -1,9 +1,9 @@
 """Write the span table to one file, chunk by chunk; the format follows the extension.
 
-* ``.parquet``: :data:`~dsprof.analysis.spans.SPAN_SCHEMA` as is (``attrs`` a
+* ``.parquet``: :data:`~dsprof.analysis.store.spans.SPAN_SCHEMA` as is (``attrs`` a
   ``map<string,string>``, ``inv`` ``uint64``, promoted attributes as their own
   columns), written like the span dataset's parts
-  (:class:`~dsprof.analysis.dataset.SpanParquetFile`).
+  (:class:`~dsprof.analysis.store.dataset.SpanParquetFile`).
 * ``.csv``: one row per span, header first; ``attrs`` as JSON object text;
   null cells (``inv``, ``depth``, promoted attributes where absent) empty;
   ``inv`` printed as an exact unsigned integer.
@@ -29,9 +29,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.csv as pa_csv
 
-from dsprof.analysis.dataset import BackgroundWrites, SpanParquetFile
 from dsprof.analysis.outputs.text import json_string, text_buffer
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace
+from dsprof.analysis.store.dataset import BackgroundWrites, SpanParquetFile
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.fileio import atomic_output
 

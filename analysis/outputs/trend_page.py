@@ -8,7 +8,7 @@ figure with no better direction). Clicking a run whose report is known opens
 it; the runs table links to the same reports and shows each run's
 ``verdict.status`` when its summary had one. Every text from the store
 (labels, commits, paths) is escaped; nothing is recomputed here: the change
-points are :class:`~dsprof.analysis.history.HistoryCheck`'s.
+points are :class:`~dsprof.analysis.policy.history.HistoryCheck`'s.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from pathlib import Path
 
 from plotly.offline import get_plotlyjs
 
-from dsprof.analysis.history import VERDICT_STATUS, HistoryCheck
 from dsprof.analysis.outputs.html_report import script_json
+from dsprof.analysis.policy.history import VERDICT_STATUS, HistoryCheck
 from dsprof.analysis.summary import figure_unit
 from dsprof.fileio import atomic_write_text
 from dsprof.textsafe import terminal_safe

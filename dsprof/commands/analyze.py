@@ -4,7 +4,7 @@ combined-swimlane.json and report.html.
 Inputs whose spans would take more than about :data:`SPILL_BYTES` of memory
 (text logs by their size; JSON traces, whose rows take several times their
 text, weighted by :data:`JSON_WEIGHT`) are read into a span dataset on disk
-(Parquet, :mod:`dsprof.analysis.dataset`) instead of memory, and analysed out
+(Parquet, :mod:`dsprof.analysis.store.dataset`) instead of memory, and analysed out
 of core; ``spans_dir`` keeps that dataset for later queries.
 """
 
@@ -20,17 +20,17 @@ from pathlib import Path
 import duckdb
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
-from dsprof.analysis.cluster import check_address, read_and_aggregate
-from dsprof.analysis.dataset import open_dataset
-from dsprof.analysis.dataset_check import corrupt_part
-from dsprof.analysis.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
+from dsprof.analysis.cluster.ray_engine import check_address, read_and_aggregate
 from dsprof.analysis.ingest import SIDE_FILES, read_paths
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
-from dsprof.analysis.spans import Trace
+from dsprof.analysis.store.dataset import open_dataset
+from dsprof.analysis.store.dataset_check import corrupt_part
+from dsprof.analysis.store.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
+from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.window import Window, WindowSpec, parse_window
 from dsprof.analysis.window_read import cut_trace
@@ -226,7 +226,7 @@ def explained_query_errors(trace: Trace, memory_remedy: str = MEMORY_REMEDY) -> 
     """DuckDB errors as one line: a span dataset part whose data is corrupt is named, exhausted memory said so.
 
     A part's footer and schema are checked before the first query
-    (:mod:`dsprof.analysis.dataset_check`); damage inside its pages shows only
+    (:mod:`dsprof.analysis.store.dataset_check`); damage inside its pages shows only
     when the query reads them, so the parts are searched for it then. Any
     other error is a bug and keeps its traceback.
     """

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 
-from dsprof.analysis.diff import diff_summaries, format_diff
+from dsprof.analysis.policy.diff import diff_summaries, format_diff
 from dsprof.analysis.summary import summary_path
 from dsprof.commands.printing import Printer
 from dsprof.errors import DsprofError

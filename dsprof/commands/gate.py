@@ -14,8 +14,6 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from dsprof.analysis.gate import GateVerdict, evaluate_gate
-from dsprof.analysis.gate_suggest import DEFAULT_MARGIN, MAX_MARGIN, suggest_rules
 from dsprof.analysis.outputs.gate_outputs import (
     format_step_summary,
     format_step_summary_error,
@@ -25,6 +23,8 @@ from dsprof.analysis.outputs.gate_outputs import (
     write_junit,
     write_verdict_json,
 )
+from dsprof.analysis.policy.gate import GateVerdict, evaluate_gate
+from dsprof.analysis.policy.gate_suggest import DEFAULT_MARGIN, MAX_MARGIN, suggest_rules
 from dsprof.analysis.summary import summary_path, summary_with_path
 from dsprof.commands.printing import Printer, os_error_message
 from dsprof.errors import DsprofError

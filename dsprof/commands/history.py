@@ -6,8 +6,8 @@ import json
 import os
 from pathlib import Path
 
-from dsprof.analysis.history import DEFAULT_NEWEST, HistoryCheck, add_run, check_history
 from dsprof.analysis.outputs.trend_page import write_trend_page
+from dsprof.analysis.policy.history import DEFAULT_NEWEST, HistoryCheck, add_run, check_history
 from dsprof.analysis.summary import summary_path
 from dsprof.commands.printing import Printer
 from dsprof.fileio import atomic_write_text, check_input_file

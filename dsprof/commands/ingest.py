@@ -1,7 +1,7 @@
 """``dsprof ingest``: read traces and write their spans to disk, in bounded memory.
 
 The output is either the span dataset (a directory: Parquet parts by time
-window and ``dataset.json``, see :mod:`dsprof.analysis.dataset`), which the
+window and ``dataset.json``, see :mod:`dsprof.analysis.store.dataset`), which the
 analysis reads out of core, or one span table file (``.parquet``, ``.csv``,
 ``.jsonl``, see :mod:`dsprof.analysis.outputs.span_table`). Text logs stream
 through the writer a piece at a time; the spans of the JSON readers (SA_PROFILE,
@@ -22,10 +22,10 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.dataset import MANIFEST, SpanDatasetWriter
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.span_table import SpanTableWriter
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace
+from dsprof.analysis.store.dataset import MANIFEST, SpanDatasetWriter
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.progress import Progress
 

@@ -1,7 +1,7 @@
 """``dsprof watch``: follow a running job's logs, analyse a window of its last steps every second, and at the end
 write what ``dsprof analyze`` writes for the same bytes (docs/WATCH.md).
 
-The loop polls the logs (new bytes only, :mod:`dsprof.analysis.live`) and,
+The loop polls the logs (new bytes only, :mod:`dsprof.analysis.live.live_analysis`) and,
 every ``interval`` seconds, analyses the window with the stages of
 ``analyze``. On a terminal the window is drawn as a live view; in a pipe each
 finding is printed once. ``--alert`` evaluates gate rules on every window;
@@ -29,11 +29,11 @@ from pathlib import Path
 from typing import IO, NoReturn
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, check_threshold
-from dsprof.analysis.gate import evaluate_gate
-from dsprof.analysis.gate_rules import load_rules
-from dsprof.analysis.live import DEFAULT_WINDOW_STEPS, LiveAnalysis
+from dsprof.analysis.live.live_analysis import DEFAULT_WINDOW_STEPS, LiveAnalysis
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.live_view import CLEAR_SCREEN, FindingLines, format_live_view, window_steps
+from dsprof.analysis.policy.gate import evaluate_gate
+from dsprof.analysis.policy.gate_rules import load_rules
 from dsprof.analysis.summary import Summary
 from dsprof.commands.analyze import (
     SPILL_PREFIX,

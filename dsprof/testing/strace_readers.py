@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from dsprof.analysis.ingest import strace_log
-from dsprof.analysis.spans import SPAN_SCHEMA
+from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.errors import InputError
 
 READERS = ("compiled", "python")

@@ -11,7 +11,7 @@ step) and ``gc`` table, so it runs unchanged on a day-long soak. The steps:
 2. For every quantity, the median over the *other* ranks of the same step: the
    typical rank. A cell's excess is its value minus that median.
 3. The decision, per cell, for its start and for its end, by the rules of
-   :mod:`dsprof.analysis.cause_rules`; a carried-over start or end with a
+   :mod:`dsprof.analysis.stages.cause_rules`; a carried-over start or end with a
    material cause of its own names that cause; then carry-over chains are
    followed back to the step where they began (they pass only through runs
    late for no reason of their own).
@@ -26,7 +26,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import cast
 
-from dsprof.analysis.cause_rules import (
+from dsprof.analysis.ingest.kineto import HOST_GAP
+from dsprof.analysis.stages.cause_rules import (
     EXPLAINS_SHARE,
     PHASE_NEXT_BIND,
     end_rules,
@@ -37,9 +38,8 @@ from dsprof.analysis.cause_rules import (
     start_rules,
     token_rules,
 )
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.ingest.kineto import HOST_GAP
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
 from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt

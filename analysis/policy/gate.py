@@ -1,12 +1,12 @@
 """The CI gate: check a run's ``summary.json`` against gate rules (docs/GATE_RULES.md).
 
-The rules come from :mod:`dsprof.analysis.gate_rules`, the figures from the
+The rules come from :mod:`dsprof.analysis.policy.gate_rules`, the figures from the
 summary's figure lookup (:func:`dsprof.analysis.summary.resolve`). Outcomes per
 rule: ``pass``, ``fail``, ``missing`` (the figure belongs to the summary's
 schema but this run did not produce it: null, or a rank or item the run does
 not have; this fails the gate) and ``skipped`` (a relative rule when no
 baseline was given, a change rule when no history was given). A change rule
-fails when :mod:`dsprof.analysis.history` finds a change for the worse of its
+fails when :mod:`dsprof.analysis.policy.history` finds a change for the worse of its
 figure in the newest runs of the history, this run appended when not stored. The gate passes when no rule is ``fail`` or ``missing``,
 and never for a failed run: a run with a non-zero exit status or partial
 figures gets a built-in failing result first (:data:`RUN_FAILED_RULE`), whatever
@@ -31,9 +31,19 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any
 
-from dsprof.analysis.diff import run_failure
-from dsprof.analysis.gate_rules import COMPARISONS, ORDERING, ChangeRule, CheckRule, RelativeRule, Rule, load_rules, value_kind, value_text
-from dsprof.analysis.history import History, find_changes, load_history, with_candidate
+from dsprof.analysis.policy.diff import run_failure
+from dsprof.analysis.policy.gate_rules import (
+    COMPARISONS,
+    ORDERING,
+    ChangeRule,
+    CheckRule,
+    RelativeRule,
+    Rule,
+    load_rules,
+    value_kind,
+    value_text,
+)
+from dsprof.analysis.policy.history import History, find_changes, load_history, with_candidate
 from dsprof.analysis.summary import Unavailable, UnknownFigure, figure_unit, is_number, resolve, summary_with_path
 from dsprof.errors import InputError
 from dsprof.textsafe import terminal_safe

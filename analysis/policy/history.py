@@ -28,8 +28,8 @@ from typing import Any
 import duckdb
 import numpy as np
 
-from dsprof.analysis.change_points import ALPHA, RESOLUTION, change_points
-from dsprof.analysis.diff import HIGHER, LOWER, figure_direction, flatten_figures
+from dsprof.analysis.policy.change_points import ALPHA, RESOLUTION, change_points
+from dsprof.analysis.policy.diff import HIGHER, LOWER, figure_direction, flatten_figures
 from dsprof.analysis.summary import figure_unit, summary_with_path
 from dsprof.errors import DsprofError, InputError
 from dsprof.interrupts import interruptible

@@ -5,7 +5,7 @@ expressions over one row of ``cells`` (its values and ``<column>_typ``, the
 median of the other ranks of the step), tried in order. :func:`rule_index_sql`
 picks the first rule that holds (its conditions evaluated once per row) and
 :func:`rule_field_sql` reads a field of the rule picked.
-:mod:`dsprof.analysis.causes` applies them.
+:mod:`dsprof.analysis.stages.causes` applies them.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The engine tables one analysis stage hands to another, declared once with typed, documented columns.
 
-A stage (analysis/stages.py) may write only tables declared here, with exactly
+A stage (analysis/stages/runner.py) may write only tables declared here, with exactly
 these columns; anything else it makes is scratch and is dropped when it
 returns. docs/ARCHITECTURE.md's table reference is generated from this module
 (``scripts/stages_table.py``). Times are nanoseconds on the host clock unless a

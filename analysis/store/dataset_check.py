@@ -1,7 +1,7 @@
 """The span dataset's edge: its manifest and Parquet parts checked before the first query.
 
 A dataset directory may come from anywhere (copied, unpacked, crafted), so
-:func:`~dsprof.analysis.dataset.open_dataset` trusts nothing in it:
+:func:`~dsprof.analysis.store.dataset.open_dataset` trusts nothing in it:
 
 * ``dataset.json`` must be a regular file of bounded size holding the
   manifest, with every field of the type and range the writer gives it;
@@ -10,7 +10,7 @@ A dataset directory may come from anywhere (copied, unpacked, crafted), so
   and the part a regular file (checked with ``lstat``, so a symlink out of the
   dataset or a FIFO that would block the reader is refused unopened);
 * each part's Parquet schema must be the span schema, its row count the
-  manifest's, and its times within :data:`~dsprof.analysis.spans.MAX_TIME_NS`
+  manifest's, and its times within :data:`~dsprof.analysis.store.spans.MAX_TIME_NS`
   (so SQL over them cannot overflow int64), never null.
 
 Any failure is one :class:`~dsprof.errors.InputError` naming the file and the field.
@@ -28,7 +28,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, SPAN_SCHEMA
+from dsprof.analysis.store.spans import MAX_TIME_NS, PROMOTED_INT_ATTRS, SPAN_SCHEMA
 from dsprof.errors import InputError
 from dsprof.fileio import strict_json_loads
 

@@ -22,8 +22,8 @@ serialized).
 
 from __future__ import annotations
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary import run_info
 from dsprof.analysis.summary_model import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair, RunInfo
 from dsprof.analysis.units import ns_to_ms, percentile_blocks

@@ -2,7 +2,7 @@
 
 Each cause found (culprit rank, step, mechanism, evidence) says which phase of
 which run took longer than it should have. The replay
-(:mod:`dsprof.analysis.replay`) takes that excess off the phase — a host
+(:mod:`dsprof.analysis.stages.replay`) takes that excess off the phase — a host
 phase's own time, or the device work segments that grew, in proportion to how
 much each grew over the other ranks — and lets every later event move as far
 as its dependencies allow. The saving is how much earlier the last token
@@ -23,9 +23,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.noise import Findings
-from dsprof.analysis.replay import (
+from dsprof.analysis.stages.noise import Findings
+from dsprof.analysis.stages.replay import (
     BIND_END,
     BIND_TS,
     FENCE_TS,
@@ -38,7 +37,8 @@ from dsprof.analysis.replay import (
     Removal,
     Replayer,
 )
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import LateStart, SlowStep, TailCost, TailStep, WhatIfItem
 from dsprof.analysis.summary_model import WhatIf as WhatIfSection
 from dsprof.analysis.units import ns_to_ms

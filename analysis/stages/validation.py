@@ -9,11 +9,11 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.invocations import serving_row
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.invocations import serving_row
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.stages.swimlane import Swimlane
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import Validation, ValidationCheck
-from dsprof.analysis.swimlane import Swimlane
 from dsprof.profiler import sa_profile
 
 # SA_PROFILE categories a serving trace must have (docs/FORMATS.md "SA_PROFILE", level e2e)

@@ -22,8 +22,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
-from dsprof.analysis.engine import ENGINE_TABLES, Engine
-from dsprof.analysis.tables import TABLES
+from dsprof.analysis.stages.tables import TABLES
+from dsprof.analysis.store.engine import ENGINE_TABLES, Engine
 from dsprof.errors import DsprofError
 
 P = ParamSpec("P")
@@ -75,7 +75,7 @@ def stage(
             raise ValueError(f"stage {name!r} declared twice")
         undeclared = [t for t in writes if t not in TABLES]
         if undeclared:
-            raise ValueError(f"stage {name!r} writes table {undeclared[0]!r}, which analysis/tables.py does not declare")
+            raise ValueError(f"stage {name!r} writes table {undeclared[0]!r}, which analysis/stages/tables.py does not declare")
 
         @functools.wraps(function)
         def run(engine: Engine, *args: P.args, **kwargs: P.kwargs) -> R:
@@ -116,14 +116,14 @@ def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
 
 
 def _check_columns(engine: Engine, stage_name: str, table: str) -> None:
-    """The columns the stage wrote to ``table`` are exactly those analysis/tables.py declares."""
+    """The columns the stage wrote to ``table`` are exactly those analysis/stages/tables.py declares."""
     written = [row[0] for row in engine.rows(f'DESCRIBE "{table}"')]
     declared = TABLES[table].column_names
     extra = [c for c in written if c not in declared]
     missing = [c for c in declared if c not in written]
     if extra or missing:
         wrong = f"column {extra[0]!r}, which it does not declare" if extra else f"no column {missing[0]!r}, which it declares"
-        raise StageOrderError(f"analysis stage {stage_name!r} wrote table {table!r} with {wrong} (analysis/tables.py)")
+        raise StageOrderError(f"analysis stage {stage_name!r} wrote table {table!r} with {wrong} (analysis/stages/tables.py)")
 
 
 def in_order(stages: Collection[Stage] | None = None) -> list[Stage]:

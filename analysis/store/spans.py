@@ -2,7 +2,7 @@
 
 A span table is an Arrow table with the columns and types of
 :data:`SPAN_SCHEMA`, in memory or as a Parquet dataset on disk; the analysis
-engine (:mod:`dsprof.analysis.engine`) queries either through DuckDB. Units are
+engine (:mod:`dsprof.analysis.store.engine`) queries either through DuckDB. Units are
 in the column names. Timestamps are integer nanoseconds on the host monotonic
 clock, except rows with ``clk == "dev"``, whose ``ts_ns`` is on a
 per-invocation device clock and must never be placed on the host axis.

@@ -12,8 +12,8 @@ from __future__ import annotations
 import bisect
 import math
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import Trends, TrendWindow, WhatIf, WhatIfItem
 from dsprof.analysis.units import ns_to_ms
 

@@ -31,9 +31,9 @@ import math
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.spans import Trace
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary_model import Serving
 from dsprof.profiler import sa_profile
 

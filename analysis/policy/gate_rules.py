@@ -5,7 +5,7 @@ tiny tokenizer (never ``eval``), plus relative limits against a baseline run's
 summary and ``change = "worse"`` rules judged on a run history. Anything unclear (bad TOML, nesting deeper than a rules file needs, an
 unknown key, a non-finite limit, a digit outside ASCII) is an
 :class:`~dsprof.errors.InputError` naming the rules file and the rule; checking
-rules against a summary is :mod:`dsprof.analysis.gate`.
+rules against a summary is :mod:`dsprof.analysis.policy.gate`.
 """
 
 from __future__ import annotations

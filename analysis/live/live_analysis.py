@@ -5,7 +5,7 @@
 appear later are picked up) with one :class:`~dsprof.analysis.ingest.follow.LogFollower`
 each. Every span table parsed goes to two places:
 
-* the span dataset on disk (:class:`~dsprof.analysis.dataset.SpanDatasetWriter`,
+* the span dataset on disk (:class:`~dsprof.analysis.store.dataset.SpanDatasetWriter`,
   what ``dsprof ingest`` writes), so memory stays bounded however long the job
   runs, and the final analysis reads everything seen;
 * a :class:`StepRing` in memory holding the last ``window`` decode steps.
@@ -36,12 +36,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace
-from dsprof.analysis.dataset import SpanDatasetWriter
 from dsprof.analysis.ingest import fragment_source, is_text_log, read_paths
 from dsprof.analysis.ingest.follow import LogFollower
 from dsprof.analysis.ingest.fragment_follow import FragmentFollower
-from dsprof.analysis.serving import request_spans
-from dsprof.analysis.spans import SPAN_SCHEMA, Trace, concat_spans, merge_traces
+from dsprof.analysis.stages.serving import request_spans
+from dsprof.analysis.store.dataset import SpanDatasetWriter
+from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.profiler.strace_format import CLK_DEVICE

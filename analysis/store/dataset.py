@@ -59,9 +59,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.dataset_check import Fields, check_part, check_part_entries, check_trace_fields, read_manifest
 from dsprof.analysis.ingest.compiled import compiled_module
-from dsprof.analysis.spans import (
+from dsprof.analysis.store.dataset_check import Fields, check_part, check_part_entries, check_trace_fields, read_manifest
+from dsprof.analysis.store.spans import (
     ANCHOR_SCHEMA,
     CHIP_SCHEMA,
     DICTIONARY_COLUMNS,

@@ -10,9 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.noise import Findings, NoiseFloor
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.noise import Findings, NoiseFloor
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary import run_info
 from dsprof.analysis.summary_model import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
 

@@ -7,8 +7,8 @@ nanosecond values — reported in ms with three decimals.
 
 from __future__ import annotations
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import Figures, Percentiles, RankFigures, StepRow
 from dsprof.analysis.units import ns_to_ms, percentile_blocks
 

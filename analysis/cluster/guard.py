@@ -12,7 +12,7 @@ environment carries the run's marker (set in the driver's environment before
 the cluster starts, so every Ray process inherits it) or that it saw below
 the driver while it lived, and removes the run's scratch directories.
 
-    python -m dsprof.analysis.cluster_guard TOKEN DRIVER_PID [DIR...]
+    python -m dsprof.analysis.cluster.guard TOKEN DRIVER_PID [DIR...]
 """
 
 from __future__ import annotations

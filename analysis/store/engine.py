@@ -1,14 +1,14 @@
 """The analysis engine: DuckDB over a span table, in memory or on disk.
 
 Perfetto's trace processor is the model: the readers fill one storage schema
-(:mod:`dsprof.analysis.spans`) and every analysis is a query over it. The span
+(:mod:`dsprof.analysis.store.spans`) and every analysis is a query over it. The span
 table is registered as the relation ``spans`` — an Arrow table in memory, or
-the Parquet files of a span dataset (:mod:`dsprof.analysis.dataset`) read out
+the Parquet files of a span dataset (:mod:`dsprof.analysis.store.dataset`) read out
 of core — so the same SQL runs over a small test trace and a day-long 64-rank
 soak, under a memory cap (DuckDB spills to disk beyond it).
 
 The heavy, span-sized work is one aggregation into the invocation table
-(:mod:`dsprof.analysis.invocations`); everything after it works on one row per
+(:mod:`dsprof.analysis.stages.invocations`); everything after it works on one row per
 run (rank x step), which is small.
 """
 
@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import duckdb
 import pyarrow as pa
 
-from dsprof.analysis.spans import Trace, with_sequence
+from dsprof.analysis.store.spans import Trace, with_sequence
 from dsprof.errors import DsprofError
 from dsprof.interrupts import interruptible
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
@@ -65,7 +65,7 @@ def parse_memory_limit(text: str) -> int:
     raise DsprofError(f"bad memory limit {text[:100]!r} (expected e.g. 4GB, 512MiB or 25%, at most {MAX_MEMORY_LIMIT >> 40} TiB)")
 
 
-# The relations every engine starts with; the analysis stages (analysis/stages.py) add the rest.
+# The relations every engine starts with; the analysis stages (analysis/stages/runner.py) add the rest.
 ENGINE_TABLES = ("spans", "spans_in_memory", "anchors", "chip_devices")
 
 
@@ -75,7 +75,7 @@ class Engine:
 
     con: duckdb.DuckDBPyConnection
     trace: Trace
-    # table -> the stage that wrote it (analysis/stages.py keeps this)
+    # table -> the stage that wrote it (analysis/stages/runner.py keeps this)
     written: dict[str, str] = field(default_factory=dict)
     # removes the engine's own spill folder (open_engine sets it; once only)
     _spill_cleanup: weakref.finalize | None = field(default=None, repr=False)

@@ -5,7 +5,7 @@ the driver, with the same SQL as the embedded engine, so both give the same
 summary.json:
 
 1. ingest: one Ray task per text log, writing its spans into the shared span
-   dataset (:mod:`dsprof.analysis.dataset`, time-window partitions) and
+   dataset (:mod:`dsprof.analysis.store.dataset`, time-window partitions) and
    returning the log's side tables (anchors, chip devices, drop counts);
 2. invocations: one Ray task per time window, each a DuckDB aggregation over
    the window and its two neighbours (an invocation cut between two windows is
@@ -35,12 +35,12 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from dsprof.analysis.cluster_guard import guarded_local_cluster
-from dsprof.analysis.dataset import DEFAULT_WINDOW_NS, SpanDatasetWriter
-from dsprof.analysis.engine import open_engine
+from dsprof.analysis.cluster.guard import guarded_local_cluster
 from dsprof.analysis.ingest import is_text_log, read_paths
-from dsprof.analysis.invocations import in_window, invocation_query
-from dsprof.analysis.spans import Trace, merge_traces
+from dsprof.analysis.stages.invocations import in_window, invocation_query
+from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS, SpanDatasetWriter
+from dsprof.analysis.store.engine import open_engine
+from dsprof.analysis.store.spans import Trace, merge_traces
 from dsprof.errors import DsprofError
 from dsprof.progress import Progress
 
@@ -146,7 +146,7 @@ def _start_ray(ray, address: str | None, session: contextlib.ExitStack) -> None:
     """Connect to the cluster at ``address``, or start a local one that dies with this process; ``session`` ends it.
 
     A local cluster gets a private session directory (removed afterwards,
-    nothing left in ``TMPDIR``) and a guard (:mod:`dsprof.analysis.cluster_guard`)
+    nothing left in ``TMPDIR``) and a guard (:mod:`dsprof.analysis.cluster.guard`)
     that kills its processes even when this one is SIGKILLed. Ray's native
     signal handler (a stack dump on SIGTERM) is replaced by the one it replaced.
     """

@@ -7,16 +7,16 @@ window, and over each step's activities: span = last end − first start,
 busy = the union of every activity (all streams together), idle = span −
 busy, compute = the union of the computation kernels, non-compute = span −
 idle − compute. Unions are one windowed sort per group in DuckDB
-(:mod:`dsprof.analysis.intervals`). A source without device activities gets
+(:mod:`dsprof.analysis.store.intervals`). A source without device activities gets
 no breakdown: the section is absent, never zero.
 """
 
 from __future__ import annotations
 
-from dsprof.analysis.engine import Engine
 from dsprof.analysis.ingest.kineto import ACTIVITY
-from dsprof.analysis.intervals import union_sql
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.intervals import union_sql
 from dsprof.analysis.summary_model import DeviceTime, DeviceTimeFigures, DeviceTimeStep
 from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt

@@ -18,9 +18,9 @@ import math
 
 import numpy as np
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.noise import Findings
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.noise import Findings
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_model import Figures, SlowStep, StepRow, Straggler, TailStep, WhatIf, WhatIfItem
 from dsprof.profiler import strace_format as fmt
 

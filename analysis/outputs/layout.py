@@ -12,10 +12,10 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dsprof.analysis.engine import Engine
-from dsprof.analysis.invocations import runtime_row, serving_row
-from dsprof.analysis.spans import anchor_offsets_sql
-from dsprof.analysis.stages import stage
+from dsprof.analysis.stages.invocations import runtime_row, serving_row
+from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.spans import anchor_offsets_sql
 from dsprof.profiler import strace_format as fmt
 
 # SQL of the phase label of a runtime span name (strace_format.phase_of, vectorised).

@@ -1,0 +1,1 @@
+"""The same analysis on a Ray cluster."""

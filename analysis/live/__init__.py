@@ -1,0 +1,1 @@
+"""Following a running job: the same stages over a window of recent steps."""

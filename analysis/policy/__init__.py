@@ -1,0 +1,1 @@
+"""CI policy over summary.json: gates, rules, diff and run history."""

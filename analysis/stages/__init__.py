@@ -1,0 +1,1 @@
+"""The analysis stages (one module per analysis), their runner and the tables they hand on."""
