@@ -28,7 +28,7 @@ from dsprof.analysis.stages.swimlane import Swimlane
 from dsprof.analysis.store.engine import Engine, open_engine
 from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary import Summary, build_summary
-from dsprof.analysis.summary_model import Figures, Inputs, LateStarts, SlowSteps, StepRow
+from dsprof.analysis.summary_schema import Figures, Inputs, LateStarts, SlowSteps, StepRow
 from dsprof.analysis.units import ns_to_ms
 from dsprof.analysis.window import Window
 from dsprof.errors import DsprofError
@@ -79,7 +79,7 @@ def analyze_trace(
     """Every figure of an already-read trace: run the stages, build the summary.
 
     ``invocations`` may come precomputed (cluster engine); ``window``: the trace
-    was cut to it (:mod:`~dsprof.analysis.window_read`); the summary states it.
+    was cut to it (:mod:`~dsprof.analysis.window_cut`); the summary states it.
     """
     threshold_ms = check_threshold(threshold_ms)
     engine = open_engine(trace, memory_limit=memory_limit)

@@ -4,7 +4,7 @@ Every command that reads or writes a run's figures goes through here:
 ``analyze`` builds it, ``summary.md``, ``report.html``, the Perfetto export,
 ``gate`` and ``diff`` load it, so they all agree with one file. The fields are
 documented in docs/SUMMARY_SCHEMA.md; the TypedDicts of
-:mod:`~dsprof.analysis.summary_model` are the same contract for the type
+:mod:`~dsprof.analysis.summary_schema` are the same contract for the type
 checker, and for :func:`load_summary`, which checks every file against them.
 """
 
@@ -23,7 +23,7 @@ from typing import Any, TypedDict, Union, cast, get_args, get_origin, get_type_h
 import msgspec
 
 import dsprof
-from dsprof.analysis.summary_model import (
+from dsprof.analysis.summary_schema import (
     RunInfo,
     Summary,
 )
@@ -71,7 +71,7 @@ def build_summary(performance_summary: dict | None, blocks: Mapping[str, Any]) -
     }
     unknown = fields.keys() - Summary.__annotations__.keys()
     if unknown:
-        raise KeyError(f"summary blocks {sorted(unknown)} are not declared in summary_model.Summary")
+        raise KeyError(f"summary blocks {sorted(unknown)} are not declared in summary_schema.Summary")
     ordered = {key: fields[key] for key in Summary.__annotations__ if key in fields}
     return cast(Summary, {key: value for key, value in ordered.items() if value is not None or key in _NULLABLE})
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import overload
 
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Percentiles
+from dsprof.analysis.summary_schema import Percentiles
 
 PERCENTILES = (("p50", 0.50), ("p95", 0.95), ("p99", 0.99), ("max", 1.0))
 

@@ -15,7 +15,7 @@ window cuts is left out whole). Times are given as
 Both kinds combine (``--since +5m --until 2026-12-01T10:30:00Z``). Parsing
 happens before any input is read (:func:`parse_window`, one line and exit 2 on
 a bad value); resolving needs the trace's anchors (:func:`resolve_window`).
-How a window is cut from the spans is :mod:`dsprof.analysis.window_read`.
+How a window is cut from the spans is :mod:`dsprof.analysis.window_cut`.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
-from dsprof.analysis.summary_model import WindowBlock
+from dsprof.analysis.summary_schema import WindowBlock
 from dsprof.errors import DsprofError
 
 _UNIT_NS = {"h": 3_600_000_000_000, "m": 60_000_000_000, "s": 1_000_000_000, "ms": 1_000_000, "us": 1_000, "ns": 1}
@@ -76,7 +76,7 @@ class Window:
     run_start_ns: int | None = None
     # no root carries a step attribute: --steps counts decode runs by position, in the swimlane
     steps_by_position: bool = False
-    partial_steps: int = 0  # steps the window cut, left out whole (analysis/window_read.py)
+    partial_steps: int = 0  # steps the window cut, left out whole (analysis/window_cut.py)
 
     @property
     def steps(self) -> tuple[int, int] | None:

@@ -32,10 +32,10 @@ from pathlib import Path
 
 from child_process import run_child
 
-from dsprof.analysis import window_read
+from dsprof.analysis import window_cut
 from dsprof.analysis.store.dataset import open_dataset
 from dsprof.analysis.window import parse_window
-from dsprof.analysis.window_read import cut_trace
+from dsprof.analysis.window_cut import cut_trace
 from dsprof.commands.analyze import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -75,12 +75,12 @@ def wide_margin_figures(spans: Path, steps: str, margin: int) -> dict:
     """The same window read with row groups ``margin`` steps either side (``1 << 62``: every row group):
     the figures the pruned read must give."""
     spec = parse_window(steps)
-    keep = window_read.MARGIN_STEPS
-    window_read.MARGIN_STEPS = margin
+    keep = window_cut.MARGIN_STEPS
+    window_cut.MARGIN_STEPS = margin
     try:
         outcome = analyze_paths([spans], None, window=spec)
     finally:
-        window_read.MARGIN_STEPS = keep
+        window_cut.MARGIN_STEPS = keep
     outcome.result.engine.close()
     return outcome.summary
 

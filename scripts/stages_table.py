@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from dsprof.analysis import analyze  # noqa: F401  (importing them declares every stage)
-from dsprof.analysis.outputs import layout  # noqa: F401  (importing them declares every stage)
+from dsprof.analysis.outputs import drawing  # noqa: F401  (importing them declares every stage)
 from dsprof.analysis.stages.runner import stages_markdown
 from dsprof.analysis.stages.tables import tables_markdown
 

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from dsprof.analysis.outputs.layout import assign_lanes, build_lanes, runtime_spans_sql
+from dsprof.analysis.outputs.drawing import assign_lanes, build_lanes, runtime_spans_sql
 from dsprof.analysis.outputs.text import json_string
 from dsprof.commands.analyze import analyze_paths
 from dsprof.profiler import strace_format as fmt
@@ -75,14 +75,14 @@ def test_lanes_never_hold_overlapping_roots(messy):
 
 
 def test_lanes_are_the_same_when_laid_out_a_few_threads_at_a_time(messy, monkeypatch):
-    from dsprof.analysis.outputs import layout
+    from dsprof.analysis.outputs import drawing
 
     _, outcome, _ = messy
     engine = outcome.result.engine
     build_lanes(engine)
     whole = engine.rows("SELECT pid, inv, lane FROM lanes ORDER BY pid, inv")
     engine.run("DROP TABLE lanes")
-    monkeypatch.setattr(layout, "LANE_CHUNK_RUNS", 7)  # fewer runs than one thread holds: one thread per pass
+    monkeypatch.setattr(drawing, "LANE_CHUNK_RUNS", 7)  # fewer runs than one thread holds: one thread per pass
     build_lanes(engine)
     assert engine.rows("SELECT pid, inv, lane FROM lanes ORDER BY pid, inv") == whole
     assert len(whole) == engine.scalar("SELECT count(*) FROM runs")

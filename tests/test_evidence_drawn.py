@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
-from dsprof.analysis.outputs.track_layout import RUN_QUEUE_COUNTER
+from dsprof.analysis.outputs.perfetto_tracks import RUN_QUEUE_COUNTER
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.report import export_from_dir
 from dsprof.profiler import strace_format as fmt
@@ -72,7 +72,7 @@ def test_collections_and_run_queue_waits_in_the_report(analysed):
 
 
 def test_collective_waits_are_counters_in_both_exports(analysed, tmp_path):
-    from dsprof.analysis.outputs.track_layout import COLLECTIVE_WAIT_COUNTER
+    from dsprof.analysis.outputs.perfetto_tracks import COLLECTIVE_WAIT_COUNTER
 
     out, outcome, _ = analysed
     waited = outcome.result.engine.scalar("SELECT CAST(sum(device_wait_ns) AS DOUBLE) FROM decode") / 1e6

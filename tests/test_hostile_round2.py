@@ -554,8 +554,8 @@ def test_csv_span_table_cells_never_start_a_formula(tmp_path):
 
 def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path):
     from dsprof.analysis.analyze import analyze_trace
-    from dsprof.analysis.outputs.layout import serving_spans_sql
-    from dsprof.analysis.outputs.track_layout import build_track_layout, serving_lanes_sql
+    from dsprof.analysis.outputs.drawing import serving_spans_sql
+    from dsprof.analysis.outputs.perfetto_tracks import build_track_layout, serving_lanes_sql
     from dsprof.analysis.store.dataset import open_dataset
 
     target = copy_dataset(dataset, tmp_path)
@@ -706,7 +706,7 @@ def test_extreme_column_values_end_in_a_result_or_one_line(dataset, tmp_path, co
 def test_lanes_settle_whatever_the_slot_ids():
     """Overlapping runs in one slot near int64's end: lanes once wrapped past it and never settled (a hang)."""
     code = (
-        "import numpy as np; from dsprof.analysis.outputs.layout import assign_lanes; "
+        "import numpy as np; from dsprof.analysis.outputs.drawing import assign_lanes; "
         "print(assign_lanes(np.zeros(4, np.int64), np.array([0, 1, 2, 3]), np.array([10, 10, 10, 10]), "
         "np.full(4, 2**63 - 1, np.int64)).tolist())"
     )

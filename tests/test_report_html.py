@@ -24,7 +24,7 @@ from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.findings import item_line, worst_first
 from dsprof.analysis.outputs.html_report import REPORT_NAME, render_html, script_json, swimlane_data, write_html_report
-from dsprof.analysis.outputs.track_layout import serving_span_count
+from dsprof.analysis.outputs.perfetto_tracks import serving_span_count
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.report import report_from_dir
 from dsprof.errors import InputError

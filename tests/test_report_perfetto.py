@@ -18,7 +18,7 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
-from dsprof.analysis.outputs.track_layout import BLAME_FLOW_NAME, END_SKEW_COUNTER, FLOW_NAME, RUN_QUEUE_COUNTER, START_SKEW_COUNTER
+from dsprof.analysis.outputs.perfetto_tracks import BLAME_FLOW_NAME, END_SKEW_COUNTER, FLOW_NAME, RUN_QUEUE_COUNTER, START_SKEW_COUNTER
 from dsprof.commands.analyze import analyze_paths
 from dsprof.commands.report import export_from_dir
 from dsprof.errors import DsprofError

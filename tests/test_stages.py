@@ -14,7 +14,7 @@ import pytest
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.outputs.layout import build_lanes
+from dsprof.analysis.outputs.drawing import build_lanes
 from dsprof.analysis.stages import runner as stages_module
 from dsprof.analysis.stages.causes import diagnose
 from dsprof.analysis.stages.runner import STAGES, StageOrderError, stage, stages_markdown

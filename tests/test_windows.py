@@ -21,12 +21,12 @@ import pytest
 from click.testing import CliRunner
 
 from cli.main import cli
-from dsprof.analysis import window_read
+from dsprof.analysis import window_cut
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.store.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
-from dsprof.analysis.window_read import cut_trace
+from dsprof.analysis.window_cut import cut_trace
 from dsprof.commands import analyze as analyze_command_module
 from dsprof.commands.analyze import analyze_paths
 from dsprof.errors import DsprofError
@@ -239,7 +239,7 @@ def test_a_wide_window_is_cut_to_disk_with_the_same_figures(run, tmp_path, monke
     in_memory = analyze_paths([run], None, window=spec).summary
     scratch = tmp_path / "scratch"
     scratch.mkdir()
-    monkeypatch.setattr(window_read, "IN_MEMORY_ROWS", 100)
+    monkeypatch.setattr(window_cut, "IN_MEMORY_ROWS", 100)
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     dataset = _dataset_by_pieces(run, tmp_path / "spans", rows_per_piece=250)
     cut, _, facts = cut_trace(open_dataset(dataset), spec)
@@ -247,7 +247,7 @@ def test_a_wide_window_is_cut_to_disk_with_the_same_figures(run, tmp_path, monke
     shutil.rmtree(facts.spill)
     on_disk = analyze_paths([dataset], None, window=spec).summary
     assert _figures(on_disk) == _figures(in_memory)
-    assert not [p for p in scratch.iterdir() if p.name.startswith(window_read.SPILL_PREFIX)]
+    assert not [p for p in scratch.iterdir() if p.name.startswith(window_cut.SPILL_PREFIX)]
 
 
 def test_a_big_log_read_through_a_temporary_dataset_is_cut_before_the_figures(run, monkeypatch):

@@ -1,7 +1,7 @@
 """The one Chrome trace writer: ``combined-swimlane.json`` and the Perfetto JSON export.
 
 Where every span, arrow and counter goes — processes, tracks and their names,
-flows, counters — is :mod:`~dsprof.analysis.outputs.track_layout`, shared with
+flows, counters — is :mod:`~dsprof.analysis.outputs.perfetto_tracks`, shared with
 the native protobuf writer; this module only spells it as Chrome trace events:
 
 * spans as complete events (``X``) on their track: runtime spans in category
@@ -35,10 +35,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.analyze import AnalysisResult
+from dsprof.analysis.outputs.drawing import detailed_steps, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
-from dsprof.analysis.outputs.layout import detailed_steps, drawn_runs_sql, runtime_spans_sql
-from dsprof.analysis.outputs.text import json_string, text_buffer, us_text
-from dsprof.analysis.outputs.track_layout import (
+from dsprof.analysis.outputs.perfetto_tracks import (
     DEVICE_CATEGORY,
     RUNTIME_CATEGORY,
     TrackLayout,
@@ -48,6 +47,7 @@ from dsprof.analysis.outputs.track_layout import (
     serving_lanes_sql,
     serving_span_count,
 )
+from dsprof.analysis.outputs.text import json_string, text_buffer, us_text
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.store.spans import PROMOTED_INT_ATTRS
 from dsprof.fileio import atomic_output
@@ -319,7 +319,7 @@ def _plain(table: pa.Table) -> pa.RecordBatch:
 
 
 def _flow_events(links: pa.Table) -> pa.Array:
-    """An ``s``/``f`` pair per arrow (see :func:`~dsprof.analysis.outputs.track_layout.flow_links`)."""
+    """An ``s``/``f`` pair per arrow (see :func:`~dsprof.analysis.outputs.perfetto_tracks.flow_links`)."""
     if links.num_rows == 0:
         return pa.array([], pa.string())
     batch = _plain(links)

@@ -12,7 +12,7 @@ and placed with the engine's ``decode`` table, which holds every run's times:
   culprit has no run in that step (outside the window drawn) gets no marker.
 
 A slow step's marker also names what its arrows point at
-(:func:`~dsprof.analysis.outputs.track_layout.flow_links`): its culprit's span of
+(:func:`~dsprof.analysis.outputs.perfetto_tracks.flow_links`): its culprit's span of
 the blamed phase, and the victims it held at a collective (``finding_victims``).
 
 Nothing here recomputes a figure: the marker's name and args are the item's.

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar, cast
 
 from dsprof.analysis.summary import Summary
-from dsprof.analysis.summary_model import Cause
+from dsprof.analysis.summary_schema import Cause
 
 # an item of a late list: typed (LateItem) where the summary's section is, any mapping where it is read by key name
 ItemT = TypeVar("ItemT", bound=Mapping[str, Any])

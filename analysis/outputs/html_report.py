@@ -10,11 +10,11 @@ percentiles, and — folded — the configuration (workload, serving figures,
 inputs, validation checks). Every figure comes from the summary.
 
 The swimlane has one band per process (the track layout of the Perfetto
-exports, :mod:`~dsprof.analysis.outputs.track_layout`): a rank's band holds its
+exports, :mod:`~dsprof.analysis.outputs.perfetto_tracks`): a rank's band holds its
 serving lanes (scheduler, worker, executor, kernel) and its pipeline-slot
 lanes, each a small flame graph — the run's root, its phases below it, and
 under ``runner_run`` the device spans (``clk=dev``) placed at the run's launch
-(:func:`~dsprof.analysis.outputs.layout.device_spans_sql`; approximate, as the page says).
+(:func:`~dsprof.analysis.outputs.drawing.device_spans_sql`; approximate, as the page says).
 
 Span data are computed in the engine (SQL) and travel as compact columns.
 Beyond ``span_budget`` spans the steps with the largest runner-end skew are
@@ -44,10 +44,10 @@ import pyarrow.compute as pc
 from plotly.offline import get_plotlyjs
 
 from dsprof.analysis.analyze import AnalysisResult
+from dsprof.analysis.outputs.drawing import collection_row, device_spans_sql, drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.findings import LATE_LISTS, value, verdict_lines, window_text, worst_first
-from dsprof.analysis.outputs.layout import collection_row, device_spans_sql, drawn_runs_sql, runtime_spans_sql
+from dsprof.analysis.outputs.perfetto_tracks import TrackLayout, build_track_layout, lane_name, serving_lanes_sql, serving_span_count
 from dsprof.analysis.outputs.report_charts import chart_data, list_items
-from dsprof.analysis.outputs.track_layout import TrackLayout, build_track_layout, lane_name, serving_lanes_sql, serving_span_count
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.units import PERCENTILES

@@ -1,6 +1,6 @@
 """The native Perfetto export: a ``.pftrace`` (Perfetto's protobuf trace) built with the ``perfetto`` package.
 
-The picture is the JSON export's (:mod:`~dsprof.analysis.outputs.track_layout`
+The picture is the JSON export's (:mod:`~dsprof.analysis.outputs.perfetto_tracks`
 decides processes, tracks, names, arrows and counters); here it is spelled as
 ``TracePacket`` s made by :class:`perfetto.trace_builder.proto_builder.TraceProtoBuilder`:
 
@@ -38,9 +38,9 @@ from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
 from dsprof.analysis.analyze import AnalysisResult
+from dsprof.analysis.outputs.drawing import drawn_runs_sql, runtime_spans_sql
 from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
-from dsprof.analysis.outputs.layout import drawn_runs_sql, runtime_spans_sql
-from dsprof.analysis.outputs.track_layout import (
+from dsprof.analysis.outputs.perfetto_tracks import (
     DEVICE_CATEGORY,
     RUNTIME_CATEGORY,
     TrackLayout,

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from dsprof.analysis.outputs.findings import cause_text, item_line, own_rank, value, worst_first
 from dsprof.analysis.summary import Summary
-from dsprof.analysis.summary_model import LateItem
+from dsprof.analysis.summary_schema import LateItem
 
 
 def list_items(items: list[dict]) -> list[dict]:

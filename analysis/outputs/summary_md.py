@@ -13,7 +13,7 @@ from typing import Any
 
 from dsprof.analysis.outputs.findings import LATE_LISTS, item_line, value, verdict_lines, worst_first
 from dsprof.analysis.summary import Summary
-from dsprof.analysis.summary_model import PercentileFigure
+from dsprof.analysis.summary_schema import PercentileFigure
 from dsprof.analysis.units import PERCENTILES
 from dsprof.fileio import atomic_write_text
 from dsprof.textsafe import terminal_safe

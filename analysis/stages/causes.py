@@ -40,7 +40,7 @@ from dsprof.analysis.stages.cause_rules import (
 )
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
+from dsprof.analysis.summary_schema import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
 from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 

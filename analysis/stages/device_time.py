@@ -17,7 +17,7 @@ from dsprof.analysis.ingest.kineto import ACTIVITY
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.store.intervals import union_sql
-from dsprof.analysis.summary_model import DeviceTime, DeviceTimeFigures, DeviceTimeStep
+from dsprof.analysis.summary_schema import DeviceTime, DeviceTimeFigures, DeviceTimeStep
 from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 

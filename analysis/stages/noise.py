@@ -20,7 +20,7 @@ from dsprof.analysis.stages.cause_rules import EXPLAINS_SHARE
 from dsprof.analysis.stages.causes import Diagnosis
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Cause, LateStart, NoiseBlock, SlowStep, TailStep
+from dsprof.analysis.summary_schema import Cause, LateStart, NoiseBlock, SlowStep, TailStep
 from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary import run_info
-from dsprof.analysis.summary_model import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair, RunInfo
+from dsprof.analysis.summary_schema import NativeOverlap, Percentiles, Pipeline, PipelineViolation, PrefillPair, RunInfo
 from dsprof.analysis.units import ns_to_ms, percentile_blocks
 from dsprof.profiler import strace_format as fmt
 

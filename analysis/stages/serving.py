@@ -34,7 +34,7 @@ import pyarrow.compute as pc
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.store.spans import Trace
-from dsprof.analysis.summary_model import Serving
+from dsprof.analysis.summary_schema import Serving
 from dsprof.profiler import sa_profile
 
 FIGURES = ("tokens_returned", "tokens_expected", "batch_elapsed_s", "throughput_tok_s", "effective_tpot_ms", "acceptance_rate", "requests")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Figures, Percentiles, RankFigures, StepRow
+from dsprof.analysis.summary_schema import Figures, Percentiles, RankFigures, StepRow
 from dsprof.analysis.units import ns_to_ms, percentile_blocks
 
 # figure name -> nanosecond expression over a decode row

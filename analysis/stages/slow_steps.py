@@ -28,7 +28,7 @@ from dsprof.analysis.stages.causes import cause_item
 from dsprof.analysis.stages.replay import ALIGNMENT_TOLERANCE_NS
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Cause, CriticalPath, Percentiles, SlowStep
+from dsprof.analysis.summary_schema import Cause, CriticalPath, Percentiles, SlowStep
 from dsprof.analysis.units import ns_to_ms, percentile_blocks
 from dsprof.profiler import strace_format as fmt
 

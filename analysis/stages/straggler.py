@@ -21,7 +21,7 @@ import numpy as np
 from dsprof.analysis.stages.noise import Findings
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Figures, SlowStep, StepRow, Straggler, TailStep, WhatIf, WhatIfItem
+from dsprof.analysis.summary_schema import Figures, SlowStep, StepRow, Straggler, TailStep, WhatIf, WhatIfItem
 from dsprof.profiler import strace_format as fmt
 
 # the culprit cause of a flagged step: a tail step or a slow step

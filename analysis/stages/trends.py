@@ -14,7 +14,7 @@ import math
 
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Trends, TrendWindow, WhatIf, WhatIfItem
+from dsprof.analysis.summary_schema import Trends, TrendWindow, WhatIf, WhatIfItem
 from dsprof.analysis.units import ns_to_ms
 
 LONG_RUN_WINDOW = 1_000

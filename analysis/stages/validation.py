@@ -13,7 +13,7 @@ from dsprof.analysis.stages.invocations import serving_row
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.stages.swimlane import Swimlane
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import Validation, ValidationCheck
+from dsprof.analysis.summary_schema import Validation, ValidationCheck
 from dsprof.profiler import sa_profile
 
 # SA_PROFILE categories a serving trace must have (docs/FORMATS.md "SA_PROFILE", level e2e)

@@ -14,7 +14,7 @@ from dsprof.analysis.stages.noise import Findings, NoiseFloor
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary import run_info
-from dsprof.analysis.summary_model import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
+from dsprof.analysis.summary_schema import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
 
 
 @stage("verdict", reads=(), in_summary=True)

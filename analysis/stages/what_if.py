@@ -39,8 +39,8 @@ from dsprof.analysis.stages.replay import (
 )
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import LateStart, SlowStep, TailCost, TailStep, WhatIfItem
-from dsprof.analysis.summary_model import WhatIf as WhatIfSection
+from dsprof.analysis.summary_schema import LateStart, SlowStep, TailCost, TailStep, WhatIfItem
+from dsprof.analysis.summary_schema import WhatIf as WhatIfSection
 from dsprof.analysis.units import ns_to_ms
 from dsprof.profiler import strace_format as fmt
 

@@ -33,7 +33,7 @@ from dsprof.analysis.store.engine import DEFAULT_MEMORY_SHARE, parse_memory_limi
 from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.window import Window, WindowSpec, parse_window
-from dsprof.analysis.window_read import cut_trace
+from dsprof.analysis.window_cut import cut_trace
 from dsprof.commands.ingest import ingest_paths
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
@@ -151,7 +151,7 @@ def analyze_paths(
     inputs) or ``ray`` (ingest and the span-sized aggregation as Ray tasks on
     the cluster at ``address``; docs/CLUSTER.md). Inputs without a single span
     (and no serving summary) are an InputError. ``window`` (or just ``steps``):
-    analyse that window of the run only (:mod:`dsprof.analysis.window_read`). ``step_marker``: the label of a
+    analyse that window of the run only (:mod:`dsprof.analysis.window_cut`). ``step_marker``: the label of a
     Kineto trace's steps (default ``ProfilerStep#N``). ``memory_remedy``: what the error of exhausted memory advises.
     """
     check_threshold(threshold_ms)

@@ -43,8 +43,7 @@ import numpy as np
 import pyarrow as pa
 
 from dsprof.analysis.analyze import AnalysisResult
-from dsprof.analysis.outputs.finding_markers import SLOW_STEP, build_finding_markers
-from dsprof.analysis.outputs.layout import (
+from dsprof.analysis.outputs.drawing import (
     GC_LANE,
     assign_lanes,
     build_lanes,
@@ -54,9 +53,10 @@ from dsprof.analysis.outputs.layout import (
     runtime_spans_sql,
     serving_spans_sql,
 )
+from dsprof.analysis.outputs.finding_markers import SLOW_STEP, build_finding_markers
 from dsprof.analysis.stages.invocations import runtime_row, serving_row
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.summary_model import StepRow
+from dsprof.analysis.summary_schema import StepRow
 from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt
 
@@ -245,8 +245,8 @@ def _build_device_runs(engine: Engine) -> None:
 
 
 def device_spans_drawn_sql(runs: str) -> str:
-    """The device spans the exports draw (:func:`~dsprof.analysis.outputs.layout.device_spans_sql`) of ``runs`` (a table of
-    :func:`~dsprof.analysis.outputs.layout.drawn_runs_sql`): those of the runs in ``device_runs``."""
+    """The device spans the exports draw (:func:`~dsprof.analysis.outputs.drawing.device_spans_sql`) of ``runs`` (a table of
+    :func:`~dsprof.analysis.outputs.drawing.drawn_runs_sql`): those of the runs in ``device_runs``."""
     return device_spans_sql(f"(SELECT * FROM {runs} x SEMI JOIN device_runs k ON k.pid = x.pid AND k.inv = x.inv)")
 
 
@@ -300,7 +300,7 @@ def serving_span_count(engine: Engine) -> int:
 
 
 def serving_lanes_sql() -> str:
-    """The serving spans to draw (:func:`~dsprof.analysis.outputs.layout.serving_spans_sql`, those given a lane) with their ``lane``."""
+    """The serving spans to draw (:func:`~dsprof.analysis.outputs.drawing.serving_spans_sql`, those given a lane) with their ``lane``."""
     return f"SELECT s.*, l.lane FROM ({serving_spans_sql()}) s JOIN serving_lanes l USING (file, line)"
 
 

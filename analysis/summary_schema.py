@@ -1,7 +1,7 @@
 """The sections of summary.json as typed records: what every analysis writes and every reader walks.
 
 One TypedDict per object of the file (docs/SUMMARY_SCHEMA.md, tied to these
-by tests/test_summary_model.py). The analyses build them, the outputs, gate
+by tests/test_summary_schema.py). The analyses build them, the outputs, gate
 and diff read them, and :func:`dsprof.analysis.summary.load_summary` checks a
 file against them. ``NotRequired`` marks keys written only in some cases (a
 cause's ``from_step``) or only by newer versions (``slow_steps``).

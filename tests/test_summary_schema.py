@@ -1,4 +1,4 @@
-"""The summary model (analysis/summary_model.py): what the analyses write, what load_summary accepts, what the doc names.
+"""The summary model (analysis/summary_schema.py): what the analyses write, what load_summary accepts, what the doc names.
 
 * A real analysis writes exactly the model: every value has the model's type,
   and no key is written that the model lacks.
@@ -24,7 +24,7 @@ import pytest
 from click.testing import CliRunner
 
 from dsprof.analysis.summary import load_summary
-from dsprof.analysis.summary_model import Cause, Figures, PercentileFigure, Percentiles, SlowSteps, Straggler, Summary
+from dsprof.analysis.summary_schema import Cause, Figures, PercentileFigure, Percentiles, SlowSteps, Straggler, Summary
 from dsprof.cli.main import cli
 from dsprof.errors import InputError
 from dsprof.testing.synthetic import SyntheticRun
@@ -225,7 +225,7 @@ def test_the_schema_doc_names_every_field_under_its_section():
             absent = _missing_fields(record, text, causes)
             if absent:
                 missing[f"{name}: {record.__name__}"] = absent
-    assert missing == {}, "fields of analysis/summary_model.py not in docs/SUMMARY_SCHEMA.md"
+    assert missing == {}, "fields of analysis/summary_schema.py not in docs/SUMMARY_SCHEMA.md"
 
 
 def test_the_doc_check_finds_a_field_left_out():
