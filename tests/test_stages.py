@@ -22,6 +22,7 @@ from dsprof.analysis.stages.skew import skew_figures
 from dsprof.analysis.stages.swimlane import build_swimlane
 from dsprof.analysis.stages.tables import TABLES, tables_markdown
 from dsprof.analysis.store.engine import ENGINE_TABLES, open_engine
+from dsprof.analysis.store.spans import SPAN_COLUMN_DOCS, SPAN_SCHEMA
 from dsprof.commands.analyze import write_outputs
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -129,3 +130,7 @@ def test_importing_the_facade_declares_every_summary_stage():
     sources = Path(__file__).resolve().parents[1] / "analysis"
     declared = {m for p in sources.rglob("*.py") for m in re.findall(r'^@stage\("(\w+)"', p.read_text(), re.M)}
     assert declared - {"layout"} == registered  # the drawing layout is imported by the renderers
+
+
+def test_every_span_column_is_documented():
+    assert list(SPAN_COLUMN_DOCS) == SPAN_SCHEMA.names

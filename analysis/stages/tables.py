@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from dsprof.analysis.store.spans import SPAN_COLUMN_DOCS, SPAN_SCHEMA
+
 BIGINT, UBIGINT, HUGEINT, DOUBLE, VARCHAR, BOOLEAN = "BIGINT", "UBIGINT", "HUGEINT", "DOUBLE", "VARCHAR", "BOOLEAN"
 WAITS = 'STRUCT(ts_ns BIGINT, dur_ns BIGINT, "name" VARCHAR, peer BIGINT)[]'
 
@@ -297,8 +299,12 @@ TABLES = _tables(
 
 
 def tables_markdown() -> str:
-    """docs/ARCHITECTURE.md's reference of the declared tables (checked by tests/test_stages.py)."""
-    blocks = []
+    """docs/ARCHITECTURE.md's reference of the span table and the declared tables (checked by tests/test_stages.py)."""
+    spans = "\n".join(f"| `{f.name}` | {f.type} | {SPAN_COLUMN_DOCS[f.name]} |" for f in SPAN_SCHEMA)
+    blocks = [
+        f"#### `spans`\n\nOne row: one span, as a reader made it (`analysis/store/spans.py`).\n\n"
+        f"| column | type | meaning |\n|---|---|---|\n{spans}"
+    ]
     for table in TABLES.values():
         rows = "\n".join(f"| `{c.name}` | {c.type.replace('|', '/')} | {c.doc.replace('``', '`')} |" for c in table.columns)
         blocks.append(

@@ -1,38 +1,10 @@
 """The span table: the one data model every reader fills and every analysis queries.
 
-A span table is an Arrow table with the columns and types of
-:data:`SPAN_SCHEMA`, in memory or as a Parquet dataset on disk; the analysis
-engine (:mod:`dsprof.analysis.store.engine`) queries either through DuckDB. Units are
-in the column names. Timestamps are integer nanoseconds on the host monotonic
-clock, except rows with ``clk == "dev"``, whose ``ts_ns`` is on a
-per-invocation device clock and must never be placed on the host axis.
-
-Columns
--------
-source   ``strace`` | ``sa_profile`` | ``chrome``: which reader produced the row
-file     the path the row was read from
-line     1-based line number (text logs, JSONL fragments) or event index (JSON)
-pid, tid OS process and thread ids (Chrome ``pid``/``tid`` for JSON traces)
-name     span name (decoded)
-cat      Chrome category; ``""`` for STRACE rows
-ph       ``X`` complete span or ``i`` instant (``dur_ns == 0``)
-ts_ns    start, ns
-dur_ns   duration, ns (never negative: readers drop and count such spans)
-inv      STRACE invocation id (uint64), null elsewhere
-hid      STRACE callable hash (hex text), ``""`` elsewhere
-depth    STRACE nesting depth, null elsewhere
-clk      ``host`` or ``dev``
-
-The attribute vocabulary of docs/FORMATS.md ("Root attributes", "Host evidence") is promoted to typed columns, so that
-the analysis reads them without parsing text (null where absent, or where the
-value is not an integer — the text then stays in ``attrs``):
-
-rank, step, run_id, dispatch_id, run_epoch, slot_id, generation   int64
-device, callable                                                   string
-os_cpu_ns, os_rq_ns, os_nivcsw, os_majflt                          int64 (``os.*`` attributes)
-
-attrs    every other attribute / Chrome ``args`` member as map<string,string>;
-         non-string JSON values are kept as their JSON text
+An Arrow table with the columns of :data:`SPAN_SCHEMA` (each documented in
+:data:`SPAN_COLUMN_DOCS`; docs/ARCHITECTURE.md "Engine tables" is generated
+from both), in memory or as a Parquet dataset; the engine queries either
+through DuckDB. Times are integer ns on the host monotonic clock, except rows
+with ``clk == "dev"``, whose ``ts_ns`` is on a per-invocation device clock.
 """
 
 from __future__ import annotations
@@ -83,6 +55,28 @@ SPAN_SCHEMA = pa.schema(
     ]
 )
 SPAN_COLUMNS = tuple(SPAN_SCHEMA.names)
+_PROMOTED = "promoted from the attribute of the same name (docs/FORMATS.md); null where absent or not an integer"
+# column -> what it holds
+SPAN_COLUMN_DOCS: dict[str, str] = {
+    "source": "which reader produced the row: `strace`, `sa_profile` or `chrome`",
+    "file": "the path the row was read from",
+    "line": "1-based line (text logs, JSONL fragments) or event index (JSON)",
+    "pid": "OS process id (Chrome `pid` for JSON traces)",
+    "tid": "OS thread id (Chrome `tid`)",
+    "name": "span name, decoded",
+    "cat": "Chrome category; empty for STRACE rows",
+    "ph": "`X` complete span or `i` instant (`dur_ns` 0)",
+    "ts_ns": "start, ns (host monotonic clock; per-invocation device clock where `clk` is `dev`)",
+    "dur_ns": "duration, ns; never negative (readers drop and count such spans)",
+    "inv": "STRACE invocation id; null elsewhere",
+    "hid": "STRACE callable hash (hex text); empty elsewhere",
+    "depth": "STRACE nesting depth; null elsewhere",
+    "clk": "`host` or `dev`",
+    **{column: _PROMOTED for column in PROMOTED_INT_ATTRS.values()},
+    "device": "the `device` attribute",
+    "callable": "the `callable` attribute",
+    "attrs": "every other attribute (Chrome `args` member) as text; non-string JSON values as their JSON text",
+}
 # Columns with few distinct values: dictionary-encoded in Parquet.
 DICTIONARY_COLUMNS = ("source", "file", "name", "cat", "ph", "hid", "clk", "device", "callable")
 # Columns that hold one value for all the rows a reader takes from one file: readers
