@@ -71,7 +71,7 @@ class JsonLimits:
 
 DEFAULT_LIMITS = JsonLimits()
 # Bytes read at a time: a batch of lines or of events is about this big.
-CHUNK_BYTES = 4 << 20
+READ_BYTES = 4 << 20
 
 
 class TraceEvent(msgspec.Struct, gc=False):
@@ -131,7 +131,7 @@ def line_batches(
     handle: BinaryIO,
     limits: JsonLimits = DEFAULT_LIMITS,
     size: int | None = None,
-    chunk_bytes: int = CHUNK_BYTES,
+    chunk_bytes: int = READ_BYTES,
     first_line: int = 1,
 ) -> Iterator[LineBatch]:
     """The lines of ``handle`` (its first ``size`` bytes, if given) a chunk at a time; the last line may lack its newline (a torn write).

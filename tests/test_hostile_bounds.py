@@ -45,7 +45,7 @@ def test_a_giant_line_lets_its_pages_go_as_it_is_skipped(monkeypatch, tmp_path):
     They once stayed mapped until the next piece was cut, so a log of one 2 GiB
     line held 2 GiB of page cache in the process (2.24 GB peak RSS).
     """
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 4 * mmap.PAGESIZE)
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 4 * mmap.PAGESIZE)
     monkeypatch.setattr(strace_pieces, "MAX_LINE_BYTES", mmap.PAGESIZE)
     released: list[int] = []
     drop_pages = strace_pieces._drop_pages
@@ -59,8 +59,8 @@ def test_a_giant_line_lets_its_pages_go_as_it_is_skipped(monkeypatch, tmp_path):
     log = tmp_path / "one-line.log"
     log.write_bytes(b"[head] start\n" + giant + b"\nafter\n")
     with open(log, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
-        pieces = [piece if isinstance(piece, int) else bytes(piece) for piece in strace_pieces.mapped_pieces(mapped)]
-    assert pieces == [b"[head] start\n", 1, b"after\n"]
+        pieces = [piece if isinstance(piece, strace_pieces.SkippedLines) else bytes(piece) for piece in strace_pieces.mapped_pieces(mapped)]
+    assert pieces == [b"[head] start\n", strace_pieces.SkippedLines(1), b"after\n"]
     line_end = len(b"[head] start\n") + len(giant)
     assert max(released) >= line_end - mmap.PAGESIZE  # all but the line's last page let go
     assert read_strace_log(log).dropped == {"overlong_line": 1}
@@ -195,7 +195,7 @@ def test_sparse_timestamps_make_a_bounded_number_of_windows_and_parts(tmp_path, 
     plain = ingest_paths([log], tmp_path / "plain")
     monkeypatch.setattr(dataset_module, "MAX_WINDOWS", 8)
     monkeypatch.setattr(dataset_module, "SMALL_PART_ROWS", 50)  # some parts are too big to merge
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 4096)  # many pieces: windows grow between them
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 4096)  # many pieces: windows grow between them
     bounded = ingest_paths([log], tmp_path / "bounded")
     manifest = json.loads((tmp_path / "bounded" / "dataset.json").read_text())
     windows = {f["window"] for f in manifest["files"]}

@@ -305,7 +305,7 @@ class ListSink:
 
 def test_sink_gets_every_row_with_the_base_time_known_only_at_the_end(tmp_path, monkeypatch):
     """With a sink nothing is kept; rows waiting for a late baseTimeNanoseconds are held in a spill file, then sent."""
-    monkeypatch.setattr(json_stream, "CHUNK_BYTES", 512)  # many batches
+    monkeypatch.setattr(json_stream, "READ_BYTES", 512)  # many batches
     events = [{"name": f"e{i}", "ph": "X", "ts": i, "dur": 1, "pid": 1, "tid": 1, "args": {"i": i}} for i in range(200)]
     events += [{"name": "b", "ph": "B", "ts": 500, "pid": 1, "tid": 1}, {"ph": "E", "ts": 501, "pid": 1, "tid": 1}]
     path = tmp_path / "late.json"
@@ -362,7 +362,7 @@ def test_any_layout_and_chunking_reads_the_same(tmp_path, monkeypatch, events, c
         path = tmp_path / f"{name}.json"
         path.write_text(text)
         whole = read_chrome_trace(path)
-        monkeypatch.setattr(json_stream, "CHUNK_BYTES", chunk_bytes)
+        monkeypatch.setattr(json_stream, "READ_BYTES", chunk_bytes)
         chunked = read_chrome_trace(path)
         monkeypatch.undo()
         got = (whole.spans.drop_columns(["file"]).to_pylist(), whole.dropped, whole.records_read)

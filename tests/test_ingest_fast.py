@@ -192,7 +192,7 @@ def logs(draw) -> bytes:
     part_bytes=st.sampled_from([1, 50, 400, 1 << 20]),
 )
 def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypatch, data, chunk_bytes, threads, part_bytes):
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", chunk_bytes)
     monkeypatch.setattr(compiled_helpers, "SCAN_THREADS", threads)
     monkeypatch.setattr(compiled_helpers, "SCAN_MIN_PART_BYTES", part_bytes)
     fast, slow = both_readers(data, monkeypatch)
@@ -207,10 +207,10 @@ def test_compiled_scanner_reads_what_the_python_reader_reads(compiled, monkeypat
 )
 def test_the_mapped_log_is_cut_into_the_pieces_the_stream_is_cut_into(monkeypatch, data, chunk_bytes, max_line):
     """Files are read memory-mapped (no copy); the pieces, overlong lines skipped included, are those of the streaming reader."""
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", chunk_bytes)
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", chunk_bytes)
     monkeypatch.setattr(strace_pieces, "MAX_LINE_BYTES", max_line)
-    streamed = [p if isinstance(p, int) else bytes(p) for p in strace_pieces.log_pieces(io.BytesIO(data))]
-    assert [p if isinstance(p, int) else bytes(p) for p in strace_pieces.mapped_pieces(data)] == streamed
+    streamed = [p if isinstance(p, strace_pieces.SkippedLines) else bytes(p) for p in strace_pieces.log_pieces(io.BytesIO(data))]
+    assert [p if isinstance(p, strace_pieces.SkippedLines) else bytes(p) for p in strace_pieces.mapped_pieces(data)] == streamed
 
 
 def test_reading_again_reuses_memory_and_reads_the_same(compiled, tmp_path):
@@ -253,7 +253,7 @@ def test_a_large_log_shared_out_to_threads_reads_as_in_python(compiled, monkeypa
             )
         lines.append(record)
     data = ("\n".join(lines) + "\n").encode()
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 150_000)
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 150_000)
     monkeypatch.setattr(compiled_helpers, "SCAN_THREADS", 3)
     monkeypatch.setattr(compiled_helpers, "SCAN_MIN_PART_BYTES", 10_000)
     fast, slow = both_readers(data, monkeypatch)
@@ -340,7 +340,7 @@ SANITIZED_RUN = textwrap.dedent(
     compiled.SCAN_MIN_PART_BYTES = 64
     for data, want in zip(corpus, expected):
         for chunk in (64 << 20, 4096):
-            strace_pieces.CHUNK_BYTES = chunk
+            strace_pieces.PIECE_BYTES = chunk
             assert outcome(data) == want
     print("sanitized scans:", len(corpus))
     """

@@ -193,10 +193,10 @@ def test_reading_in_chunks_gives_the_same_trace_as_reading_whole(reader, plan, e
         at = int(where * len(data))
         data[at : at + len(insert) // 2] = insert
     whole = outcome(bytes(data), "chunked.log")
-    saved = strace_pieces.CHUNK_BYTES
-    strace_pieces.CHUNK_BYTES = chunk_bytes  # many pieces, cut wherever a line opens with '['
+    saved = strace_pieces.PIECE_BYTES
+    strace_pieces.PIECE_BYTES = chunk_bytes  # many pieces, cut wherever a line opens with '['
     try:
         chunked = outcome(bytes(data), "chunked.log")
     finally:
-        strace_pieces.CHUNK_BYTES = saved
+        strace_pieces.PIECE_BYTES = saved
     assert chunked == whole

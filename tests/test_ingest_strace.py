@@ -363,7 +363,7 @@ def test_log_read_in_pieces_numbers_lines_across_them_and_reports_progress(tmp_p
         lines.append("unrelated text" if i % 3 else "[x] garbage [STRACE] v=1 pid=1")  # a torn record every third step
     lines.insert(7, format_anchor_record(4242, 10, 20, 1))
     path = write(tmp_path, lines)
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 500)  # many pieces
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 500)  # many pieces
     messages = []
     trace = read_strace_log(path, progress=messages.append)
     assert len(messages) > 10 and messages[-1].startswith(f"{path}: ") and f"{len(lines):,} lines" in messages[-1]
@@ -379,7 +379,7 @@ def test_log_pieces_still_referred_to_are_never_overwritten(monkeypatch):
 
     import numpy as np
 
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 64)
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 64)
     data = b"".join(f"[{i}] line {i}\n".encode() + (b"  more of it\n" if i % 4 == 0 else b"") for i in range(60))
     held = [np.frombuffer(piece, np.uint8) for piece in strace_pieces.log_pieces(io.BytesIO(data))]  # each keeps its piece alive
     assert b"".join(h.tobytes() for h in held) == data and len(held) > 10

@@ -104,7 +104,7 @@ def test_an_interrupted_ingest_leaves_no_output(reader, tmp_path, monkeypatch, i
     """SIGINT while a log is read (the first piece, or after time windows were closed): nothing of the dataset stays."""
     log = tmp_path / "server.log"
     SyntheticRun(ranks=2, steps=3000, period_ns=50_000_000).write_server_log(log)  # 150 s: about 9 time windows
-    monkeypatch.setattr(strace_pieces, "CHUNK_BYTES", 1 << 20)  # many pieces, a progress line after each
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 1 << 20)  # many pieces, a progress line after each
     messages: list[str] = []
 
     def progress(message: str) -> None:

@@ -2,7 +2,7 @@
 
 The scanner reads the lines whose records all follow the plain grammar and
 hands back the rest ("islands": torn, continued or garbled records, other
-versions, anchors, chip_process lines), which :func:`~dsprof.analysis.ingest.strace_lines.parse_chunk`
+versions, anchors, chip_process lines), which :func:`~dsprof.analysis.ingest.strace_lines.parse_piece`
 reads exactly as the pure-Python reader does; the two are put back together
 in line order, so the result is the Python reader's, row for row
 (tests/test_ingest_fast.py).
@@ -20,8 +20,8 @@ from typing import Any, TypeVar
 import numpy as np
 import pyarrow as pa
 
-from dsprof.analysis.ingest.strace_lines import Chunk, parse_chunk
-from dsprof.analysis.ingest.strace_pieces import Piece
+from dsprof.analysis.ingest.strace_lines import ParsedPiece, parse_piece
+from dsprof.analysis.ingest.strace_pieces import Piece, SkippedLines
 from dsprof.analysis.ingest.strace_records import FIELD_COLUMNS, constant_columns
 from dsprof.analysis.store.spans import (
     ANCHOR_SCHEMA,
@@ -81,24 +81,26 @@ def scanner_of(module: Any) -> Any:
     )
 
 
-def scanned_pieces(scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[Chunk | int]:
+def scanned_pieces(
+    scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0
+) -> Iterator[ParsedPiece | SkippedLines]:
     """Each piece read by ``scanner`` (or the count of overlong lines skipped); drops are added to ``dropped``.
 
     ``line_base``: lines of the file before the first piece (a follower hands on a file's new bytes only).
     """
     assemble = _Assembler(file, dropped)
     for scanned in _read_ahead(_scanned(scanner, pieces, line_base)):
-        yield scanned if isinstance(scanned, int) else assemble(*scanned)
+        yield scanned if isinstance(scanned, SkippedLines) else assemble(*scanned)
 
 
 _Scanned = tuple[dict, int]  # the scanner's result for a piece, and the piece's size
 
 
-def _scanned(scanner: Any, chunks: Iterable[Piece], line_base: int) -> Iterator[_Scanned | int]:
+def _scanned(scanner: Any, chunks: Iterable[Piece], line_base: int) -> Iterator[_Scanned | SkippedLines]:
     """Each piece scanned (the scan copies what it keeps, so the piece's buffer is free again at once)."""
     for data in chunks:
-        if isinstance(data, int):
-            line_base += data
+        if isinstance(data, SkippedLines):
+            line_base += data.count
             yield data
             continue
         scan = scanner.scan(data, line_base, SCAN_THREADS, SCAN_MIN_PART_BYTES)
@@ -125,24 +127,26 @@ def _read_ahead(items: Iterator[_T]) -> Iterator[_T]:
 
 
 class _Assembler:
-    """Turns the scanner's buffers for one piece into a :class:`Chunk`; its islands go to :func:`parse_chunk`."""
+    """Turns the scanner's buffers for one piece into a :class:`ParsedPiece`; its islands go to :func:`parse_piece`."""
 
     def __init__(self, file: str, dropped: dict[str, int]):
         self.file, self.dropped = file, dropped
 
-    def __call__(self, scan: dict, n_bytes: int) -> Chunk:
+    def __call__(self, scan: dict, n_bytes: int) -> ParsedPiece:
         tables = [self._part_table(part) for part in scan["parts"] if part["rows"]]
         islands = self._islands(scan)
         table = _in_line_order(tables, islands.table)
         records_found = sum(t.num_rows for t in tables) + islands.records_found
-        return Chunk(table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes, islands.drop_lines)
+        return ParsedPiece(
+            table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes, islands.drop_lines
+        )
 
-    def _islands(self, scan: dict) -> Chunk:
+    def _islands(self, scan: dict) -> ParsedPiece:
         """What the Python reader makes of the lines the scanner left, numbered as in the log."""
         text = memoryview(scan["islands"])
         if not len(text):
-            return Chunk(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
-        part = parse_chunk(text, self.file, 0, self.dropped)
+            return ParsedPiece(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
+        part = parse_piece(text, self.file, 0, self.dropped)
         numbers = np.frombuffer(scan["island_lines"], np.int64)
         if part.table.num_rows:
             line = numbers[part.table.column("line").to_numpy() - 1]

@@ -31,13 +31,13 @@ import pyarrow as pa
 
 from dsprof.analysis.ingest.followed_file import FollowedFile
 from dsprof.analysis.ingest.strace_log import LogTally, parsed_pieces, refuse_binary
-from dsprof.analysis.ingest.strace_pieces import CHUNK_BYTES, HEAD_BYTES, MAX_LINE_BYTES, mapped_pieces
+from dsprof.analysis.ingest.strace_pieces import HEAD_BYTES, MAX_LINE_BYTES, PIECE_BYTES, SkippedLines, mapped_pieces
 from dsprof.analysis.store.spans import Trace
 
 # Bytes read from one file in one poll, at most: a follower that starts on a big log catches up piece by piece.
-POLL_BYTES = CHUNK_BYTES
+POLL_BYTES = PIECE_BYTES
 # Held-back bytes without a line opening with '[' that are handed on anyway (cut as the whole-file reader cuts).
-HOLD_LIMIT = CHUNK_BYTES + MAX_LINE_BYTES
+HOLD_LIMIT = PIECE_BYTES + MAX_LINE_BYTES
 
 
 class LogFollower:
@@ -138,8 +138,8 @@ class LogFollower:
             return
         for part in parsed_pieces(mapped_pieces(data), self.name, self.counts.dropped, self._line_base):
             self.counts.add(part)
-            if isinstance(part, int):  # overlong lines skipped
-                self._line_base += part
+            if isinstance(part, SkippedLines):
+                self._line_base += part.count
                 continue
             if part.table.num_rows:
                 tables.append(part.table)

@@ -4,7 +4,7 @@ A merged ``trace.json`` or a Kineto trace is one JSON document, possibly of
 gigabytes, possibly gzip-compressed. It is never loaded whole:
 
 * the file (or its gzip stream, inflated piece by piece) is read
-  :data:`~dsprof.profiler.chrome_json.CHUNK_BYTES` at a time;
+  :data:`~dsprof.profiler.chrome_json.READ_BYTES` at a time;
 * the ``traceEvents`` array is cut into its events by the positions of its
   commas and brackets outside strings, found with NumPy over the whole buffer
   (:func:`~dsprof.profiler.chrome_json.scan_structure`); the complete events of
@@ -49,10 +49,10 @@ import numpy as np
 from dsprof.errors import InputError
 from dsprof.profiler.chrome_json import (
     BAD_VALUE,
-    CHUNK_BYTES,
     DEFAULT_LIMITS,
     EVENTS_DECODER,
     NOT_OBJECT,
+    READ_BYTES,
     TOO_DEEP,
     VALUE_DECODER,
     JsonLimits,
@@ -245,7 +245,7 @@ class ChromeDocument:
         while True:
             if self._peek() is None:  # whitespace is skipped as a stream: it never piles up in the buffer
                 raise _EndOfInput(" inside traceEvents")
-            if len(self._buf) - self._pos < CHUNK_BYTES:
+            if len(self._buf) - self._pos < READ_BYTES:
                 self._fill()
             batch = self._whole_events(index)
             if batch is not None:
@@ -291,7 +291,7 @@ class ChromeDocument:
         not an object, NaN, deep nesting, a brace inside a string) is cut by
         scanning instead.
         """
-        limit = min(len(self._buf), self._pos + CHUNK_BYTES)
+        limit = min(len(self._buf), self._pos + READ_BYTES)
         cut = self._buf.rfind(b"}", self._pos, limit)
         for _ in range(2):
             comma = _COMMA_AFTER.match(self._buf, cut + 1) if cut >= 0 else None
@@ -369,7 +369,7 @@ class ChromeDocument:
         """Append the next chunk of input after the unread part of the buffer; False at its end."""
         if self._eof or self._input is None:
             return False
-        chunk = self._input.read(CHUNK_BYTES)
+        chunk = self._input.read(READ_BYTES)
         if not chunk:
             self._eof = True
             return False

@@ -61,7 +61,7 @@ _ASCII_SPACES = re.compile(r"\s+", re.ASCII)
 _VERSION_RE = re.compile(rf" {VERSION_FIELD}=(\d+)(?:\s|$)")
 
 
-class Chunk(NamedTuple):
+class ParsedPiece(NamedTuple):
     """What one piece of a log holds; ``binary_at`` is a line of the piece (1-based) or None."""
 
     table: pa.Table
@@ -74,7 +74,7 @@ class Chunk(NamedTuple):
     drop_lines: dict[str, int] | None = None  # reason -> first line (1-based, as ``line``) of a record dropped for it
 
 
-def parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> Chunk:
+def parse_piece(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> ParsedPiece:
     """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
     n_bytes = len(data)
     text, binary_at = as_utf8(data)
@@ -101,7 +101,7 @@ def parse_chunk(data: memoryview, file: str, line_base: int, dropped: dict[str, 
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
     drop_lines = {reason: line + line_base for reason, line in sites.items()}
-    return Chunk(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, drop_lines)
+    return ParsedPiece(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, drop_lines)
 
 
 def _side_lines(log: _Log) -> pa.Array:

@@ -1,6 +1,6 @@
 """Reader for STRACE host-span records in any text log (docs/FORMATS.md, "STRACE").
 
-The log is cut into pieces of about ``strace_pieces.CHUNK_BYTES`` where a line
+The log is cut into pieces of about ``strace_pieces.PIECE_BYTES`` where a line
 opens with '[' (no record can span such a cut; :mod:`.strace_pieces`), so the
 time taken grows linearly with the log and the reader's own memory stays
 bounded by a few pieces whatever the log's size. Each piece is read by the
@@ -51,8 +51,17 @@ import pyarrow as pa
 from dsprof.analysis.ingest import strace_pieces
 from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module, compiled_scanner, scanned_pieces
 from dsprof.analysis.ingest.sink import SpanSink
-from dsprof.analysis.ingest.strace_lines import Chunk, as_utf8, parse_chunk
-from dsprof.analysis.ingest.strace_pieces import HEAD_BYTES, HeadThenRest, Piece, log_pieces, map_file, mapped_pieces, read_head
+from dsprof.analysis.ingest.strace_lines import ParsedPiece, as_utf8, parse_piece
+from dsprof.analysis.ingest.strace_pieces import (
+    HEAD_BYTES,
+    HeadThenRest,
+    Piece,
+    SkippedLines,
+    log_pieces,
+    map_file,
+    mapped_pieces,
+    read_head,
+)
 from dsprof.analysis.store.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import ANCHOR_MARKER, CHIP_READY_MARKER, STRACE_MARKER
@@ -78,10 +87,10 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
             if mapped is None:  # a pipe, a device, or empty
                 head = read_head(log_file)
                 refuse_binary(head, str(path))
-                return _parse_chunks(log_pieces(HeadThenRest(head, log_file)), str(path), size, progress, sink)
+                return _parse_pieces(log_pieces(HeadThenRest(head, log_file)), str(path), size, progress, sink)
             try:
                 refuse_binary(mapped[:HEAD_BYTES], str(path))
-                return _parse_chunks(mapped_pieces(mapped), str(path), size, progress, sink)
+                return _parse_pieces(mapped_pieces(mapped), str(path), size, progress, sink)
             finally:
                 with contextlib.suppress(BufferError):  # a view still held: the map goes with it
                     mapped.close()
@@ -92,7 +101,7 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
 def parse_strace_bytes(data: bytes, file: str, progress: Progress = None) -> Trace:
     """Parse a whole log held in memory; ``file`` names it in rows and errors."""
     refuse_binary(data[:HEAD_BYTES], file)
-    return _parse_chunks(mapped_pieces(data), file, len(data), progress, None)
+    return _parse_pieces(mapped_pieces(data), file, len(data), progress, None)
 
 
 def refuse_binary(head: bytes, file: str) -> None:
@@ -107,21 +116,21 @@ def refuse_binary(head: bytes, file: str) -> None:
     raise InputError(file, "binary data, not a text log", line=line, expected="a text log with [STRACE] records")
 
 
-def _parse_chunks(chunks: Iterable[Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:
+def _parse_pieces(pieces: Iterable[Piece], file: str, size: int, progress: Progress, sink: SpanSink | None) -> Trace:
     """Parse each piece of a log and stack the results (lines numbered across pieces)."""
     tally = LogTally()
     tables: list[pa.Table] = []
     bytes_done = 0
-    for part in parsed_pieces(chunks, file, tally.dropped):
+    for part in parsed_pieces(pieces, file, tally.dropped):
         tally.add(part)
-        if isinstance(part, int):  # overlong lines skipped: counted, no rows
+        if isinstance(part, SkippedLines):  # counted, no rows
             continue
         if sink is None:
             tables.append(part.table)
         elif part.table.num_rows:
             sink.add(part.table)
         bytes_done += part.n_bytes
-        if progress is not None and size > strace_pieces.CHUNK_BYTES:
+        if progress is not None and size > strace_pieces.PIECE_BYTES:
             progress(f"{file}: {bytes_done / 2**20:,.0f}/{size / 2**20:,.0f} MiB, {tally.lines:,} lines")
     trace = tally.trace(file)
     trace.spans = pa.concat_tables(tables).cast(SPAN_SCHEMA) if tables else SPAN_SCHEMA.empty_table()
@@ -145,12 +154,12 @@ class LogTally:
     binary_at: int | None = None  # the first line of binary data seen, should no record be found at all
     notes: list[str] = field(default_factory=list)
 
-    def add(self, part: Chunk | int) -> None:
+    def add(self, part: ParsedPiece | SkippedLines) -> None:
         """Count one result of :func:`parsed_pieces` (a parsed piece, or a count of overlong lines skipped)."""
-        if isinstance(part, int):
-            if part:
-                self.dropped["overlong_line"] = self.dropped.get("overlong_line", 0) + part
-            self.lines += part
+        if isinstance(part, SkippedLines):
+            if part.count:
+                self.dropped["overlong_line"] = self.dropped.get("overlong_line", 0) + part.count
+            self.lines += part.count
             return
         if part.anchors.num_rows:
             self.anchors.append(part.anchors)
@@ -180,7 +189,7 @@ class LogTally:
         return trace
 
 
-def parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[Chunk | int]:
+def parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[ParsedPiece | SkippedLines]:
     """Each piece parsed (or the count of overlong lines skipped), by the compiled scanner where it is available.
 
     Lines are numbered from ``line_base`` + 1: a follower (:mod:`.follow`) parses a file's new bytes, numbered as in the whole file.
@@ -192,14 +201,14 @@ def parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], l
         yield from scanned_pieces(scanner, chunks, file, dropped, line_base)
 
 
-def _python_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int) -> Iterator[Chunk | int]:
-    """The pure-Python reader: each piece parsed by :func:`parse_chunk`."""
+def _python_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int) -> Iterator[ParsedPiece | SkippedLines]:
+    """The pure-Python reader: each piece parsed by :func:`parse_piece`."""
     for data in chunks:
-        if isinstance(data, int):
-            line_base += data
+        if isinstance(data, SkippedLines):
+            line_base += data.count
             yield data
             continue
-        part = parse_chunk(data, file, line_base, dropped)
+        part = parse_piece(data, file, line_base, dropped)
         del data  # so that the next piece may reuse its buffer
         line_base += part.n_lines
         yield part

@@ -11,10 +11,11 @@ from __future__ import annotations
 import io
 import mmap
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 # Bytes parsed at a time (cut at a line boundary); bounds the temporaries of a big log.
-CHUNK_BYTES = 64 << 20
+PIECE_BYTES = 64 << 20
 # Longest line kept: a longer one (a binary blob, /dev/zero) is skipped and counted
 # as ``overlong_line``, and reading goes on, so memory stays bounded whatever the input.
 MAX_LINE_BYTES = 1 << 20
@@ -22,8 +23,16 @@ MAX_LINE_BYTES = 1 << 20
 # Bytes at the head of a log looked at before it is parsed (a binary file is refused from them).
 HEAD_BYTES = 1 << 20
 
-# What the splitters yield: a piece of the log, or the number of lines it skipped as overlong.
-Piece = memoryview | int
+
+@dataclass(frozen=True)
+class SkippedLines:
+    """Overlong lines a splitter skipped: no rows, only their count (``overlong_line``)."""
+
+    count: int
+
+
+# What the splitters yield: a piece of the log, or the lines they skipped as overlong.
+Piece = memoryview | SkippedLines
 
 
 def map_file(log_file: BinaryIO) -> mmap.mmap | None:
@@ -37,7 +46,7 @@ def map_file(log_file: BinaryIO) -> mmap.mmap | None:
 
 
 def log_pieces(log_file: io.BufferedIOBase | io.RawIOBase) -> Iterator[Piece]:
-    """The log in pieces of about CHUNK_BYTES, each cut just before a line that opens with '['.
+    """The log in pieces of about PIECE_BYTES, each cut just before a line that opens with '['.
 
     No record spans such a cut: a record only ever continues onto a line that
     does not open with '[' (a log prefix or a new marker), and the rest of a
@@ -45,18 +54,18 @@ def log_pieces(log_file: io.BufferedIOBase | io.RawIOBase) -> Iterator[Piece]:
     every piece parses on its own exactly as it would within the whole log.
     A piece without such a line grows by at most MAX_LINE_BYTES; then it is cut
     at its last newline, and a line longer than that is skipped (an ``int``
-    is yielded for it), so the buffer never outgrows CHUNK_BYTES + MAX_LINE_BYTES.
+    is yielded for it), so the buffer never outgrows PIECE_BYTES + MAX_LINE_BYTES.
 
     Pieces are read into one buffer, reused as long as nothing parsed from
     the previous piece still refers to it (the rows are copies), which saves
     faulting in fresh memory for every piece.
     """
-    limit = CHUNK_BYTES + MAX_LINE_BYTES
-    piece, kept = bytearray(CHUNK_BYTES), 0  # kept: bytes after the last cut, moved to the front
+    limit = PIECE_BYTES + MAX_LINE_BYTES
+    piece, kept = bytearray(PIECE_BYTES), 0  # kept: bytes after the last cut, moved to the front
     skipping = False  # inside an overlong line: drop bytes up to its newline
     while True:
         if kept == len(piece):  # no cut in the whole buffer yet: make room for more
-            piece.extend(bytes(min(CHUNK_BYTES, limit - len(piece))))
+            piece.extend(bytes(min(PIECE_BYTES, limit - len(piece))))
         with memoryview(piece) as whole, whole[kept:] as free:
             got = log_file.readinto(free)
         if not got:
@@ -77,7 +86,7 @@ def log_pieces(log_file: io.BufferedIOBase | io.RawIOBase) -> Iterator[Piece]:
         if cut == 0 and filled >= limit:
             cut = piece.rfind(b"\n", 0, filled) + 1
             if cut == 0:  # one line fills the whole buffer
-                yield 1
+                yield SkippedLines(1)
                 skipping, kept = True, 0
                 continue
         if cut == 0:
@@ -105,11 +114,11 @@ def mapped_pieces(data: mmap.mmap | bytes) -> Iterator[Piece]:
     file behind the reader are dropped, so its memory stays bounded.
     """
     view, size = memoryview(data), len(data)
-    limit = CHUNK_BYTES + MAX_LINE_BYTES
-    capacity, start, kept, skipping, dropped = CHUNK_BYTES, 0, 0, False, 0
+    limit = PIECE_BYTES + MAX_LINE_BYTES
+    capacity, start, kept, skipping, dropped = PIECE_BYTES, 0, 0, False, 0
     while True:
         if kept == capacity:
-            capacity += min(CHUNK_BYTES, limit - capacity)
+            capacity += min(PIECE_BYTES, limit - capacity)
         got = min(capacity - kept, size - start - kept)
         if got <= 0:
             if kept and not skipping:
@@ -127,7 +136,7 @@ def mapped_pieces(data: mmap.mmap | bytes) -> Iterator[Piece]:
         if cut == 0 and filled >= limit:
             cut = data.rfind(b"\n", start, start + filled) + 1
             if cut == 0:
-                yield 1
+                yield SkippedLines(1)
                 skipping, start, kept = True, start + filled, 0
                 continue
         if cut == 0:
