@@ -22,19 +22,19 @@ import duckdb
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, AnalysisResult, analyze_trace, check_threshold
 from dsprof.analysis.cluster.ray_engine import check_address, read_and_aggregate
 from dsprof.analysis.ingest import SIDE_FILES, read_paths
+from dsprof.analysis.ingest.onto_disk import read_onto
 from dsprof.analysis.outputs.chrome_trace import COMBINED_SPAN_BUDGET, write_chrome_trace
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
-from dsprof.analysis.store.dataset import open_dataset
+from dsprof.analysis.store.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.store.dataset_check import corrupt_part
 from dsprof.analysis.store.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
 from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.window import Window, WindowSpec, parse_window
 from dsprof.analysis.window_cut import cut_trace
-from dsprof.commands.ingest import ingest_paths
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.output_set import output_set
@@ -259,7 +259,7 @@ def read_inputs(
     if target is None:
         return read_paths(paths, progress=progress, step_marker=step_marker), None
     try:
-        trace = ingest_paths(paths, target, progress=progress, step_marker=step_marker)
+        trace = read_onto(paths, target, lambda: SpanDatasetWriter(target), folder=Path(target), progress=progress, step_marker=step_marker)
     except BaseException:  # an error, Ctrl-C or SIGTERM: the temporary dataset goes with it
         remove_owned_dir(temporary)
         raise

@@ -10,35 +10,22 @@ Chrome), which read whole files, are written after them.
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import importlib.abc
 import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.ingest.onto_disk import SpanWriter, read_onto
 from dsprof.analysis.outputs.span_table import SpanTableWriter
 from dsprof.analysis.store.dataset import MANIFEST, SpanDatasetWriter
-from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace
+from dsprof.analysis.store.spans import Trace
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.progress import Progress
-
-
-class _Writer(Protocol):
-    @property
-    def span_files(self) -> list[Path]: ...
-
-    def add(self, table: pa.Table) -> None: ...
-
-    def finish(self, trace: Trace) -> Path: ...
-
-    def abort(self) -> None: ...
 
 
 def is_dataset_output(output: str | os.PathLike) -> bool:
@@ -80,58 +67,9 @@ def ingest_paths(
     dataset manifest and no partial file is left.
     """
     dataset = is_dataset_output(output)
-    made = _missing_folders(Path(output) if dataset else Path(output).parent)
-    try:
-        writer: _Writer = SpanDatasetWriter(output) if dataset else SpanTableWriter(output)
-    except BaseException:
-        _remove_empty(made)
-        raise
-    counting = _CountingSink(writer)
-    try:
-        trace = read_paths(paths, progress=progress, sink=counting, step_marker=step_marker)
-        counting.add(trace.spans)  # the readers that do not stream
-        trace.spans = SPAN_SCHEMA.empty_table()
-        trace.spans_written = dict(sorted(counting.by_source.items()))
-        if progress is not None:
-            progress(f"finishing {output}")
-        writer.finish(trace)
-    except BaseException:
-        writer.abort()
-        _remove_empty(made)
-        raise
-    trace.span_files = writer.span_files
-    return trace
-
-
-def _missing_folders(folder: Path) -> list[Path]:
-    """``folder`` and its ancestors that do not exist yet, deepest first: what writing there creates."""
-    missing = []
-    while not folder.exists() and folder != folder.parent:
-        missing.append(folder)
-        folder = folder.parent
-    return missing
-
-
-def _remove_empty(folders: list[Path]) -> None:
-    """Remove the folders an ingest created, deepest first, where nothing else was put in them."""
-    for folder in folders:
-        with contextlib.suppress(OSError):  # not empty (someone else's files) or already gone
-            folder.rmdir()
-
-
-class _CountingSink:
-    """Hands tables on to a writer, counting their rows by source."""
-
-    def __init__(self, writer: _Writer):
-        self.writer = writer
-        self.by_source: dict[str, int] = {}
-
-    def add(self, table: pa.Table) -> None:
-        if not table.num_rows:
-            return
-        for entry in pc.value_counts(table.column("source")).to_pylist():  # a few sources
-            self.by_source[str(entry["values"])] = self.by_source.get(str(entry["values"]), 0) + entry["counts"]
-        self.writer.add(table)
+    folder = Path(output) if dataset else Path(output).parent
+    make_writer: Callable[[], SpanWriter] = (lambda: SpanDatasetWriter(output)) if dataset else (lambda: SpanTableWriter(output))
+    return read_onto(paths, output, make_writer, folder=folder, progress=progress, step_marker=step_marker)
 
 
 def format_ingest_report(trace: Trace) -> str:
