@@ -9,40 +9,8 @@ that the SA_PROFILE reader shares (:class:`SpanBuilder`): decoded events
 rules of :mod:`dsprof.profiler.chrome_json`) become span rows a batch at a
 time, column by column.
 
-Conversion rules:
-
-* ``ts``/``dur`` are microseconds, integer or fractional (or numeric
-  strings); they are converted to integer nanoseconds exactly (fractions are
-  decimals from the number's text, never binary floats) with
-  round-half-even, and a top-level ``baseTimeNanoseconds`` (Kineto) is added
-  to ``ts``, wherever in the document it stands.
-* ``X`` → ``ph="X"`` (a missing ``dur`` is 0); ``B``/``E`` are paired per
-  (pid, tid) as a stack into one ``X`` row (its attrs merge the B and E args,
-  E's value winning); ``i``/``I`` → ``ph="i"``, ``dur_ns=0``.
-* ``M`` events named ``process_name``/``thread_name`` go to
-  ``Trace.process_names`` (``{pid: name}``) and ``Trace.thread_names``
-  (``{(pid, tid): name}``); the span table holds no metadata rows.
-* ``pid``/``tid``: integers as they are; numeric strings become ints; other
-  strings (and other values) become a stable 63-bit hash and the original text
-  is kept in ``attrs`` as ``pid_label``/``tid_label``; null or absent is 0.
-* ``args`` become ``attrs``: strings decoded, everything else (numbers,
-  booleans, null, nested objects) as its JSON text exactly as written, less
-  the whitespace between tokens (``1.10`` stays ``1.10``, ``1e3`` stays
-  ``1e3``, ``{"a": [1, 2]}`` becomes ``{"a":[1,2]}``); ``args`` that is not an
-  object is kept whole as ``args``, ``null`` gives no attributes. A key
-  repeated within one object is kept as often as it occurs in compact
-  objects (the promoted column takes the first), once (the last) in others.
-* ``name``/``cat``: strings as they are, absent or null as ``""``, other
-  values as JSON text.
-* Dropped and counted: events that are not objects or lack a usable
-  ``ts`` / ``dur`` (``bad_event``); a ``ts``, ``dur``, ``pid`` or ``tid`` that
-  is a number out of range — past int64 once in nanoseconds, also after
-  adding ``baseTimeNanoseconds`` — (``bad_value``); a ``dur`` below zero
-  (``negative_duration``); an ``E`` without a ``B`` (``unmatched_end``), a
-  ``B`` never closed (``unmatched_begin``), other phases such as counters or
-  flows (``unsupported_phase``) and other metadata (``unsupported_metadata``).
-* ``line`` is the event's 0-based index in ``traceEvents`` (for JSONL
-  fragments, the 1-based line number).
+How events become span rows, and what is dropped and counted: docs/FORMATS.md
+"Chrome JSON as dsprof reads it".
 """
 
 from __future__ import annotations
