@@ -23,8 +23,6 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
-import ruptures
-from scipy import stats
 
 ALPHA = 0.001
 # The penalty per change point, in units of log(n) · noise²: BIC's 2 · log(n), times a margin against heavy-tailed CI noise.
@@ -78,6 +76,8 @@ def change_points(values: np.ndarray | list[float], *, alpha: float = ALPHA, res
     scale = noise_scale(series, resolution)
     standardized = ((series - np.median(series)) / scale).reshape(-1, 1)
     penalty = PENALTY_PER_LOG_N * math.log(series.size)
+    import ruptures  # 4 s of imports (scipy): only where a history is checked, not on every command's start
+
     edges = [0, *ruptures.KernelCPD(kernel="linear", min_size=1).fit(standardized).predict(pen=penalty)]
     while len(edges) > 2:
         pvalues = _pvalues(series, edges, scale)
@@ -110,6 +110,8 @@ def _pvalues(series: np.ndarray, edges: list[int], floor: float) -> np.ndarray:
     dof = max(series.size - sizes.size, 1)
     noise = max(math.sqrt(residual / dof), floor)
     t = np.abs(np.diff(means)) / (noise * np.sqrt(1.0 / sizes[:-1] + 1.0 / sizes[1:]))
+    from scipy import stats
+
     pvalues = 2.0 * stats.t.sf(t, df=dof)
     brief = np.flatnonzero(sizes[:-1] < MIN_LEVEL_RUNS)  # short levels other than the newest
     pvalues[brief] = 1.0
