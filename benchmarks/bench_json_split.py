@@ -154,7 +154,7 @@ def dataset_read(kind: str, directory: str, since_ns: int, until_ns: int, window
     if kind == "dsprof-cut":
         from dsprof.analysis.store.dataset import open_dataset
         from dsprof.analysis.window import parse_window
-        from dsprof.analysis.window_read import cut_trace
+        from dsprof.analysis.window_cut import cut_trace
 
         since, until = offsets.split(",")
         spec = parse_window(since=since, until=until)
@@ -187,7 +187,7 @@ def child(args: argparse.Namespace) -> None:
         import duckdb  # noqa: F401
         import pyarrow.parquet  # noqa: F401
 
-        import dsprof.analysis.window_read  # noqa: F401
+        import dsprof.analysis.window_cut  # noqa: F401
     imported_rss = _proc_figures()["peak_rss_mib"]
     started = time.perf_counter()
     if task == "json":
