@@ -23,6 +23,7 @@ each as its own process:
   only when ``DSPROF_PEER_READER`` names a copy of its ``strace_timing.py``;
 * ``fast``: ``dsprof ingest LOG -o DIR/`` (the span dataset), compiled scanner;
 * ``python``: the same with ``DSPROF_PURE_PYTHON=1`` (the pure-Python reader);
+* ``wc -l``: the physical floor, one pass over the file's bytes;
 
 and prints wall times, the peak RSS of each process (its own rusage, from
 ``wait4``) and the ratios against the targets (issue 13): fast >= 10x the peer
@@ -229,6 +230,7 @@ def tools(log: Path, work: Path) -> dict[str, tuple[list[str], dict[str, str]]]:
     peer = os.environ.get(PEER_ENV)
     if peer:
         found["peer"] = ([sys.executable, "-c", PEER_SCRIPT, str(Path(peer).resolve()), str(log)], base)
+    found["wc -l"] = (["wc", "-l", str(log)], base)  # the floor: streaming the file's bytes once
     found["fast"] = (ingest + [str(work / "fast") + "/"], base)
     found["python"] = (ingest + [str(work / "python") + "/"], base | {"DSPROF_PURE_PYTHON": "1"})
     return found
@@ -252,6 +254,7 @@ def time_log(label: str, log: Path, work: Path, repeats: int) -> dict[str, Timin
 def report(label: str, timings: dict[str, Timing], target: float) -> None:
     fast = min(timings["fast"].seconds)
     print(f"  python / fast: {min(timings['python'].seconds) / fast:5.1f}x")
+    print(f"  fast / wc -l:  {fast / min(timings['wc -l'].seconds):5.1f}x (the floor: one pass over the bytes)")
     if "peer" in timings:
         ratio = min(timings["peer"].seconds) / fast
         print(f"  peer / fast:   {ratio:5.1f}x (target >= {target:g}x: {'met' if ratio >= target else 'NOT met'})")
