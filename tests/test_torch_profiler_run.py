@@ -157,8 +157,10 @@ def test_one_swimlane_one_clock(tmp_path):
         ops = [e for e in spans if e["tid"] in executor and e.get("cat") == "cpu_op"]
         starts = np.array([base + int(e["ts"] * 1000) for e in ops], dtype=np.int64) - anchors[pids[rank]]
         ends = starts + np.array([int(e["dur"] * 1000) for e in ops], dtype=np.int64)
-        # the target is 99%: 100.0% in the first runs, 98.7% and 97.2% in two later ones; the test holds 95%
-        assert len(ops) > 100 * steps and _share_inside(walls[rank], starts, ends) >= 0.95, rank
+        # 99%, the target (100.0% on every rank of 5 seeds since the CPU device's clock starts at runner_run's
+        # start: 98.5-99.8% on seeds 1-5, 97.2% once, while it started at the submit, which a GIL wait can hold milliseconds
+        # after that start)
+        assert len(ops) > 100 * steps and _share_inside(walls[rank], starts, ends) >= 0.99, rank
     # the joined activities (the executor's outermost ops) lie inside their own run's device_wall
     rows = trace.spans.to_pylist()
     wall = {(r["pid"], r["inv"]): (r["ts_ns"], r["ts_ns"] + r["dur_ns"]) for r in rows if r["name"] == fmt.DEVICE_WALL}
