@@ -187,5 +187,7 @@ def test_tails_strace_leaves_unattributed_are_attributed_from_the_device_timelin
     faults = [f for f in json.loads((out / artifacts.FAULTS).read_text())["faults"] if f["measured"] and f["delay_ms"] >= 20]
     agreeing, explained = device_timeline_agreement(alone, joined, faults, persistent=all("p=" not in spec for spec in specs))
     assert len(explained) >= 5, (explained, "STRACE alone leaves tails at the faults unattributed")
-    # the target is 90%: met in most runs, 9 of 11 in one loaded CI run; the test holds 80%
-    assert len(agreeing) >= 0.8 * len(explained), (len(agreeing), len(explained), sorted(set(explained) - set(agreeing)))
+    # 90%, the target: at least 9 of 10 over seeds 1-7 of both specs on a loaded 2-core machine, since the device's
+    # own work or growth, or the late start, is named only where it is no less than the device's idle before the late
+    # signal and the carry-over through the drain (fence_tail+gc_pause_device was 4 of 10, 4 of 8, 5 of 7 on some seeds)
+    assert len(agreeing) >= 0.9 * len(explained), (len(agreeing), len(explained), sorted(set(explained) - set(agreeing)))
