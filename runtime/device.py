@@ -231,15 +231,24 @@ class CpuDevice:
             fence._done.set()
 
     def submit(
-        self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False, label: str | None = None
+        self,
+        fn: Callable[[PhaseClock], None],
+        signal_delay_s: float = 0.0,
+        measure_rq: bool = False,
+        label: str | None = None,
+        origin_ns: int | None = None,
     ) -> Fence:
         """Queue ``fn(phase_clock)`` behind earlier work; returns its completion fence.
 
         ``signal_delay_s`` signals the fence that much after the program ends (the
         stream runs on); ``measure_rq`` takes the executor's run-queue wait over the program;
-        ``label``: the program's ``record_function`` label (its phases are labelled too).
+        ``label``: the program's ``record_function`` label (its phases are labelled too);
+        ``origin_ns``: the device clock's origin (CLOCK_MONOTONIC), where the caller has already marked the launch
+        (runner_run's start), else now. The readers place the device timeline from runner_run's start, and the host
+        thread can lose the GIL to the executor for milliseconds between its mark and this call: an origin taken
+        here would put every device phase that much early on the host axis.
         """
-        launch = time.monotonic_ns()
+        launch = time.monotonic_ns() if origin_ns is None else origin_ns
         fence = Fence(launch, PhaseClock(launch, labelled=label is not None))
         fence.measure_rq = measure_rq
         self._queue.put((fn, fence, signal_delay_s, label))
@@ -329,9 +338,15 @@ class CudaDevice:
         self.stream = torch.cuda.Stream(self.torch_device)
 
     def submit(
-        self, fn: Callable[[PhaseClock], None], signal_delay_s: float = 0.0, measure_rq: bool = False, label: str | None = None
+        self,
+        fn: Callable[[PhaseClock], None],
+        signal_delay_s: float = 0.0,
+        measure_rq: bool = False,
+        label: str | None = None,
+        origin_ns: int | None = None,
     ) -> Fence:
-        """``measure_rq`` is moot: a CUDA stream is no thread that waits for a CPU; ``label`` is on the enqueueing host thread."""
+        """``measure_rq`` is moot: a CUDA stream is no thread that waits for a CPU; ``label`` is on the enqueueing host
+        thread; ``origin_ns`` too (the device clock's origin is an event on the stream)."""
         launch = time.monotonic_ns()
         with torch.cuda.stream(self.stream), torch.inference_mode():
             origin = torch.cuda.Event(enable_timing=True)

@@ -181,13 +181,17 @@ class ChipRunLane:
         program_label = run.step_label(torch_labels.PROGRAM)
         if run.label(fmt.RUNNER_RUN):
             # opened before the mark (and closed after the drain's): their cost stays out of runner_run, and the launch
-            # follows the mark as closely as without them (the device clock's origin is the launch). The step last:
+            # follows the mark as closely as without them (the CPU device's clock starts at the mark). The step last:
             # it is the Kineto reader's runner_run, nearest the marks
             names = [fmt.RUNNER_RUN] + ([torch_labels.step_label(torch_labels.PROFILER_STEP, run.step)] if run.measured_decode else [])
             run.labels = [torch_profile.open_label(name) for name in names]
         run.runner_start = mark(self.measure_host_rq)
         run.fence = self.device.submit(
-            lambda clock: program(run.slot, clock), signal_delay_s=fence_delay_s, measure_rq=measure_rq, label=program_label
+            lambda clock: program(run.slot, clock),
+            signal_delay_s=fence_delay_s,
+            measure_rq=measure_rq,
+            label=program_label,
+            origin_ns=run.runner_start.ns,  # device_wall and its phases are placed from runner_run's start
         )
         with torch_profile.label(run.label(fmt.CLAIM_RELEASE)):
             run.claim_start = mark(self.measure_host_rq)

@@ -305,6 +305,18 @@ def test_cpu_device_is_in_order_and_fences_can_be_late(device):
     assert math.isfinite(dur)
 
 
+def test_the_device_clock_starts_at_the_launch_the_host_marked(device):
+    """A program's device_wall offset is from the origin its caller marked (runner_run's start), however late the
+    submit follows the mark: the readers place the device timeline from runner_run's start."""
+    marked = time.monotonic_ns()
+    time.sleep(0.01)  # the host thread held up between its mark and the submit (the GIL, a preemption)
+    before = time.monotonic_ns()
+    fence = device.submit(lambda clock: None, origin_ns=marked)
+    fence.wait()
+    start, _ = fence.wall()
+    assert marked + start == fence.start_ns and fence.start_ns >= before and start >= 10_000_000
+
+
 def test_device_phases_nest_and_collective_waits_land_inside_them(device, tmp_path):
     """device_wait times a collective inside the running program's innermost phase; the executor is sampled."""
     fd = os.open(tmp_path / "log", os.O_WRONLY | os.O_CREAT, 0o644)

@@ -157,8 +157,10 @@ def test_one_swimlane_one_clock(tmp_path):
         ops = [e for e in spans if e["tid"] in executor and e.get("cat") == "cpu_op"]
         starts = np.array([base + int(e["ts"] * 1000) for e in ops], dtype=np.int64) - anchors[pids[rank]]
         ends = starts + np.array([int(e["dur"] * 1000) for e in ops], dtype=np.int64)
-        # the target is 99%: 100.0% in the first runs, 98.7% and 97.2% in two later ones; the test holds 95%
-        assert len(ops) > 100 * steps and _share_inside(walls[rank], starts, ends) >= 0.95, rank
+        # 99%, the target (100.0% on every rank of 5 seeds since the CPU device's clock starts at runner_run's
+        # start: 98.5-99.8% on seeds 1-5, 97.2% once, while it started at the submit, which a GIL wait can hold milliseconds
+        # after that start)
+        assert len(ops) > 100 * steps and _share_inside(walls[rank], starts, ends) >= 0.99, rank
     # the joined activities (the executor's outermost ops) lie inside their own run's device_wall
     rows = trace.spans.to_pylist()
     wall = {(r["pid"], r["inv"]): (r["ts_ns"], r["ts_ns"] + r["dur_ns"]) for r in rows if r["name"] == fmt.DEVICE_WALL}
@@ -185,5 +187,7 @@ def test_tails_strace_leaves_unattributed_are_attributed_from_the_device_timelin
     faults = [f for f in json.loads((out / artifacts.FAULTS).read_text())["faults"] if f["measured"] and f["delay_ms"] >= 20]
     agreeing, explained = device_timeline_agreement(alone, joined, faults, persistent=all("p=" not in spec for spec in specs))
     assert len(explained) >= 5, (explained, "STRACE alone leaves tails at the faults unattributed")
-    # the target is 90%: met in most runs, 9 of 11 in one loaded CI run; the test holds 80%
-    assert len(agreeing) >= 0.8 * len(explained), (len(agreeing), len(explained), sorted(set(explained) - set(agreeing)))
+    # 90%, the target: at least 9 of 10 over seeds 1-7 of both specs on a loaded 2-core machine, since the device's
+    # own work or growth, or the late start, is named only where it is no less than the device's idle before the late
+    # signal and the carry-over through the drain (fence_tail+gc_pause_device was 4 of 10, 4 of 8, 5 of 7 on some seeds)
+    assert len(agreeing) >= 0.9 * len(explained), (len(agreeing), len(explained), sorted(set(explained) - set(agreeing)))

@@ -128,15 +128,21 @@ def start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
 def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     """Rules for an end that was late; ``runner_x`` is how much longer runner_run took."""
     runner_x = excess_of("runner_ns")
-    device = excess_of("device_wall_ns")
-    fence = excess_of("fence_ns")
     drain = excess_of("drain_after_ns")
     markers = "device_markers > 0"
     work = excess_of("device_work_ns")
     next_bind = excess_of("next_bind_ns")
-    # ... and more than the host waited on the completion fence beyond the device (a late fence signal), where
-    # the source has a fence (a Kineto trace has none)
-    slow_device = f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= coalesce({fence} - {device}, {work}), FALSE)"
+    late_signal, carried = _rivals_in_runner()
+    # the device's own work is named first only where it grew by no less than the other explanations measured
+    slow_device = (
+        f"{markers} AND coalesce({work} > {threshold_ns} AND {work} >= coalesce(greatest({late_signal}, {carried}), {work}), FALSE)"
+    )
+    # the start's cause where the late start is the larger part, unless the device's idle before the signal (without
+    # a fence span: a late start the collectives absorbed) or the carry-over through the drain is larger still
+    idle = _idle_before_signal()
+    larger_start = (
+        f"{excess_of('start_ns')} > {runner_x} AND NOT coalesce({markers} AND greatest({idle}, {carried}) > {excess_of('start_ns')}, FALSE)"
+    )
     return [
         # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
         # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late
@@ -157,10 +163,7 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
         ),
         (slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
         # otherwise the start's cause when the late start is the larger part
-        *[
-            (f"{excess_of('start_ns')} > {runner_x} AND {cond}", phase, mech, ev, detail)
-            for cond, phase, mech, ev, detail in start_rules(excess_of("start_ns"))
-        ],
+        *[(f"{larger_start} AND {cond}", phase, mech, ev, detail) for cond, phase, mech, ev, detail in start_rules(excess_of("start_ns"))],
         *device_grew_rules(runner_x),
         (
             f"{markers} AND {explains(excess_of('drain_lag_ns'), runner_x)} AND {explains(drain, runner_x)} AND host_at_fence_ns >= drain_after_ns",
@@ -193,13 +196,32 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
     ]
 
 
+def _rivals_in_runner() -> tuple[str, str]:
+    """SQL: two explanations of a late end besides the run's start and its device's own work, where device-phase
+    markers or a device timeline measure them: the late fence signal (the host's wait on the fence beyond the
+    device's growth; without a fence span, the device's idle before the signal, rule 4) and, without a fence span
+    (a Kineto device timeline), the carry-over through the drain (rule 2: how much later the host reached the
+    drain, held there by the late previous run)."""
+    late_signal = f"coalesce({excess_of('fence_ns')} - {excess_of('device_wall_ns')}, {excess_of('signal_lag_ns')})"
+    carried = f"CASE WHEN fence_ns IS NULL AND host_at_fence_ns >= drain_after_ns THEN least({excess_of('drain_lag_ns')}, {excess_of('drain_after_ns')}) END"
+    return late_signal, carried
+
+
+def _idle_before_signal() -> str:
+    """SQL: how much longer than typical the device was idle before its fence signal, where no fence span says what
+    the host did then (a Kineto device timeline: rule 4); NULL where a fence span does."""
+    return f"CASE WHEN fence_ns IS NULL THEN {excess_of('signal_lag_ns')} END"
+
+
 def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
     """Rules for a runner_run that took ``runner_x`` longer mostly because its device wall grew (docs/FIGURES.md rule 1)."""
-    markers = "device_markers > 0"
     device = excess_of("device_wall_ns")
+    # the wall grew, and its end was later for it: not where the device then idled longer still before a late
+    # signal (the growth was a wait the other ranks' devices shared, absorbed before the late fence; rule 4)
+    grown = f"device_markers > 0 AND {explains(device, runner_x)} AND NOT coalesce({_idle_before_signal()} > {device}, FALSE)"
     return [
         (
-            f"{markers} AND {explains(device, runner_x)} AND {explains('gc_run', device)}",
+            f"{grown} AND {explains('gc_run', device)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_GC,
             "gc_run",
@@ -207,7 +229,7 @@ def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
         ),
         # a long wait whose own threads could not run: contention on this rank, not a late peer
         (
-            f"{markers} AND {explains(device, runner_x)} AND {explains(excess_of('device_wait_ns'), device)}"
+            f"{grown} AND {explains(excess_of('device_wait_ns'), device)}"
             f" AND {explains(collective_contention(), excess_of('device_wait_ns'))}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_RUN_QUEUE,
@@ -215,20 +237,20 @@ def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
             COLLECTIVE_RUN_QUEUE,
         ),
         (
-            f"{markers} AND {explains(device, runner_x)} AND {explains(excess_of('device_wait_ns'), device)}",
+            f"{grown} AND {explains(excess_of('device_wait_ns'), device)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_PEER_WAIT,
             excess_of("device_wait_ns"),
             "'waited for a peer rank'",
         ),
         (
-            f"{markers} AND {explains(device, runner_x)} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), device)}",
+            f"{grown} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), device)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_RUN_QUEUE,
             contention_of("device_rq_ns", "device_cpu_ns"),
             "'the device thread was runnable but waiting for a CPU'",
         ),
-        (f"{markers} AND {explains(device, runner_x)}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
+        (f"{grown}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
     ]
 
 
