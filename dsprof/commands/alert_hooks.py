@@ -7,7 +7,8 @@ line, so no log content is ever parsed by the shell. At most
 :data:`MAX_RUNNING_HOOKS` run at once: an alert that comes while that many
 still run is counted and its hook skipped, so slow hooks cannot pile up.
 When the watch ends, the hooks still running get :data:`HOOK_GRACE_S` to
-finish (none on Ctrl-C or SIGTERM), then SIGTERM to their process group, then
+finish (on Ctrl-C or SIGTERM, none: the signal's handler sends SIGTERM to them at
+once, even while a refresh is under way), then SIGTERM to their process group, then
 SIGKILL after the same grace, and are waited for: nothing is left behind.
 """
 
@@ -57,11 +58,20 @@ class AlertHooks:
             _wait_all(self.running, HOOK_GRACE_S)
         for signum in (signal.SIGTERM, signal.SIGKILL):
             running = [hook for hook in self.running if hook.poll() is None]
-            for hook in running:
-                with contextlib.suppress(ProcessLookupError):  # its group ended meanwhile
-                    os.killpg(hook.pid, signum)
+            _signal_groups(running, signum)
             _wait_all(running, HOOK_GRACE_S)
         self.running = []
+
+    def terminate(self) -> None:
+        """SIGTERM to every hook still running, without waiting (safe in a signal handler: nothing is reaped here)."""
+        _signal_groups([hook for hook in self.running if hook.returncode is None], signal.SIGTERM)
+
+
+def _signal_groups(hooks: list[subprocess.Popen], signum: int) -> None:
+    """Send ``signum`` to each hook's process group (its shell is not reaped yet: the group id is still its own)."""
+    for hook in hooks:
+        with contextlib.suppress(ProcessLookupError):  # its group ended meanwhile
+            os.killpg(hook.pid, signum)
 
 
 def _wait_all(hooks: list[subprocess.Popen], grace_s: float) -> None:

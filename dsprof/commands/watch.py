@@ -133,6 +133,11 @@ class Alerts:
         if self.hooks is not None:
             self.hooks.stop(stopped=stopped)
 
+    def terminate_hooks(self) -> None:
+        """SIGTERM to the hooks still running, at once (from a signal handler; :meth:`stop` waits for them after)."""
+        if self.hooks is not None:
+            self.hooks.terminate()
+
 
 class Events:
     """``--events FILE``: one JSON line per refresh, appended and flushed (benchmarks/bench_watch.py reads them).
@@ -296,6 +301,7 @@ def _signals_end(follower: _Follower) -> Iterator[None]:
 
     def end(signum: int, _frame: object) -> None:
         follower.signalled = follower.signalled or f"stopped by {signal.Signals(signum).name}"
+        follower.alerts.terminate_hooks()  # now, not after the refresh under way
 
     try:
         for signum in previous:
