@@ -7,15 +7,7 @@ import time
 from pathlib import Path
 
 from dsprof.commands.alert_hooks import ALERT_ENV, AlertHooks
-
-
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` no longer runs (a zombie waiting for init to reap it counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (FileNotFoundError, ProcessLookupError):
-        return True
-    return state in ("Z", "X")
+from dsprof.testing.processes import ends_within, is_running
 
 
 def _wait_for(path: Path) -> str:
@@ -36,7 +28,7 @@ def test_a_hook_runs_beside_the_watch_and_a_third_is_skipped_while_two_run(tmp_p
         assert shells == [hook.pid for hook in hooks.running] and all(os.getpgid(pid) == pid for pid in shells)  # own groups
     finally:
         hooks.stop(stopped=True)
-    assert hooks.running == [] and all(_gone(pid) for pid in shells)
+    assert hooks.running == [] and all(not is_running(pid) for pid in shells)
 
 
 def test_stopping_kills_what_a_hook_started_and_a_hook_that_ignores_sigterm(tmp_path):
@@ -45,10 +37,7 @@ def test_stopping_kills_what_a_hook_started_and_a_hook_that_ignores_sigterm(tmp_
     child = int(_wait_for(tmp_path / "child"))
     hooks.stop(stopped=True)  # SIGTERM is ignored by both: SIGKILL after the grace
     assert hooks.running == []
-    deadline = time.monotonic() + 5  # the shell was waited for; its child, SIGKILLed with it, may take a moment to end
-    while not _gone(child) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert _gone(child)
+    assert ends_within(child, 5.0)  # the shell was waited for; its child, SIGKILLed with it, may take a moment to end
 
 
 def test_a_hook_that_ends_on_its_own_is_waited_for_at_a_normal_end(tmp_path):

@@ -24,6 +24,7 @@ import pytest
 from dsprof.commands import analyze as analyze_module
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
+from dsprof.testing.processes import is_running
 from dsprof.testing.synthetic import SyntheticRun
 
 BINARY = b"\0\1\2\3" * 300_000
@@ -267,14 +268,6 @@ PHASES = {
 }
 
 
-def _gone(pid: int) -> bool:
-    """Whether ``pid`` no longer runs (a zombie waiting for init to reap it counts as gone)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in ("Z", "X")
-    except FileNotFoundError:
-        return True
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 @pytest.mark.parametrize("phase", [pytest.param(name, marks=[pytest.mark.cluster] if name == "ray" else []) for name in PHASES])
@@ -332,7 +325,7 @@ def test_a_signal_ends_a_watch_and_stops_its_sleeping_hook_at_once(tmp_path, sig
         hook_pid = int((tmp_path / "hook.pid").read_text())
         process.send_signal(signum)
         sent = time.monotonic()
-        while not _gone(hook_pid):
+        while is_running(hook_pid):
             time.sleep(0.01)
         hook_took = time.monotonic() - sent
         out, err = process.communicate(timeout=60)
