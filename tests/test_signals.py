@@ -263,7 +263,7 @@ PHASES = {
     "reading": (_reading, ("-c", READING_CLI), _until_line(r"big\.log: [1-9]\d*/\d+ MiB")),
     "query": (_run, ("-c", QUERYING_CLI), _until_line("querying$")),
     "replay": (_late_rank, ("-c", REPLAYING_CLI), _until_line("replaying$")),
-    "fifo": (_fed_without_end, ("-m", "dsprof.cli.main"), _until_line("reading ")),
+    "fifo": (_fed_without_end, ("-m", "dsprof.cli.main"), _until_line(r"reading run/serving-trace/trace\.json$")),  # the FIFO next
     "ray": (lambda root: _held_on_fifo(root, ("--engine", "ray")), ("-m", "dsprof.cli.main"), _until_line("cluster: ingesting")),
 }
 
