@@ -276,7 +276,9 @@ def ingest(paths, output) -> None:
     "--idle-exit", type=click.FloatRange(min=0, min_open=True), show_default="never", help="End after S seconds without new bytes."
 )
 @click.option("--alert", "alert_rules", type=click.Path(dir_okay=False, path_type=Path), help="Gate rules (TOML) checked on every window.")
-@click.option("--on-alert", metavar="CMD", help="Run CMD (shell; $DSPROF_ALERT holds the line) on an alert and go on watching.")
+@click.option(
+    "--on-alert", metavar="CMD", help="Start CMD (shell; $DSPROF_ALERT holds the line) on an alert and go on watching; at most 2 at once."
+)
 @click.option("--events", type=click.Path(dir_okay=False, path_type=Path), help="Append one JSON line per refresh to FILE.")
 @click.option(
     "--spans", "spans_dir", type=click.Path(file_okay=False, path_type=Path), show_default="not kept", help="Keep the span dataset here."

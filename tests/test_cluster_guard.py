@@ -16,6 +16,10 @@ import sys
 import time
 from pathlib import Path
 
+from dsprof.testing.processes import ends_within, is_running
+
+GUARD_BOUND_S = 60.0  # far beyond the guard's work (the orphan would sleep for 600 s)
+
 DRIVER = """
 import subprocess, sys
 from pathlib import Path
@@ -34,13 +38,6 @@ own.kill()
 """
 
 
-def _alive(pid: int) -> bool:
-    try:
-        return (Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]) != "Z"
-    except OSError:
-        return False
-
-
 def _driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, int]:
     scratch = tmp_path / "scratch"
     scratch.mkdir()
@@ -52,34 +49,26 @@ def _driver(tmp_path: Path, mode: str) -> tuple[subprocess.Popen, int, int]:
     return proc, own, orphan
 
 
-def _gone(pid: int, bound_s: float = 60.0) -> bool:
-    """Whether ``pid`` ends within a bound far beyond the guard's work (the orphan would sleep for 600 s)."""
-    deadline = time.monotonic() + bound_s
-    while _alive(pid) and time.monotonic() < deadline:
-        time.sleep(0.05)
-    return not _alive(pid)
-
-
 def test_leaving_the_block_kills_what_was_started_in_it(tmp_path):
     proc, _, orphan = _driver(tmp_path, "leave")
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode == 0
-    assert not _alive(orphan), "the driver waits for its guard, which killed the orphan"
+    assert not is_running(orphan), "the driver waits for its guard, which killed the orphan"
     assert out.strip() == "True", "the guard killed a process the driver started for itself, outside the block"
     assert not (tmp_path / "scratch").exists()
 
 
 def test_a_sigkilled_driver_takes_what_it_started_with_it(tmp_path):
     proc, own, orphan = _driver(tmp_path, "wait")
-    assert _alive(orphan)
+    assert is_running(orphan)
     proc.send_signal(signal.SIGKILL)
     proc.wait(timeout=60)
-    assert _gone(orphan), "the orphan outlived its SIGKILLed driver"
+    assert ends_within(orphan, GUARD_BOUND_S), "the orphan outlived its SIGKILLed driver"
     deadline = time.monotonic() + 60
     while (tmp_path / "scratch").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     assert not (tmp_path / "scratch").exists()
-    assert _alive(own), "the guard killed a process the driver started for itself, outside the block"
+    assert is_running(own), "the guard killed a process the driver started for itself, outside the block"
     os.kill(own, signal.SIGKILL)
-    if _alive(orphan):  # never reached when the test passes; keeps a failure from leaving a sleeper behind
+    if is_running(orphan):  # never reached when the test passes; keeps a failure from leaving a sleeper behind
         os.kill(orphan, signal.SIGKILL)

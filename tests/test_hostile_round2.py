@@ -336,6 +336,44 @@ def test_unreachable_ray_address_fails_fast(run_dir, tmp_path):
     assert done.stderr.strip().splitlines()[-1].startswith("dsprof: error: cannot reach the Ray cluster"), done.stderr[-2000:]
 
 
+@pytest.mark.parametrize("answer", [b"HTTP/1.1 400 Bad Request\r\n\r\n", b"", None])
+def test_an_address_that_is_no_ray_cluster_fails_fast_with_one_line(answer):
+    """Something else listens (an HTTP/1 server, one that hangs up, one that never answers): no gRPC SETTINGS frame, so no
+    ray.init retrying for minutes with its C++ client's warnings."""
+    import socket
+    import threading
+
+    from dsprof.analysis import cluster
+    from dsprof.errors import DsprofError
+
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        released = threading.Event()
+
+        def serve() -> None:
+            connection, _ = listener.accept()
+            with connection:
+                if answer is not None:
+                    connection.sendall(answer)
+                    return
+                released.wait(10)
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+        address = f"127.0.0.1:{listener.getsockname()[1]}"
+        with pytest.raises(DsprofError, match="no Ray cluster at .* does not answer as Ray's gRPC server"):
+            cluster.probe_address(address, timeout_s=5.0) if answer is not None else _probe_silent(cluster, address)
+        released.set()
+        server.join(10)
+
+
+def _probe_silent(cluster, address: str) -> None:
+    saved, cluster.ANSWER_TIMEOUT_S = cluster.ANSWER_TIMEOUT_S, 0.2
+    try:
+        cluster.probe_address(address)
+    finally:
+        cluster.ANSWER_TIMEOUT_S = saved
+
+
 def test_ray_missing_is_one_line_and_leaves_nothing_in_tmpdir(run_dir, tmp_path):
     (tmp_path / "no-ray").mkdir()
     (tmp_path / "no-ray" / "ray.py").write_text("raise ImportError('no module named ray')\n")  # shadows any installed Ray

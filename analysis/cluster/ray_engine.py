@@ -23,6 +23,7 @@ Workers must see the input logs and the dataset directory at the same paths
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import os
 import re
 import shutil
@@ -46,6 +47,7 @@ from dsprof.progress import Progress
 
 # How long the driver waits for a cluster's address to accept a connection before giving up.
 CONNECT_TIMEOUT_S = 15.0
+ANSWER_TIMEOUT_S = 5.0  # ... and then for its first HTTP/2 frame (a gRPC server sends it at once)
 # What Ray reads itself (a running local cluster's address file), rather than an address to probe.
 RAY_KEYWORDS = ("auto", "local")
 # host:port (a hostname, IPv4 or [IPv6]), optionally ray:// (Ray Client; port 10001 when left out).
@@ -54,6 +56,11 @@ RAY_CLIENT_PORT = 10001
 RAY_TEMP_PREFIX = "dsprof-ray-"  # a local cluster's session directory, removed when it stops
 _WAIT_S = 0.2  # longest a signal waits while Ray tasks run
 _AF_UNIX_PATH_MAX = 107
+# An HTTP/2 client's connection preface and an empty SETTINGS frame: a gRPC server (Ray's GCS, Ray Client's server)
+# answers with a SETTINGS frame of its own (RFC 9113 §3.4), anything else (an HTTP/1 server, a database) does not.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HTTP2_FRAME_HEADER = 9
+_HTTP2_SETTINGS = 4
 # What Ray appends to its temporary directory for its longest socket: "XXXXXXXX/session_<date>_<time>_<usec>_<pid>/sockets/plasma_store".
 _RAY_SOCKET_TAIL = 8 + 64
 
@@ -70,14 +77,39 @@ def check_address(address: str | None) -> tuple[str, int] | None:
 
 
 def probe_address(address: str | None, timeout_s: float = CONNECT_TIMEOUT_S) -> None:
-    """Fail within ``timeout_s`` when nothing listens at ``address`` (Ray itself would retry for minutes)."""
+    """Fail within ``timeout_s`` when nothing listens at ``address``, or what listens does not speak gRPC.
+
+    Ray itself would retry for minutes, printing its C++ client's warnings, where nothing or something else listens.
+    """
     where = check_address(address)
     if where is None or address is None:
         return
+    shown = repr(address[:200])
+    if address.startswith("ray://") and importlib.util.find_spec("grpc") is None:
+        raise DsprofError(f"the Ray Client address {shown} needs pip install 'ray[client]' (or give the head's host:port)")
     try:
-        socket.create_connection(where, timeout=timeout_s).close()
+        connection = socket.create_connection(where, timeout=timeout_s)
     except OSError as exc:
-        raise DsprofError(f"cannot reach the Ray cluster at {address[:200]!r}: {exc.strerror or exc or 'timed out'}") from None
+        raise DsprofError(f"cannot reach the Ray cluster at {shown}: {exc.strerror or exc or 'timed out'}") from None
+    with connection:
+        try:
+            connection.settimeout(ANSWER_TIMEOUT_S)
+            connection.sendall(_HTTP2_PREFACE)
+            answer = _read_up_to(connection, _HTTP2_FRAME_HEADER)
+        except OSError:  # it hung up on the preface, or said nothing in time
+            answer = b""
+    if len(answer) < _HTTP2_FRAME_HEADER or answer[3] != _HTTP2_SETTINGS:
+        raise DsprofError(
+            f"no Ray cluster at {shown}: it does not answer as Ray's gRPC server (is it the head's GCS port, 6379 by default?)"
+        )
+
+
+def _read_up_to(connection: socket.socket, size: int) -> bytes:
+    """Up to ``size`` bytes, fewer where the peer closes first."""
+    data = b""
+    while len(data) < size and (chunk := connection.recv(size - len(data))):
+        data += chunk
+    return data
 
 
 def _ray():

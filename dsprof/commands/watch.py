@@ -20,7 +20,6 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -35,6 +34,7 @@ from dsprof.analysis.outputs.live_view import CLEAR_SCREEN, FindingLines, format
 from dsprof.analysis.policy.gate import evaluate_gate
 from dsprof.analysis.policy.gate_rules import load_rules
 from dsprof.analysis.summary import Summary
+from dsprof.commands.alert_hooks import MAX_RUNNING_HOOKS, AlertHooks
 from dsprof.commands.analyze import (
     SPILL_PREFIX,
     AnalyzeOutcome,
@@ -55,7 +55,6 @@ POLL_S = 0.1  # how often the logs are polled between refreshes
 JOB_END_GRACE_S = 1.0
 # watch has no --memory-limit: the final analysis is analyze's, of the span dataset --spans keeps.
 MEMORY_REMEDY = "keep the spans (--spans DIR) and analyse them with 'dsprof analyze DIR --memory-limit'"
-ALERT_ENV = "DSPROF_ALERT"
 Screen = Callable[[str], None]
 
 
@@ -95,19 +94,25 @@ class WatchOutcome:
     ended_by: str
     exit_code: int
     alerts: list[str] = field(default_factory=list)
+    hooks_skipped: int = 0
 
 
 class Alerts:
-    """Gate rules evaluated on each window; a failure fires once, then not again until the window has moved past where it fired."""
+    """Gate rules evaluated on each window; a failure fires once, then not again until the window has moved past where it fired.
+
+    With a hook (``--on-alert``), each alert starts it (:class:`~dsprof.commands.alert_hooks.AlertHooks`); :meth:`stop` ends them.
+    """
 
     def __init__(self, rules: str | os.PathLike | None, hook: str | None):
-        self.rules, self.hook = rules, hook
+        self.rules = rules
+        self.hooks = None if hook is None else AlertHooks(hook)
         self.loaded = None if rules is None else load_rules(Path(rules))  # read once, checked on every window
         self.quiet_until: dict[str, int] = {}  # rule title -> last step of the window it fired in
         self.fired: list[str] = []
+        self.notes: list[str] = []  # hooks skipped since the caller last took them
 
     def check(self, summary: Summary, steps: tuple[int, int]) -> list[str]:
-        """The lines of the rules that fail on this window and have not fired on it yet (each runs the hook)."""
+        """The lines of the rules that fail on this window and have not fired on it yet (each starts the hook)."""
         if self.rules is None:
             return []
         lines = []
@@ -117,10 +122,21 @@ class Alerts:
             self.quiet_until[result.title] = steps[1]
             line = terminal_safe(f"alert: steps {steps[0]}-{steps[1]}: {result.title}: {result.detail or result.status}")
             lines.append(line)
-            if self.hook is not None:
-                subprocess.run(self.hook, shell=True, env={**os.environ, ALERT_ENV: line}, check=False)
+            note = None if self.hooks is None else self.hooks.start(line)
+            if note is not None:
+                self.notes.append(note)
         self.fired.extend(lines)
         return lines
+
+    def stop(self, *, stopped: bool) -> None:
+        """End the hooks still running (``stopped``: by Ctrl-C or SIGTERM, without waiting for them to end on their own)."""
+        if self.hooks is not None:
+            self.hooks.stop(stopped=stopped)
+
+    def terminate_hooks(self) -> None:
+        """SIGTERM to the hooks still running, at once (from a signal handler; :meth:`stop` waits for them after)."""
+        if self.hooks is not None:
+            self.hooks.terminate()
 
 
 class Events:
@@ -192,6 +208,8 @@ def watch_command(
     try:
         if screen is None:
             out(f"watch ended: {outcome.ended_by}")
+        if outcome.hooks_skipped:
+            out(f"alert hooks skipped: {outcome.hooks_skipped} (at most {MAX_RUNNING_HOOKS} run at once)")
         out(format_console_summary(outcome.analysis.summary))
         for name, path in outcome.analysis.outputs.items():
             out(f"{name}: {path}")
@@ -220,8 +238,12 @@ def watch_paths(
         live = LiveAnalysis(paths, dataset, window=options.window, threshold_ms=options.threshold_ms, expect_ranks=options.expect_ranks)
         follower = _Follower(live, options, out, screen, events)
         try:
-            with _signals_end(follower):
-                ended_by = follower.run(stop)
+            with _signals_end(follower):  # a signal while the hooks stop waits for them, as one while following does
+                ended_by = None
+                try:
+                    ended_by = follower.run(stop)
+                finally:
+                    follower.alerts.stop(stopped=ended_by is None or follower.signalled is not None)
         except BaseException:
             live.abort()
             raise
@@ -232,7 +254,8 @@ def watch_paths(
         finally:
             remove_owned_dir(temporary)
     code = 1 if follower.alerts.fired and options.on_alert is None else 0
-    return WatchOutcome(analysis, ended_by, code, follower.alerts.fired)
+    skipped = 0 if follower.alerts.hooks is None else len(follower.alerts.hooks.skipped)
+    return WatchOutcome(analysis, ended_by, code, follower.alerts.fired, skipped)
 
 
 def finish_watch(live: LiveAnalysis, out_dir: Path, options: WatchOptions, *, keep_dataset: bool) -> AnalyzeOutcome:
@@ -278,6 +301,7 @@ def _signals_end(follower: _Follower) -> Iterator[None]:
 
     def end(signum: int, _frame: object) -> None:
         follower.signalled = follower.signalled or f"stopped by {signal.Signals(signum).name}"
+        follower.alerts.terminate_hooks()  # now, not after the refresh under way
 
     try:
         for signum in previous:
@@ -343,8 +367,9 @@ class _Follower:
             )
             self.screen(CLEAR_SCREEN + view + "\n")
         else:
-            for line in ([] if summary is None else self.findings.new_lines(summary, final)) + fired:
+            for line in ([] if summary is None else self.findings.new_lines(summary, final)) + fired + self.alerts.notes:
                 self.out(line)
+        self.alerts.notes.clear()
         return bool(fired)
 
     def _ended(self, stop: threading.Event | None, idle_s: float) -> str | None:
