@@ -188,12 +188,12 @@ STOP_S = 2.0
 RAY_STOP_S = 4.0
 STATUS = {signal.SIGTERM: 143, signal.SIGINT: 130}
 # the CLI reading a text log piece by piece, a progress line per MiB, into a temporary span dataset
-READING_CLI = "from dsprof.analysis.ingest import strace_pieces; strace_pieces.CHUNK_BYTES = 1 << 20; " + SPILLING_CLI.removeprefix(
+READING_CLI = "from dsprof.analysis.ingest import strace_pieces; strace_pieces.PIECE_BYTES = 1 << 20; " + SPILLING_CLI.removeprefix(
     "import sys; "
 )
 # the CLI announcing the what-if replay, then replaying for ever (each replay itself takes milliseconds)
 REPLAYING_CLI = """import sys
-from dsprof.analysis import replay
+from dsprof.analysis.stages import replay
 replayed = replay.Replayer.replay
 def replay_for_ever(self, *args, **kwargs):
     print("replaying", file=sys.stderr, flush=True)
