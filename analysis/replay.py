@@ -130,9 +130,9 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
     for r in range(ranks):  # one pass per rank; the work inside is vectorised over the rank's events
         flat = np.flatnonzero(~np.isnan(runs.host[r].reshape(-1)))  # step-major, kinds in order within a step
         t = runs.host[r].reshape(-1)[flat]
-        step, kind = np.divmod(flat, len(HOST_EVENTS))
-        order = np.lexsort((kind, ~_IS_END[kind], t))
+        step, kind = (flat // len(HOST_EVENTS)).astype(np.int32), (flat % len(HOST_EVENTS)).astype(np.int8)
         del flat
+        order = np.lexsort((kind, ~_IS_END[kind], t))
         _chain_slacks(out, r, t[order], kind[order], step[order], runs)
     return out
 
