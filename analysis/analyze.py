@@ -165,9 +165,12 @@ def _positional_steps(window: Window | None) -> tuple[int, int] | None:
 
 
 def _with_intervals(per_step: list[StepRow], engine: Engine) -> list[StepRow]:
-    """Each per-step row with its step interval (ms; null for the first step)."""
+    """Each per-step row with its step interval (ms; null for the first step), added in place (no second list of rows)."""
     intervals = dict(engine.rows("SELECT step, interval_ns FROM step_intervals"))
-    return [{**row, "interval_ms": None if intervals.get(row["step"]) is None else ns_to_ms(intervals[row["step"]])} for row in per_step]
+    for row in per_step:  # one per step: the rows are summary.json's own
+        interval = intervals.get(row["step"])
+        row["interval_ms"] = None if interval is None else ns_to_ms(interval)
+    return per_step
 
 
 def layout_only(trace: Trace, summary: Summary, *, memory_limit: int | None = None, window: Window | None = None) -> AnalysisResult:

@@ -254,7 +254,8 @@ def test_a_memory_limit_too_small_is_one_line_and_leaves_nothing(tmp_path, as_da
     if as_dataset:
         ingest_paths([run], tmp_path / "spans")
     given = tmp_path / "spans" if as_dataset else run
-    with pytest.raises(DsprofError, match=r"^the analysis needs more memory than its limit \(.*\): raise --memory-limit$"):
+    remedy = re.escape(analyze_module.MEMORY_REMEDY)
+    with pytest.raises(DsprofError, match=rf"^the analysis needs more memory than its limit \(.*\): {remedy}$"):
         analyze_module.analyze_paths([given], tmp_path / "out", memory_limit=1 << 20)
     assert not (tmp_path / "out").exists()
 

@@ -111,31 +111,29 @@ class ReplayResult:
 
 
 def _host_chains(runs: DecodeRuns) -> _HostChains:
+    """Every rank's chain, filled one rank at a time into arrays sized once (memory: the chains, plus one rank's work)."""
     ranks, steps = runs.shape
-    chains = []
-    for r in range(ranks):  # one pass per rank; the work inside is vectorised over the rank's events
-        t = runs.host[r].reshape(-1)
-        kind = np.tile(np.arange(len(HOST_EVENTS)), steps)
-        step = np.repeat(np.arange(steps), len(HOST_EVENTS))
-        keep = ~np.isnan(t)
-        t, kind, step = t[keep], kind[keep], step[keep]
-        order = np.lexsort((kind, ~_IS_END[kind], t))
-        chains.append((t[order], kind[order], step[order]))
-    n = max((len(c[0]) for c in chains), default=0)
+    lengths = (~np.isnan(runs.host)).sum(axis=(1, 2)).astype(np.int64)
+    n = int(lengths.max(initial=0))
     out = _HostChains(
         t=np.full((ranks, n), np.nan),
-        kind=np.full((ranks, n), -1, np.int64),
-        step=np.zeros((ranks, n), np.int64),
+        kind=np.full((ranks, n), -1, np.int8),
+        step=np.zeros((ranks, n), np.int32),
         slack_pred=np.full((ranks, n), _FREE),
         slack_extra=np.full((ranks, n), _FREE),
-        extra_step=np.full((ranks, n), -1, np.int64),
+        extra_step=np.full((ranks, n), -1, np.int32),
         lag=np.zeros((ranks, n)),
         runner_index=np.full((ranks, steps), -1, np.int64),
-        length=np.array([len(c[0]) for c in chains], np.int64),
+        length=lengths,
         event_index=np.full((ranks, steps, len(HOST_EVENTS)), -1, np.int32),
     )
-    for r, (t, kind, step) in enumerate(chains):
-        _chain_slacks(out, r, t, kind, step, runs)
+    for r in range(ranks):  # one pass per rank; the work inside is vectorised over the rank's events
+        flat = np.flatnonzero(~np.isnan(runs.host[r].reshape(-1)))  # step-major, kinds in order within a step
+        t = runs.host[r].reshape(-1)[flat]
+        step, kind = (flat // len(HOST_EVENTS)).astype(np.int32), (flat % len(HOST_EVENTS)).astype(np.int8)
+        del flat
+        order = np.lexsort((kind, ~_IS_END[kind], t))
+        _chain_slacks(out, r, t[order], kind[order], step[order], runs)
     return out
 
 
@@ -145,28 +143,28 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     out.t[r, :m], out.kind[r, :m], out.step[r, :m] = t, kind, step
     previous = np.concatenate(([np.nan], t[:-1]))
     extra = np.full(m, np.nan)
-    extra_step = np.full(m, -1, np.int64)
-    ends = kind == RUNNER_END
+    extra_step = out.extra_step[r, :m]  # a view: written in place
+    ends = np.flatnonzero(kind == RUNNER_END)
     extra[ends] = runs.device_end[r, step[ends]]
     extra_step[ends] = step[ends]
     binds = np.flatnonzero(kind == BIND_TS)
     slot_previous = _slot_predecessor(runs.slot[r])
-    has_slot = slot_previous[step[binds]] >= 0
-    binds = binds[has_slot]
+    binds = binds[slot_previous[step[binds]] >= 0]
     extra_step[binds] = slot_previous[step[binds]]
     extra[binds] = runs.host[r, extra_step[binds], VALIDATE_END]
     extra[extra > t] = np.nan  # a dependency that had not happened yet did not hold the event
     extra[extra == previous] = np.nan  # the thread's previous event itself: already a dependency
-    extra_step[np.isnan(extra)] = -1
+    no_extra = np.isnan(extra)
+    extra_step[no_extra] = -1
     latest = np.fmax(previous, extra)
-    pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & np.isnan(extra)
-    out.slack_pred[r, :m] = np.where(np.isnan(previous) | pinned, _FREE, latest - previous)
-    out.slack_extra[r, :m] = np.where(np.isnan(extra), _FREE, latest - extra)
-    out.extra_step[r, :m] = extra_step
+    pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & no_extra
+    free = np.isnan(previous) | pinned
+    out.slack_pred[r, :m] = np.where(free, _FREE, latest - previous)
+    out.slack_extra[r, :m] = np.where(no_extra, _FREE, latest - extra)
     out.lag[r, :m] = np.where(np.isnan(latest) | pinned, 0.0, t - latest)
     runner = np.flatnonzero(kind == RUNNER_TS)
     out.runner_index[r, step[runner]] = runner
-    out.event_index[r, step, kind] = np.arange(m)
+    out.event_index[r, step, kind] = np.arange(m, dtype=np.int32)
 
 
 def _slot_predecessor(slot: np.ndarray) -> np.ndarray:

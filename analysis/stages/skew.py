@@ -36,6 +36,10 @@ GROUP BY step
 """
 
 
+# the columns of ``steps`` that make a per_step row, in StepRow's order
+_STEP_ROW_COLUMNS = ("step", "ranks", "runner_start_skew_ns", "runner_end_skew_ns", "latest_start_rank", "latest_end_rank")
+
+
 @stage("skew", reads=("decode",), writes=("steps",))
 def skew_figures(engine: Engine) -> tuple[Figures, list[StepRow]]:
     """The ``figures`` block and the ``per_step`` list of summary.json; leaves the ``steps`` table in the engine."""
@@ -54,17 +58,20 @@ def skew_figures(engine: Engine) -> tuple[Figures, list[StepRow]]:
         runner_to_validate_gap_ms=durations["runner_to_validate_gap_ms"],
         per_rank={rank: _rank_figures(blocks, str(devices[int(rank)])) for rank, blocks in per_rank.items()},
     )
-    rows = engine.arrow("SELECT * FROM steps ORDER BY step").to_pylist()
+    # column by column: one dict per step is built once (a million steps hold no second, Arrow-shaped copy of the rows)
+    table = engine.arrow("SELECT * FROM steps ORDER BY step")
+    columns = [table.column(name).to_pylist() for name in _STEP_ROW_COLUMNS]
+    del table
     per_step = [
         StepRow(
-            step=r["step"],
-            ranks=r["ranks"],
-            runner_start_skew_ms=ns_to_ms(r["runner_start_skew_ns"]),
-            runner_end_skew_ms=ns_to_ms(r["runner_end_skew_ns"]),
-            latest_start_rank=r["latest_start_rank"],
-            latest_end_rank=r["latest_end_rank"],
+            step=step,
+            ranks=ranks,
+            runner_start_skew_ms=ns_to_ms(start_skew),
+            runner_end_skew_ms=ns_to_ms(end_skew),
+            latest_start_rank=latest_start,
+            latest_end_rank=latest_end,
         )
-        for r in rows  # output rows of summary.json, one per step
+        for step, ranks, start_skew, end_skew, latest_start, latest_end in zip(*columns, strict=True)  # output rows, one per step
     ]
     return figures, per_step
 

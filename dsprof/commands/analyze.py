@@ -51,7 +51,7 @@ GZIP_WEIGHT = 10
 _JSON_SUFFIXES = (".json", ".jsonl", ".gz")
 ENGINES = ("embedded", "ray")
 # What the memory error tells the user to do; a command without --memory-limit (watch) says what it can do instead.
-MEMORY_REMEDY = "raise --memory-limit"
+MEMORY_REMEDY = "raise --memory-limit, or analyse a window of the run (--steps A:B, --since, --until)"
 MEMORY_LIMIT_DEFAULT = f"{DEFAULT_MEMORY_SHARE:.0%} of RAM"  # what the engine takes without --memory-limit
 FALLBACK_OUT_DIR = Path("dsprof-analysis")
 SPILL_PREFIX = "dsprof-spans-"  # temporary span datasets, removed on success, error and interrupt
@@ -192,6 +192,8 @@ def analyze_paths(
             if out_dir is not None:
                 outcome.outputs = write_outputs(result, Path(out_dir), progress=progress)
         return outcome
+    except MemoryError as exc:  # in reading the inputs: the analysis itself says so through explained_query_errors
+        raise memory_error(exc, memory_remedy) from None
     finally:
         remove_owned_dir(spill)
 
@@ -232,14 +234,20 @@ def explained_query_errors(trace: Trace, memory_remedy: str = MEMORY_REMEDY) -> 
     """
     try:
         yield
-    except duckdb.OutOfMemoryException as exc:
-        detail = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "out of memory"
-        raise DsprofError(f"the analysis needs more memory than its limit ({detail}): {memory_remedy}") from None
+    except (duckdb.OutOfMemoryException, MemoryError) as exc:  # MemoryError: numpy's and Arrow's allocations too
+        raise memory_error(exc, memory_remedy) from None
     except duckdb.Error:
         culprit = corrupt_part(trace.span_files)
         if culprit is None:
             raise
         raise culprit from None
+
+
+def memory_error(exc: BaseException, memory_remedy: str = MEMORY_REMEDY) -> DsprofError:
+    """Exhausted memory as one line: what failed to allocate, and what to do about it."""
+    text = str(exc).strip()
+    detail = text.splitlines()[0][:200] if text else f"{type(exc).__name__}: out of memory"
+    return DsprofError(f"the analysis needs more memory than its limit ({detail}): {memory_remedy}")
 
 
 def read_inputs(

@@ -1,0 +1,51 @@
+"""Memory sized by steps stays under ``--memory-limit`` (issue 28 item 8, issue 30 item 3).
+
+A run of many steps (the shape whose step-sized work — the
+replay's chains, the per_step rows, summary.json — outgrew the limit) analysed
+under a small limit gives the summary it gives without one; memory that runs
+out anyway is one line naming the remedies. The full-size figures (1 x 1M and
+64 x 30k steps under ``--memory-limit 1GB``) are benchmarks/bench_step_memory.py's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from dsprof.analysis.spans import Trace
+from dsprof.commands import analyze as analyze_module
+from dsprof.commands.ingest import ingest_paths
+from dsprof.errors import DsprofError
+from dsprof.testing.synthetic import SyntheticRun
+
+SMALL_LIMIT = 128 << 20  # far below the default (a tenth of RAM); the span-sized pass of these 55k spans needs about 64 MiB
+
+
+def test_a_step_heavy_run_under_a_small_memory_limit_gives_the_same_summary(tmp_path):
+    steps = 2_500
+    fence = np.full((2, steps), 9_000_000, dtype=np.int64)
+    fence[1, ::250] += 15_000_000  # late steps, whose causes the what-if replays over the whole run
+    run = SyntheticRun(ranks=2, steps=steps, fence_wait_ns=fence, device_wall_ns=fence + 100_000, host_evidence=True, sa_worker_spans=False)
+    run = run.write(tmp_path / "run")
+    ingest_paths([run], tmp_path / "spans")  # out of core, as a big input is read
+    unlimited = analyze_module.analyze_paths([tmp_path / "spans"], tmp_path / "unlimited")
+    limited = analyze_module.analyze_paths([tmp_path / "spans"], tmp_path / "limited", memory_limit=SMALL_LIMIT)
+    for outcome in (unlimited, limited):
+        outcome.result.engine.close()
+    assert len(limited.result.summary["per_step"]) == steps and limited.result.summary["what_if"]["items"]
+    assert limited.result.summary == unlimited.result.summary
+    # summary.json is written a block at a time: the same bytes as one json.dumps
+    written = (tmp_path / "limited" / "summary.json").read_bytes()
+    assert written == (tmp_path / "unlimited" / "summary.json").read_bytes()
+    assert written == (json.dumps(json.loads(written), indent=2, allow_nan=False) + "\n").encode()
+
+
+def test_memory_that_runs_out_outside_duckdb_is_one_line_with_the_remedies():
+    """numpy's (and Arrow's) MemoryError says what --memory-limit's error says, not a traceback."""
+    with pytest.raises(DsprofError) as raised, analyze_module.explained_query_errors(Trace()):
+        np.empty(1 << 60, np.uint8)  # past any address space: numpy's own MemoryError
+    message = str(raised.value)
+    assert "\n" not in message and message.startswith("the analysis needs more memory than its limit (")
+    assert message.endswith(": raise --memory-limit, or analyse a window of the run (--steps A:B, --since, --until)")
