@@ -14,7 +14,7 @@ import json
 import numpy as np
 import pytest
 
-from dsprof.analysis.spans import Trace
+from dsprof.analysis.store.spans import Trace
 from dsprof.commands import analyze as analyze_module
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import DsprofError
