@@ -6,9 +6,11 @@ docstring for the error and exit-status conventions.
 
 from __future__ import annotations
 
+import _thread
 import shutil
 import signal
 import sys
+import threading
 
 import click
 
@@ -62,6 +64,24 @@ def install_stop_handlers() -> None:
     if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
         signal.signal(signal.SIGINT, raise_stopped)
     watch_signals(lambda signum: signal.getsignal(signum) is raise_stopped)
+    sys.unraisablehook = _redeliver_swallowed_stops
+
+
+def _redeliver_swallowed_stops(unraisable) -> None:
+    """A stop raised while a finalizer ran (a generator closed on the way, a ``__del__``) is swallowed by Python:
+    deliver its signal to the main thread again, from another thread a moment later, so that it lands in the
+    command's own code (delivered from here, it would be raised, and swallowed, in this hook)."""
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):
+        signum = getattr(unraisable.exc_value, "signum", signal.SIGINT)
+        again = threading.Timer(REDELIVER_S, _thread.interrupt_main, (signum,))
+        again.daemon = True
+        again.start()
+        return
+    sys.__unraisablehook__(unraisable)
+
+
+# how long after a finalizer swallowed a stop its signal is delivered again
+REDELIVER_S = 0.05
 
 
 def _stop_message(interrupt: KeyboardInterrupt) -> tuple[str, int]:

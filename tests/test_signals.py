@@ -364,3 +364,26 @@ def test_a_watched_log_replaced_by_a_fifo_ends_the_watch_at_once_with_one_line(t
         process.returncode == 2 and err == f"dsprof: error: {Path('run/server.log')}: is a FIFO, not a regular file (expected a text log)\n"
     )
     assert sorted(p.name for p in tmp_path.iterdir()) == ["events.jsonl", "run"]
+
+
+SWALLOWING_FINALIZER = """import os, signal, time
+from dsprof.cli.group import Stopped, install_stop_handlers
+install_stop_handlers()
+class Slow:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.2)  # the handler runs in the finalizer, whose exception Python swallows
+try:
+    Slow()
+    for _ in range(50):
+        time.sleep(0.1)
+    print("not stopped")
+except Stopped as exc:
+    print("stopped", exc.signum)
+"""
+
+
+def test_a_stop_that_lands_in_a_finalizer_is_delivered_again():
+    """A generator closed on the way or a __del__ swallows the handler's exception; the command still stops."""
+    done = subprocess.run([sys.executable, "-c", SWALLOWING_FINALIZER], check=True, capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["stopped", "15"], done.stderr
