@@ -1,16 +1,29 @@
 """The rules that choose the cause of a late start or end (docs/FIGURES.md "Causes"), as SQL over a cell.
 
-Each rule is ``(condition, phase, mechanism, evidence, detail)``: SQL
-expressions over one row of ``cells`` (its values and ``<column>_typ``, the
-median of the other ranks of the step), tried in order. :func:`rule_index_sql`
-picks the first rule that holds (its conditions evaluated once per row) and
+Each :class:`Rule` holds SQL expressions over one row of ``cells`` (its
+values and ``<column>_typ``, the median of the other ranks of the step); the
+rules of a list are tried in order. :func:`rule_index_sql` picks the first
+rule that holds (its conditions evaluated once per row) and
 :func:`rule_field_sql` reads a field of the rule picked.
 :mod:`dsprof.analysis.stages.causes` applies them.
 """
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 from dsprof.profiler import strace_format as fmt
+
+
+class Rule(NamedTuple):
+    """One way a late start or end is explained: when it holds, and what it names."""
+
+    when: str  # SQL condition
+    phase: str  # text
+    mechanism: str  # text (docs/CAUSES.md)
+    evidence: str  # SQL: the nanoseconds of evidence
+    detail: str  # SQL: a sentence
+
 
 # a quantity explains a lateness when it accounts for at least this share of it
 EXPLAINS_SHARE = 0.5
@@ -57,24 +70,24 @@ def extra_work(cpu: str, rq: str) -> str:
     return f"(({cpu} - {cpu}_typ) * (1 + coalesce({rq}_typ / nullif({cpu}_typ, 0), 0)))"
 
 
-def host_rules(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[tuple[str, str, str, str, str]]:
+def host_rules(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[Rule]:
     """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
     return [
-        (explains(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
-        (
+        Rule(explains(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
+        Rule(
             explains(contention_of(rq, cpu), excess),
             phase,
             fmt.MECH_RUN_QUEUE,
             contention_of(rq, cpu),
             f"'runnable but waiting for a CPU in {phase}'",
         ),
-        (explains(extra_work(cpu, rq), excess), phase, fmt.MECH_HOST_CPU, excess_of(cpu), f"'more host CPU in {phase}'"),
-        (f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
-        ("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
+        Rule(explains(extra_work(cpu, rq), excess), phase, fmt.MECH_HOST_CPU, excess_of(cpu), f"'more host CPU in {phase}'"),
+        Rule(f"{rq} IS NULL AND {cpu} IS NULL", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no host evidence'"),
+        Rule("TRUE", phase, fmt.MECH_UNATTRIBUTED, excess, f"'{phase} took longer; no CPU, run-queue or GC excess explains it'"),
     ]
 
 
-def start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
+def start_rules(delay: str) -> list[Rule]:
     """Rules for a start that was ``delay`` late; conditions are tried in order."""
     carried = excess_of("admissible_ns")
     bind = excess_of("bind_ns")
@@ -82,14 +95,14 @@ def start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
     gap = excess_of("launch_gap_ns")
     through = "CASE WHEN previous_claim_ns >= coalesce(slot_free_ns, previous_claim_ns) THEN 'claim_release' ELSE 'slot reuse' END"
     return [
-        (
+        Rule(
             f"NOT ({delay} > 0)",
             PHASE_BEFORE_BIND,
             fmt.MECH_UNATTRIBUTED,
             delay,
             "'no later than the typical rank (an earlier rank started early)'",
         ),
-        (
+        Rule(
             explains(carried, delay),
             PHASE_BEFORE_BIND,
             fmt.MECH_CARRIED_OVER,
@@ -97,35 +110,35 @@ def start_rules(delay: str) -> list[tuple[str, str, str, str, str]]:
             f"'held back by the late earlier run through ' || {through}",
         ),
         *[
-            (f"{explains(bind, delay)} AND {cond}", phase, mech, ev, detail)
+            Rule(f"{explains(bind, delay)} AND {cond}", phase, mech, ev, detail)
             for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_BIND, "gc_bind", "bind_rq_ns", "bind_cpu_ns", bind)
         ],
-        (
+        Rule(
             f"{explains(arrival, delay)} AND {explains('gc_before', arrival)}",
             PHASE_BEFORE_BIND,
             fmt.MECH_GC,
             "gc_before",
             "'collection before the run began'",
         ),
-        (
+        Rule(
             explains(arrival, delay),
             PHASE_BEFORE_BIND,
             fmt.MECH_UNATTRIBUTED,
             arrival,
             "'the run began late; nothing recorded before its bind explains it'",
         ),
-        (
+        Rule(
             f"{explains(gap, delay)} AND {explains('gc_gap', gap)}",
             PHASE_LAUNCH,
             fmt.MECH_GC,
             "gc_gap",
             "'collection between bind and launch'",
         ),
-        ("TRUE", PHASE_LAUNCH, fmt.MECH_UNATTRIBUTED, delay, "'between bind and launch; nothing recorded explains it'"),
+        Rule("TRUE", PHASE_LAUNCH, fmt.MECH_UNATTRIBUTED, delay, "'between bind and launch; nothing recorded explains it'"),
     ]
 
 
-def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
+def end_rules(threshold_ns: int) -> list[Rule]:
     """Rules for an end that was late; ``runner_x`` is how much longer runner_run took."""
     runner_x = excess_of("runner_ns")
     drain = excess_of("drain_after_ns")
@@ -147,25 +160,28 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
         # the device's own work (its wall time less the time it waited on peers) took longer than the threshold:
         # the run itself was slow, whatever else happened to it. A persistent straggler's runs all start late
         # too (depth-2 back-pressure), and its peers wait for it: its own work is the cause, not the carry-over.
-        (
+        Rule(
             f"{slow_device} AND {explains('gc_run', work)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_GC,
             "gc_run",
             f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
         ),
-        (
+        Rule(
             f"{slow_device} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), work)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_RUN_QUEUE,
             contention_of("device_rq_ns", "device_cpu_ns"),
             "'the device thread was runnable but waiting for a CPU'",
         ),
-        (slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        Rule(slow_device, fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
         # otherwise the start's cause when the late start is the larger part
-        *[(f"{larger_start} AND {cond}", phase, mech, ev, detail) for cond, phase, mech, ev, detail in start_rules(excess_of("start_ns"))],
+        *[
+            Rule(f"{larger_start} AND {cond}", phase, mech, ev, detail)
+            for cond, phase, mech, ev, detail in start_rules(excess_of("start_ns"))
+        ],
         *device_grew_rules(runner_x),
-        (
+        Rule(
             f"{markers} AND {explains(excess_of('drain_lag_ns'), runner_x)} AND {explains(drain, runner_x)} AND host_at_fence_ns >= drain_after_ns",
             fmt.PHASE_RUNNER,
             fmt.MECH_CARRIED_OVER,
@@ -175,7 +191,7 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
         *fence_rules(runner_x),
         # the thread binds the next run before it drains this one (depth 2): a slow next bind holds this run's end
         *[
-            (
+            Rule(
                 f"coalesce(next_bind_ts_ns < end_ns, FALSE) AND {explains(next_bind, runner_x)} AND {cond}",
                 PHASE_NEXT_BIND,
                 mech,
@@ -187,12 +203,12 @@ def end_rules(threshold_ns: int) -> list[tuple[str, str, str, str, str]]:
             ]
         ],
         *[
-            (f"{markers} AND {cond}", phase, mech, ev, detail)
+            Rule(f"{markers} AND {cond}", phase, mech, ev, detail)
             for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)
         ],
         # no device-phase markers: the host evidence of runner_run may still tell
         *host_rules(fmt.PHASE_RUNNER, "gc_run", "runner_rq_ns", "runner_cpu_ns", runner_x)[:3],
-        ("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
+        Rule("TRUE", fmt.PHASE_RUNNER, fmt.MECH_UNATTRIBUTED, runner_x, "'inside runner_run; device-phase markers off'"),
     ]
 
 
@@ -213,14 +229,14 @@ def _idle_before_signal() -> str:
     return f"CASE WHEN fence_ns IS NULL THEN {excess_of('signal_lag_ns')} END"
 
 
-def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
+def device_grew_rules(runner_x: str) -> list[Rule]:
     """Rules for a runner_run that took ``runner_x`` longer mostly because its device wall grew (docs/FIGURES.md rule 1)."""
     device = excess_of("device_wall_ns")
     # the wall grew, and its end was later for it: not where the device then idled longer still before a late
     # signal (the growth was a wait the other ranks' devices shared, absorbed before the late fence; rule 4)
     grown = f"device_markers > 0 AND {explains(device, runner_x)} AND NOT coalesce({_idle_before_signal()} > {device}, FALSE)"
     return [
-        (
+        Rule(
             f"{grown} AND {explains('gc_run', device)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_GC,
@@ -228,7 +244,7 @@ def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
             f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
         ),
         # a long wait whose own threads could not run: contention on this rank, not a late peer
-        (
+        Rule(
             f"{grown} AND {explains(excess_of('device_wait_ns'), device)}"
             f" AND {explains(collective_contention(), excess_of('device_wait_ns'))}",
             fmt.PHASE_DEVICE_WALL,
@@ -236,45 +252,45 @@ def device_grew_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
             collective_contention(),
             COLLECTIVE_RUN_QUEUE,
         ),
-        (
+        Rule(
             f"{grown} AND {explains(excess_of('device_wait_ns'), device)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_PEER_WAIT,
             excess_of("device_wait_ns"),
             "'waited for a peer rank'",
         ),
-        (
+        Rule(
             f"{grown} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), device)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_RUN_QUEUE,
             contention_of("device_rq_ns", "device_cpu_ns"),
             "'the device thread was runnable but waiting for a CPU'",
         ),
-        (f"{grown}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
+        Rule(f"{grown}", fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, device, "'slower device work'"),
     ]
 
 
-def fence_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
+def fence_rules(runner_x: str) -> list[Rule]:
     """Rules for a runner_run that took ``runner_x`` longer after its device was done: its fence wait grew
     (docs/FIGURES.md rule 3), or without a fence span, its device timeline shows the device idle (rule 4)."""
     markers = "device_markers > 0"
     fence = excess_of("fence_ns")
     return [
-        (
+        Rule(
             f"{markers} AND {explains(fence, runner_x)} AND {explains('gc_fence', fence)}",
             fmt.PHASE_FENCE_WAIT,
             fmt.MECH_GC,
             "gc_fence",
             f"'collection in {fmt.PHASE_FENCE_WAIT}'",
         ),
-        (
+        Rule(
             f"{markers} AND {explains(fence, runner_x)} AND {explains(contention_of('fence_rq_ns', 'fence_cpu_ns'), fence)}",
             fmt.PHASE_FENCE_WAIT,
             fmt.MECH_RUN_QUEUE,
             contention_of("fence_rq_ns", "fence_cpu_ns"),
             "'woke from the fence but waited for a CPU'",
         ),
-        (
+        Rule(
             f"{markers} AND {explains(fence, runner_x)}",
             fmt.PHASE_FENCE_WAIT,
             fmt.MECH_DEVICE,
@@ -287,19 +303,25 @@ def fence_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
     ]
 
 
-def device_idle_rules(runner_x: str) -> list[tuple[str, str, str, str, str]]:
+def device_idle_rules(runner_x: str) -> list[Rule]:
     """Rules for a runner_run that went on, after its device program had ended, longer than typical (``signal_lag_ns``):
     where no fence span says what the host did then, the device timeline says that the device was idle before the
     fence signal. Only where a device timeline exists (``device_markers``) and no fence span does."""
     idle = excess_of("signal_lag_ns")
     where = f"device_markers > 0 AND fence_ns IS NULL AND {explains(idle, runner_x)}"
     return [
-        (f"{where} AND {explains('gc_run', idle)}", fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_run", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
-        (where, fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, idle, "'the device was idle before the completion fence was signalled'"),
+        Rule(
+            f"{where} AND {explains('gc_run', idle)}",
+            fmt.PHASE_FENCE_WAIT,
+            fmt.MECH_GC,
+            "gc_run",
+            f"'collection in {fmt.PHASE_FENCE_WAIT}'",
+        ),
+        Rule(where, fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, idle, "'the device was idle before the completion fence was signalled'"),
     ]
 
 
-def token_rules() -> list[tuple[str, str, str, str, str]]:
+def token_rules() -> list[Rule]:
     """Rules for a token this rank gave late because its validate took longer (not because its run ended late).
 
     A step's interval ends at its last validate (docs/FIGURES.md "Slow steps"): a
@@ -310,12 +332,12 @@ def token_rules() -> list[tuple[str, str, str, str, str]]:
     token = excess_of("validate_end_ns")
     validate = excess_of("validate_ns")
     return [
-        (f"coalesce({token} > 0, FALSE) AND {explains(validate, token)} AND {cond}", phase, mech, ev, detail)
+        Rule(f"coalesce({token} > 0, FALSE) AND {explains(validate, token)} AND {cond}", phase, mech, ev, detail)
         for cond, phase, mech, ev, detail in host_rules(fmt.PHASE_VALIDATE, "gc_validate", "validate_rq_ns", "validate_cpu_ns", validate)
     ]
 
 
-def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, str]]:
+def own_rules(threshold_ns: int, which: str) -> list[Rule]:
     """A run's own cause, beside what was carried over to it: evidence in its own phases above the threshold.
 
     Used where the run was also held back by an earlier one, so that a fault
@@ -323,8 +345,8 @@ def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, s
     """
     material = lambda value: f"coalesce({value} > {threshold_ns}, FALSE)"  # noqa: E731
     bind = [
-        (material("gc_bind"), fmt.PHASE_BIND, fmt.MECH_GC, "gc_bind", f"'collection in {fmt.PHASE_BIND}'"),
-        (
+        Rule(material("gc_bind"), fmt.PHASE_BIND, fmt.MECH_GC, "gc_bind", f"'collection in {fmt.PHASE_BIND}'"),
+        Rule(
             material(extra_work("bind_cpu_ns", "bind_rq_ns")),
             fmt.PHASE_BIND,
             fmt.MECH_HOST_CPU,
@@ -338,44 +360,45 @@ def own_rules(threshold_ns: int, which: str) -> list[tuple[str, str, str, str, s
     signal = excess_of("signal_lag_ns")
     return [
         *bind,
-        (material("gc_fence"), fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
-        (
+        Rule(material("gc_fence"), fmt.PHASE_FENCE_WAIT, fmt.MECH_GC, "gc_fence", f"'collection in {fmt.PHASE_FENCE_WAIT}'"),
+        Rule(
             f"{material(work)} AND {explains('gc_run', work)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_GC,
             "gc_run",
             f"'collection while the device ran ({fmt.PHASE_DEVICE_WALL})'",
         ),
-        (
+        Rule(
             f"{material(work)} AND {explains(contention_of('device_rq_ns', 'device_cpu_ns'), work)}",
             fmt.PHASE_DEVICE_WALL,
             fmt.MECH_RUN_QUEUE,
             contention_of("device_rq_ns", "device_cpu_ns"),
             "'the device thread was runnable but waiting for a CPU'",
         ),
-        (material(work), fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
-        (material(collective_contention()), fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE, collective_contention(), COLLECTIVE_RUN_QUEUE),
-        (
+        Rule(material(work), fmt.PHASE_DEVICE_WALL, fmt.MECH_DEVICE, work, "'slower device work'"),
+        Rule(material(collective_contention()), fmt.PHASE_DEVICE_WALL, fmt.MECH_RUN_QUEUE, collective_contention(), COLLECTIVE_RUN_QUEUE),
+        Rule(
             f"{material(signal)} AND {explains(contention_of('fence_rq_ns', 'fence_cpu_ns'), signal)}",
             fmt.PHASE_FENCE_WAIT,
             fmt.MECH_RUN_QUEUE,
             contention_of("fence_rq_ns", "fence_cpu_ns"),
             "'woke from the fence but waited for a CPU'",
         ),
-        (material(signal), fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, signal, "'the completion fence was signalled late'"),
+        Rule(material(signal), fmt.PHASE_FENCE_WAIT, fmt.MECH_DEVICE, signal, "'the completion fence was signalled late'"),
     ]
 
 
-def rule_index_sql(rules: list[tuple[str, str, str, str, str]]) -> str:
+def rule_index_sql(rules: list[Rule]) -> str:
     """SQL: the position of the first rule whose condition holds, NULL when none does."""
-    whens = " ".join(f"WHEN {rule[0]} THEN {position}" for position, rule in enumerate(rules))
+    whens = " ".join(f"WHEN {rule.when} THEN {position}" for position, rule in enumerate(rules))
     return f"CASE {whens} END"
 
 
-def rule_field_sql(rules: list[tuple[str, str, str, str, str]], index: str, field: int) -> str:
-    """SQL: ``field`` (1 phase, 2 mechanism: texts; 3 evidence, 4 detail: SQL) of the rule at position ``index``."""
+def rule_field_sql(rules: list[Rule], index: str, field: str) -> str:
+    """SQL: ``field`` (``phase``, ``mechanism``: texts; ``evidence``, ``detail``: SQL) of the rule at position ``index``."""
+    texts = field in ("phase", "mechanism")
     whens = " ".join(
-        f"WHEN {position} THEN {sql_text(rule[field]) if field in (1, 2) else rule[field]}" for position, rule in enumerate(rules)
+        f"WHEN {position} THEN {sql_text(getattr(rule, field)) if texts else getattr(rule, field)}" for position, rule in enumerate(rules)
     )
     return f"CASE {index} {whens} END"
 

@@ -206,10 +206,10 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
     for name, rules in rule_sets.items():
         prefix, own = name.partition("_own")[:2]
         columns += [
-            f"{rule_field_sql(rules, f'{name}_rule', 1)} AS {prefix}{own}_phase",
-            f"{rule_field_sql(rules, f'{name}_rule', 2)} AS {prefix}{own}_mechanism",
-            f"CAST({rule_field_sql(rules, f'{name}_rule', 3)} AS DOUBLE) AS {prefix}{own}_evidence_ns",
-            f"{rule_field_sql(rules, f'{name}_rule', 4)} AS {prefix}{own}_detail",
+            f"{rule_field_sql(rules, f'{name}_rule', 'phase')} AS {prefix}{own}_phase",
+            f"{rule_field_sql(rules, f'{name}_rule', 'mechanism')} AS {prefix}{own}_mechanism",
+            f"CAST({rule_field_sql(rules, f'{name}_rule', 'evidence')} AS DOUBLE) AS {prefix}{own}_evidence_ns",
+            f"{rule_field_sql(rules, f'{name}_rule', 'detail')} AS {prefix}{own}_detail",
         ]
     rule_columns = ", ".join(f"{name}_rule" for name in rule_sets)
     engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
