@@ -71,7 +71,7 @@ def extra_work(cpu: str, rq: str) -> str:
 
 
 def host_rules(phase: str, gc: str, rq: str, cpu: str, excess: str) -> list[Rule]:
-    """(condition, phase, mechanism, evidence, detail) for host work of ``phase`` that ran ``excess`` longer."""
+    """The rules for host work of ``phase`` that ran ``excess`` longer."""
     return [
         Rule(explains(gc, excess), phase, fmt.MECH_GC, gc, f"'collection in {phase}'"),
         Rule(
