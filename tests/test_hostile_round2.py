@@ -343,7 +343,7 @@ def test_an_address_that_is_no_ray_cluster_fails_fast_with_one_line(answer):
     import socket
     import threading
 
-    from dsprof.analysis import cluster
+    from dsprof.analysis.cluster import ray_engine as cluster
     from dsprof.errors import DsprofError
 
     with socket.create_server(("127.0.0.1", 0)) as listener:
