@@ -27,7 +27,7 @@ import pytest
 pytestmark = pytest.mark.runtime
 
 REPO = Path(__file__).resolve().parents[1]
-SUBTLE_FAULT = "straggler:rank=1,ms=2"
+SUBTLE_FAULT = "straggler:rank=1,ms=1.5"  # one run alone does not name rank 1 (at 2 ms, 1 run in 3 did, at p 0.0005)
 SHAPE = ("--preset", "production", "--ranks", "2", "--requests", "8", "--output-tokens", "64", "--seed", "1")
 
 
@@ -60,8 +60,8 @@ def test_ten_healthy_runs_have_no_change_point_and_the_serialized_path_is_one_at
     assert any(p["index"] == 10 and p["direction"] == "worse" and p["commit"] == "commit10" for p in pace), serialized.stdout
     for index in (10, 11):
         run = _run_and_add(tmp_path, subtle, index, "--inject", SUBTLE_FAULT)
-        gate = _dsprof("gate", str(run), "--rules", str(REPO / "examples" / "ci-rules.toml"))
-        assert gate.returncode == 0, gate.stdout  # one run alone passes the shipped rules
+        straggler = json.loads((run / "summary.json").read_text())["tail_steps"]["straggler"]
+        assert straggler["pattern"] != "rank", straggler  # one run alone does not name the straggler; the history does
     found = _dsprof("history", "check", str(subtle), "--json", str(tmp_path / "subtle.json"))
     assert found.returncode == 1, found.stdout + found.stderr
     points = json.loads((tmp_path / "subtle.json").read_text())["change_points"]
