@@ -58,8 +58,11 @@ def test_a_giant_line_lets_its_pages_go_as_it_is_skipped(monkeypatch, tmp_path):
     giant = b"x" * (40 * mmap.PAGESIZE)
     log = tmp_path / "one-line.log"
     log.write_bytes(b"[head] start\n" + giant + b"\nafter\n")
-    with open(log, "rb") as handle, mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_READ) as mapped:
+    with open(log, "rb") as handle:
+        mapped = strace_pieces.map_file(handle)
+        assert mapped is not None
         pieces = [piece if isinstance(piece, strace_pieces.SkippedLines) else bytes(piece) for piece in strace_pieces.mapped_pieces(mapped)]
+        mapped.close()
     assert pieces == [b"[head] start\n", strace_pieces.SkippedLines(1), b"after\n"]
     line_end = len(b"[head] start\n") + len(giant)
     assert max(released) >= line_end - mmap.PAGESIZE  # all but the line's last page let go

@@ -213,6 +213,44 @@ def test_the_mapped_log_is_cut_into_the_pieces_the_stream_is_cut_into(monkeypatc
     assert [p if isinstance(p, strace_pieces.SkippedLines) else bytes(p) for p in strace_pieces.mapped_pieces(data)] == streamed
 
 
+def test_a_log_mapped_a_window_at_a_time_is_cut_as_the_stream_is_and_holds_one_window(monkeypatch, tmp_path):
+    """A log longer than a window is mapped a window at a time: the same pieces, and never more than a window mapped.
+
+    Mapped whole, a 4 GB log took 4 GB of address space on its own (issue 28: the
+    analysis under a 4 GB ``ulimit -v``).
+    """
+    rng = random.Random(5)
+    lines = [b"[" * rng.randint(0, 1) + b"x" * rng.choice([0, 3, 50, 700, 9000, 0, 3, 50, 700, 20000]) + b"\n" for _ in range(3000)]
+    data = b"".join(lines)
+    log = tmp_path / "long.log"
+    log.write_bytes(data)
+    monkeypatch.setattr(strace_pieces, "PIECE_BYTES", 6000)
+    monkeypatch.setattr(strace_pieces, "MAX_LINE_BYTES", 5000)
+    monkeypatch.setattr(strace_pieces, "MAP_BYTES", 3 * 4096)
+    windows: list[tuple[int, int]] = []
+    window = strace_pieces.MappedLog.window
+
+    def recording(self, start, end):
+        mapped, base = window(self, start, end)
+        if not windows or windows[-1] != (base, len(mapped)):  # a window mapped
+            windows.append((base, len(mapped)))
+        return mapped, base
+
+    monkeypatch.setattr(strace_pieces.MappedLog, "window", recording)
+    streamed = [p if isinstance(p, strace_pieces.SkippedLines) else bytes(p) for p in strace_pieces.log_pieces(io.BytesIO(data))]
+    with open(log, "rb") as handle:
+        mapped = strace_pieces.map_file(handle)
+        assert mapped is not None
+        pieces = [p if isinstance(p, strace_pieces.SkippedLines) else bytes(p) for p in strace_pieces.mapped_pieces(mapped)]
+        mapped.close()
+    assert pieces == streamed
+    assert strace_pieces.SkippedLines(1) in pieces
+    bases = sorted({base for base, _ in windows})
+    assert len(bases) > 20 and bases[-1] > len(data) - 20000  # remapped all along the log
+    assert windows[0] == (0, strace_pieces.HEAD_BYTES)  # the head, looked at before parsing
+    assert max(length for _, length in windows[1:]) <= 6000 + 5000 + 4096  # a piece's worth, never the whole log
+
+
 def test_reading_again_reuses_memory_and_reads_the_same(compiled, tmp_path):
     """Column memory goes back to a pool when Arrow lets go of it; the next reads take it, whatever it held."""
     logs = []

@@ -186,14 +186,19 @@ def test_a_gc_pause_aimed_at_the_device_collects_in_the_program_before_its_all_t
 def test_a_late_fence_on_one_rank_delays_its_host_not_the_stream(tmp_path):
     truth, runs = faulted_run(tmp_path, f"fence_tail:rank=1,p=0.3,ms={FAULT_MS}")
     assert len(truth) >= 3 and {f["rank"] for f in truth} == {1}
+    overlapped = []
     for fault in truth:
         step, found = fault["step"], fault["measured"]["1"]
         wait = runs[(1, step)][FENCE_WAIT]
         # measured: how long the host waited after the program ended (a sleep: on a loaded machine it may
         # wake late), all of it inside the fence wait
         assert 0 <= found["loss_ms"] * MS <= wait[1] - wait[0] and fault["effective"] is (found["loss_ms"] >= FAULT_MS / 3)
-        if (1, step + 1) in runs:  # the next program did not wait for the late signal
-            assert program_start_ns(runs[(1, step + 1)]) < wait[1]
+        # the next program, queued before the host began to wait, did not wait for the late signal. Only where the
+        # host did wait for it: a host that came late finds the fence signalled and may return before the executor
+        # thread has taken the GIL to start a program queued just before
+        if fault["effective"] and (1, step + 1) in runs and runs[(1, step + 1)][RUNNER_RUN][0] < wait[0]:
+            overlapped.append(program_start_ns(runs[(1, step + 1)]) < wait[1])
+    assert overlapped and all(overlapped)
     assert sum(f["effective"] for f in truth) >= len(isolated(truth)) * 0.5
 
 

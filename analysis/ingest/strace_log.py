@@ -40,7 +40,6 @@ is kept in ``attrs`` with keys and values percent-decoded.
 
 from __future__ import annotations
 
-import contextlib
 import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -89,11 +88,10 @@ def read_strace_log(path: str | os.PathLike, progress: Progress = None, sink: Sp
                 refuse_binary(head, str(path))
                 return _parse_pieces(log_pieces(HeadThenRest(head, log_file)), str(path), size, progress, sink)
             try:
-                refuse_binary(mapped[:HEAD_BYTES], str(path))
+                refuse_binary(mapped.head(), str(path))
                 return _parse_pieces(mapped_pieces(mapped), str(path), size, progress, sink)
             finally:
-                with contextlib.suppress(BufferError):  # a view still held: the map goes with it
-                    mapped.close()
+                mapped.close()
     except OSError as exc:
         raise InputError(path, f"cannot read: {exc.strerror or exc}") from None
 
