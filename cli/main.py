@@ -2,7 +2,9 @@
 
 Each command parses its options and calls one function of :mod:`dsprof.commands`,
 so everything here can also be done from Python; of dsprof, this module imports
-only those, :mod:`dsprof.errors` and the group (:mod:`dsprof.cli.group`). Errors the user can act on
+only those (each inside its command: ``dsprof X`` imports command X alone, and
+the options' values come from :mod:`dsprof.commands.choices`), :mod:`dsprof.errors`
+and the group (:mod:`dsprof.cli.group`). Errors the user can act on
 (:class:`~dsprof.errors.DsprofError`, and files that cannot be read or written)
 print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 ``--debug`` shows the traceback instead. Progress goes to stderr.
@@ -27,14 +29,7 @@ from dsprof.cli.group import (
     progress_printer,
     window_options,
 )
-from dsprof.commands.analyze import ENGINES, MEMORY_LIMIT_DEFAULT, analyze_command
-from dsprof.commands.diff import diff_command
-from dsprof.commands.gate import MAX_MARGIN, gate_command, suggest_command
-from dsprof.commands.history import history_add_command, history_check_command, history_report_command
-from dsprof.commands.ingest import ingest_command
-from dsprof.commands.merge import merge_command
-from dsprof.commands.report import EXPORT_FORMATS, export_from_dir, report_from_dir
-from dsprof.commands.watch import WatchOptions, watch_command
+from dsprof.commands.choices import ENGINES, EXPORT_FORMATS, MAX_MARGIN, MEMORY_LIMIT_DEFAULT
 
 __all__ = ["cli", "main"]
 
@@ -226,6 +221,8 @@ def analyze(paths, out_dir, threshold_ms, expect_ranks, memory_limit, spans_dir,
     Writes summary.json, summary.md, combined-swimlane.json and report.html,
     and prints the findings (docs/CLI.md).
     """
+    from dsprof.commands.analyze import analyze_command
+
     analyze_command(
         paths,
         out_dir,
@@ -263,6 +260,8 @@ def ingest(paths, output) -> None:
         raise click.BadParameter(
             "an empty path (expected DIR/ for the span dataset, or a .parquet, .csv or .jsonl file)", param_hint="'-o'"
         )
+    from dsprof.commands.ingest import ingest_command
+
     ingest_command(paths, output, progress=progress_printer(), out=out_line)
 
 
@@ -295,6 +294,8 @@ def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules
     Ends on Ctrl-C, when performance_summary.json appears in a watched artifact dir, or after --idle-exit. Exit status:
     0, 1 when an --alert rule failed (without --on-alert), 2 on bad input (docs/WATCH.md).
     """
+    from dsprof.commands.watch import WatchOptions, watch_command
+
     options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks)
     screen = _screen if sys.stdout.isatty() else None
     click.get_current_context().exit(watch_command(paths, options, out=out_line, screen=screen))
@@ -314,6 +315,8 @@ def merge(output) -> None:
     OUTPUT is the SA_PROFILE output: a directory, or a path ending in .json.
     Torn or malformed lines are skipped and counted.
     """
+    from dsprof.commands.merge import merge_command
+
     merge_command(output, progress=progress_printer(), out=out_line)
 
 
@@ -345,6 +348,8 @@ def report(artifact_dir, output, inputs, steps, since, until) -> None:
     """
     progress = progress_printer()
     window = {"steps": steps, "since": since, "until": until}
+    from dsprof.commands.report import report_from_dir
+
     path = report_from_dir(artifact_dir, output, inputs=inputs or None, progress=progress, note=err_line, **window)
     progress.done()
     click.echo(f"report: {path}")
@@ -377,6 +382,8 @@ def export(artifact_dir, fmt, output, inputs, steps, since, until) -> None:
     """
     progress = progress_printer()
     window = {"steps": steps, "since": since, "until": until}
+    from dsprof.commands.report import export_from_dir
+
     path = export_from_dir(artifact_dir, output, format=fmt, inputs=inputs or None, progress=progress, note=err_line, **window)
     progress.done()
     click.echo(f"trace: {path}")
@@ -446,11 +453,15 @@ def gate(summaries, rules_path, suggest, margin, baseline, junit, verdict_path, 
     if suggest:
         if rules_path or baseline or junit or verdict_path or history:
             raise click.UsageError("--suggest prints rules: it takes no --rules, --baseline, --history, --junit or --verdict")
+        from dsprof.commands.gate import suggest_command
+
         click.get_current_context().exit(suggest_command(summaries, margin=margin, out=out_line))
     if rules_path is None:
         raise click.UsageError("Missing option '--rules'")
     if len(summaries) != 1:
         raise click.UsageError(f"give one SUMMARY to check (got {len(summaries)}; several are for --suggest)")
+    from dsprof.commands.gate import gate_command
+
     exit_code = gate_command(
         summaries[0], rules_path, baseline=baseline, junit=junit, verdict_path=verdict_path, history=history, out=out_line
     )
@@ -488,6 +499,8 @@ def diff(a, b, per_rank, show_all, fail_on_regression) -> None:
     Exit status: 0, or 1 with --fail-on-regression when something got worse
     beyond noise; 2 when a summary cannot be read.
     """
+    from dsprof.commands.diff import diff_command
+
     exit_code = diff_command(
         _runs(a, "A"), _runs(b, "B"), per_rank=per_rank, show_all=show_all, fail_on_regression=fail_on_regression, out=out_line
     )
@@ -514,6 +527,8 @@ def history_add(store, run, label, commit) -> None:
     wait for each other (a lock on STORE.lock). Exit status: 0, or 2 when the
     store or the summary cannot be read.
     """
+    from dsprof.commands.history import history_add_command
+
     click.get_current_context().exit(history_add_command(store, run, label=label, commit=commit, out=out_line))
 
 
@@ -532,6 +547,8 @@ def history_check(store, figures, json_path, newest) -> None:
     change for the worse starts in the newest --newest runs, else 0; 2 when the
     store cannot be read.
     """
+    from dsprof.commands.history import history_check_command
+
     exit_code = history_check_command(store, figures=list(figures) or None, json_path=json_path, newest=newest, out=out_line)
     click.get_current_context().exit(exit_code)
 
@@ -541,6 +558,8 @@ def history_check(store, figures, json_path, newest) -> None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=Path("trend.html"), show_default=True)
 def history_report(store, output) -> None:
     """Write an offline trend page of STORE: one chart per figure over the runs, change points marked."""
+    from dsprof.commands.history import history_report_command
+
     click.get_current_context().exit(history_report_command(store, output, out=out_line))
 
 

@@ -53,9 +53,10 @@ class RunIndex:
         keep = pc.and_(
             pc.is_in(table.column("name"), pa.array([fmt.ROOT, fmt.RUNNER_RUN, fmt.DEVICE_WALL])), pc.is_valid(table.column("inv"))
         )
-        kept = table.filter(pc.and_(keep, pc.equal(table.column("source").cast(pa.string()), STRACE_SOURCE)))
+        keep = pc.and_(keep, pc.equal(table.column("source").cast(pa.string()), STRACE_SOURCE))
+        kept = table.select(list(_INDEX_COLUMNS)).filter(keep)  # the few columns first: a chunk has dozens
         if kept.num_rows:
-            self.parts.append(kept.select(list(_INDEX_COLUMNS)).cast(pa.schema([SPAN_SCHEMA.field(c) for c in _INDEX_COLUMNS])))
+            self.parts.append(kept.cast(pa.schema([SPAN_SCHEMA.field(c) for c in _INDEX_COLUMNS])))
 
     def table(self) -> pa.Table:
         schema = pa.schema([SPAN_SCHEMA.field(c) for c in _INDEX_COLUMNS])

@@ -15,54 +15,19 @@ run (rank x step), which is small.
 from __future__ import annotations
 
 import os
-import re
 import weakref
 from dataclasses import dataclass, field
 
 import duckdb
 import pyarrow as pa
 
+from dsprof.analysis.store.memory_limit import default_memory_limit
 from dsprof.analysis.store.spans import Trace, with_sequence
-from dsprof.errors import DsprofError
 from dsprof.interrupts import interruptible
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
-# Share of physical memory DuckDB may hold before spilling (``--memory-limit`` overrides):
-# at 10% a 64 x 100k analysis stays under 4 GB peak RSS on a 24 GiB machine (benchmarks/bench_analyze.py).
-DEFAULT_MEMORY_SHARE = 0.10
-MIN_MEMORY_LIMIT = 256 << 20
 # DuckDB spills into a private folder of each engine (dsprof.tempdirs: a killed process's folder is removed by the next)
 SPILL_PREFIX = "dsprof-duckdb-"
-
-
-def default_memory_limit() -> int:
-    """Bytes: a share of this machine's RAM, so a big analysis spills instead of exhausting memory."""
-    try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    except (ValueError, OSError, AttributeError):
-        physical = 8 << 30
-    return max(MIN_MEMORY_LIMIT, int(physical * DEFAULT_MEMORY_SHARE))
-
-
-# The largest ``--memory-limit`` taken: 1 PiB, past any machine (DuckDB's own bound, 2**63 bytes, is
-# otherwise met only when the first query runs, after every input was read).
-MAX_MEMORY_LIMIT = 1 << 50
-_MEMORY_UNITS = {"KIB": 1 << 10, "MIB": 1 << 20, "GIB": 1 << 30, "TIB": 1 << 40, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_MEMORY_UNITS |= {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "B": 1, "": 1}
-# ASCII digits only: Python's float() would read other scripts' digits too.
-_MEMORY_TEXT = re.compile(r"([0-9]{1,20}(?:\.[0-9]{1,20})?(?:E[+-]?[0-9]{1,3})?)(%|[KMGT]I?B|[KMGTB]|)", re.ASCII)
-
-
-def parse_memory_limit(text: str) -> int:
-    """``4GB``, ``512MiB``, ``25%`` (of RAM) or plain bytes -> bytes, at most MAX_MEMORY_LIMIT; DsprofError on anything else."""
-    match = _MEMORY_TEXT.fullmatch(text.strip().upper().replace(" ", ""))
-    number = float(match.group(1)) if match else 0.0
-    if match and match.group(2) == "%":
-        if 0 < number <= 100:
-            return max(MIN_MEMORY_LIMIT, int(default_memory_limit() / DEFAULT_MEMORY_SHARE * number / 100))
-    elif match and 0 < number * _MEMORY_UNITS[match.group(2)] <= MAX_MEMORY_LIMIT:
-        return max(MIN_MEMORY_LIMIT, int(number * _MEMORY_UNITS[match.group(2)]))
-    raise DsprofError(f"bad memory limit {text[:100]!r} (expected e.g. 4GB, 512MiB or 25%, at most {MAX_MEMORY_LIMIT >> 40} TiB)")
 
 
 # The relations every engine starts with; the analysis stages (analysis/stages/runner.py) add the rest.

@@ -30,11 +30,12 @@ from dsprof.analysis.outputs.summary_json import write_summary_json
 from dsprof.analysis.outputs.summary_md import write_summary_md
 from dsprof.analysis.store.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.store.dataset_check import corrupt_part
-from dsprof.analysis.store.engine import DEFAULT_MEMORY_SHARE, parse_memory_limit
+from dsprof.analysis.store.memory_limit import parse_memory_limit
 from dsprof.analysis.store.spans import Trace
 from dsprof.analysis.summary import Summary
 from dsprof.analysis.window import Window, WindowSpec, parse_window
 from dsprof.analysis.window_cut import cut_trace
+from dsprof.commands.choices import ENGINES
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.output_set import output_set
@@ -49,10 +50,8 @@ SPILL_BYTES = 256 << 20
 JSON_WEIGHT = 8
 GZIP_WEIGHT = 10
 _JSON_SUFFIXES = (".json", ".jsonl", ".gz")
-ENGINES = ("embedded", "ray")
 # What the memory error tells the user to do; a command without --memory-limit (watch) says what it can do instead.
 MEMORY_REMEDY = "raise --memory-limit, or analyse a window of the run (--steps A:B, --since, --until)"
-MEMORY_LIMIT_DEFAULT = f"{DEFAULT_MEMORY_SHARE:.0%} of RAM"  # what the engine takes without --memory-limit
 FALLBACK_OUT_DIR = Path("dsprof-analysis")
 SPILL_PREFIX = "dsprof-spans-"  # temporary span datasets, removed on success, error and interrupt
 

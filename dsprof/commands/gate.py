@@ -24,13 +24,13 @@ from dsprof.analysis.outputs.gate_outputs import (
     write_verdict_json,
 )
 from dsprof.analysis.policy.gate import GateVerdict, evaluate_gate
-from dsprof.analysis.policy.gate_suggest import DEFAULT_MARGIN, MAX_MARGIN, suggest_rules
+from dsprof.analysis.policy.gate_suggest import DEFAULT_MARGIN, suggest_rules
 from dsprof.analysis.summary import summary_path, summary_with_path
 from dsprof.commands.printing import Printer, os_error_message
 from dsprof.errors import DsprofError
 from dsprof.fileio import atomic_append_text, check_input_file
 
-__all__ = ["MAX_MARGIN", "gate", "gate_command", "suggest_command"]  # MAX_MARGIN: the CLI's bound on --margin
+__all__ = ["gate", "gate_command", "suggest_command"]
 
 
 def gate(

@@ -27,6 +27,7 @@ from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.summary import Summary, load_summary, summary_path
 from dsprof.analysis.window import WindowSpec, parse_window
 from dsprof.commands.analyze import explained_query_errors, read_inputs, read_window
+from dsprof.commands.choices import EXPORT_FORMATS, PERFETTO_JSON, PERFETTO_PROTO
 from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError
 from dsprof.fileio import check_input_file
@@ -34,9 +35,6 @@ from dsprof.profiler import artifacts
 from dsprof.progress import Progress
 from dsprof.tempdirs import remove_owned_dir
 
-# export format -> its default file name in the artifact directory
-PERFETTO_PROTO, PERFETTO_JSON = "perfetto", "perfetto-json"
-EXPORT_FORMATS = (PERFETTO_PROTO, PERFETTO_JSON)
 _DEFAULT_NAMES = {PERFETTO_PROTO: artifacts.PERFETTO_PROTO, PERFETTO_JSON: artifacts.PERFETTO_JSON}
 
 # report and export have no --memory-limit: a drawing that runs out of memory draws less
