@@ -41,7 +41,7 @@ df = analysis.get_temporal_breakdown(visualize=False)
 print(json.dumps(df.to_dict(orient="records"), default=float))"""
 # what `dsprof analyze` does to read its inputs: in memory, or, past SPILL_BYTES of weight, into a span dataset on disk
 DSPROF_LOAD = (
-    "import sys; from dsprof.commands.analyze import read_inputs; from dsprof.tempdirs import remove_owned_dir; "
+    "import sys; from dsprof.commands.analysis_job import read_inputs; from dsprof.tempdirs import remove_owned_dir; "
     "trace, spill = read_inputs([sys.argv[1]]); remove_owned_dir(spill)"
 )
 

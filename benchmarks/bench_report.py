@@ -23,7 +23,7 @@ from pathlib import Path
 from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.html_report import render_html
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 CHROMIUM = "/usr/bin/chromium"

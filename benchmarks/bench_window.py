@@ -36,7 +36,7 @@ from dsprof.analysis import window_cut
 from dsprof.analysis.store.dataset import open_dataset
 from dsprof.analysis.window import parse_window
 from dsprof.analysis.window_cut import cut_trace
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 DSPROF = Path(sys.executable).with_name("dsprof")

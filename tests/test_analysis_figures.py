@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 BEFORE_BIND, LAUNCH = "before bind", "launch"

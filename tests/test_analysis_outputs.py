@@ -11,7 +11,7 @@ import pytest
 from dsprof.analysis.outputs.console import format_console_summary, terminal_safe
 from dsprof.analysis.outputs.summary_md import format_summary_md, md
 from dsprof.analysis.summary import SUMMARY_SCHEMA, load_summary
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.ingest import ingest_paths
 from dsprof.testing.strace_readers import READERS, select_reader
 from dsprof.testing.synthetic import SyntheticRun

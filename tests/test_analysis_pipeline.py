@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from dsprof.analysis.ingest import read_paths
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 

@@ -10,7 +10,7 @@ import pytest
 
 from dsprof.analysis.outputs.drawing import assign_lanes, build_lanes, runtime_spans_sql
 from dsprof.analysis.outputs.text import json_string
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.profiler import strace_format as fmt
 from dsprof.testing.synthetic import PREFILL_CALLABLE, T0_MONO_NS, WALL0_NS, SyntheticRun
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import format_prefix, format_strace_payload
 from dsprof.testing.synthetic import SyntheticRun

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 pytest.importorskip("ray")

@@ -10,7 +10,7 @@ import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
 from dsprof.analysis.outputs.perfetto_tracks import RUN_QUEUE_COUNTER
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.report import export_from_dir
 from dsprof.profiler import strace_format as fmt
 from dsprof.testing.coupled import main as write_coupled_log

@@ -14,7 +14,7 @@ import pytest
 
 from dsprof.analysis.policy.diff import diff_summaries, format_diff, run_failure
 from dsprof.analysis.policy.gate import RUN_FAILED_RULE, evaluate_gate
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 STEPS = 20

@@ -12,7 +12,7 @@ from dsprof.analysis.policy.gate import evaluate_gate
 from dsprof.analysis.policy.gate_rules import load_rules
 from dsprof.analysis.policy.gate_suggest import suggest_rules
 from dsprof.cli.main import cli
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 

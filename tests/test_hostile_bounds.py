@@ -30,7 +30,7 @@ from dsprof.analysis.store import dataset as dataset_module
 from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS, open_dataset
 from dsprof.analysis.store.engine import open_engine
 from dsprof.analysis.store.spans import Trace, merge_traces
-from dsprof.commands import analyze as analyze_module
+from dsprof.commands import analysis_job
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import DsprofError
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS
@@ -101,13 +101,13 @@ def test_large_json_inputs_are_spilled_like_text_logs(tmp_path, monkeypatch, lay
         text = json.dumps({"traceEvents": events}).encode()
         path.write_bytes(gzip.compress(text) if layout.endswith(".gz") else text)
         given = path
-    weight = analyze_module.spill_weight([given])
-    assert weight >= path.stat().st_size * analyze_module.JSON_WEIGHT
-    monkeypatch.setattr(analyze_module, "SPILL_BYTES", weight)  # at the bound: read into memory
-    in_memory, spill = analyze_module.read_inputs([given])
+    weight = analysis_job.spill_weight([given])
+    assert weight >= path.stat().st_size * analysis_job.JSON_WEIGHT
+    monkeypatch.setattr(analysis_job, "SPILL_BYTES", weight)  # at the bound: read into memory
+    in_memory, spill = analysis_job.read_inputs([given])
     assert spill is None and in_memory.spans.num_rows == 300
-    monkeypatch.setattr(analyze_module, "SPILL_BYTES", weight - 1)  # past it: a temporary span dataset
-    on_disk, spill = analyze_module.read_inputs([given])
+    monkeypatch.setattr(analysis_job, "SPILL_BYTES", weight - 1)  # past it: a temporary span dataset
+    on_disk, spill = analysis_job.read_inputs([given])
     try:
         assert spill is not None and on_disk.spans.num_rows == 0 and on_disk.span_files
         written = pa.concat_tables(pq.read_table(f) for f in on_disk.span_files)
@@ -257,9 +257,9 @@ def test_a_memory_limit_too_small_is_one_line_and_leaves_nothing(tmp_path, as_da
     if as_dataset:
         ingest_paths([run], tmp_path / "spans")
     given = tmp_path / "spans" if as_dataset else run
-    remedy = re.escape(analyze_module.MEMORY_REMEDY)
+    remedy = re.escape(analysis_job.MEMORY_REMEDY)
     with pytest.raises(DsprofError, match=rf"^the analysis needs more memory than its limit \(.*\): {remedy}$"):
-        analyze_module.analyze_paths([given], tmp_path / "out", memory_limit=1 << 20)
+        analysis_job.analyze_paths([given], tmp_path / "out", memory_limit=1 << 20)
     assert not (tmp_path / "out").exists()
 
 

@@ -20,7 +20,7 @@ from test_hostile_round2 import one_error_line, run_cli
 from dsprof.analysis.policy.gate_rules import load_rules
 from dsprof.analysis.window import MAX_STEP, parse_steps
 from dsprof.cli.main import cli
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.profiler import artifacts
 from dsprof.testing.synthetic import SyntheticRun
 

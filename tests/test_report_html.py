@@ -25,7 +25,7 @@ from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.outputs.findings import item_line, worst_first
 from dsprof.analysis.outputs.html_report import REPORT_NAME, render_html, script_json, swimlane_data, write_html_report
 from dsprof.analysis.outputs.perfetto_tracks import serving_span_count
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.report import report_from_dir
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts

@@ -19,7 +19,7 @@ from dsprof.analysis.outputs.chrome_trace import write_chrome_trace
 from dsprof.analysis.outputs.finding_markers import MARKER_CATEGORY
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.outputs.perfetto_tracks import BLAME_FLOW_NAME, END_SKEW_COUNTER, FLOW_NAME, RUN_QUEUE_COUNTER, START_SKEW_COUNTER
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.report import export_from_dir
 from dsprof.errors import DsprofError
 from dsprof.profiler import artifacts

@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from dsprof.cli.main import cli
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.report import export_from_dir, report_from_dir
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts

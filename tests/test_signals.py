@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dsprof.commands import analyze as analyze_module
+from dsprof.commands import analysis_job
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import InputError
 from dsprof.testing.processes import is_running
@@ -31,7 +31,9 @@ BINARY = b"\0\1\2\3" * 300_000
 
 
 # the CLI with every text log spilled to a temporary span dataset, as a log over SPILL_BYTES is
-SPILLING_CLI = "import sys; from dsprof.commands import analyze; analyze.SPILL_BYTES = 0; from dsprof.cli.main import main; main()"
+SPILLING_CLI = (
+    "import sys; from dsprof.commands import analysis_job; analysis_job.SPILL_BYTES = 0; from dsprof.cli.main import main; main()"
+)
 
 
 def _command(args: list[str], cwd, launcher: tuple[str, ...] = ("-m", "dsprof.cli.main")) -> subprocess.Popen:
@@ -120,15 +122,15 @@ def test_the_folders_a_killed_analyze_left_are_removed_by_the_next_one(tmp_path)
 
 
 def test_read_inputs_removes_its_temporary_dataset_on_error(tmp_path, monkeypatch):
-    monkeypatch.setattr(analyze_module, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
+    monkeypatch.setattr(analysis_job, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     (tmp_path / "tmp").mkdir()
     SyntheticRun(ranks=2, steps=4).write(tmp_path / "run")
-    trace, spill = analyze_module.read_inputs([tmp_path / "run"])
-    assert spill is not None and spill.parent == tmp_path / "tmp" and spill.name.startswith(analyze_module.SPILL_PREFIX)
+    trace, spill = analysis_job.read_inputs([tmp_path / "run"])
+    assert spill is not None and spill.parent == tmp_path / "tmp" and spill.name.startswith(analysis_job.SPILL_PREFIX)
     (tmp_path / "run" / "zz.log").write_bytes(BINARY)
     with pytest.raises(InputError, match="binary data"):
-        analyze_module.read_inputs([tmp_path / "run"])
+        analysis_job.read_inputs([tmp_path / "run"])
     assert list((tmp_path / "tmp").iterdir()) == [spill]  # the first call's, which its caller removes
 
 
@@ -147,14 +149,14 @@ def test_ingest_of_bad_input_leaves_no_folder_it_made(tmp_path, output):
 # for the main thread, which is inside DuckDB, so only dsprof.interrupts can stop the query
 QUERYING_CLI = """import sys, threading
 from dsprof.analysis.store.engine import open_engine
-from dsprof.commands import analyze
-analyzed = analyze.analyze_trace
+from dsprof.commands import analysis_job
+analyzed = analysis_job.analyze_trace
 def query_first(trace, **options):
     engine = open_engine(trace)
     threading.Timer(0.5, lambda: print("querying", file=sys.stderr, flush=True)).start()  # the query runs for hours
     engine.con.execute("SELECT count(*) FROM range(10000000000000) t(i) WHERE i % 7 = 3").fetchall()
     return analyzed(trace, **options)
-analyze.analyze_trace = query_first
+analysis_job.analyze_trace = query_first
 from dsprof.cli.main import main; main()"""
 
 

@@ -23,7 +23,7 @@ from dsprof.analysis.stages.swimlane import build_swimlane
 from dsprof.analysis.stages.tables import TABLES, tables_markdown
 from dsprof.analysis.store.engine import ENGINE_TABLES, open_engine
 from dsprof.analysis.store.spans import SPAN_COLUMN_DOCS, SPAN_SCHEMA
-from dsprof.commands.analyze import write_outputs
+from dsprof.commands.analysis_job import write_outputs
 from dsprof.testing.synthetic import SyntheticRun
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from dsprof.analysis.store.spans import Trace
-from dsprof.commands import analyze as analyze_module
+from dsprof.commands import analysis_job
 from dsprof.commands.ingest import ingest_paths
 from dsprof.errors import DsprofError
 from dsprof.testing.synthetic import SyntheticRun
@@ -30,8 +30,8 @@ def test_a_step_heavy_run_under_a_small_memory_limit_gives_the_same_summary(tmp_
     run = SyntheticRun(ranks=2, steps=steps, fence_wait_ns=fence, device_wall_ns=fence + 100_000, host_evidence=True, sa_worker_spans=False)
     run = run.write(tmp_path / "run")
     ingest_paths([run], tmp_path / "spans")  # out of core, as a big input is read
-    unlimited = analyze_module.analyze_paths([tmp_path / "spans"], tmp_path / "unlimited")
-    limited = analyze_module.analyze_paths([tmp_path / "spans"], tmp_path / "limited", memory_limit=SMALL_LIMIT)
+    unlimited = analysis_job.analyze_paths([tmp_path / "spans"], tmp_path / "unlimited")
+    limited = analysis_job.analyze_paths([tmp_path / "spans"], tmp_path / "limited", memory_limit=SMALL_LIMIT)
     for outcome in (unlimited, limited):
         outcome.result.engine.close()
     assert len(limited.result.summary["per_step"]) == steps and limited.result.summary["what_if"]["items"]
@@ -44,7 +44,7 @@ def test_a_step_heavy_run_under_a_small_memory_limit_gives_the_same_summary(tmp_
 
 def test_memory_that_runs_out_outside_duckdb_is_one_line_with_the_remedies():
     """numpy's (and Arrow's) MemoryError says what --memory-limit's error says, not a traceback."""
-    with pytest.raises(DsprofError) as raised, analyze_module.explained_query_errors(Trace()):
+    with pytest.raises(DsprofError) as raised, analysis_job.explained_query_errors(Trace()):
         np.empty(1 << 60, np.uint8)  # past any address space: numpy's own MemoryError
     message = str(raised.value)
     assert "\n" not in message and message.startswith("the analysis needs more memory than its limit (")

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from dsprof.analysis.window import parse_steps
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.errors import DsprofError
 from dsprof.testing.synthetic import SyntheticRun
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from dsprof.analysis.stages.trends import LONG_RUN_WINDOW, window_steps
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.testing.synthetic import SyntheticRun
 
 

@@ -25,7 +25,7 @@ from dsprof.analysis.outputs import live_view
 from dsprof.analysis.outputs.findings import LATE_LISTS
 from dsprof.analysis.outputs.live_view import FindingLines, format_live_view
 from dsprof.analysis.store.spans import SPAN_SCHEMA
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.watch import Alerts, Events, WatchOptions, finish_watch
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts

@@ -23,7 +23,7 @@ from dsprof.analysis.outputs.live_view import format_live_view
 from dsprof.analysis.stages.serving import serving_figures
 from dsprof.analysis.store.engine import open_engine
 from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.watch import Alerts, WatchOptions, finish_watch
 from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import JsonLimits

@@ -27,8 +27,8 @@ from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.store.dataset import SpanDatasetWriter, open_dataset
 from dsprof.analysis.window import anchor_start_ns, parse_time, parse_window
 from dsprof.analysis.window_cut import cut_trace
-from dsprof.commands import analyze as analyze_command_module
-from dsprof.commands.analyze import analyze_paths
+from dsprof.commands import analysis_job
+from dsprof.commands.analysis_job import analyze_paths
 from dsprof.errors import DsprofError
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -253,7 +253,7 @@ def test_a_wide_window_is_cut_to_disk_with_the_same_figures(run, tmp_path, monke
 def test_a_big_log_read_through_a_temporary_dataset_is_cut_before_the_figures(run, monkeypatch):
     spec = parse_window(f"{FIRST}:{LAST}")
     in_memory = analyze_paths([run], None, window=spec).summary
-    monkeypatch.setattr(analyze_command_module, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
+    monkeypatch.setattr(analysis_job, "SPILL_BYTES", 0)  # every log goes to a temporary span dataset
     spilled = analyze_paths([run], None, window=spec)
     assert spilled.result.trace.span_files == [] and spilled.summary["inputs"]["spans"] == in_memory["inputs"]["spans"]
     assert _figures(spilled.summary) == _figures(in_memory)

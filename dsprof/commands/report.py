@@ -26,7 +26,7 @@ from dsprof.analysis.outputs.html_report import write_html_report
 from dsprof.analysis.outputs.perfetto_proto import write_perfetto_proto
 from dsprof.analysis.summary import Summary, load_summary, summary_path
 from dsprof.analysis.window import WindowSpec, parse_window
-from dsprof.commands.analyze import explained_query_errors, read_inputs, read_window
+from dsprof.commands.analysis_job import explained_query_errors, read_inputs, read_window
 from dsprof.commands.choices import EXPORT_FORMATS, PERFETTO_JSON, PERFETTO_PROTO
 from dsprof.commands.printing import Printer, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError, InputError

@@ -18,7 +18,7 @@ from typing import Any
 
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.summary import Summary
-from dsprof.commands.analyze import AnalyzeOutcome, analyze_paths
+from dsprof.commands.analysis_job import AnalyzeOutcome, analyze_paths
 from dsprof.commands.printing import Printer, note_line, print_err, safe_lines, safe_progress
 from dsprof.errors import DsprofError
 from dsprof.profiler import artifacts

@@ -35,7 +35,7 @@ from dsprof.analysis.policy.gate import evaluate_gate
 from dsprof.analysis.policy.gate_rules import load_rules
 from dsprof.analysis.summary import Summary
 from dsprof.commands.alert_hooks import MAX_RUNNING_HOOKS, AlertHooks
-from dsprof.commands.analyze import (
+from dsprof.commands.analysis_job import (
     SPILL_PREFIX,
     AnalyzeOutcome,
     analyze_paths,
