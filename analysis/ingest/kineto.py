@@ -58,8 +58,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import duckdb
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -76,6 +76,9 @@ from dsprof.profiler import torch_labels
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
 from dsprof.progress import Progress
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
+
+if TYPE_CHECKING:  # duckdb is imported where a Kineto trace is read: a command reading none never loads it
+    import duckdb
 
 SOURCE = "kineto"
 HID_PREFIX = "kineto:"
@@ -318,6 +321,8 @@ def read_kineto_traces(
     with ExitStack() as cleanup:  # each step undone even if another's undoing is cut short by a signal
         spill = make_owned_dir(SPILL_PREFIX)
         cleanup.callback(remove_owned_dir, spill)
+        import duckdb
+
         con = interruptible(duckdb.connect(config={"memory_limit": f"{READER_MEMORY_LIMIT}B", "temp_directory": str(spill)}))
         cleanup.callback(con.close)
         con.execute("SET enable_progress_bar = false")  # progress is the caller's, not bars on stderr

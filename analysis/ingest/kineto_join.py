@@ -25,7 +25,8 @@ median difference of the starts is taken instead (noted).
 
 from __future__ import annotations
 
-import duckdb
+from typing import TYPE_CHECKING
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -33,6 +34,9 @@ from dsprof.analysis.ingest.strace_records import SOURCE as STRACE_SOURCE
 from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, anchor_offsets_sql, with_sequence
 from dsprof.interrupts import interruptible
 from dsprof.profiler import strace_format as fmt
+
+if TYPE_CHECKING:  # duckdb is imported where a Kineto trace is read: a command reading none never loads it
+    import duckdb
 
 # an anchor that leaves the runner_run spans of both sources further apart than this is not the profiler's clock
 ANCHOR_TOLERANCE_NS = 1_000_000
@@ -66,6 +70,8 @@ class RunIndex:
 def join_device_timeline(kineto: Trace, runs: pa.Table, anchors: pa.Table) -> Trace | None:
     """The Kineto rows as the device timeline of the STRACE runs (see the module docstring); None when no STRACE
     run has a rank and step, so that the Kineto traces stand alone."""
+    import duckdb
+
     con = interruptible(duckdb.connect())
     con.execute("SET enable_progress_bar = false")
     try:
