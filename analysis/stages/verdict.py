@@ -7,14 +7,11 @@ recomputing them, so every output can put it first and say the same thing.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
-from typing import Any
-
 from dsprof.analysis.stages.noise import Findings, NoiseFloor
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary import run_info
-from dsprof.analysis.summary_schema import Pipeline, RunInfo, Serving, Straggler, Validation, Verdict, WhatIf
+from dsprof.analysis.summary_schema import Pipeline, Serving, Straggler, Validation, Verdict, WhatIf
 
 
 @stage("verdict", reads=(), in_summary=True)
@@ -29,36 +26,16 @@ def verdict_block(
     noise_floor: NoiseFloor,
     findings: Findings,
 ) -> Verdict:
-    """The run's one ``verdict``, from the sections already computed."""
-    return run_verdict(
-        validation=validation,
-        run=run_info(performance_summary),
-        pipeline=pipeline,
-        serving=serving,
-        straggler=straggler,
-        what_if=what_if,
-        floor=noise_floor,
-        items=findings.items(),
-    )
+    """The run's one ``verdict``, from the sections already computed.
 
-
-def run_verdict(
-    *,
-    validation: Validation,
-    run: RunInfo,
-    pipeline: Pipeline,
-    serving: Serving,
-    straggler: Straggler,
-    what_if: WhatIf,
-    floor: NoiseFloor,
-    items: Iterable[Mapping[str, Any]],
-) -> Verdict:
-    """``status`` and ``headline`` from the sections; ``findings`` counts the late items above the noise floor."""
-    findings = sum(1 for item in items if not item.get("noise"))
-    floor_ms = round(floor.slow_steps_ms, 3)
+    ``status`` and ``headline``, and how many late items stand above the noise floor.
+    """
+    run = run_info(performance_summary)
+    above_floor = sum(1 for item in findings.items() if not item.get("noise"))
+    floor_ms = round(noise_floor.slow_steps_ms, 3)
 
     def said(status: str, headline: str) -> Verdict:
-        return Verdict(status=status, headline=headline, noise_floor_ms=floor_ms, findings=findings)  # type: ignore[typeddict-item]
+        return Verdict(status=status, headline=headline, noise_floor_ms=floor_ms, findings=above_floor)  # type: ignore[typeddict-item]
 
     exit_status = run.get("exit_status")
     if exit_status not in (0, None):
@@ -77,11 +54,11 @@ def run_verdict(
         return said("degraded", f"the depth-2 pipeline is serialized: {pipeline.get('diagnosis')}")
     if straggler.get("pattern") in ("rank", "spread"):
         return said("degraded", straggler["verdict"])
-    if not findings:
+    if not above_floor:
         return said("healthy", f"healthy within noise (noise floor {floor_ms:.3f} ms)")
     share = what_if.get("share_of_decode_wall") or 0.0
     return said(
         "healthy",
-        f"{findings} late item{'s' if findings != 1 else ''} above the noise floor ({floor_ms:.3f} ms) "
+        f"{above_floor} late item{'s' if above_floor != 1 else ''} above the noise floor ({floor_ms:.3f} ms) "
         f"cost {share:.1%} of the decode time, on no rank that stands out",
     )
