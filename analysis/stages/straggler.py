@@ -54,10 +54,10 @@ MECHANISM_WORDS = {
 }
 
 
-@stage("straggler", reads=("decode",))
+@stage("straggler", reads=())
 def straggler_block(engine: Engine, what_if: WhatIf, findings: Findings, skew: tuple[Figures, list[StepRow]]) -> Straggler:
     """The ``straggler`` block of summary.json, from the culprit of each tail and slow step above the noise floor."""
-    devices = {int(r): str(d) for r, d in engine.rows("SELECT rank, any_value(device) FROM decode GROUP BY rank")}
+    devices = {int(rank): figures["device"] for rank, figures in skew[0]["per_rank"].items()}  # the skew stage's map
     tails = [t for t in findings.tail_steps if not t.get("noise")]
     tail_steps = {t["step"] for t in tails}
     flagged: list[Flagged] = [*tails, *(item for item in findings.slow_steps if not item.get("noise") and item["step"] not in tail_steps)]
