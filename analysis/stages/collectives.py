@@ -41,22 +41,18 @@ def collective_instances(engine: Engine) -> None:
                      CAST(runner_ts_ns AS HUGEINT) + w.ts_ns AS arrival_ns, w.dur_ns AS wait_ns, w.peer
               FROM (SELECT step, rank, runner_ts_ns, unnest(device_waits) AS w, generate_subscripts(device_waits, 1) AS i
                     FROM decode WHERE device_waits IS NOT NULL))""")
+    # the last rank is the one least ahead of the last arrival: on the host axis the latest, else the one that waited least
+    aligned = f"min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS}"
     engine.run(f"""CREATE OR REPLACE TEMP TABLE instances AS
-        SELECT step, name, occurrence, max(arrival_ns) AS last_arrival_ns, min(arrival_ns + wait_ns) AS first_exit_ns,
-               min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS} AS aligned,
-               min(wait_ns) AS least_wait_ns, mode(peer) AS named_peer, count(peer) > 0 AS has_peer
-        FROM arrivals a
-        GROUP BY step, name, occurrence""")
-    engine.run("""CREATE OR REPLACE TEMP TABLE placed AS
+        SELECT step, name, occurrence, {aligned} AS aligned, max(arrival_ns) AS last_arrival_ns,
+               min(arrival_ns + wait_ns) AS first_exit_ns, min(wait_ns) AS least_wait_ns,
+               coalesce(mode(peer), CASE WHEN {aligned} THEN {arrived_last("rank", "-arrival_ns")}
+                                         ELSE {arrived_last("rank", "wait_ns")} END) AS last_rank,
+               CASE WHEN count(peer) > 0 THEN '{SOURCE_PEER}' ELSE '{SOURCE_ARRIVAL}' END AS source
+        FROM arrivals GROUP BY step, name, occurrence""")
+    engine.run("""CREATE OR REPLACE TABLE collectives AS
         SELECT a.step, a.name, a.occurrence, a.rank, a.wait_index, a.arrival_ns, a.wait_ns,
                a.arrival_ns + a.wait_ns AS exit_ns, a.peer, i.aligned, i.last_arrival_ns, i.first_exit_ns,
                CAST(CASE WHEN i.aligned THEN i.last_arrival_ns - a.arrival_ns ELSE a.wait_ns - i.least_wait_ns END AS HUGEINT) AS ahead_ns,
-               i.named_peer, i.has_peer
-        FROM arrivals a
-        JOIN instances i USING (step, name, occurrence)""")
-    engine.run(f"""CREATE OR REPLACE TABLE collectives AS
-        SELECT p.* EXCLUDE (named_peer, has_peer), coalesce(p.named_peer, l.last_rank) AS last_rank,
-               CASE WHEN p.has_peer THEN '{SOURCE_PEER}' ELSE '{SOURCE_ARRIVAL}' END AS source
-        FROM placed p
-        JOIN (SELECT step, name, occurrence, {arrived_last("rank", "ahead_ns")} AS last_rank
-              FROM placed GROUP BY step, name, occurrence) l USING (step, name, occurrence)""")
+               i.last_rank, i.source
+        FROM arrivals a JOIN instances i USING (step, name, occurrence)""")
