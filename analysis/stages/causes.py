@@ -38,6 +38,7 @@ from dsprof.analysis.stages.cause_rules import (
     start_rules,
     token_rules,
 )
+from dsprof.analysis.stages.collectives import arrived_last
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_schema import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
@@ -219,11 +220,12 @@ def _decide(engine: Engine, threshold_ns: int) -> None:
                max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
                arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank
         FROM ruled c""")
-    # the peer a waiting rank waited for: of the other ranks that ended late in the step, the one that
-    # waited least (it reached the collective last); when none ended late, of all the others
+    # the peer a waiting rank's end waited for: a question about its whole step, not one collective, asked of the
+    # ranks' total waits. The last arrival's rule (analysis/stages/collectives.py) on the wait axis: of the other
+    # ranks that ended late in the step (else of all the others), the one that waited least reached the collectives last
+    late_first = f"(NOT (o.end_excess_ns > {threshold_ns} / 2), coalesce(o.device_wait_ns, 0))"
     engine.run(f"""CREATE OR REPLACE TEMP TABLE peers AS
-        SELECT d.step, d.rank, arg_min(o.rank, (NOT (o.end_excess_ns > {threshold_ns} / 2), coalesce(o.device_wait_ns, 0), o.rank))
-               AS last_arrival_rank
+        SELECT d.step, d.rank, {arrived_last("o.rank", late_first)} AS last_arrival_rank
         FROM (SELECT step, rank FROM decided WHERE end_mechanism = '{fmt.MECH_PEER_WAIT}') d
         JOIN decided o ON o.step = d.step AND o.rank <> d.rank GROUP BY d.step, d.rank""")
     engine.run("""CREATE OR REPLACE TEMP TABLE decided AS

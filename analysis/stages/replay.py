@@ -12,9 +12,10 @@ The model (one rank's host thread and device stream, coupled across ranks):
   and after the previous program on the stream; it is a sequence of work
   segments separated by collective waits (``*_wait`` device spans).
 * **collectives** — at each collective every rank leaves when the last one
-  arrives. Arrival order comes from the waits themselves (all ranks leave
-  together, so a rank that waited w less arrived w later), which needs no
-  alignment of the device clocks.
+  arrives. Arrival order is the ``collectives`` table's
+  (:mod:`dsprof.analysis.stages.collectives`): on the host axis where the
+  device clock is aligned with it, else from the waits themselves (all ranks
+  leave together, so a rank that waited w less arrived w later).
 
 Every event e with dependencies d happens at ``max_d t(d) + lag``; the
 measured times give, for each dependency, its slack ``max_d t(d) − t(d)`` (0
@@ -44,8 +45,6 @@ _IS_END = np.array([name.endswith("_end") for name in HOST_EVENTS])
 PIN_GAP_NS = 1_000_000_000
 _FREE = np.inf  # the slack of a dependency that did not exist
 _PINNED = 1e13  # stands for an infinite slack inside the running sums (10,000 s: far beyond any lag, exact in float64)
-# a rank's exit from a collective this long before the last arrival still counts as after it (clock noise)
-ALIGNMENT_TOLERANCE_NS = 50_000
 _RING = 4  # runs of a rank whose events later events may still depend on (depth 2, plus margin)
 
 
@@ -60,6 +59,10 @@ class DecodeRuns:
     wait_start: np.ndarray
     wait_ns: np.ndarray
     slot: np.ndarray  # [ranks, steps]: ping-pong slot (int)
+    # [ranks, steps, waits], from ``collectives``: how long before the last arrival the rank arrived (``ahead_ns``),
+    # and the last arrival where the instance is aligned (NaN where not: its ranks all left together)
+    wait_ahead: np.ndarray
+    wait_release: np.ndarray
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -204,25 +207,15 @@ class Replayer:
     def _collective_slacks(self, runs: DecodeRuns) -> None:
         """How much earlier than the last arrival each rank reached each collective, and when its exit began.
 
-        Where the device clocks are aligned with the host (every rank left after
-        the last one arrived), arrivals are read on the host axis, and a rank
-        that left late (its thread stalled after the release) keeps that as its
-        own exit lag. Otherwise all ranks are taken to leave together, and a rank
-        that waited w less arrived w later.
+        Both come from the ``collectives`` table (analysis/stages/collectives.py):
+        where the device clocks are aligned with the host, a rank that left late
+        (its thread stalled after the release) keeps that as its own exit lag.
         """
-        arrival, wait = runs.wait_start, runs.wait_ns
-        present = ~np.isnan(wait)
+        present = ~np.isnan(runs.wait_ns)
         self.coupled = present.all(axis=0)  # [steps, waits]: a collective couples the ranks that all have it
-        with np.errstate(all="ignore"):
-            last_arrival = np.nanmax(arrival, axis=0)
-            first_exit = np.nanmin(arrival + wait, axis=0)
-            least_wait = np.nanmin(wait, axis=0)
-        aligned = first_exit - last_arrival >= -ALIGNMENT_TOLERANCE_NS
-        host_slack = last_arrival[None] - arrival
-        wait_slack = wait - least_wait[None]
-        self.arrival_slack = np.where(present, np.where(aligned[None], host_slack, wait_slack), _FREE)
+        self.arrival_slack = np.where(present, runs.wait_ahead, _FREE)
         # the part of each wait after the release, on ranks whose exit can be told apart from the others'
-        self.exit_start = np.where(aligned[None] & present, np.fmax(last_arrival[None], arrival), np.nan)
+        self.exit_start = np.where(present, runs.wait_release, np.nan)
 
     def lag(self, rank: int, step: int, kind: int) -> float:
         """The measured lag of one host event after its latest dependency (0 where the event is absent)."""

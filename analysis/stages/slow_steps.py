@@ -9,15 +9,11 @@ its interval exceeds the median interval by more than the threshold.
 
 The **critical path** of a slow step names the rank the others waited for. At
 each collective (a device-clock ``*_wait`` span) every rank is released by the
-last arrival; that rank is the wait's ``peer`` attribute where the producer
-wrote one. Without it, arrival order is read on the aligned device axis: all
-ranks leave a collective together, so the rank that waited least arrived last.
-The collective that held the other ranks longest (their median wait beyond the
-last arrival's own) carries the step's delay; where no collective held them for
-half the excess or the threshold,
-the step waited for its latest rank at the end (the last validate). Only the
-slow steps' collective waits are unpacked, so a healthy soak costs one grouped
-pass over ``decode``.
+last arrival, which ``collectives`` names (analysis/stages/collectives.py: the
+producer's ``peer``, else the arrival order). The collective that held the
+other ranks longest (their median wait beyond the last arrival's own) carries
+the step's delay; where no collective held them for half the excess or the
+threshold, the step waited for its latest rank at the end (the last validate).
 """
 
 from __future__ import annotations
@@ -25,7 +21,7 @@ from __future__ import annotations
 from typing import TypedDict
 
 from dsprof.analysis.stages.causes import cause_item
-from dsprof.analysis.stages.replay import ALIGNMENT_TOLERANCE_NS
+from dsprof.analysis.stages.collectives import SOURCE_ARRIVAL, SOURCE_PEER
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_schema import Cause, CriticalPath, Percentiles, SlowStep
@@ -35,8 +31,6 @@ from dsprof.profiler import strace_format as fmt
 # the critical path goes through a collective when it held the other ranks this share of the excess, or the threshold
 COLLECTIVE_SHARE = 0.5
 VIA_STEP_END = "step end"
-SOURCE_PEER = "peer"
-SOURCE_ARRIVAL = "arrival order"
 SOURCE_LATEST = "latest rank"
 SOURCE_STALL = "stalled inside"
 # a culprit's end named so has no cause of its own; its own evidence, where it has some, is the better answer
@@ -65,46 +59,25 @@ def step_intervals(engine: Engine, threshold_ms: float) -> StepIntervals:
     )
 
 
-def collective_waits_sql(where: str = "TRUE") -> str:
-    """Every collective wait of the decode runs meeting ``where``: which collective (name, occurrence), who waited how long, peer."""
-    return f"""
-        SELECT step, rank, position, w.name, w.ts_ns AS offset_ns, CAST(runner_ts_ns AS HUGEINT) + w.ts_ns AS arrival_ns, w.dur_ns AS wait_ns, w.peer,
-               CAST(row_number() OVER (PARTITION BY step, rank, w.name ORDER BY w.ts_ns) AS BIGINT) AS occurrence
-        FROM (SELECT step, rank, position, runner_ts_ns, unnest(device_waits) AS w FROM decode
-              WHERE device_waits IS NOT NULL AND ({where}))
-    """
-
-
-@stage("critical_path", reads=("decode", "step_intervals", "gc", "processes"), writes=("critical_path", "collective_waits"))
+@stage("critical_path", reads=("decode", "step_intervals", "collectives", "gc", "processes"), writes=("critical_path", "collective_waits"))
 def critical_path(engine: Engine, threshold_ms: float) -> None:
     """``critical_path``: per slow step, the rank the others waited for, through which collective, and how it was known.
 
     ``collective_waits`` keeps each rank's wait at the step's critical
     collective (the victims' evidence).
     """
-    engine.run(f"CREATE OR REPLACE TEMP TABLE waits AS {collective_waits_sql('step IN (SELECT step FROM step_intervals WHERE slow)')}")
-    # Per collective: is the device clock aligned with the host (every rank left after the last one arrived)? Then
-    # arrivals are read on the host axis, and a rank that stayed in the collective after the release (its thread
-    # stalled) is not mistaken for one that waited for a late peer. Else all ranks left together: the rank that
-    # waited least arrived last.
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE collectives AS
-        SELECT step, name, occurrence,
-               min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS} AS aligned,
-               max(arrival_ns) AS last_arrival_ns, min(arrival_ns + wait_ns) AS first_exit_ns,
-               coalesce(mode(peer), CASE WHEN min(arrival_ns + wait_ns) >= max(arrival_ns) - {ALIGNMENT_TOLERANCE_NS}
-                                         THEN arg_max(rank, (arrival_ns, -rank)) ELSE arg_min(rank, (wait_ns, rank)) END) AS last_rank,
-               CASE WHEN count(peer) > 0 THEN 'peer' ELSE 'arrival order' END AS source
-        FROM waits GROUP BY step, name, occurrence""")
-    # held: how long the last arrival kept the others waiting (aligned: from each one's arrival to the last arrival;
-    # else how much longer they waited than it did, its own wait being the collective's own time)
+    engine.run("""CREATE OR REPLACE TEMP TABLE waits AS
+        SELECT * FROM collectives WHERE step IN (SELECT step FROM step_intervals WHERE slow)""")
+    # held: how long the last arrival (analysis/stages/collectives.py) kept the others waiting (aligned: from each
+    # one's arrival to the last arrival; else how much longer they waited than it did, its own wait being the
+    # collective's own time)
     engine.run("""CREATE OR REPLACE TEMP TABLE held AS
-        SELECT c.step, c.name, c.occurrence, c.last_rank, c.source,
-               CASE WHEN c.aligned
-                    THEN coalesce(median(greatest(c.last_arrival_ns - w.arrival_ns, 0)) FILTER (WHERE w.rank <> c.last_rank), 0)
-                    ELSE greatest(coalesce(median(w.wait_ns) FILTER (WHERE w.rank <> c.last_rank), 0)
-                                  - coalesce(any_value(w.wait_ns) FILTER (WHERE w.rank = c.last_rank), 0), 0) END AS held_ns
-        FROM collectives c LEFT JOIN waits w ON w.step = c.step AND w.name = c.name AND w.occurrence = c.occurrence
-        GROUP BY c.step, c.name, c.occurrence, c.last_rank, c.source, c.aligned, c.last_arrival_ns""")
+        SELECT step, name, occurrence, any_value(last_rank) AS last_rank, any_value(source) AS source,
+               CASE WHEN any_value(aligned)
+                    THEN coalesce(median(greatest(last_arrival_ns - arrival_ns, 0)) FILTER (WHERE rank <> last_rank), 0)
+                    ELSE greatest(coalesce(median(wait_ns) FILTER (WHERE rank <> last_rank), 0)
+                                  - coalesce(any_value(wait_ns) FILTER (WHERE rank = last_rank), 0), 0) END AS held_ns
+        FROM waits GROUP BY step, name, occurrence""")
     _stalls(engine, int(round(threshold_ms * 1e6)))
     through = f"(t.c.held_ns >= least({COLLECTIVE_SHARE} * i.excess_ns, {int(round(threshold_ms * 1e6))}))"
     engine.run(f"""CREATE OR REPLACE TABLE critical_path AS
@@ -117,7 +90,7 @@ def critical_path(engine: Engine, threshold_ms: float) -> None:
                CASE WHEN {through} THEN t.c.name ELSE '{VIA_STEP_END}' END AS via,
                CASE WHEN {through} THEN t.c.occurrence END AS occurrence,
                CASE WHEN {through}
-                    THEN CASE WHEN t.c.source IN ('peer', '{SOURCE_STALL}') THEN t.c.source ELSE '{SOURCE_ARRIVAL}' END
+                    THEN CASE WHEN t.c.source IN ('{SOURCE_PEER}', '{SOURCE_STALL}') THEN t.c.source ELSE '{SOURCE_ARRIVAL}' END
                     ELSE '{SOURCE_LATEST}' END AS source,
                coalesce(t.c.held_ns, 0) AS held_ns,
                (SELECT count(*) FROM waits w WHERE w.step = i.step) > 0 AS has_waits
@@ -173,7 +146,8 @@ def _stalls(engine: Engine, threshold_ns: int) -> None:
         SELECT step, name, occurrence, rank, '{SOURCE_STALL}', stall_ns FROM (
             SELECT c.step, c.name, c.occurrence, p.rank, c.first_exit_ns - c.last_arrival_ns AS own_ns,
                    sum(least(g.gc_end_ns, c.first_exit_ns) - greatest(g.gc_ts_ns, c.last_arrival_ns)) AS stall_ns
-            FROM collectives c JOIN gc g ON g.gc_ts_ns < c.first_exit_ns AND g.gc_end_ns > c.last_arrival_ns
+            FROM (SELECT DISTINCT step, name, occurrence, aligned, last_arrival_ns, first_exit_ns FROM waits) c
+            JOIN gc g ON g.gc_ts_ns < c.first_exit_ns AND g.gc_end_ns > c.last_arrival_ns
             JOIN processes p ON p.pid = g.pid
             WHERE c.aligned AND c.first_exit_ns - c.last_arrival_ns >= {threshold_ns}
             GROUP BY c.step, c.name, c.occurrence, p.rank, own_ns)

@@ -262,6 +262,27 @@ TABLES = _tables(
         ),
     ),
     Table(
+        "collectives",
+        "one rank's wait at one collective instance (step, name, occurrence), with who reached the instance last",
+        _columns(
+            ("step", BIGINT, "decode step"),
+            ("name", VARCHAR, "the collective (its device ``*_wait`` span name)"),
+            ("occurrence", BIGINT, "which occurrence of that collective in the step (1-based, in start order)"),
+            ("rank", BIGINT, "the waiting rank"),
+            ("wait_index", BIGINT, "the wait's place among its run's waits (0-based, in start order)"),
+            ("arrival_ns", HUGEINT, "when the rank arrived: the launch plus the wait's device offset (host axis)"),
+            ("wait_ns", BIGINT, "how long it waited"),
+            ("exit_ns", HUGEINT, "when it left: arrival plus wait (host axis)"),
+            ("peer", BIGINT, "the wait's ``peer`` attribute: the last rank as the producer saw it"),
+            ("aligned", BOOLEAN, "the device clock is aligned with the host: every rank left after the last arrival"),
+            ("last_arrival_ns", HUGEINT, "the instance's last arrival (host axis)"),
+            ("first_exit_ns", HUGEINT, "the instance's first exit (host axis)"),
+            ("ahead_ns", HUGEINT, "how long before the last arrival the rank arrived (aligned: host axis; else wait less the least wait)"),
+            ("last_rank", BIGINT, "the rank that reached the instance last: the peer named, else the one least ahead"),
+            ("source", VARCHAR, "how the last rank was known (peer, arrival order)"),
+        ),
+    ),
+    Table(
         "critical_path",
         "one slow step: the rank and the collective (or the step's end) that held it",
         _columns(

@@ -100,7 +100,7 @@ def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray
     """
     origin = "(SELECT min(root_ts_ns) FROM decode)"
     columns = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
-    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, device_ts_ns, device_wall_ns, device_waits,
+    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, device_ts_ns, device_wall_ns,
                                     {", ".join(f"{column}_ns - {origin} AS {e}_ns" for e, column in columns.items())}
                              FROM decode ORDER BY rank, step""")
     rank_values, rank_index = np.unique(table.column("rank").to_numpy(zero_copy_only=False), return_inverse=True)
@@ -118,28 +118,28 @@ def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray
     host = np.stack([grid(column(f"{e}_ns")) for e in HOST_EVENTS], axis=2)
     device_start = grid(column("runner_ts_ns") + column("device_ts_ns"))
     device_end = device_start + grid(column("device_wall_ns"))
-    wait_start, wait_ns = _waits(table, rank_index, step_index, shape, column("runner_ts_ns"))
+    waits = _waits(engine, origin, rank_values, step_values)
     slot = np.zeros(shape, np.int64)
     slot[rank_index, step_index] = table.column("slot").fill_null(0).to_numpy()
-    runs = DecodeRuns(host, device_start, device_end, wait_start, wait_ns, slot)
+    runs = DecodeRuns(host, device_start, device_end, waits[0], waits[1], slot, waits[2], waits[3])
     return runs, rank_values, step_values
 
 
-def _waits(table: pa.Table, rank_index: np.ndarray, step_index: np.ndarray, shape: tuple[int, int], runner_ts: np.ndarray):
-    """[rank, step, k] arrival (host axis) and duration of each run's k-th collective wait."""
-    waits = table.column("device_waits").combine_chunks()
-    lengths = pc.list_value_length(waits).fill_null(0).to_numpy()
-    count = int(lengths.max(initial=0))
-    start = np.full((*shape, count), np.nan)
-    duration = np.full((*shape, count), np.nan)
+def _waits(engine: Engine, origin: str, rank_values: np.ndarray, step_values: np.ndarray) -> list[np.ndarray]:
+    """[rank, step, k] of each run's k-th collective wait, from ``collectives``: arrival, duration, ahead, release."""
+    table = engine.arrow(f"""SELECT rank, step, wait_index, CAST(arrival_ns - {origin} AS DOUBLE) AS arrival,
+                                    CAST(wait_ns AS DOUBLE) AS wait, CAST(ahead_ns AS DOUBLE) AS ahead,
+                                    CAST(CASE WHEN aligned THEN last_arrival_ns - {origin} END AS DOUBLE) AS release
+                             FROM collectives""")
+    count = int(pc.max(table.column("wait_index")).as_py()) + 1 if table.num_rows else 0
+    out = [np.full((len(rank_values), len(step_values), count), np.nan) for _ in range(4)]
     if count:
-        flat = pc.list_flatten(waits)
-        row = pc.list_parent_indices(waits).to_numpy()
-        k = np.arange(len(row)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-        offsets = flat.field("ts_ns").to_numpy(zero_copy_only=False).astype(float)
-        start[rank_index[row], step_index[row], k] = runner_ts[row] + offsets
-        duration[rank_index[row], step_index[row], k] = flat.field("dur_ns").to_numpy(zero_copy_only=False).astype(float)
-    return start, duration
+        r = np.searchsorted(rank_values, table.column("rank").to_numpy())
+        j = np.searchsorted(step_values, table.column("step").to_numpy())
+        k = table.column("wait_index").to_numpy()
+        for array, name in zip(out, ("arrival", "wait", "ahead", "release"), strict=True):
+            array[r, j, k] = table.column(name).fill_null(np.nan).to_numpy()
+    return out
 
 
 def _segments(runs: DecodeRuns) -> tuple[np.ndarray, np.ndarray]:
@@ -336,7 +336,7 @@ class WhatIf:
         return -self.replayer.replay(removals, len(scenarios), first).end_shift_ns
 
 
-@stage("what_if", reads=("decode", "gc", "processes"), in_summary=True)
+@stage("what_if", reads=("decode", "collectives", "gc", "processes"), in_summary=True)
 def what_if_section(engine: Engine, findings: Findings) -> WhatIfSection:
     """The ``what_if`` block of summary.json: the findings' own causes replayed away."""
     causes = own_causes(findings.late_starts, findings.tail_steps, findings.slow_steps)
