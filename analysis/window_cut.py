@@ -43,10 +43,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dsprof.analysis.store.dataset import SpanDatasetWriter
-from dsprof.analysis.store.predicates import gc_row, host_root, overlaps, query_arrow, runtime_row, serving_row, starts_in
+from dsprof.analysis.store.predicates import gc_row, host_root, host_row, overlaps, query_arrow, runtime_row, serving_row, starts_in
 from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans
 from dsprof.analysis.window import MAX_STEP, Window, WindowSpec, anchor_start_ns, resolve_window
-from dsprof.profiler import strace_format as fmt
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 # Row groups whose root steps lie within this many steps of the window are read too: a rank's records
@@ -192,7 +191,7 @@ def _has_step_attributes(trace: Trace, groups: list[RowGroup]) -> bool:
 def _host_start(trace: Trace, groups: list[RowGroup]) -> int | None:
     """The earliest host-clock span of the trace (a run without CLOCK_ANCHOR lines starts there): one narrow pass."""
     tables = [read_row_groups(groups, ["ts_ns", "clk"]), trace.spans.select(["ts_ns", "clk"])]
-    starts = [pc.min(pc.filter(t.column("ts_ns"), pc.not_equal(t.column("clk"), fmt.CLK_DEVICE))).as_py() for t in tables if t.num_rows]
+    starts = [query_arrow(f"SELECT min(ts_ns) FROM spans WHERE {host_row()}", spans=t).column(0)[0].as_py() for t in tables if t.num_rows]
     starts = [s for s in starts if s is not None]
     return min(starts) if starts else None
 
