@@ -18,14 +18,21 @@ from hypothesis import strategies as st
 from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module
 from dsprof.analysis.store import dataset
 from dsprof.analysis.store.predicates import in_window, query_arrow, row_host_start, serving_row, starts_in
+from dsprof.analysis.store.spans import MAX_TIME_NS
 from dsprof.profiler import strace_format as fmt
 
 NEVER = np.iinfo(np.int64).max
-# (pid, inv or None, on the host clock, ts_ns): few pids and invs, so rows share invocations
-ROWS = st.lists(
-    st.tuples(st.integers(1, 3), st.one_of(st.none(), st.integers(0, 5), st.just(2**64 - 1)), st.booleans(), st.integers(-(2**40), 2**40)),
-    max_size=60,
-)
+
+
+def _rows(ts: st.SearchStrategy[int]) -> st.SearchStrategy[list[tuple[int, int | None, bool, int]]]:
+    """(pid, inv or None, on the host clock, ts_ns): few pids and invs, so rows share invocations."""
+    inv = st.one_of(st.none(), st.integers(0, 5), st.just(2**64 - 1))
+    return st.lists(st.tuples(st.integers(1, 3), inv, st.booleans(), ts), max_size=60)
+
+
+ROWS = _rows(st.integers(-(2**40), 2**40))
+# timestamps up to the span table's bound: windows are compared as integers, exactly
+LATE_ROWS = _rows(st.integers(0, MAX_TIME_NS - 1))
 
 
 def _table(rows: list[tuple[int, int | None, bool, int]]) -> pa.Table:
@@ -66,22 +73,18 @@ def test_the_dataset_writer_finds_the_invocation_starts_the_sql_defines(compiled
         assert _dataset_starts(table).tolist() == _sql_starts(table).tolist()
 
 
-@given(rows=ROWS, window_ns=st.sampled_from([1, 7, 1 << 20, 1 << 34]))
+@given(rows=st.one_of(ROWS, LATE_ROWS), window_ns=st.sampled_from([1, 7, 1 << 20, 1 << 34]))
 def test_in_window_selects_the_invocations_the_writer_puts_in_each_window(rows, window_ns):
     """Each invocation rooted at its earliest host row: ``in_window`` (Ray) and the writer's window agree."""
-    table = _table([r for r in rows if r[1] is not None and r[2]])  # host rows of invocations; the earliest is the root
-    starts = pc.min_max(table.column("ts_ns"))
+    table = _table([r for r in rows if r[1] is not None and r[2]])  # host rows of invocations
     first = table.group_by(["pid", "inv"]).aggregate([("ts_ns", "min")])
-    depth = table.join(first, ["pid", "inv"]).select(["pid", "inv", "clk", "ts_ns", "ts_ns_min"])
-    depth = depth.append_column("depth", pc.if_else(pc.equal(depth["ts_ns"], depth["ts_ns_min"]), 0, 1)).drop_columns("ts_ns_min")
-    windows = dataset.window_of_rows(depth, window_ns)
-    by_writer = {(p, i): int(w) for p, i, w in zip(depth["pid"].to_pylist(), depth["inv"].to_pylist(), windows.tolist(), strict=True)}
-    if not by_writer:
-        return
-    low, high = starts["min"].as_py() // window_ns, starts["max"].as_py() // window_ns
-    for window in {low, high, *list(by_writer.values())[:5]}:
+    table = table.join(first, ["pid", "inv"])
+    rooted = table.append_column("depth", pc.if_else(pc.equal(table["ts_ns"], table["ts_ns_min"]), 0, 1)).drop_columns("ts_ns_min")
+    windows = dataset.window_of_rows(rooted, window_ns).tolist()
+    by_writer = dict(zip(zip(rooted["pid"].to_pylist(), rooted["inv"].to_pylist(), strict=True), windows, strict=True))
+    for window in {*windows[:5], *(w + 1 for w in windows[:2])}:
         query = f"SELECT pid, inv FROM spans GROUP BY pid, inv HAVING {in_window(window, window_ns)}"
-        chosen = {(r["pid"], r["inv"]) for r in query_arrow(query, spans=depth).to_pylist()}
+        chosen = {(r["pid"], r["inv"]) for r in query_arrow(query, spans=rooted).to_pylist()}
         assert chosen == {key for key, w in by_writer.items() if w == window}
 
 

@@ -13,6 +13,7 @@ the same earliest host start per row with a compiled helper
 from __future__ import annotations
 
 import functools
+import os
 
 import duckdb
 import pyarrow as pa
@@ -88,14 +89,14 @@ def overlaps(first_ns: int | None, last_ns: int | None, alias: str = "") -> str:
 
 
 @functools.cache
-def _database() -> duckdb.DuckDBPyConnection:
-    """The in-memory DuckDB the Arrow queries run in (a cursor each: no tables of its own)."""
+def _database(pid: int) -> duckdb.DuckDBPyConnection:
+    """Process ``pid``'s in-memory DuckDB that the Arrow queries run in (a cursor each; a forked child makes its own)."""
     return duckdb.connect()
 
 
 def query_arrow(query: str, **tables: pa.Table) -> pa.Table:
     """The result of ``query`` over ``tables`` (Arrow, read in place, each by its keyword's name)."""
-    with interruptible(_database().cursor()) as con:
+    with interruptible(_database(os.getpid()).cursor()) as con:
         for name, table in tables.items():
             con.register(name, table)
         return con.sql(query).to_arrow_table()
