@@ -43,9 +43,9 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from dsprof.analysis.store.dataset import SpanDatasetWriter
+from dsprof.analysis.store.predicates import gc_row, host_root, host_row, overlaps, query_arrow, runtime_row, serving_row, starts_in
 from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans
 from dsprof.analysis.window import MAX_STEP, Window, WindowSpec, anchor_start_ns, resolve_window
-from dsprof.profiler import strace_format as fmt
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 
 # Row groups whose root steps lie within this many steps of the window are read too: a rank's records
@@ -58,6 +58,8 @@ SPILL_PREFIX = "dsprof-window-"
 READ_THREADS = max(1, min(8, os.cpu_count() or 1))
 # The columns the roots of a time window are found from, before the rows they need are read.
 _ROOT_COLUMNS = ["pid", "inv", "hid", "depth", "clk", "name", "ts_ns", "dur_ns", "step"]
+# The host roots of runtime invocations (not another producer's, not a collection).
+_ROOT = f"{runtime_row()} AND {host_root()}"
 
 
 @dataclass(frozen=True)
@@ -178,7 +180,10 @@ def _has_step_attributes(trace: Trace, groups: list[RowGroup]) -> bool:
         return True
     mixed = [g for g in groups if g.min_step is not None]
     for table in (read_row_groups(mixed, _ROOT_COLUMNS), trace.spans):
-        if table.num_rows and pc.any(pc.is_valid(table.filter(pc.fill_null(_root_rows(table), False)).column("step"))).as_py():
+        if (
+            table.num_rows
+            and query_arrow(f"SELECT count(step) FROM spans WHERE {_ROOT}", spans=table.select(_ROOT_COLUMNS)).column(0)[0].as_py()
+        ):
             return True
     return False
 
@@ -186,7 +191,7 @@ def _has_step_attributes(trace: Trace, groups: list[RowGroup]) -> bool:
 def _host_start(trace: Trace, groups: list[RowGroup]) -> int | None:
     """The earliest host-clock span of the trace (a run without CLOCK_ANCHOR lines starts there): one narrow pass."""
     tables = [read_row_groups(groups, ["ts_ns", "clk"]), trace.spans.select(["ts_ns", "clk"])]
-    starts = [pc.min(pc.filter(t.column("ts_ns"), pc.not_equal(t.column("clk"), fmt.CLK_DEVICE))).as_py() for t in tables if t.num_rows]
+    starts = [query_arrow(f"SELECT min(ts_ns) FROM spans WHERE {host_row()}", spans=t).column(0)[0].as_py() for t in tables if t.num_rows]
     starts = [s for s in starts if s is not None]
     return min(starts) if starts else None
 
@@ -249,48 +254,18 @@ def read_row_groups(groups: list[RowGroup], columns: list[str] | None = None) ->
     return table.cast(SPAN_SCHEMA) if columns is None else table
 
 
-def _root_rows(table: pa.Table) -> pa.Array:
-    """Mask: the host roots of runtime invocations (not another producer's, not a collection)."""
-    name = table.column("name")
-    return pc.and_(
-        pc.and_(pc.equal(table.column("depth"), 0), pc.is_valid(table.column("inv"))),
-        pc.and_(
-            pc.not_equal(table.column("clk"), fmt.CLK_DEVICE),
-            pc.and_(pc.invert(pc.starts_with(name, fmt.EXTERNAL_PREFIX)), pc.not_equal(name, fmt.GC)),
-        ),
-    )
-
-
 def _window_roots(table: pa.Table, window: Window) -> pa.Table:
     """The runtime roots in ``table`` (pid, inv, hid, ts_ns, end_ns, step) and whether each run lies in the window (``inside``).
 
     Roots outside it are kept too: they say which steps the window cuts.
     """
-    table = table.select(_ROOT_COLUMNS).filter(pc.fill_null(pc.equal(table.column("depth"), 0), False))  # few rows from here
-    roots = table.filter(pc.fill_null(_root_rows(table), False))
-    ts = roots.column("ts_ns")
-    inside = pa.array(np.ones(roots.num_rows, bool))
+    inside = starts_in("ts_ns", window.from_ns, window.until_ns)
     if window.steps is not None and not window.steps_by_position:
-        step = roots.column("step")
         every_step = window.steps == (0, MAX_STEP)  # the only window that holds a run without a step number (`0:`)
-        inside = pc.and_(
-            inside, pc.fill_null(pc.and_(pc.greater_equal(step, window.steps[0]), pc.less_equal(step, window.steps[1])), every_step)
-        )
-    if window.from_ns is not None:
-        inside = pc.and_(inside, pc.greater_equal(ts, window.from_ns))
-    if window.until_ns is not None:
-        inside = pc.and_(inside, pc.less(ts, window.until_ns))
-    return pa.table(
-        {
-            "pid": roots.column("pid"),
-            "inv": roots.column("inv"),
-            "hid": roots.column("hid").cast(pa.string()),
-            "ts_ns": ts,
-            "end_ns": pc.add(ts, roots.column("dur_ns")),
-            "step": roots.column("step"),
-            "inside": inside,
-        }
-    )
+        inside += f" AND coalesce(step BETWEEN {int(window.steps[0])} AND {int(window.steps[1])}, {every_step})"
+    query = f"""SELECT pid, inv, hid::VARCHAR AS hid, ts_ns, ts_ns + dur_ns AS end_ns, step, {inside} AS inside
+                FROM spans WHERE {_ROOT}"""
+    return query_arrow(query, spans=table.select(_ROOT_COLUMNS))
 
 
 def _whole_steps(roots: pa.Table) -> tuple[pa.Array, int]:
@@ -325,20 +300,13 @@ def window_invocations(tables: list[pa.Table], window: Window) -> Kept:
 
 def keep_rows(spans: pa.Table, kept: Kept, *, drawing: bool = False) -> pa.Table:
     """The rows of ``spans`` the window keeps (module docstring), in their order."""
-    rows = pa.table({"pid": spans.column("pid"), "inv": spans.column("inv"), "row": pa.array(np.arange(spans.num_rows))})
-    member = np.zeros(spans.num_rows, bool)
-    member[rows.join(kept.keys, keys=["pid", "inv"], join_type="inner").column("row").to_numpy()] = True
-    serving = pc.fill_null(pc.or_(pc.is_null(spans.column("inv")), pc.is_null(spans.column("depth"))), True)
-    overlapping = _overlapping(spans, kept.first_ns, kept.last_ns)
-    gc = pc.and_(pc.equal(spans.column("name"), fmt.GC), pc.not_equal(spans.column("clk"), fmt.CLK_DEVICE))
-    keep = pc.or_(pc.fill_null(pc.and_(gc, overlapping), False), pa.array(member))
-    keep = pc.or_(keep, pc.and_(serving, overlapping) if drawing else serving)
-    return spans.filter(pc.fill_null(keep, False))
-
-
-def _overlapping(spans: pa.Table, first: int | None, last: int | None) -> pa.Array:
-    """Mask: host-clock rows that overlap ``[first, last]`` (none when the window kept no run)."""
-    if first is None or last is None:
-        return pa.array(np.zeros(spans.num_rows, bool))
-    ts = spans.column("ts_ns")
-    return pc.fill_null(pc.and_(pc.less_equal(ts, last), pc.greater_equal(pc.add(ts, spans.column("dur_ns")), first)), False)
+    overlapping = overlaps(kept.first_ns, kept.last_ns, "s")
+    serving = f"{serving_row('s')} AND {overlapping}" if drawing else serving_row("s")
+    query = f"""SELECT s.row FROM spans s LEFT JOIN (SELECT pid, inv, TRUE AS member FROM kept) k ON s.pid = k.pid AND s.inv = k.inv
+                WHERE k.member OR ({gc_row("s")} AND {overlapping}) OR {serving}"""
+    columns = spans.select(["pid", "inv", "depth", "name", "clk", "ts_ns", "dur_ns"]).append_column(
+        "row", pa.array(np.arange(spans.num_rows))
+    )
+    keep = np.zeros(spans.num_rows, bool)
+    keep[query_arrow(query, spans=columns, kept=kept.keys).column("row").to_numpy()] = True
+    return spans.filter(keep)

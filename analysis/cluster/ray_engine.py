@@ -38,9 +38,10 @@ import pyarrow as pa
 
 from dsprof.analysis.cluster.guard import guarded_local_cluster
 from dsprof.analysis.ingest import is_text_log, read_paths
-from dsprof.analysis.stages.invocations import in_window, invocation_query
+from dsprof.analysis.stages.invocations import invocation_query
 from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS, SpanDatasetWriter
 from dsprof.analysis.store.engine import open_engine
+from dsprof.analysis.store.predicates import in_window
 from dsprof.analysis.store.spans import Trace, merge_traces
 from dsprof.errors import DsprofError
 from dsprof.progress import Progress

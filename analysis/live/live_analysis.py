@@ -29,7 +29,6 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 import pyarrow as pa
@@ -41,13 +40,10 @@ from dsprof.analysis.ingest.follow import LogFollower
 from dsprof.analysis.ingest.fragment_follow import FragmentFollower
 from dsprof.analysis.stages.serving import request_spans
 from dsprof.analysis.store.dataset import SpanDatasetWriter
+from dsprof.analysis.store.predicates import host_root, host_row, host_start, query_arrow
 from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
-from dsprof.profiler.strace_format import CLK_DEVICE
-
-if TYPE_CHECKING:  # annotations only: the CLI imports this module, and `dsprof ingest` starts without pandas
-    import pandas as pd
 
 DEFAULT_WINDOW_STEPS = 200
 # Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.
@@ -104,54 +100,42 @@ class StepRing:
         return ring.filter(pa.array(cut.analyse[cut.keep])).cast(SPAN_SCHEMA)
 
     def _cut(self, ring: pa.Table) -> RingCut:
-        """Which rows stay and which are analysed: aggregated per invocation (Arrow), decided per step (a few thousand rows)."""
-        host = pc.fill_null(pc.not_equal(ring["clk"].cast(pa.string()), CLK_DEVICE), True)
-        keyed = pa.table(
-            {
-                "pid": ring["pid"],
-                "inv": ring["inv"],
-                "step": ring["step"],
-                "start": pc.if_else(host, ring["ts_ns"], pa.scalar(None, pa.int64())),
-                "root": pc.and_(host, pc.fill_null(pc.equal(ring["depth"], 0), False)),
-                "row": pa.array(np.arange(ring.num_rows)),
-            }
-        )
-        with_inv = pc.is_valid(ring["inv"])
-        in_invs = keyed.filter(with_inv)
-        invs = (
-            in_invs.group_by(["pid", "inv"])
-            .aggregate([("step", "max"), ("start", "min"), ("root", "any")])
-            .rename_columns(["pid", "inv", "step", "start", "rooted"])
-            .to_pandas()
-        )
-        ts = ring["ts_ns"].to_numpy()
-        loose = ~with_inv.to_numpy(zero_copy_only=False)
-        steps = invs[invs["step"].notna()].groupby("step").agg(latest=("start", "max"), roots=("rooted", "sum"))
-        if steps.empty:  # no step yet: everything stays, nothing is analysed but rooted invocations
-            return RingCut(np.ones(ring.num_rows, bool), _per_row(in_invs, invs, invs["rooted"].to_numpy(), loose))
-        window = steps.sort_values("latest").tail(self.window)
-        first, last = int(window["latest"].min()), int(window["latest"].max())
-        floor = first - (last - first)
-        no_step = invs["step"].isna()
-        keep_inv = (no_step | invs["step"].isin(window.index)) & (invs["start"].isna() | (invs["start"] >= floor))
-        keep_loose = loose & (ts >= floor)  # rows outside any invocation go by their own time
-        keep = _per_row(in_invs, invs, keep_inv.to_numpy(bool), keep_loose)
-        complete = window[window["roots"] >= max(window["roots"].max(), self.expect_ranks)]
-        if complete.empty:  # no step has reached --expect-ranks ranks yet
-            return RingCut(keep, np.zeros(ring.num_rows, bool))
-        done = int(complete["latest"].max())
-        settled = invs["step"].isin(complete.index) | (no_step & invs["start"].le(done))
-        analyse_inv = keep_inv & invs["rooted"] & settled
-        return RingCut(keep, _per_row(in_invs, invs, analyse_inv.to_numpy(bool), keep_loose & (ts <= done)))
+        """Which rows stay and which are analysed: one query over the ring (DuckDB, in place)."""
+        columns = ring.select(["pid", "inv", "step", "depth", "clk", "ts_ns"]).append_column("row", pa.array(np.arange(ring.num_rows)))
+        marks = query_arrow(_ring_query(self.window, self.expect_ranks), ring=columns)
+        keep, analyse = np.zeros(ring.num_rows, bool), np.zeros(ring.num_rows, bool)
+        rows = marks.column("row").to_numpy()
+        keep[rows] = marks.column("keep").to_numpy(zero_copy_only=False)
+        analyse[rows] = marks.column("analyse").to_numpy(zero_copy_only=False)
+        return RingCut(keep, analyse)
 
 
-def _per_row(in_invs: pa.Table, invs: pd.DataFrame, flags: np.ndarray, loose: np.ndarray) -> np.ndarray:
-    """Each invocation's flag on its rows (``in_invs``: their pid, inv and row number); ``loose`` for the other rows."""
-    flagged = pa.table({"pid": pa.array(invs["pid"].to_numpy()), "inv": pa.array(invs["inv"].to_numpy()), "flag": flags})
-    rows = in_invs.select(["pid", "inv", "row"]).join(flagged, ["pid", "inv"])
-    out = loose.copy()
-    out[rows["row"].to_numpy()] = rows["flag"].to_numpy(zero_copy_only=False)
-    return out
+def _ring_query(window: int, expect_ranks: int) -> str:
+    """SQL over ``ring`` (rows numbered ``row``): each row's ``keep`` and ``analyse`` (:class:`StepRing`).
+
+    Per invocation its step (its rows' ``step``), start (:func:`host_start`) and whether its root is there; per step
+    the latest start and the roots. The window is the ``window`` steps that started last; ``floor``: its first start
+    less its length; ``done``: the latest start of its complete steps. Without a step yet every row stays and the
+    rooted invocations (and the rows outside any) are analysed.
+    """
+    return f"""
+    WITH invs AS (SELECT pid, inv, max(step) AS step, {host_start()} AS start, coalesce(bool_or({host_root()}), FALSE) AS rooted
+                  FROM ring WHERE inv IS NOT NULL GROUP BY pid, inv),
+         steps AS (SELECT step, max(start) AS latest, sum(rooted::INTEGER) AS roots FROM invs WHERE step IS NOT NULL GROUP BY step),
+         win AS (SELECT * FROM steps ORDER BY latest DESC NULLS FIRST, step DESC LIMIT {int(window)}),
+         complete AS (SELECT step, latest FROM win WHERE roots >= greatest((SELECT max(roots) FROM win), {int(expect_ranks)})),
+         bounds AS (SELECT count(*) > 0 AS stepped, min(latest) - (max(latest) - min(latest)) AS floor,
+                           (SELECT max(latest) FROM complete) AS done FROM win),
+         marks AS (SELECT i.pid, i.inv, i.rooted,
+                          (i.step IS NULL OR i.step IN (SELECT step FROM win)) AND (i.start IS NULL OR i.start >= b.floor) AS keep,
+                          i.step IN (SELECT step FROM complete) OR (i.step IS NULL AND i.start <= b.done) AS settled
+                   FROM invs i, bounds b)
+    SELECT r.row,
+           coalesce(CASE WHEN NOT b.stepped THEN TRUE WHEN r.inv IS NULL THEN r.ts_ns >= b.floor ELSE m.keep END, FALSE) AS keep,
+           coalesce(CASE WHEN NOT b.stepped THEN r.inv IS NULL OR m.rooted
+                         WHEN r.inv IS NULL THEN r.ts_ns >= b.floor AND r.ts_ns <= b.done
+                         ELSE m.keep AND m.rooted AND m.settled END, FALSE) AS analyse
+    FROM ring r CROSS JOIN bounds b LEFT JOIN marks m ON r.pid = m.pid AND r.inv = m.inv"""
 
 
 class ServingRows:
@@ -203,11 +187,9 @@ def steps_time_range(spans: pa.Table) -> tuple[int, int] | None:
     The steps' rows, not every row analysed: a row of an invocation without a step (a GC pause between runs) may lie
     well before the window's first step.
     """
-    host = pc.fill_null(pc.not_equal(spans["clk"], CLK_DEVICE), True)
-    rows = spans.filter(pc.and_(host, pc.is_valid(spans["step"])))
-    if not rows.num_rows:
-        return None
-    return pc.min(rows["ts_ns"]).as_py(), pc.max(pc.add(rows["ts_ns"], rows["dur_ns"])).as_py()
+    query = f"SELECT min(ts_ns), max(ts_ns + dur_ns) FROM spans WHERE {host_row()} AND step IS NOT NULL"
+    first, last = query_arrow(query, spans=spans.select(["clk", "step", "ts_ns", "dur_ns"])).to_pylist()[0].values()
+    return None if first is None else (first, last)
 
 
 class LiveAnalysis:

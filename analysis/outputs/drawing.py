@@ -12,9 +12,9 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 
-from dsprof.analysis.stages.invocations import runtime_row, serving_row
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.predicates import runtime_row, serving_row
 from dsprof.analysis.store.spans import anchor_offsets_sql
 from dsprof.profiler import strace_format as fmt
 

@@ -54,8 +54,8 @@ from dsprof.analysis.outputs.drawing import (
     serving_spans_sql,
 )
 from dsprof.analysis.outputs.finding_markers import SLOW_STEP, build_finding_markers
-from dsprof.analysis.stages.invocations import runtime_row, serving_row
 from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.predicates import runtime_row, serving_row
 from dsprof.analysis.summary_schema import StepRow
 from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt

@@ -27,22 +27,10 @@ device-phase markers off).
 
 from __future__ import annotations
 
+from dsprof.analysis.store.predicates import gc_row, host_root, runtime_row
 from dsprof.profiler import strace_format as fmt
 
-
-def runtime_row(alias: str = "") -> str:
-    """SQL: a STRACE row of the runtime — not another producer's (``ext.*``), not a GC span."""
-    a = f"{alias}." if alias else ""
-    return f"{a}inv IS NOT NULL AND {a}depth IS NOT NULL AND {a}name NOT LIKE '{fmt.EXTERNAL_PREFIX}%' AND {a}name <> '{fmt.GC}'"
-
-
-def serving_row(alias: str = "") -> str:
-    """SQL: a serving row (SA_PROFILE or Chrome): anything that is not a STRACE record."""
-    a = f"{alias}." if alias else ""
-    return f"({a}inv IS NULL OR {a}depth IS NULL)"
-
-
-_HOST_ROOT = f"depth = 0 AND clk <> '{fmt.CLK_DEVICE}'"
+_HOST_ROOT = host_root()
 
 
 # Phases aggregated per invocation: (span name, column prefix, carries host evidence)
@@ -138,14 +126,6 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
     )
 
 
-def in_window(window: int, window_ns: int) -> str:
-    """HAVING clause: the invocation starts in time window ``window`` (its root, else its earliest host span)."""
-    start = f"coalesce(min(ts_ns) FILTER (WHERE {_HOST_ROOT}), min(ts_ns) FILTER (WHERE clk <> '{fmt.CLK_DEVICE}'), min(ts_ns))"
-    return f"floor({start} / {int(window_ns)}) = {int(window)}"
-
-
 def gc_query() -> str:
     """SQL for the garbage collections (``host.gc`` spans, docs/FORMATS.md "Host evidence"): pid, tid, start, end."""
-    return (
-        f"SELECT pid, tid, ts_ns AS gc_ts_ns, ts_ns + dur_ns AS gc_end_ns FROM spans WHERE name = '{fmt.GC}' AND clk <> '{fmt.CLK_DEVICE}'"
-    )
+    return f"SELECT pid, tid, ts_ns AS gc_ts_ns, ts_ns + dur_ns AS gc_end_ns FROM spans WHERE {gc_row()}"

@@ -28,9 +28,10 @@ import pyarrow as pa
 
 from dsprof.analysis.ingest.kineto import HID_PREFIX as KINETO_HID
 from dsprof.analysis.ingest.kineto import token_ready_sql
-from dsprof.analysis.stages.invocations import gc_query, invocation_query, serving_row
+from dsprof.analysis.stages.invocations import gc_query, invocation_query
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.predicates import serving_row
 from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt
 

@@ -9,10 +9,10 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterable
 
-from dsprof.analysis.stages.invocations import serving_row
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.stages.swimlane import Swimlane
 from dsprof.analysis.store.engine import Engine
+from dsprof.analysis.store.predicates import serving_row
 from dsprof.analysis.summary_schema import Validation, ValidationCheck
 from dsprof.profiler import sa_profile
 

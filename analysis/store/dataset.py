@@ -234,8 +234,9 @@ def _int64s(column: pa.ChunkedArray) -> np.ndarray:
 def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.ndarray:
     """Each row's invocation's earliest host start (int64 max where it has no host row; own ts without inv).
 
-    Done by the compiled helper where it is built, else with an Arrow group-by:
-    the same numbers either way.
+    :func:`~dsprof.analysis.store.predicates.row_host_start` in SQL, done by the compiled helper where it
+    is built, else with an Arrow group-by: DuckDB takes ten times as long and would bring pandas into
+    ``dsprof ingest`` (docs/ARCHITECTURE.md "One home per concept"); tests/test_predicates.py holds both to the SQL.
     """
     n = table.num_rows
     has_inv = table.column("inv").is_valid()
