@@ -2,20 +2,10 @@
 
 A window is the decode steps numbered A to B (both included) and/or the steps
 whose runs' roots all start in ``[since, until)`` on the host clock (a step the
-window cuts is left out whole). Times are given as
-
-* wall-clock ISO 8601 with a zone (``2026-12-01T10:00:00Z``,
-  ``2026-12-01T11:00:00.5+01:00``), put on the host monotonic clock through
-  the trace's CLOCK_ANCHOR lines (``mono = wall - (wall_ns - mono_ns)``, the
-  median offset of the anchors: the processes share one monotonic clock);
-* offsets from the start of the run (``+90s``, ``+5m``, ``1h30m``, ``250ms``):
-  the run starts at its earliest CLOCK_ANCHOR (when its first process came up),
-  or at its earliest host-clock span where no process anchored its clock.
-
-Both kinds combine (``--since +5m --until 2026-12-01T10:30:00Z``). Parsing
-happens before any input is read (:func:`parse_window`, one line and exit 2 on
-a bad value); resolving needs the trace's anchors (:func:`resolve_window`).
-How a window is cut from the spans is :mod:`dsprof.analysis.window_cut`.
+window cuts is left out whole). Parsing happens before any input is read
+(:func:`parse_window`); resolving needs the trace's anchors
+(:func:`resolve_window`); cutting is :mod:`dsprof.analysis.window_cut`.
+Time forms and clocks: docs/CLI.md, "Windows".
 """
 
 from __future__ import annotations

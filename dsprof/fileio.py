@@ -2,28 +2,11 @@
 
 A file is written to a temporary file in the same directory, flushed to disk
 and renamed over the target, so a reader (or a crash, a full disk, a SIGKILL)
-only ever sees the previous complete file or the new complete one. On any
-error the temporary file is removed, the previous output is left as it was,
-and the error names the file. The temporary file is created as any file the
-user writes is (mode 0666 less the umask: 0644 under umask 022), so the
-renamed output is as readable as the user's other files.
-
-A file that others append to as well (a CI job's step summary) cannot be
-replaced: :func:`atomic_append_text` adds its block with one ``O_APPEND`` write,
-so concurrent writers' blocks never interleave.
-
-Only a regular file or a missing path is ever written: a symbolic link, a
-device node, a FIFO or a socket at an output path is refused (checked with
-``lstat``, so a link is never followed), rather than replaced by a new file or
-written through. Inputs named by the user are checked the same way before
-they are opened (:func:`check_input_file`), so a FIFO cannot block a reader.
-
-Inside a directory others can write to (an output set's, a span dataset's),
-every rename, write and delete goes through directory descriptors: a folder is
-opened once with ``O_DIRECTORY|O_NOFOLLOW`` (:func:`open_dir`) and each file
-is named relative to it (``dir_fd``), never by a path that is resolved again,
-so a folder swapped for a link meanwhile cannot redirect it. Only the
-directory the user named is opened through links (once).
+only ever sees the previous complete file or the new one. Only a regular file
+or a missing path is written or opened as input; a link, FIFO or device is
+refused. Inside directories others can write to, files are named relative to a
+directory descriptor (:func:`open_dir`), never by a path resolved again.
+Details: docs/ARCHITECTURE.md, "Writing outputs".
 """
 
 from __future__ import annotations

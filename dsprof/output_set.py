@@ -1,29 +1,12 @@
 """Several outputs of one command appear together or not at all.
 
 :func:`output_set` hands out paths in a private staging directory inside the
-output directory (``.dsprof-staging-*``); each file there is written as usual
-(:mod:`dsprof.fileio`). When every file is complete, the set is moved into
-place while holding an exclusive ``flock`` on ``.dsprof.lock`` in the output
-directory, so two concurrent writers leave one whole set, the last one's.
-
-A crash between two renames must not leave a mix of old and new files: before
-the first rename, a journal (``.dsprof-journal.json``, naming the staging
-directory and its files) is written atomically; the renames are idempotent,
-and whoever next takes the lock (a writer, or a reader through
-:func:`settle`) finds the journal and completes them. Staging directories of
-writers that died (their owner lock is free) are removed then too.
-
-Any error, Ctrl-C or SIGTERM before the renames removes the staging directory
-and leaves the previous outputs as they were; a SIGKILL leaves it, or a
-journal's temporary file, for the next writer or reader. The lock file and the journal exist only while a set is
-being moved.
-
-The output directory may be shared, so nothing in it is trusted: it is opened
-once and every lock, journal, rename and removal goes through its descriptor
-and the staging directory's (:func:`~dsprof.fileio.open_dir`, no link
-followed), never through a path resolved again. A journal naming anything but
-plain file names in a real staging directory, or one whose renames fail, is
-discarded with one note rather than completed or left to block the directory.
+output directory; when every file is complete, the set is moved into place
+under a ``flock``, with a journal that the next writer or reader completes
+(:func:`settle`) if a crash cuts the renames short. The output directory may be
+shared, so nothing in it is trusted: every lock, journal, rename and removal
+goes through directory descriptors (:func:`~dsprof.fileio.open_dir`).
+Details: docs/ARCHITECTURE.md, "Writing outputs".
 """
 
 from __future__ import annotations

@@ -1,36 +1,12 @@
 """Chrome trace events as JSON text: how dsprof decodes one event, and the limits it holds input to.
 
-The SA_PROFILE recorder writes one Chrome trace event per line. The merge
-(:func:`dsprof.profiler.sa_profile.merge_fragments`) and the readers
+The merge (:func:`dsprof.profiler.sa_profile.merge_fragments`) and the readers
 (:mod:`dsprof.analysis.ingest`) must agree on which lines are events, so both
-decode them here, with the same rules:
-
-* strict JSON (RFC 8259), parsed by msgspec: invalid UTF-8 (anywhere, also
-  in members the parser skips), lone surrogate escapes, trailing text after
-  the value are not JSON (``bad_json``);
-* ``NaN``, ``Infinity`` and ``-Infinity`` — Python's ``json`` writes them,
-  strict parsers refuse them — are read as ``null`` where they stand as values
-  (not inside strings), and counted; nothing else is rewritten;
-* numbers that are decoded (``ts``, ``dur``, ``pid``, ...): integers are exact
-  Python ints, numbers with a fraction or exponent :class:`decimal.Decimal`
-  built from their text — never a binary float, so no digit is lost. A
-  number whose exponent Decimal cannot hold, or an integer of thousands of
-  digits, is ``bad_value``. ``args`` is not decoded but kept as its JSON text
-  (:class:`TraceEvent`), so its numbers keep their text exactly as written
-  (``1.10`` stays ``1.10``, ``1e3`` stays ``1e3``);
-* nesting is limited by the parser's recursion (just under Python's
-  recursion limit: 999 levels by default): deeper is ``too_deep``;
-* a value that parses but is not a JSON object is ``not_object``.
-
-:class:`JsonLimits` bounds what one event (one line) and one gzip stream may
-take; the readers and the merge never hold more than a batch of lines and one
-event beyond it, whatever the input.
-
-:func:`string_delimiters` and :func:`scan_structure` find a JSON text's
-string quotes and its brackets and commas outside strings with NumPy, a whole
-buffer at a time: what the document reader needs to cut a ``traceEvents``
-array into events without parsing it in Python, and what the ``NaN`` rewrite
-needs to know that a token is not inside a string.
+decode them here. Rules and limits: docs/FORMATS.md, "One event as JSON text".
+:func:`string_delimiters` and :func:`scan_structure` find a JSON text's string
+quotes, and its brackets and commas outside strings, with NumPy a whole buffer
+at a time: the document reader cuts a ``traceEvents`` array into events with
+them, and the ``NaN`` rewrite checks that a token is not inside a string.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """SA_PROFILE recorder (docs/FORMATS.md, "SA_PROFILE"): serving-level Chrome-trace fragments, one per process.
 
 Switched on by ``SA_PROFILE_OUTPUT`` / ``SA_PROFILE_LEVEL`` (read at import) or
-by :func:`configure`. Each process appends JSON lines to
-``<fragments dir>/trace.<pid>.jsonl``. Events are serialised when recorded and
-buffered; a batch is written with one ``os.write`` of whole lines when it
-reaches ``flush_every`` events or ``flush_interval_s`` has passed, and at exit,
-so a process killed with SIGKILL loses at most its last unflushed batch (and a
-write cut short by the kill leaves at most one torn final line, which
-:func:`merge_fragments` skips and counts).
-
-Fork safety: the buffer lock is held across ``fork`` and the child starts with
-an empty buffer, a new lock and no open fragment, so it writes its own
-``trace.<pid>.jsonl`` and never the parent's pending events. Children started
-by :mod:`multiprocessing` flush at their exit through a multiprocessing
-finaliser; a bare ``os.fork`` child that leaves with ``os._exit`` must call
-:func:`flush` (or :func:`shutdown`) first.
+by :func:`configure`. Events are buffered and written in batches of whole lines
+(docs/FORMATS.md says what a kill loses). Fork safety: the buffer lock is held
+across ``fork`` and the child starts with an empty buffer, a new lock and no
+open fragment, so it never writes the parent's pending events. Children of
+:mod:`multiprocessing` flush at exit through a finaliser; a bare ``os.fork``
+child that leaves with ``os._exit`` must call :func:`flush` (or :func:`shutdown`) first.
 """
 
 from __future__ import annotations

@@ -1,38 +1,13 @@
 """STRACE emitter (docs/FORMATS.md, "STRACE"): host-span records written to the process log.
 
 A record is written once, when its span closes, with a single ``os.write`` of
-at most PIPE_BUF bytes, so forked rank processes that share one captured stderr
-never interleave inside a record. Every line is
-``format_prefix(...) + payload + "\\n"`` in the shapes fixed by
-:mod:`dsprof.profiler.strace_format`; the hot path assembles the same text from
+at most PIPE_BUF bytes, so forked ranks sharing one stderr never interleave
+inside a record. The hot path assembles the text of :mod:`.strace_format` from
 per-thread precomputed pieces (tests check it against the format functions).
-
-Switched on with :func:`enable` or ``DSPROF_STRACE=1`` at import. While off,
-:func:`span` returns one shared no-op object and :func:`record` returns at once;
-that still costs the call itself (Python builds the ``**attrs`` dict before
-``span`` runs). Hot loops that must cost nothing while off test the module flag
-first, read through the module so that enable/disable are seen::
-
-    with strace.span(fmt.BIND, inv=inv, hid=hid, step=i) if strace.ENABLED else strace.NOOP_SPAN:
-        ...
-    if strace.ENABLED:
-        strace.record(...)
-
-Host evidence (docs/FORMATS.md, "Host evidence"). While on (the default; :func:`set_host_evidence`,
-or ``DSPROF_HOST_EVIDENCE=0`` at import, turns it off) every :func:`span`
-carries what the OS saw of its thread between open and close: ``os.cpu_ns``,
-``os.rq_ns``, ``os.nivcsw``, ``os.majflt``. Code that records spans after the
-fact takes :func:`host_sample` at each boundary and passes
-``evidence(start, end)`` as the record's attributes. A sample reads the
-thread's CPU clock, its own ``/proc/thread-self/schedstat`` (kept open per
-thread, read with ``pread``) for the run-queue wait, and
-``getrusage(RUSAGE_THREAD)``; where schedstat is missing (non-Linux, no
-schedstats) ``os.rq_ns`` is omitted.
-
-Garbage collections (docs/FORMATS.md, "Host evidence"): :func:`enable` also hooks ``gc.callbacks``, so
-every collection becomes a ``host.gc`` record (its own invocation, depth 0,
-``hid=0``, ``gen``, ``collected``, host evidence) written by the collecting
-thread. A process that never collects pays nothing.
+Switched on by :func:`enable` or ``DSPROF_STRACE=1`` at import. While off, a call
+still costs the call (Python builds ``**attrs``), so hot loops test the flag
+through the module first: ``strace.span(...) if strace.ENABLED else strace.NOOP_SPAN``.
+Host evidence and GC spans: docs/RUNTIME.md, "Artifacts and profiling".
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """The device layer: one in-order stream per rank with completion fences.
 
 On CPU a rank's "device" is an executor thread that runs submitted programs in
-order (like an accelerator stream) and signals a fence when each one is done;
-device-phase times come from the executor's clock. On CUDA the same interface
-uses a real stream and events. Either way a run's device timeline is reported
-relative to that run's launch (a per-invocation device clock origin), never as
-host timestamps.
-
-Device phases nest: a collective call inside a phase (the MoE all-to-all in
-``forward``) is timed as ``forward.a2a_wait`` through :func:`device_wait`,
-which finds the clock of the program running on the calling thread.
-
-The CPU executor also takes a host sample (docs/FORMATS.md "Host evidence") of its own thread around
-every program: that "device" competes for the CPU like any thread, so what the
-OS saw of it during ``device_wall`` tells contention from slow device work.
-A CUDA device has no such thread, and no such evidence.
+order and signals a fence for each; on CUDA the same interface uses a real
+stream and events. A run's device timeline is relative to its launch, never
+host timestamps. A collective inside a phase is timed through
+:func:`device_wait`, which finds the clock of the program running on the
+calling thread. Details: docs/RUNTIME.md, "What runs" (Device layer).
 """
 
 from __future__ import annotations

@@ -1,26 +1,11 @@
 """Faults injected on purpose (``--inject``), seeded so a run can be repeated, with their ground truth.
 
-Grammar (one spec per ``--inject``; see docs/RUNTIME.md)::
-
-    fence_tail:[rank=<r>,]p=<0..1>,ms=<delay>    per decode step with probability p, one rank's completion fence is late
-    straggler:rank=<r>,ms=<work>                 rank r's device does <work> ms more work every decode step
-    slow_bind:rank=<r>,ms=<work>[,step=K]        rank r's bind does <work> ms more host CPU work (every step, or only step K)
-    cpu_contention:[rank=<r>,]p=<0..1>,ms=<burn>[,at=device]
-                                                 per step with probability p, a neighbour process burns the rank's CPU
-                                                 while its device program runs
-    gc_pause:[rank=<r>,]p=<0..1>,ms=<pause>[,at=host|device]
-                                                 per step with probability p, a garbage collection of about <pause> ms,
-                                                 on the host thread as it waits for the program (host, the default)
-                                                 or inside the device program before its first all-to-all (device)
-    crash:rank=<r>,step=<K>                      rank r dies at decode step K
-
-Steps are measured decode steps, numbered as the root's ``step`` attribute (the
-number the analysis reports): warm-up rounds are excluded, and never perturbed.
-Where ``rank`` is optional and left out, each event picks a seeded random rank.
-Every rank derives the same plan from the seed; each event a rank applies is
-reported to the launcher, which writes them to ``faults.json`` with the
-mechanism and phase an analysis should name for it (docs/FIGURES.md "Causes") and what the
-ranks measured of it: who lost how much time (``measured``).
+Kinds: ``fence_tail``, ``straggler``, ``slow_bind``, ``cpu_contention``,
+``gc_pause``, ``crash``. Every rank derives the same plan from the seed; each
+event a rank applies is reported to the launcher, which writes ``faults.json``
+with the mechanism and phase an analysis should name for it and what the ranks
+measured of it. Grammar, steps, timing and faults.json: docs/RUNTIME.md,
+"Fault injection (``--inject``)".
 """
 
 from __future__ import annotations

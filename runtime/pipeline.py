@@ -1,30 +1,13 @@
 """The chip-run lane: async depth-2 pipeline of fused-program runs on one rank.
 
-A run goes through ``bind`` (stage its ping-pong slot's TaskArgs), ``launch``
-(``runner_run`` starts: the program is queued on the device stream, then
-``claim_release`` lets the successor launch), ``drain`` (the host waits on the
-completion fence: ``native_fence_wait``; ``runner_run`` ends) and ``validate``.
 The rank loop binds and launches run N+1 before draining run N, so two runs
-are in flight. With device-resident metadata every metadata update waits for
-a global metadata predecessor: the previous dispatch must have drained here
-(so bind(N+1) cannot start before runner_run(N) ends) and on every other rank
-(each device-resident update in bind.args first passes a host-side barrier);
-the pipeline serializes.
-
+are in flight (bind, launch, drain, validate; with device-resident metadata
+bind(N+1) waits for run N to drain on every rank, and the pipeline serializes).
 Runs overlap on one host thread, so their STRACE spans are written with
-``strace.record`` and explicit depths once the run is validated. Every phase
-boundary is a :class:`Mark`: the host monotonic time and a host sample of the
-thread (docs/FORMATS.md "Host evidence"), so each span carries what the OS saw of the host thread
-between its own two boundaries. The device phases (clk=dev) come from the
-fence: ``device_wall`` with what the OS saw of the CPU executor thread, and
-the program's phases below it, collective waits included.
-
-With ``dsprof run --torch-profiler`` the same phases are ``record_function``
-labels of the profiled runs (:mod:`.torch_profile`), opened and closed here at
-the marks: bind, runner_run, claim_release and validate on the host thread;
-``ProfilerStep#N`` over a decode step's runner_run (its launch to its drain:
-the steps overlap on the host thread, as the runs do); the program
-``device_wall#N`` and its phases on the device (:mod:`.device`).
+``strace.record`` and explicit depths once the run is validated; every phase
+boundary is a :class:`Mark` (host time and a host sample of the thread). The
+same marks open and close the ``--torch-profiler`` labels (:mod:`.torch_profile`).
+Details: docs/RUNTIME.md, "The decode step and the depth-2 pipeline", "Artifacts and profiling".
 """
 
 from __future__ import annotations

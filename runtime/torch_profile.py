@@ -1,22 +1,12 @@
 """A rank's torch.profiler recording (``dsprof run --torch-profiler``): one Kineto trace per rank beside STRACE.
 
-:class:`RankProfile` records the rank's decode loop, from right after the
-ranks meet until the last run is validated, and writes
-``torch-profiler/rank<r>.json`` (:mod:`dsprof.profiler.artifacts`). While it
-records, :func:`label` and :func:`open_label` put the runtime's phases into
-the trace as ``record_function`` labels (names from
-:mod:`dsprof.profiler.torch_labels`); while it does not, they cost a module
-flag test and nothing else, so a run without the flag is the run it was.
-
-What torch 2.13 records of other threads: by default only the thread that
-started the profiler (its ``RecordFunction`` callbacks are thread-local), so
-the CPU device's executor thread, which runs every device program and its
-collectives, would be missing. ``_ExperimentalConfig(profile_all_threads=True)``
-records every thread's ops and labels, those already running included.
-Labels may end out of nesting order (a run's ``runner_run`` ends after the
-next run's begins): each is kept with its own start and end. The trace's
-``ts`` (µs, plus the top-level ``baseTimeNanoseconds``) is Unix time
-(CLOCK_REALTIME), converted from the profiler's own clock.
+:class:`RankProfile` records the rank's decode loop and writes
+``torch-profiler/rank<r>.json``. While it records, :func:`label` and
+:func:`open_label` put the runtime's phases into the trace as
+``record_function`` labels (:mod:`dsprof.profiler.torch_labels`); while it does
+not, they cost a module flag test, so a run without the flag is the run it was.
+All threads are recorded (``profile_all_threads``): the CPU device's executor
+runs every program. Details: docs/RUNTIME.md, "torch.profiler traces".
 """
 
 from __future__ import annotations

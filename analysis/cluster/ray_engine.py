@@ -1,23 +1,11 @@
 """The same analysis on a Ray cluster, for fleets whose logs outgrow one machine.
 
-Only the span-sized work is distributed; everything per step runs once, on
+Only the span-sized work is distributed (ingest, one task per log; the
+invocation pass, one task per time window); everything per step runs once, on
 the driver, with the same SQL as the embedded engine, so both give the same
-summary.json:
-
-1. ingest: one Ray task per text log, writing its spans into the shared span
-   dataset (:mod:`dsprof.analysis.store.dataset`, time-window partitions) and
-   returning the log's side tables (anchors, chip devices, drop counts);
-2. invocations: one Ray task per time window, each a DuckDB aggregation over
-   the window and its two neighbours (an invocation cut between two windows is
-   whole in the three) that keeps the invocations starting in its window;
-3. the driver stacks the invocation tables and runs the analysis on them
-   (:func:`dsprof.analysis.analyze.analyze_trace`): pipeline pairs and
-   carry-over chains are followed over the whole run there, so no window needs
-   more overlap than its neighbours.
-
-Workers must see the input logs and the dataset directory at the same paths
-(a shared filesystem; docs/CLUSTER.md). Ray is an optional dependency:
-``pip install dsprof[cluster]``.
+summary.json. Workers must see the inputs and the dataset at the same paths.
+Ray is an optional dependency (``pip install dsprof[cluster]``). Details:
+docs/CLUSTER.md, "What runs where".
 """
 
 from __future__ import annotations

@@ -1,34 +1,10 @@
 """Read any mix of dsprof inputs into one :class:`~dsprof.analysis.store.spans.Trace`.
 
-:func:`read_paths` decides what each path is:
-
-* a directory is read for what it holds: every ``*.log`` (STRACE text logs,
-  e.g. the runtime's ``server.log``); the SA_PROFILE trace under
-  ``serving-trace/`` or in the directory itself (``trace.json`` preferred,
-  else the fragments — never both, so no event is read twice); Chrome traces
-  named ``*.trace.json`` / ``*.trace.json.gz``; PyTorch-profiler (Kineto)
-  traces of any ``*.json`` / ``*.json.gz`` name; and the side files
-  ``performance_summary.json`` / ``faults.json``. A directory holding none of
-  these is an error;
-* a ``.jsonl`` file is an SA_PROFILE fragment;
-* a ``.json`` / ``.gz`` file (or one starting with gzip magic bytes) is a
-  Chrome trace — read as SA_PROFILE (``source="sa_profile"``) when it is an
-  SA_PROFILE merge (named ``trace.json`` beside a ``fragments/`` directory or
-  inside ``serving-trace/``, or a ``.json`` output path with
-  ``<path>.fragments/`` beside it), as a PyTorch-profiler trace when it
-  describes its process (``distributedInfo``: :mod:`.kineto`; every such file
-  of the inputs, directories' included — a run directory's ``torch-profiler/``
-  too —, is one rank of one job, read together), else as a generic Chrome
-  trace. Where STRACE runs are read as well, the Kineto steps join them as their
-  device timeline on the STRACE clock instead of being runs of their own
-  (:mod:`.kineto_join`); an SA_PROFILE ``.json`` output
-  path that was never merged is read from its fragments;
-* ``performance_summary.json`` / ``faults.json`` given directly are side files;
-* any other file is a text log searched for STRACE records.
-
-With a ``sink``, text logs hand their span tables to it chunk by chunk (see
-:class:`~dsprof.analysis.ingest.sink.SpanSink`), so a log of any size is
-read in bounded memory.
+:func:`read_paths` decides what each path is and hands it to its reader
+(docs/FORMATS.md, "Which reader reads a path"). With a ``sink``, text logs hand
+their span tables to it chunk by chunk
+(:class:`~dsprof.analysis.ingest.sink.SpanSink`), so a log of any size is read
+in bounded memory.
 """
 
 from __future__ import annotations

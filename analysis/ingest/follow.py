@@ -1,25 +1,12 @@
 """Following a growing STRACE log: each poll parses only the bytes written since the last one.
 
-A :class:`LogFollower` remembers the file it has open (device, inode), the
-bytes read from it and the lines parsed. It hands on the new bytes only up to
-the start of the last line that opens with '[': no record spans such a cut
-(:mod:`.strace_pieces`), so a record torn at the current end of the file waits
-for its rest, and every cut parses exactly as it would within the whole file.
-The bytes go through the same reader as ``read_strace_log``
-(:func:`~dsprof.analysis.ingest.strace_log.parsed_pieces`, the compiled
-scanner where built) with lines numbered on from the file's count, so the
-rows equal those of a whole-file read.
-
-* Rotation (the path now names another file): the old file is read to its end
-  and parsed to the last byte, then the new one is followed from its start.
-* Truncation or a rewrite in place (the file is now shorter than what was
-  read, or its first bytes changed: copytruncate, then more written than was
-  there, within one poll; :mod:`.followed_file`): what was held back is
-  parsed, the file is read again from its start, and a note says so.
-* A FIFO, device or directory at the path is refused in one line naming it
-  (as a file that cannot be read is), never waited on.
-* :meth:`LogFollower.finish` parses everything left, torn record included,
-  exactly as a whole-file read would at the file's end.
+A :class:`LogFollower` hands on the new bytes only up to the start of the last
+line that opens with '[': no record spans such a cut (:mod:`.strace_pieces`), so
+a record torn at the current end of the file waits for its rest. The bytes go
+through the reader ``read_strace_log`` uses, lines numbered on from the file's
+count, so the rows equal those of a whole-file read; :meth:`LogFollower.finish`
+parses the rest as a whole-file read would at the file's end. Rotation,
+truncation and what is refused: docs/WATCH.md, "What it reads".
 """
 
 from __future__ import annotations

@@ -1,37 +1,13 @@
 """Following SA_PROFILE fragments while their job runs: each poll converts only the lines appended since the last one.
 
-A :class:`FragmentFollower` follows a fragments directory (every
-``trace.<pid>.jsonl`` in it, those that appear later too: the directory is
-listed at most once a second) or one fragment
-named directly. Each fragment's new bytes are handed on up to their last
-newline, so a line torn at the current end of the file waits for its rest.
-Complete lines go through the reader ``analyze`` uses
-(:class:`~dsprof.analysis.ingest.sa_profile.FragmentBatch`: the same line
-decoding, span conversion and counts of malformed lines), numbered on from the
-fragment's count, so the rows equal those of a whole-file read.
-
-* A fragment replaced by another file (removed and made again: a new main
-  process removes the stale fragments of an earlier run) is read to its end,
-  its last line handed on as a whole read ends, and the new file is read from
-  its start. One rewritten in place — shorter than what was read, or its first
-  bytes changed (a file made again on a reused inode) — is read again from its
-  start, after its held line is handed on; a note says so
-  (:mod:`.followed_file`). A FIFO, device or directory put in a fragment's
-  place is refused in one line naming it, as a fragment that cannot be read is.
-* At most ``MAX_OPEN`` fragments hold a descriptor, fewer under a low
-  descriptor limit (a job may have thousands of processes): past that, the
-  one that grew least recently lets its go, and is opened again when its size
-  changes, read on only if it is still the file read (device, inode, first
-  bytes). One removed or replaced while it held
-  none cannot be read to its end: what it got after its last poll is missing
-  from the window's serving figures only (the final outputs read the
-  fragments whole).
-* A line longer than ``JsonLimits.max_event_bytes`` is counted
-  (``overlong_line``) and skipped to its newline, never held whole.
-* ``B``/``E`` events pair within one poll's lines only (SA_PROFILE writes
-  complete ``X`` events; the final outputs read the fragments whole).
-* :meth:`FragmentFollower.finish` hands on everything left, a torn last line
-  too (counted as ``analyze`` counts it).
+A :class:`FragmentFollower` follows a fragments directory (those fragments that
+appear later too) or one fragment. New bytes are handed on up to their last
+newline, and complete lines go through the reader ``analyze`` uses
+(:class:`~dsprof.analysis.ingest.sa_profile.FragmentBatch`), numbered on from
+the fragment's count, so the rows equal those of a whole-file read;
+:meth:`FragmentFollower.finish` hands on the rest, a torn last line too.
+Replaced and rewritten fragments, the descriptor cap, long lines:
+docs/WATCH.md, "What it reads".
 """
 
 from __future__ import annotations

@@ -1,35 +1,11 @@
 """A Chrome trace JSON document read as a stream: the events of its ``traceEvents`` array, a batch at a time.
 
-A merged ``trace.json`` or a Kineto trace is one JSON document, possibly of
-gigabytes, possibly gzip-compressed. It is never loaded whole:
-
-* the file (or its gzip stream, inflated piece by piece) is read
-  :data:`~dsprof.profiler.chrome_json.READ_BYTES` at a time;
-* the ``traceEvents`` array is cut into its events by the positions of its
-  commas and brackets outside strings, found with NumPy over the whole buffer
-  (:func:`~dsprof.profiler.chrome_json.scan_structure`); the complete events of
-  a buffer are then parsed by msgspec in one call, into
-  :class:`~dsprof.profiler.chrome_json.TraceEvent` structs — no Python object
-  per event beyond what the parser makes. Only a buffer that fails to parse is
-  parsed again event by event, to count (or name) the one at fault;
-* the other members of the top-level object are read whole (each at most
-  ``max_event_bytes``): ``baseTimeNanoseconds`` (wherever it stands),
-  ``otherData`` and Kineto's ``distributedInfo`` and ``host_name`` are kept,
-  the rest is checked to be JSON and skipped.
-
-So memory holds about two chunks and one event, whatever the document's size.
-
-What is refused (:class:`~dsprof.errors.InputError`: file, line, what was
-expected): text that is not JSON, a document that is not a Chrome trace, an
-event or member larger than ``max_event_bytes``, JSON nested deeper than the
-parser takes, a ``baseTimeNanoseconds`` that is not an int64 integer, a gzip
-stream that expands past the limits of :class:`~dsprof.profiler.chrome_json.JsonLimits`
-(a gzip bomb), corrupt gzip data. What is counted and skipped: events that are
-not objects (``bad_event``), events holding a number out of range
-(``bad_value``). A document cut short (a crash while writing, a truncated
-download, a torn gzip stream) is read up to the cut, as the Chrome JSON Array
-Format allows: the events before it are kept, a torn last event is counted
-(``torn_event``), and :attr:`ChromeDocument.notes` says so.
+A merged ``trace.json`` or a Kineto trace may be gigabytes, gzip-compressed; it
+is never loaded whole. The array is cut into events with NumPy
+(:func:`~dsprof.profiler.chrome_json.scan_structure`) and a buffer's events are
+parsed by msgspec in one call, with no Python object per event beyond what the
+parser makes, so memory holds about two chunks and one event. What is read,
+refused and counted: docs/FORMATS.md, "Chrome JSON as dsprof reads it".
 """
 
 from __future__ import annotations

@@ -1,54 +1,12 @@
 """Reader for PyTorch-profiler (Kineto) traces of a multi-rank job (SPEC §1.1): one file per rank, read as one job.
 
-Each file is streamed (:mod:`.json_stream`, events converted by the Chrome
-reader's :class:`~.chrome.SpanBuilder`) and only the events the diagnosis
-needs are kept, as narrow columns: the step spans, the collective calls, the
-device activities with their launches, and the CPU ops. They go, a file at a
-time, into a DuckDB database of the reader's own, which holds at most
-:data:`READER_MEMORY_LIMIT` in memory and spills the rest to a private folder;
-the rows made from them are handed on a chunk at a time, so reading a job holds
-about one file's worth, not the job's. From them the reader
-makes the rows the STRACE reader makes for a run, so that every analysis runs
-on them unchanged (docs/FORMATS.md "Kineto traces"):
-
-* one run per step span on one rank (``ProfilerStep#N``, N its step number;
-  or the spans of ``step_marker``, numbered by order): ``chip.run`` and its
-  ``runner_run`` span the step, with ``rank``, ``step``, ``device`` and
-  ``callable`` (the marker's name); ``hid`` is ``kineto:<marker>``; ``pid``
-  the file's, or :data:`SHARED_PID_BASE` + rank where files share one;
-* its ``device_wall`` (device clock, origin the step's start) spans the step,
-  and below it: one ``<collective>_wait`` span per collective call of the step
-  (from the rank's arrival to its exit; ``peer`` = the last rank to arrive at
-  that collective instance), ``compute`` (the union of the computation
-  kernels, or on a CPU-only trace of the CPU ops, within the step) and
-  ``host_gap`` (the step's time covered by neither: the host neither computed
-  nor communicated, e.g. it slept or was CPU-bound between launches);
-  and one ``activity.<kind>`` span per device activity (``compute``,
-  ``communication``, ``memory``), assigned to the step whose span holds its
-  launch; activities outside every step are left out.
-
-Where a rank labels its device programs ``chip.run.runner_run.device_wall#N``
-(:mod:`dsprof.profiler.torch_labels`: dsprof's runtime, whose steps overlap
-on the host thread), step N's device timeline is program N instead: its
-``device_wall`` is the program, its compute the ops on the program's thread
-inside it, its waits the collectives that begin inside it, its host gap the
-program's time with neither (``between_ops``: the device's own time, not a
-host gap); whatever runs in no numbered program belongs to no step (see
-:func:`_assigned`). On a device with kernels (CUDA) the label is the host's
-enqueue: the kernels it launched are the step's, the stretch the step's.
-
-:data:`FILLS` and :data:`LACKS` declare, in this one place, which phases the
-source gives; the figures of the lacking ones are absent, never zero.
-
-Ranks come from ``distributedInfo.rank`` (else the order of the files, noted).
-Files with one ``host_name`` share a clock; every other host is shifted onto
-the first rank's host: every rank leaves a collective instance after the last
-one arrives, so each instance bounds the offset from both sides, and the
-midpoint of the tightest bounds is taken (noted with the offset). The n-th
-call of one process group and name on every rank is one collective instance. Collectives are taken from one kind of record per file,
-the first present of: communication kernels, ``gloo:``/``nccl:`` annotations,
-``record_param_comms`` (its ``Collective name``), ``c10d::`` ops. Kernels are
-assigned to the step whose span holds their launch (``correlation``).
+It makes from each rank's steps the rows the STRACE reader makes for a run, so
+that every analysis runs on them unchanged. Each file is streamed
+(:mod:`.json_stream`) and only the events the diagnosis needs are kept, in a
+DuckDB database of the reader's own that spills past :data:`READER_MEMORY_LIMIT`;
+rows are handed on a chunk at a time, so a job holds about one file's worth of
+memory, not the job's. :data:`FILLS` and :data:`LACKS` are the one statement of
+which phases the source gives. Format: docs/FORMATS.md, "Kineto traces".
 """
 
 from __future__ import annotations

@@ -1,26 +1,12 @@
-"""Kineto traces beside a STRACE log: the device timeline of the STRACE runs, on the STRACE clock (docs/FORMATS.md).
+"""Kineto traces beside a STRACE log: the device timeline of the STRACE runs, on the STRACE clock.
 
-An artifact directory of ``dsprof run --torch-profiler`` holds both: each
-rank's STRACE runs and its Kineto steps (``ProfilerStep#N`` over the same
-``runner_run``, N the root's ``step``). The Kineto runs must not become a
-second set of decode runs; their device-clock rows (:mod:`.kineto`) join the
-STRACE run of the same rank and step instead, re-keyed to its ``(pid, inv)``
-and placed from its ``runner_run`` start, as the layout places device spans:
-
-* where the STRACE run has its own device-phase markers (``device_wall`` and
-  below), only the Kineto activities join it (the profiler's ops or kernels);
-* where it has none (``--no-device-phases``), the whole Kineto device
-  timeline does: ``device_wall`` (the program), compute, host gap, the
-  collective waits with their ``peer``, the activities.
-
-The clocks: a Kineto ``ts`` (plus ``baseTimeNanoseconds``) is Unix time
-(torch 2.13 on Linux converts its own clock to CLOCK_REALTIME), a STRACE one
-CLOCK_MONOTONIC, and each rank's ``CLOCK_ANCHOR`` maps the one to the other
-(``wall = wall_ns + (mono - mono_ns)``). The check: ``runner_run`` is seen by
-both (the STRACE span and the Kineto step), and after the mapping their starts
-and ends must agree; the residual is noted. Where a rank has no anchor, or its
-anchor leaves the spans more than :data:`ANCHOR_TOLERANCE_NS` apart, the
-median difference of the starts is taken instead (noted).
+An artifact directory of ``dsprof run --torch-profiler`` holds each rank's
+STRACE runs and its Kineto steps over the same ``runner_run``. The Kineto runs
+must not become a second set of decode runs: their device-clock rows
+(:mod:`.kineto`) join the STRACE run of the same rank and step instead, mapped
+through the rank's ``CLOCK_ANCHOR`` and checked on ``runner_run``, seen by both
+(:data:`ANCHOR_TOLERANCE_NS`). What joins, the clocks and the check:
+docs/FORMATS.md, "Beside a STRACE log".
 """
 
 from __future__ import annotations

@@ -1,38 +1,11 @@
 """Reader for SA_PROFILE serving traces (docs/FORMATS.md, "SA_PROFILE"): fragment JSONL files and the merged trace.json.
 
-What a path may be, and what is read:
-
-* an SA_PROFILE output directory: its merged ``trace.json``, or its
-  ``fragments/trace.<pid>.jsonl`` when there is no merge or the merge is
-  stale (below) — never both, so no event is read twice;
-* a fragments directory (holding ``trace.<pid>.jsonl``), or one ``.jsonl``
-  fragment;
-* a merged ``trace.json`` (the same choice is made against the fragments
-  beside it), or an SA_PROFILE ``.json`` output path whose merge was never
-  written (then ``<path>.fragments/`` is read).
-
-A merge is stale when a fragment beside it holds events the merge does not:
-a fragment the merge did not take, or one whose size changed since (dsprof's
-merge records the fragments it took, and their sizes, in the merge's
-``otherData``); for a merge written by another tool, a fragment modified
-after the merge was written. A stale or unreadable merge is passed over for
-the fragments. Which source was read, and why, is said in ``Trace.notes``.
-
-Fragments hold one Chrome event per line, read a batch of lines at a time
-(:func:`~dsprof.profiler.chrome_json.line_batches`), each line parsed by
-msgspec with the rules of :mod:`dsprof.profiler.chrome_json` — the same that
-``dsprof merge`` keeps lines by. A line that is not a JSON object (a torn last
-line after a crash, garbage, NaN in a place that makes it no JSON) is
-skipped and counted as ``bad_json``; one nested too deeply as ``too_deep``;
-one longer than ``JsonLimits.max_event_bytes`` as ``overlong_line``; one
-holding a number out of range as ``bad_value``. A fragment none of whose lines
-is an event is skipped (its lines counted, a note says so) when there are
-others; read alone, or when every fragment is like it, it is an
-:class:`InputError` naming its first bad line.
-Events are converted by :class:`~dsprof.analysis.ingest.chrome.SpanBuilder`
-with ``source="sa_profile"``; ``line`` is the fragment's 1-based line number,
-or the event's index in a merged ``trace.json``. Reading a merge made by
-dsprof, the lines its merge skipped are counted as if read here.
+It reads either the merge or the fragments beside it, never both, so no event is
+read twice; a stale merge is passed over for the fragments. Lines are decoded by
+:mod:`dsprof.profiler.chrome_json`, the rules ``dsprof merge`` keeps lines by,
+and converted by :class:`~dsprof.analysis.ingest.chrome.SpanBuilder`. Which
+paths it takes, when a merge is stale, and what it counts: docs/FORMATS.md,
+"SA_PROFILE as dsprof reads it".
 """
 
 from __future__ import annotations

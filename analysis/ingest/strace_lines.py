@@ -1,22 +1,12 @@
 """The Python reader of one piece of a STRACE log: it defines what the reader returns.
 
-It cuts each piece into lines without copying (an Arrow string
-array whose offsets are the newline positions). Lines are handled in batches,
-in three tiers:
-
-1. plain records — one version-1 record with single spaces running to the end
-   of its line, the common case — are recognised by one capture-free regular
-   expression over the whole batch and cut into fields by the positions of
-   their separator bytes (NumPy); numbers are cast straight from the log's
-   bytes, text fields gathered with Arrow ``take``;
-2. other lines holding a marker (several records on a line, unusual spacing,
-   other versions) are split at every marker and parsed by a capturing regular
-   expression over the column;
-3. only what that rejects (torn, split across lines, garbled) takes a Python
-   path, to rejoin continuation lines or to name the reason it is dropped.
-
-Each batch becomes typed Arrow columns at once, so the text of its fields
-never piles up.
+Lines are cut without copying (Arrow offsets at the newlines) and handled in
+batches, in three tiers: plain records (one version-1 record with single spaces
+to the end of its line, the common case) by one capture-free regular expression
+and NumPy cuts at their separators; other lines holding a marker by a capturing
+expression over the column; only what that rejects (torn, split, garbled) takes
+a Python path, to rejoin continuation lines or name the drop. Each batch
+becomes typed Arrow columns at once. Rules: docs/FORMATS.md, "STRACE as dsprof reads it".
 """
 
 from __future__ import annotations

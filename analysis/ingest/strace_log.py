@@ -1,41 +1,12 @@
 """Reader for STRACE host-span records in any text log (docs/FORMATS.md, "STRACE").
 
 The log is cut into pieces of about ``strace_pieces.PIECE_BYTES`` where a line
-opens with '[' (no record can span such a cut; :mod:`.strace_pieces`), so the
-time taken grows linearly with the log and the reader's own memory stays
-bounded by a few pieces whatever the log's size. Each piece is read by the
-compiled scanner where it is built (:mod:`.compiled`), else by the Python
-reader (:mod:`.strace_lines`, which defines the result: both give the same
-rows, drops and counts on any input, tests/test_ingest_fast.py). The grammar
-comes from :mod:`dsprof.profiler.strace_format` (:mod:`.strace_records`).
-
-Reading rules (also what ``Trace.dropped`` counts):
-
-* a record may sit anywhere in a line, after the ``[mono_ns=..][T0x..][LEVEL]
-  func: `` prefix or not, and a line may hold several records;
-* a record cut by a newline is rejoined with up to
-  :data:`MAX_CONTINUATION_LINES` following lines when that completes it
-  (the newline removed, or replaced by a space where that is what parses). A
-  record already complete takes the next line only if that line cannot be a
-  new log record (does not start with '[') and the join consumes all of it
-  (e.g. ``run`` / ``_id=7 step=3``); a bare one-word line right after such a
-  record is therefore read as its continuation — the two cannot be told
-  apart, and the runtime's own lines always start with a prefix;
-* a record with ``v`` other than 1 is skipped: ``unknown_version``;
-* a record that stops before its required fields are complete:
-  ``torn_record``; one whose required fields are out of order or absent:
-  ``missing_field``; one whose fields are all there but a value does not
-  parse (or overflows 64 bits): ``bad_value``;
-* the same for ``[CLOCK_ANCHOR]`` lines (``bad_anchor``) and
-  ``[chip_process ...] ready`` lines (``bad_chip_process``);
-* unrelated log text is ignored and not counted as dropped; the number of
-  lines read is kept in ``Trace.lines_read``.
-
-Column conventions for STRACE rows: ``source="strace"``, ``cat=""``,
-``ph="X"``, ``line`` is the line the record starts on. The ``clk`` attribute
-becomes the ``clk`` column (``"dev"`` when ``clk=dev``, else ``"host"``) and is
-not repeated in ``attrs``; every other trailing ``k=v`` attribute, known or not,
-is kept in ``attrs`` with keys and values percent-decoded.
+opens with '[' (no record can span such a cut), so the time taken grows linearly
+with the log and memory stays bounded by a few pieces. Each piece is read by the
+compiled scanner where it is built (:mod:`.compiled`), else by the Python reader
+(:mod:`.strace_lines`, which defines the result: both give the same rows, drops
+and counts on any input, tests/test_ingest_fast.py). Reading rules and drop
+counts: docs/FORMATS.md, "STRACE as dsprof reads it".
 """
 
 from __future__ import annotations

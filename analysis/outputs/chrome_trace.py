@@ -1,25 +1,12 @@
 """The one Chrome trace writer: ``combined-swimlane.json`` and the Perfetto JSON export.
 
-Where every span, arrow and counter goes — processes, tracks and their names,
-flows, counters — is :mod:`~dsprof.analysis.outputs.perfetto_tracks`, shared with
-the native protobuf writer; this module only spells it as Chrome trace events:
-
-* spans as complete events (``X``) on their track: runtime spans in category
-  ``runtime``, device-clock spans (placed by the layout) in ``device``;
-* each finding's marker as a thread-scoped instant (``i``, category ``finding``)
-  on its findings track, the item's facts as args;
-* ``request`` spans, which overlap on one thread, as async slices (``b``/``e``,
-  one id each) instead of an invented nesting;
-* flows as ``s``/``f`` pairs (``bp: "e"``), one id per arrow (named ``dispatch``
-  or ``blame``); counters as ``C``;
-* args: the run's step, rank, device, phase, callable and lane, ``inv`` and
-  ``wall_ns`` as strings (64-bit), host evidence as numbers, every other
-  attribute as the text it was read as.
-
-The combined swimlane keeps a span budget: beyond it, the steps with the
-largest runner-end skew are kept in full and the others left out, and of
-the serving (SA_PROFILE / Chrome) spans the earliest that many are drawn, as
-``otherData`` says. A path ending in ``.gz`` is written gzip-compressed.
+Where every span, arrow and counter goes is
+:mod:`~dsprof.analysis.outputs.perfetto_tracks`, shared with the native
+protobuf writer; this module only spells it as Chrome trace events (``request``
+spans, which overlap on one thread, as async slices instead of an invented
+nesting). The combined swimlane keeps a span budget, as ``otherData`` says. A
+path ending in ``.gz`` is written gzip-compressed. Events, args and the budget:
+docs/REPORTS.md, "perfetto-json".
 """
 
 from __future__ import annotations

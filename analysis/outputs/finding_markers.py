@@ -1,21 +1,10 @@
 """Where the findings go in the Perfetto exports: one marker per late item, and arrows from a slow step to what it blames.
 
-The items are read from the summary (``slow_steps``, ``tail_steps``,
-``late_starts``; an item marked ``noise`` is not a finding and gets no marker)
-and placed with the engine's ``decode`` table, which holds every run's times:
-
-* a slow step or a tail step at the end of its culprit's ``runner_run`` in that
-  step (where the culprit's lateness shows), a late start at the start of it;
-  a run without a ``runner_run`` falls back to its root's end or start;
-* the culprit is the item's ``rank`` (for a tail step whose culprit only
-  waited: the peer it waited for), else its ``late_rank``; an item whose
-  culprit has no run in that step (outside the window drawn) gets no marker.
-
-A slow step's marker also names what its arrows point at
-(:func:`~dsprof.analysis.outputs.perfetto_tracks.flow_links`): its culprit's span of
-the blamed phase, and the victims it held at a collective (``finding_victims``).
-
-Nothing here recomputes a figure: the marker's name and args are the item's.
+The items are read from the summary (an item marked ``noise`` gets no marker)
+and placed with the engine's ``decode`` table, where the culprit's lateness
+shows; a culprit is the item's ``rank``, else its ``late_rank``. Nothing here
+recomputes a figure: the marker's name and args are the item's. Placement and
+arrows: docs/REPORTS.md, "Perfetto exports" (Findings, Flows).
 """
 
 from __future__ import annotations

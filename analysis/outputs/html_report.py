@@ -1,30 +1,12 @@
 """The interactive HTML report: findings first, then a swimlane in which every lane can be read.
 
-One offline file: plotly.js (for the per-step charts) embedded once, the
-page's own ``report.js``/``report.css`` beside this module, and one JSON data
-block. Top to bottom (docs/REPORTS.md): the verdicts and the worst late steps
-with their causes (:mod:`~dsprof.analysis.outputs.findings`, the formatter
-summary.md and the console share), the swimlane, the per-step skew charts, the
-sortable lists of every late start and tail step, pipeline health and
-percentiles, and — folded — the configuration (workload, serving figures,
-inputs, validation checks). Every figure comes from the summary.
-
-The swimlane has one band per process (the track layout of the Perfetto
-exports, :mod:`~dsprof.analysis.outputs.perfetto_tracks`): a rank's band holds its
-serving lanes (scheduler, worker, executor, kernel) and its pipeline-slot
-lanes, each a small flame graph — the run's root, its phases below it, and
-under ``runner_run`` the device spans (``clk=dev``) placed at the run's launch
-(:func:`~dsprof.analysis.outputs.drawing.device_spans_sql`; approximate, as the page says).
-
-Span data are computed in the engine (SQL) and travel as compact columns.
-Beyond ``span_budget`` spans the steps with the largest runner-end skew are
-kept in full and the rest drawn as one grey bar per lane per bucket of steps,
-so a run of any size fetches at most the budget of spans into Python.
-
-Every string that came from a trace is escaped: ``html.escape`` for the
-server-rendered HTML, :func:`script_json` for the data block (so ``</script>``
-cannot end it); the browser writes it with ``textContent`` and escapes the
-text it hands to plotly.
+One offline file: plotly.js embedded once, the page's own ``report.js`` and
+``report.css`` beside this module, and one JSON data block. Every figure comes
+from the summary. Span data are computed in the engine (SQL) and travel as
+compact columns; beyond ``span_budget`` the rest is drawn as grey bars, so a run
+of any size fetches at most the budget of spans into Python. Every string from
+a trace is escaped (:func:`script_json` for the data block). Sections, the
+swimlane, the budget and untrusted text: docs/REPORTS.md, "report.html".
 """
 
 from __future__ import annotations

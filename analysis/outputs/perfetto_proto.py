@@ -2,28 +2,11 @@
 
 The picture is the JSON export's (:mod:`~dsprof.analysis.outputs.perfetto_tracks`
 decides processes, tracks, names, arrows and counters); here it is spelled as
-``TracePacket`` s made by :class:`perfetto.trace_builder.proto_builder.TraceProtoBuilder`:
-
-* a ``TrackDescriptor`` per process (``ProcessDescriptor``), per track
-  (``ThreadDescriptor``; overlapping ``request`` spans lie on lanes of their
-  own, as every serving category does) and per counter (``CounterDescriptor``);
-* every span (runtime, device and serving) as a ``TYPE_SLICE_BEGIN`` /
-  ``TYPE_SLICE_END`` pair (instants as ``TYPE_INSTANT``), its name and category
-  interned once at the start of the sequence, the run's step, rank, phase,
-  identity and host evidence and the span's own attributes as debug
-  annotations on the begin (their names interned too);
-* each finding's marker as a ``TYPE_INSTANT`` on its findings track, with the
-  item's kind, step, rank, mechanism, phase, excess, evidence and wording;
-* flows as ``flow_ids`` on the dispatching serving span (or the slow step's
-  marker) and ``terminating_flow_ids`` on the root it started (or the span it blames);
-* counter values as ``TYPE_COUNTER`` events, in time order with the slices.
-
-Events are ordered in the engine (SQL) by time, then ends before begins, outer
-begins before inner ones and inner ends before outer ones, so every track nests
-as Perfetto requires; they are streamed out in batches, one builder per batch
-(a trace file is the concatenation of its packets), so memory stays bounded.
-Timestamps are the host CLOCK_MONOTONIC nanoseconds of the spans, written on
-Perfetto's default trace clock.
+``TracePacket`` s of :class:`perfetto.trace_builder.proto_builder.TraceProtoBuilder`.
+Events are ordered in the engine (SQL) so that every track nests as Perfetto
+requires, and streamed out in batches, one builder per batch, so memory stays
+bounded. Timestamps are the spans' host CLOCK_MONOTONIC nanoseconds, written on
+Perfetto's default trace clock. Packets and order: docs/REPORTS.md, "perfetto (.pftrace)".
 """
 
 from __future__ import annotations

@@ -2,36 +2,11 @@
 
 The Chrome JSON writer (:mod:`~dsprof.analysis.outputs.chrome_trace`) and the
 native protobuf writer (:mod:`~dsprof.analysis.outputs.perfetto_proto`) draw
-the same picture, so they take it from here (docs/REPORTS.md, "Perfetto"):
-
-* one process per rank process, named ``rank R · DEVICE (pid P)`` and sorted by
-  rank after the serving processes, which keep the name their trace gave them;
-* runtime spans on one track per (OS thread, pipeline-slot lane), named
-  ``host thread T · lane L``: runs that overlap on a thread (a depth-2
-  pipeline keeps two in flight) are on different lanes, so every track nests;
-* serving spans on one track per (pid, tid, category, lane), named
-  ``THREAD · CATEGORY`` (THREAD: the trace's thread name, else ``tid T``), with
-  `` · lane L`` where spans of one category overlap on their thread without
-  nesting (pipelined ``worker.execute`` spans, the ``request`` spans of a
-  batch): each lane holds spans that never overlap, so every track nests;
-* device-clock spans (``clk=dev``) on a ``device`` track per rank process,
-  placed as report.html places them (at their run's ``runner_run`` start +
-  their device-clock offset; approximate), nested by depth; a device program
-  that overlaps the one before it (the placement's error, or a pipeline) is on
-  a lane of its own (``device · lane L``), and a run whose device spans do not
-  nest is left out (:func:`_build_device_runs`);
-* every finding of the summary (slow steps, tail steps, late starts; not the
-  noise) as an instant on a ``findings`` track, first in its culprit's rank
-  process (:mod:`~dsprof.analysis.outputs.finding_markers`);
-* flow arrows from a serving dispatch span to the one root it started, and
-  from a slow step's marker to the spans it blames (see :func:`flow_links`);
-* counters: the runner-start and runner-end skew of each step (from the
-  summary) at the step's first runner start, and, where spans carry host
-  evidence (``os.rq_ns``), each rank's run-queue wait per run at the run's start.
-
-Track ids are synthetic (from :data:`TRACK_TID_BASE` up) so that they never
-collide with a pid: Perfetto takes a thread whose tid equals its pid for the
-process' main thread. The real thread id is in the track's name.
+the same picture, so they take it from here. Processes, tracks, device spans,
+findings, flows and counters: docs/REPORTS.md, "Perfetto exports".
+Track ids are synthetic (from :data:`TRACK_TID_BASE` up) so that none collides
+with a pid: Perfetto takes a thread whose tid equals its pid for the process'
+main thread. The real thread id is in the track's name.
 """
 
 from __future__ import annotations

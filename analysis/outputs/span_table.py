@@ -1,19 +1,12 @@
 """Write the span table to one file, chunk by chunk; the format follows the extension.
 
-* ``.parquet``: :data:`~dsprof.analysis.store.spans.SPAN_SCHEMA` as is (``attrs`` a
-  ``map<string,string>``, ``inv`` ``uint64``, promoted attributes as their own
-  columns), written like the span dataset's parts
-  (:class:`~dsprof.analysis.store.dataset.SpanParquetFile`).
-* ``.csv``: one row per span, header first; ``attrs`` as JSON object text;
-  null cells (``inv``, ``depth``, promoted attributes where absent) empty;
-  ``inv`` printed as an exact unsigned integer.
-* ``.jsonl``: one JSON object per span with the schema's keys in order;
-  ``attrs`` a JSON object; integers exact (``inv`` up to 2**64-1) or null.
-
-Every file is written through :mod:`dsprof.fileio`: it appears whole when the
-writer finishes, and an error leaves the previous file as it was. The JSON text
-is built with Arrow string kernels over whole columns (``outputs/text.py``),
-escaping each distinct string once.
+``.parquet``: :data:`~dsprof.analysis.store.spans.SPAN_SCHEMA` as is, written like
+the span dataset's parts. ``.csv``: a header, then one row per span, ``attrs``
+as JSON object text, null cells empty, ``inv`` an exact unsigned integer.
+``.jsonl``: one object per span, the schema's keys in order, integers exact or
+null. Files go through :mod:`dsprof.fileio`; the JSON text is built with Arrow
+string kernels over whole columns (``outputs/text.py``), escaping each
+distinct string once. Usage: docs/CLI.md, "dsprof ingest".
 """
 
 from __future__ import annotations

@@ -1,20 +1,11 @@
 """Change points of one figure's series over the run history (docs/GATE_RULES.md, "Gating on history").
 
-Where a series changes comes from ruptures' kernel change-point detection
-(``KernelCPD``, linear kernel: the least-squares cost of a piecewise-constant
-mean, solved exactly by PELT in its compiled code) on the series divided by its
-own run-to-run noise. Noise is read robustly from successive differences
-(1.4826 · MAD / √2), so a step does not inflate it and one outlier does not
-either. Each candidate is then tested the way Hunter/Otava does: the runs
-between the previous and the next change point on each side, compared by
-Welch's t-test (scipy); a single run on the newer side is compared with the
-older segment's prediction interval (Student's t, n − 1 degrees of freedom).
-Only candidates with ``p < alpha`` are change points; a caller that tests
-many figures at once divides its alpha among them (history.find_changes). A
-series' noise is never below its resolution: 0.001 for the summary's
-three-decimal figures, 1 for counts. Why ruptures and not
-Otava or MongoDB's signal-processing-algorithms: docs/GATE_RULES.md and
-``benchmarks/bench_history.py``.
+Candidates come from ruptures' ``KernelCPD`` on the series divided by its own
+run-to-run noise (read robustly from successive differences, never below the
+figure's resolution); each is then tested with a pooled t-test (scipy), and a
+caller that tests many figures divides its alpha among them
+(history.find_changes). The method, and why ruptures: docs/GATE_RULES.md,
+"Change points", "Why ruptures", and ``benchmarks/bench_history.py``.
 """
 
 from __future__ import annotations

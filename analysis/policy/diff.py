@@ -1,36 +1,12 @@
 """Compare the figures of two runs, or of two groups of repeated runs.
 
-What a reader needs first comes first: the verdicts that changed
-(``verdict.status``, ``pipeline.serialized`` false -> true,
-``validation.valid``, the straggler verdict and mechanism, ``exit_status``),
-then the headline figures (:data:`HEADLINE`) whether they moved or not, then
-the other figures that moved, worse ones first, each marked better or worse
-and with the number of runs per side; unchanged figures and figures within
-noise are folded into a count.
-
 A change only means something when it is larger than the spread between runs
-of the same code on the same machine. When a side has repeated runs, each
-figure's noise band on that side is ``[min(mean - 2·stdev, min), max(mean +
-2·stdev, max)]`` (sample stdev). A change is beyond noise when each side's mean
-lies outside the other side's band (a side with one run has a band of zero
-width at its value). With no repeats on either side there is no noise estimate:
-none is called beyond noise, and ``--fail-on-regression`` refuses to judge.
-A per-step time figure (a percentile of the ``figures`` blocks, the cadence,
-the noise floors, the what-if costs: :func:`_per_step_ms`) is still folded as
-within noise when it moved by less than the larger of the two runs' own noise
-floors (``noise.floor_ms``, docs/FIGURES.md "Noise floor"): that is the size
-below which a single step's lateness is noise in those runs.
-
-Which direction is better is decided per figure family (docs/GATE_RULES.md):
-higher for throughput, tokens returned, acceptance, achieved depth and pipeline
-overlap; lower for every time figure (unit ms/s/us/ns: latencies, skews, gaps,
-cadence, tail cost) and for counts and shares of bad events; no direction for
-sizes of the workload (steps, roots, requests, pairs checked).
-
-A failed run (a non-zero exit status, or figures marked partial) is never
-better: when one side holds a failed run and the other does not, no figure is
-called better or worse (a crashed run's figures cover a few steps, not the
-run); the verdicts ``exit_status`` and ``serving.partial`` say it got worse.
+of the same code on the same machine, so each figure is judged against the
+noise band of repeated runs, or, with one run per side, against the runs' own
+noise floors. What a reader needs first comes first: the verdicts that changed,
+then the headline figures (:data:`HEADLINE`), then the other figures that moved,
+worse ones first. The order, the noise rules, which direction is better per
+figure family and how failed runs are treated: docs/GATE_RULES.md, "Comparing runs".
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """The CI gate: check a run's ``summary.json`` against gate rules (docs/GATE_RULES.md).
 
-The rules come from :mod:`dsprof.analysis.policy.gate_rules`, the figures from the
-summary's figure lookup (:func:`dsprof.analysis.summary.resolve`). Outcomes per
-rule: ``pass``, ``fail``, ``missing`` (the figure belongs to the summary's
-schema but this run did not produce it: null, or a rank or item the run does
-not have; this fails the gate) and ``skipped`` (a relative rule when no
-baseline was given, a change rule when no history was given). A change rule
-fails when :mod:`dsprof.analysis.policy.history` finds a change for the worse of its
-figure in the newest runs of the history, this run appended when not stored. The gate passes when no rule is ``fail`` or ``missing``,
-and never for a failed run: a run with a non-zero exit status or partial
-figures gets a built-in failing result first (:data:`RUN_FAILED_RULE`), whatever
-the rules say, so a crash cannot pass as an improvement.
-A figure path the summary does not have (a typo: the error suggests the
-closest paths), or a rule that compares a whole block or values of the wrong
-type, raises :class:`~dsprof.errors.InputError` naming the rules file and the
-rule.
-
-Each result's ``detail`` names the values at the figure's own precision with
-its unit; the renderers for people and CI are in
+The rules come from :mod:`dsprof.analysis.policy.gate_rules`, the figures from
+:func:`dsprof.analysis.summary.resolve`, change rules from
+:mod:`dsprof.analysis.policy.history`. A failed run never passes: it gets a
+built-in failing result first (:data:`RUN_FAILED_RULE`), whatever the rules say,
+so a crash cannot pass as an improvement. Outcomes and errors:
+docs/GATE_RULES.md, "Outcomes"; the renderers are in
 :mod:`dsprof.analysis.outputs.gate_outputs`.
 """
 

@@ -1,23 +1,10 @@
 """Depth-2 pipeline check, cadence and achieved depth (docs/FIGURES.md "Pipeline"), as the serving stack checks it.
 
-A pair of adjacent runs N, N+1 *overlaps* when bind(N+1) intersects
-runner_run(N) and runner_run(N+1) does not start before claim_release(N)
-starts. Which pairs are checked follows the serving stack's own checker
+Which pairs are checked follows the serving stack's own checker
 (``strace_timing.py --assert-native-overlap``), so both tools give the same
-verdict on the same log: when roots carry the pipeline identity
-(run_id, dispatch_id, run_epoch, slot_id, generation), every identity-bearing
-run of a process — prefill included — ordered by runner_run start, except runs
-whose sequence (dispatch_id, or run_epoch where dispatch_id is 0) is 0; the
-launch order must then also be monotonic in sequence. Without identity the
-decode runs of each rank are paired in run_epoch (else start) order.
+verdict on the same log.
 ``tests/test_analysis_pipeline.py::test_native_overlap_rule_matches_the_stack``
 rebuilds the stack's rule from docs/FIGURES.md and guards this.
-
-``serialized``: fewer than half the pairs overlap. ``overlap_share``: the
-share that do. Achieved depth per rank: Σ root durations / wall time the roots
-cover (docs/FIGURES.md); ``runner_depth``: the same over runner_run spans — how many runs
-were in flight on the device (2.0 for a healthy depth-2 pipeline, 1.0
-serialized).
 """
 
 from __future__ import annotations

@@ -1,27 +1,10 @@
 """Serving figures: tokens, batch elapsed, throughput, effective TPOT, acceptance rate (docs/FIGURES.md "Serving").
 
 Each figure is taken, field by field, from the first source that has it:
-
-1. ``performance_summary.json``, under dsprof's own field name or a common
-   alias other producers write (``output_tokens``, ``expected_output_tokens``,
-   ``batch_elapsed_seconds``, ``throughput_tokens_per_second``, ...);
-2. the SA_PROFILE ``request`` spans: tokens returned = Σ ``output_tokens``
-   args (aliases ``completion_tokens``, ``tokens_out``); tokens expected =
-   Σ ``expected_tokens`` (alias ``max_tokens``) when every request has it;
-   batch elapsed = last request end − first request start; acceptance rate =
-   Σ ``accepted_draft_tokens`` / Σ ``draft_tokens``;
-3. derived from the others: throughput = tokens / elapsed, effective TPOT =
-   elapsed / (tokens / requests).
-
-``sources`` in the block says where each figure came from.
-
-A failed run (a non-zero exit status in ``performance_summary.json``; the
-runtime sets one when a rank failed or tokens are missing) is marked
-``partial: true`` with ``partial_reason``. Its throughput
-and TPOT count completed work only: the tokens of the requests that got every
-expected token, over the batch elapsed. The runtime's own figures for such a
-run count the tokens of the first steps over the time of those steps only, and
-read higher than a healthy run's (the early steps are the fast ones).
+``performance_summary.json``, then the SA_PROFILE ``request`` spans, then
+derived from the others; ``sources`` in the block says which. A failed run is
+marked ``partial`` and its throughput counts completed requests only, because
+the runtime's own figures for it read higher than a healthy run's.
 """
 
 from __future__ import annotations

@@ -2,21 +2,8 @@
 
 Builds, in the engine, the table ``runs`` (every invocation with a root inside
 the profile window, with its rank, device and callable label) and the view
-``decode`` (the decode runs, one row per rank and step). The rules (docs/FIGURES.md "Steps"):
-
-* profile window: the request spans of the serving trace, else its serving
-  spans, else every serving span; without a serving trace, everything;
-* device of a process: its ``[chip_process] ready`` line, else its roots'
-  ``device`` attribute; rank: the roots' ``rank`` attribute, else the order
-  of devices (natural order, ``npu:2`` before ``npu:10``), then of pids;
-* callables are buckets of ``hid``; a bucket is labelled by its roots'
-  ``callable`` attribute; decode is ``decode.main+verify+mtp``, else a label
-  starting with ``decode``, else the most frequent bucket;
-* a step's token is ready at the end of its validate, or of the run itself
-  where the source has no validate (Kineto: ``token_ns``);
-* step s of rank r is its s-th decode run in start order; reports number it by
-  the producer's own ``step`` attribute when every decode root carries one,
-  they agree across ranks and increase on every rank, else by position.
+``decode`` (the decode runs, one row per rank and step). The rules:
+docs/FIGURES.md, "Steps".
 """
 
 from __future__ import annotations

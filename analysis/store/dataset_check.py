@@ -2,18 +2,11 @@
 
 A dataset directory may come from anywhere (copied, unpacked, crafted), so
 :func:`~dsprof.analysis.store.dataset.open_dataset` trusts nothing in it:
-
-* ``dataset.json`` must be a regular file of bounded size holding the
-  manifest, with every field of the type and range the writer gives it;
-* a part's ``path`` must be ``time_window=<k>/<name>.parquet`` under the
-  dataset directory: neither absolute nor ``..``, its folder a real folder
-  and the part a regular file (checked with ``lstat``, so a symlink out of the
-  dataset or a FIFO that would block the reader is refused unopened);
-* each part's Parquet schema must be the span schema, its row count the
-  manifest's, and its times within :data:`~dsprof.analysis.store.spans.MAX_TIME_NS`
-  (so SQL over them cannot overflow int64), never null.
-
-Any failure is one :class:`~dsprof.errors.InputError` naming the file and the field.
+``dataset.json`` is a bounded regular file with every field in the writer's type
+and range; each part is ``time_window=<k>/<name>.parquet`` under the directory,
+a regular file in a real folder (``lstat``: no symlink out, no FIFO); its schema
+is the span schema, its row count the manifest's, its times within ``MAX_TIME_NS``
+(so SQL cannot overflow int64). A failure is one InputError naming file and field.
 """
 
 from __future__ import annotations
