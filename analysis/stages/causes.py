@@ -30,6 +30,7 @@ from dsprof.analysis.ingest.kineto import HOST_GAP
 from dsprof.analysis.stages.cause_rules import (
     EXPLAINS_SHARE,
     PHASE_NEXT_BIND,
+    Rule,
     end_rules,
     excess_of,
     own_rules,
@@ -123,8 +124,69 @@ def _cells_sql() -> str:
     """
 
 
-def _typical_sql(columns: tuple[str, ...]) -> str:
-    """Per decode run of ``cells``: ``<column>_typ``, the median of each column over the *other* ranks of the step.
+def _with(ctes: dict[str, str], select: str, materialized: tuple[str, ...] = ()) -> str:
+    """One query: ``WITH name AS (body), ... select``; the CTEs named in ``materialized`` are computed once."""
+    parts = [f"{name} AS {'MATERIALIZED ' if name in materialized else ''}({body})" for name, body in ctes.items()]
+    return "WITH " + ",\n     ".join(parts) + f"\n{select}"
+
+
+def _flagged_sql(threshold_ns: int) -> str:
+    """CTE: the steps with a late start, a tail or a slow interval."""
+    return f"""SELECT step FROM steps WHERE runner_start_skew_ns > {threshold_ns} OR runner_end_skew_ns > {threshold_ns}
+               UNION SELECT step FROM step_intervals WHERE slow"""
+
+
+def _wanted_sql() -> str:
+    """CTE: the flagged steps and the two before each (what a carry-over chain looks back to)."""
+    return """SELECT DISTINCT d.step FROM (SELECT DISTINCT step, position FROM decode) d
+              JOIN (SELECT DISTINCT position FROM decode WHERE step IN (SELECT step FROM flagged)) f
+              ON d.position BETWEEN f.position - 2 AND f.position"""
+
+
+def _admissible_sql() -> str:
+    """CTE: the wanted runs, with ``admissible_ns``, the later of the previous run's claim and the slot's release."""
+    return f"""SELECT *, CAST(CASE WHEN previous_claim_ns IS NULL THEN slot_free_ns WHEN slot_free_ns IS NULL THEN previous_claim_ns
+                                   ELSE greatest(previous_claim_ns, slot_free_ns) END AS BIGINT) AS admissible_ns
+               FROM ({_cells_sql()}) WHERE step IN (SELECT step FROM wanted)"""
+
+
+def _long_sql(columns: tuple[str, ...]) -> str:
+    """CTE: the compared columns of ``runs`` unpivoted into (run, name, x) rows."""
+    values = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in columns)
+    return f"UNPIVOT (SELECT step, rank, position, {values} FROM runs) ON {', '.join(columns)} INTO NAME name VALUE x"
+
+
+def _sorted_sql() -> str:
+    """CTE: per step and column, the sorted values and their count."""
+    return "SELECT step, name, list(x ORDER BY x) AS v, count(*) AS n FROM long GROUP BY step, name"
+
+
+def _others_median_sql() -> str:
+    """CTE: per run and column, the median of the other ranks' values (see :func:`_typical_ctes`)."""
+
+    def remaining(k: str) -> str:  # DuckDB lists are 1-based
+        return f"(CASE WHEN v[{k} + 1] < x THEN v[{k} + 1] ELSE v[{k} + 2] END)"
+
+    return f"""SELECT l.step, l.rank, l.position,
+                      CASE WHEN n >= 2 THEN ({remaining("((n - 2) // 2)")} + {remaining("((n - 1) // 2)")}) / 2.0 END AS typ, l.name
+               FROM long l JOIN sorted USING (step, name)"""
+
+
+def _wide_sql() -> str:
+    """CTE: one map of the typical values per run."""
+    return """SELECT step, rank, position, map_from_entries(list(struct_pack(k := name, v := typ))) AS typ
+              FROM others_median GROUP BY step, rank, position"""
+
+
+def _typed_sql(columns: tuple[str, ...]) -> str:
+    """CTE: every run with ``<column>_typ`` for each compared column, and ``root_typ_ns``."""
+    typical = ", ".join(f"w.typ['{c}'] AS {c}_typ" for c in columns)
+    return f"""SELECT *, CAST(root_ts_ns_typ AS BIGINT) AS root_typ_ns
+               FROM (SELECT c.*, {typical} FROM runs c LEFT JOIN wide w USING (step, rank, position))"""
+
+
+def _typical_ctes(columns: tuple[str, ...]) -> dict[str, str]:
+    """CTEs ending in ``typed``: each run of ``runs`` with the median of each column over the *other* ranks of the step.
 
     The columns are unpivoted into (run, column, value) rows, so that one
     median expression serves them all, and come back through one map per run:
@@ -135,28 +197,30 @@ def _typical_sql(columns: tuple[str, ...]) -> str:
     b = (n - 1) // 2), and removing x (its first copy) leaves remaining[k] =
     v[k] where v[k] < x, else v[k + 1].
     """
-    values = ", ".join(f"CAST({c} AS HUGEINT) AS {c}" for c in columns)
-
-    def remaining(k: str) -> str:  # DuckDB lists are 1-based
-        return f"(CASE WHEN v[{k} + 1] < x THEN v[{k} + 1] ELSE v[{k} + 2] END)"
-
-    typical = ", ".join(f"w.typ['{c}'] AS {c}_typ" for c in columns)
-    return f"""
-        WITH long AS (UNPIVOT (SELECT step, rank, position, {values} FROM cells) ON {", ".join(columns)} INTO NAME name VALUE x),
-             sorted AS (SELECT step, name, list(x ORDER BY x) AS v, count(*) AS n FROM long GROUP BY step, name),
-             typical AS (SELECT l.step, l.rank, l.position,
-                                CASE WHEN n >= 2 THEN ({remaining("((n - 2) // 2)")} + {remaining("((n - 1) // 2)")}) / 2.0 END AS typ,
-                                l.name
-                         FROM long l JOIN sorted USING (step, name)),
-             wide AS (SELECT step, rank, position, map_from_entries(list(struct_pack(k := name, v := typ))) AS typ
-                      FROM typical GROUP BY step, rank, position)
-        SELECT c.*, {typical} FROM cells c LEFT JOIN wide w USING (step, rank, position)"""
+    return {
+        "long": _long_sql(columns),
+        "sorted": _sorted_sql(),
+        "others_median": _others_median_sql(),
+        "wide": _wide_sql(),
+        "typed": _typed_sql(columns),
+    }
 
 
 def _gc_overlap(start: str, end: str) -> str:
     """Nanoseconds of garbage collection on the cell's process inside [start, end] (GC holds the GIL: any thread)."""
     return f"""coalesce((SELECT sum(greatest(0, least(g.gc_end_ns, c.{end}) - greatest(g.gc_ts_ns, c.{start})))
                          FROM gc g WHERE g.pid = c.pid AND g.gc_ts_ns < c.{end} AND g.gc_end_ns > c.{start}), 0)"""
+
+
+_GC_WINDOWS = {
+    "gc_bind": ("bind_ts_ns", "bind_end_ns"),
+    "gc_fence": ("fence_ts_ns", "fence_end_ns"),
+    "gc_validate": ("validate_ts_ns", "validate_end_ns"),
+    "gc_next_bind": ("next_bind_ts_ns", "next_bind_end_ns"),
+    "gc_run": ("start_ns", "end_ns"),
+    "gc_gap": ("bind_end_ns", "start_ns"),
+    "gc_before": ("root_typ_ns", "root_ts_ns"),
+}
 
 
 def _build_cells(engine: Engine, threshold_ns: int) -> None:
@@ -166,134 +230,176 @@ def _build_cells(engine: Engine, threshold_ns: int) -> None:
     carry-over chain looks back to), are diagnosed: a healthy soak costs nothing
     here however long it is.
     """
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE cells AS
-        WITH flagged AS (SELECT step FROM steps WHERE runner_start_skew_ns > {threshold_ns} OR runner_end_skew_ns > {threshold_ns}
-                         UNION SELECT step FROM step_intervals WHERE slow),
-             wanted AS (SELECT DISTINCT d.step FROM (SELECT DISTINCT step, position FROM decode) d
-                        JOIN (SELECT DISTINCT position FROM decode WHERE step IN (SELECT step FROM flagged)) f
-                        ON d.position BETWEEN f.position - 2 AND f.position)
-        SELECT * FROM ({_cells_sql()}) WHERE step IN (SELECT step FROM wanted)""")
-    engine.run("""ALTER TABLE cells ADD COLUMN admissible_ns BIGINT;
-                  UPDATE cells SET admissible_ns = CASE WHEN previous_claim_ns IS NULL THEN slot_free_ns
-                                                        WHEN slot_free_ns IS NULL THEN previous_claim_ns
-                                                        ELSE greatest(previous_claim_ns, slot_free_ns) END""")
-    gc_windows = {
-        "gc_bind": ("bind_ts_ns", "bind_end_ns"),
-        "gc_fence": ("fence_ts_ns", "fence_end_ns"),
-        "gc_validate": ("validate_ts_ns", "validate_end_ns"),
-        "gc_next_bind": ("next_bind_ts_ns", "next_bind_end_ns"),
-        "gc_run": ("start_ns", "end_ns"),
-        "gc_gap": ("bind_end_ns", "start_ns"),
-        "gc_before": ("root_typ_ns", "root_ts_ns"),
-    }
-    gc_columns = ", ".join(f"{_gc_overlap(*window)} AS {name}" for name, window in gc_windows.items())
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE typed AS
-                   SELECT *, CAST(root_ts_ns_typ AS BIGINT) AS root_typ_ns FROM ({_typical_sql(_COMPARED)})""")
-    engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS SELECT c.*, {gc_columns} FROM typed c")
+    gc_columns = ", ".join(f"{_gc_overlap(*window)} AS {name}" for name, window in _GC_WINDOWS.items())
+    ctes = {"flagged": _flagged_sql(threshold_ns), "wanted": _wanted_sql(), "runs": _admissible_sql(), **_typical_ctes(_COMPARED)}
+    select = f"SELECT c.*, {gc_columns} FROM typed c"
+    engine.run(f"CREATE OR REPLACE TEMP TABLE cells AS {_with(ctes, select, materialized=('runs',))}")
 
 
-def _decide(engine: Engine, threshold_ns: int) -> None:
-    """Add to ``cells`` the start and end causes and the late flags."""
-    rule_sets = {
+def _rule_sets(threshold_ns: int) -> dict[str, list[Rule]]:
+    """The rule lists, by the prefix of the verdict columns they decide (``start_own``: ``start_own_phase``, ...)."""
+    return {
         "start": start_rules(excess_of("start_ns")),
         "end": end_rules(threshold_ns),
         "start_own": own_rules(threshold_ns, "start"),
         "end_own": own_rules(threshold_ns, "end"),
         "token": token_rules(),
     }
+
+
+def _ruled_sql(rule_sets: dict[str, list[Rule]]) -> str:
+    """CTE: every cell with ``<name>_rule``, the position of the first rule of each list that holds."""
     picks = ", ".join(f"{rule_index_sql(rules)} AS {name}_rule" for name, rules in rule_sets.items())
-    engine.run(f"CREATE OR REPLACE TEMP TABLE ruled AS SELECT c.*, {picks} FROM cells c")
+    return f"SELECT c.*, {picks} FROM cells c"
+
+
+def _verdicts_sql(rule_sets: dict[str, list[Rule]]) -> str:
+    """CTE: each list's chosen rule as phase, mechanism, evidence and detail; excesses, end skew and the latest rank."""
     columns = []
     for name, rules in rule_sets.items():
-        prefix, own = name.partition("_own")[:2]
+        index = f"{name}_rule"
         columns += [
-            f"{rule_field_sql(rules, f'{name}_rule', 'phase')} AS {prefix}{own}_phase",
-            f"{rule_field_sql(rules, f'{name}_rule', 'mechanism')} AS {prefix}{own}_mechanism",
-            f"CAST({rule_field_sql(rules, f'{name}_rule', 'evidence')} AS DOUBLE) AS {prefix}{own}_evidence_ns",
-            f"{rule_field_sql(rules, f'{name}_rule', 'detail')} AS {prefix}{own}_detail",
+            f"{rule_field_sql(rules, index, 'phase')} AS {name}_phase",
+            f"{rule_field_sql(rules, index, 'mechanism')} AS {name}_mechanism",
+            f"CAST({rule_field_sql(rules, index, 'evidence')} AS DOUBLE) AS {name}_evidence_ns",
+            f"{rule_field_sql(rules, index, 'detail')} AS {name}_detail",
         ]
     rule_columns = ", ".join(f"{name}_rule" for name in rule_sets)
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE decided AS
-        SELECT c.* EXCLUDE ({rule_columns}), {", ".join(columns)},
-               c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
-               c.end_ns - c.end_ns_typ AS end_excess_ns,
-               max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
-               arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank
-        FROM ruled c""")
-    # the peer a waiting rank's end waited for: a question about its whole step, not one collective, asked of the
-    # ranks' total waits. The last arrival's rule (analysis/stages/collectives.py) on the wait axis: of the other
-    # ranks that ended late in the step (else of all the others), the one that waited least reached the collectives last
-    late_first = f"(NOT (o.end_excess_ns > {threshold_ns} / 2), coalesce(o.device_wait_ns, 0))"
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE peers AS
-        SELECT d.step, d.rank, {arrived_last("o.rank", late_first)} AS last_arrival_rank
-        FROM (SELECT step, rank FROM decided WHERE end_mechanism = '{fmt.MECH_PEER_WAIT}') d
-        JOIN decided o ON o.step = d.step AND o.rank <> d.rank GROUP BY d.step, d.rank""")
-    engine.run("""CREATE OR REPLACE TEMP TABLE decided AS
-        SELECT d.*, p.last_arrival_rank FROM decided d LEFT JOIN peers p USING (step, rank)""")
-    _own_over_carried(engine)
-    engine.run(f"""ALTER TABLE decided ADD COLUMN end_evidence_step BIGINT;
-        UPDATE decided SET end_evidence_step = next_step, end_phase = '{fmt.PHASE_BIND}' WHERE end_phase = '{PHASE_NEXT_BIND}'""")
-    engine.run(f"""ALTER TABLE decided ADD COLUMN late_start BOOLEAN; ALTER TABLE decided ADD COLUMN late_end BOOLEAN;
-        UPDATE decided SET late_start = start_excess_ns > {threshold_ns},
-                           late_end = end_skew_ns > {threshold_ns} AND (rank = latest_end_rank OR end_excess_ns > {threshold_ns})""")
+    return f"""SELECT c.* EXCLUDE ({rule_columns}), {", ".join(columns)},
+                      c.start_ns - min(c.start_ns) OVER (PARTITION BY c.step) AS start_excess_ns,
+                      c.end_ns - c.end_ns_typ AS end_excess_ns,
+                      max(c.end_ns) OVER (PARTITION BY c.step) - min(c.end_ns) OVER (PARTITION BY c.step) AS end_skew_ns,
+                      arg_max(c.rank, (c.end_ns, -c.rank)) OVER (PARTITION BY c.step) AS latest_end_rank
+               FROM ruled c"""
 
 
-def _own_over_carried(engine: Engine) -> None:
-    """A carried-over start or end with a material cause of its own names that cause; the carried part is kept beside it."""
-    for w in ("start", "end"):
-        engine.run(f"""ALTER TABLE decided ADD COLUMN {w}_carried_ns DOUBLE; ALTER TABLE decided ADD COLUMN {w}_carried_phase VARCHAR;
-            UPDATE decided SET {w}_carried_ns = {w}_evidence_ns, {w}_carried_phase = {w}_phase
-            WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}';
-            UPDATE decided SET {w}_phase = {w}_own_phase, {w}_mechanism = {w}_own_mechanism,
-                               {w}_evidence_ns = {w}_own_evidence_ns, {w}_detail = {w}_own_detail
-            WHERE {w}_mechanism = '{fmt.MECH_CARRIED_OVER}' AND {w}_own_mechanism IS NOT NULL""")
+def _peers_sql(threshold_ns: int) -> str:
+    """CTE: the verdicts with ``last_arrival_rank``, the peer a waiting rank's end waited for.
 
-
-def _deepest_device_phase(engine: Engine) -> None:
-    """Name the deepest device sub-phase that explains a device cause (e.g. ``device_wall.verify``).
-
-    Each device-clock span below device_wall of the runs in question is
-    compared with the mean of the same span on the other ranks of the step; the
-    deepest one whose excess is at least half the device excess is named.
-    Only the few steps with a device cause are read.
+    A question about its whole step, not one collective, asked of the ranks'
+    total waits. The last arrival's rule (analysis/stages/collectives.py) on the
+    wait axis: of the other ranks that ended late in the step (else of all the
+    others), the one that waited least reached the collectives last.
     """
-    which = [
-        w
-        for w in ("start", "end")
-        if engine.scalar(
-            f"SELECT count(*) FROM decided WHERE {w}_mechanism = '{fmt.MECH_DEVICE}' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}'"
-        )
-    ]
-    if not which:
-        return
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE device_phases AS
-        WITH wanted AS (SELECT DISTINCT step FROM decided WHERE (end_mechanism = '{fmt.MECH_DEVICE}' OR start_mechanism = '{fmt.MECH_DEVICE}')),
-             runs AS (SELECT d.pid, d.inv, d.step, d.rank FROM decode d JOIN wanted USING (step)),
-             sub AS (SELECT r.step, r.rank, s.name, sum(s.dur_ns) AS dur_ns FROM spans s JOIN runs r ON r.pid = s.pid AND r.inv = s.inv
-                     WHERE s.clk = '{fmt.CLK_DEVICE}' AND starts_with(s.name, '{fmt.DEVICE_WALL}.')
-                       AND NOT ends_with(s.name, '{fmt.WAIT_SUFFIX}') GROUP BY r.step, r.rank, s.name)
-        SELECT step, rank, name, length(name) - length(replace(name, '.', '')) AS depth,
-               dur_ns - (sum(dur_ns) OVER (PARTITION BY step, name) - dur_ns) / nullif(count(*) OVER (PARTITION BY step, name) - 1, 0)
-               AS excess_ns
-        FROM sub""")
+    late_first = f"(NOT (o.end_excess_ns > {threshold_ns} / 2), coalesce(o.device_wait_ns, 0))"
+    return f"""SELECT v.*, p.last_arrival_rank FROM verdicts v LEFT JOIN (
+                   SELECT d.step, d.rank, {arrived_last("o.rank", late_first)} AS last_arrival_rank
+                   FROM (SELECT step, rank FROM verdicts WHERE end_mechanism = '{fmt.MECH_PEER_WAIT}') d
+                   JOIN verdicts o ON o.step = d.step AND o.rank <> d.rank GROUP BY d.step, d.rank) p USING (step, rank)"""
+
+
+_VERDICT_FIELDS = ("phase", "mechanism", "evidence_ns", "detail")
+
+
+def _own_over_carried_sql() -> str:
+    """CTE: a carried-over start or end with a material cause of its own names that cause; the carried part is kept beside it."""
+    replaced, carried = [], []
+    for w in ("start", "end"):
+        is_carried = f"{w}_mechanism = '{fmt.MECH_CARRIED_OVER}'"
+        has_own = f"{is_carried} AND {w}_own_mechanism IS NOT NULL"
+        replaced += [f"CASE WHEN {has_own} THEN {w}_own_{field} ELSE {w}_{field} END AS {w}_{field}" for field in _VERDICT_FIELDS]
+        carried += [
+            f"CAST(CASE WHEN {is_carried} THEN {w}_evidence_ns END AS DOUBLE) AS {w}_carried_ns",
+            f"CAST(CASE WHEN {is_carried} THEN {w}_phase END AS VARCHAR) AS {w}_carried_phase",
+        ]
+    return f"SELECT * REPLACE ({', '.join(replaced)}), {', '.join(carried)} FROM peers"
+
+
+def _flags_sql(threshold_ns: int) -> str:
+    """The final SELECT: an end held by the next run's bind names that step, and the late flags."""
+    next_bind = f"end_phase = '{PHASE_NEXT_BIND}'"
+    return f"""SELECT * REPLACE (CASE WHEN {next_bind} THEN '{fmt.PHASE_BIND}' ELSE end_phase END AS end_phase),
+                      CAST(CASE WHEN {next_bind} THEN next_step END AS BIGINT) AS end_evidence_step,
+                      start_excess_ns > {threshold_ns} AS late_start,
+                      end_skew_ns > {threshold_ns} AND (rank = latest_end_rank OR end_excess_ns > {threshold_ns}) AS late_end
+               FROM own"""
+
+
+def _decide(engine: Engine, threshold_ns: int) -> None:
+    """``decided``: ``cells`` with the start and end causes and the late flags."""
+    rule_sets = _rule_sets(threshold_ns)
+    ctes = {
+        "ruled": _ruled_sql(rule_sets),
+        "verdicts": _verdicts_sql(rule_sets),
+        "peers": _peers_sql(threshold_ns),
+        "own": _own_over_carried_sql(),
+    }
+    engine.run(f"CREATE OR REPLACE TEMP TABLE decided AS {_with(ctes, _flags_sql(threshold_ns), materialized=('verdicts',))}")
+
+
+def _device_steps_sql() -> str:
+    """CTE: the steps with a device cause, start or end."""
+    return f"SELECT DISTINCT step FROM decided WHERE (end_mechanism = '{fmt.MECH_DEVICE}' OR start_mechanism = '{fmt.MECH_DEVICE}')"
+
+
+def _device_spans_sql() -> str:
+    """CTE: per run of those steps, the device-clock time of each span name below device_wall (waits left out)."""
+    return f"""SELECT r.step, r.rank, s.name, sum(s.dur_ns) AS dur_ns
+               FROM spans s JOIN (SELECT d.pid, d.inv, d.step, d.rank FROM decode d JOIN device_steps USING (step)) r
+                    ON r.pid = s.pid AND r.inv = s.inv
+               WHERE s.clk = '{fmt.CLK_DEVICE}' AND starts_with(s.name, '{fmt.DEVICE_WALL}.')
+                 AND NOT ends_with(s.name, '{fmt.WAIT_SUFFIX}') GROUP BY r.step, r.rank, s.name"""
+
+
+def _device_phases_sql() -> str:
+    """CTE: each such span's depth and its excess over the mean of the other ranks of the step."""
+    return """SELECT step, rank, name, length(name) - length(replace(name, '.', '')) AS depth,
+                     dur_ns - (sum(dur_ns) OVER (PARTITION BY step, name) - dur_ns) / nullif(count(*) OVER (PARTITION BY step, name) - 1, 0)
+                     AS excess_ns
+              FROM device_spans"""
+
+
+def _deepest_sql() -> str:
+    """CTE: per run with a device cause, the deepest sub-phase whose excess is at least half the device excess."""
     prefix = len(fmt.RUNNER_RUN) + 2  # SQL substr is 1-based
-    engine.run(f"""CREATE OR REPLACE TEMP TABLE deepest AS
-        SELECT d.step, d.rank, arg_max(substr(p.name, {prefix}), (p.depth, p.excess_ns)) AS phase
-        FROM decided d JOIN device_phases p ON p.step = d.step AND p.rank = d.rank
-        WHERE d.end_mechanism = '{fmt.MECH_DEVICE}' AND p.excess_ns >= {EXPLAINS_SHARE} * d.end_evidence_ns
-        GROUP BY d.step, d.rank""")
-    engine.run(f"""UPDATE decided SET end_phase = deepest.phase FROM deepest
-                   WHERE decided.step = deepest.step AND decided.rank = deepest.rank AND decided.end_phase = '{fmt.PHASE_DEVICE_WALL}'""")
-    # a Kineto run's time in which the host ran no op and the device no kernel: the host launched nothing (SPEC §1.1)
-    engine.run(f"""UPDATE decided SET end_mechanism = '{fmt.MECH_HOST_CPU}', end_detail = '{HOST_GAP_DETAIL}'
-                   WHERE end_phase = '{HOST_GAP[len(fmt.RUNNER_RUN) + 1 :]}' AND end_mechanism = '{fmt.MECH_DEVICE}'""")
+    return f"""SELECT d.step, d.rank, arg_max(substr(p.name, {prefix}), (p.depth, p.excess_ns)) AS phase
+               FROM decided d JOIN device_phases p ON p.step = d.step AND p.rank = d.rank
+               WHERE d.end_mechanism = '{fmt.MECH_DEVICE}' AND p.excess_ns >= {EXPLAINS_SHARE} * d.end_evidence_ns
+               GROUP BY d.step, d.rank"""
+
+
+def _deeper_sql() -> str:
+    """CTE: ``decided`` with a device_wall end named by its deepest sub-phase."""
+    return f"""SELECT d.* REPLACE (CASE WHEN d.end_phase = '{fmt.PHASE_DEVICE_WALL}' THEN coalesce(p.phase, d.end_phase)
+                                       ELSE d.end_phase END AS end_phase)
+               FROM decided d LEFT JOIN deepest p USING (step, rank)"""
+
+
+def _host_gap_sql() -> str:
+    """CTE: a Kineto run's time in which the host ran no op and the device no kernel: the host launched nothing (SPEC §1.1)."""
+    gap = f"end_phase = '{HOST_GAP[len(fmt.RUNNER_RUN) + 1 :]}' AND end_mechanism = '{fmt.MECH_DEVICE}'"
+    return f"""SELECT * REPLACE (CASE WHEN {gap} THEN '{fmt.MECH_HOST_CPU}' ELSE end_mechanism END AS end_mechanism,
+                                 CASE WHEN {gap} THEN '{HOST_GAP_DETAIL}' ELSE end_detail END AS end_detail)
+               FROM deeper"""
 
 
 HOST_GAP_DETAIL = "more time with no op, kernel or collective before the launches (CPU-bound or launch-bound host)"
 
 
+def _device_phase_ctes(engine: Engine) -> dict[str, str]:
+    """CTEs ending in ``refined``: ``decided`` with the deepest device sub-phase that explains a device cause (e.g. ``device_wall.verify``).
+
+    Each device-clock span below device_wall of the runs in question is
+    compared with the mean of the same span on the other ranks of the step; the
+    deepest one whose excess is at least half the device excess is named.
+    Only the few steps with a device cause are read, and none when no cause
+    is on device_wall.
+    """
+    wanted = " OR ".join(f"({w}_mechanism = '{fmt.MECH_DEVICE}' AND {w}_phase = '{fmt.PHASE_DEVICE_WALL}')" for w in ("start", "end"))
+    if not engine.scalar(f"SELECT count(*) FROM decided WHERE {wanted}"):
+        return {"refined": "SELECT * FROM decided"}
+    return {
+        "device_steps": _device_steps_sql(),
+        "device_spans": _device_spans_sql(),
+        "device_phases": _device_phases_sql(),
+        "deepest": _deepest_sql(),
+        "deeper": _deeper_sql(),
+        "refined": _host_gap_sql(),
+    }
+
+
 def _chain_origins(engine: Engine, threshold_ns: int) -> None:
-    """``start_from_step`` / ``end_from_step``: for carried_over causes, the step where the chain began.
+    """``origins``: for carried_over causes, the step where the chain began (``start_from_step`` / ``end_from_step``).
 
     A carried-over start or end points at what held it back on its rank: the
     previous run's start (its claim_release admits this launch), or the end of
@@ -335,11 +441,15 @@ def _chain_origins(engine: Engine, threshold_ns: int) -> None:
         SELECT a.rank, a.step, a.kind, CASE WHEN a.anc_kind = 'end' THEN coalesce(o.end_evidence_step, a.anc_step) ELSE a.anc_step END
                AS origin_step
         FROM ancestor a LEFT JOIN decided o ON o.rank = a.rank AND o.step = a.anc_step""")
-    engine.run("""CREATE OR REPLACE TEMP TABLE diagnosed AS
-        SELECT d.*, s.origin_step AS start_from_step, e.origin_step AS end_from_step
-        FROM decided d
+
+
+def _write_diagnosed(engine: Engine) -> None:
+    """``diagnosed``: ``decided`` with its device sub-phases and the origins of its carry-over chains."""
+    select = """SELECT d.*, s.origin_step AS start_from_step, e.origin_step AS end_from_step
+        FROM refined d
         LEFT JOIN origins s ON s.rank = d.rank AND s.step = d.step AND s.kind = 'start'
-        LEFT JOIN origins e ON e.rank = d.rank AND e.step = d.step AND e.kind = 'end'""")
+        LEFT JOIN origins e ON e.rank = d.rank AND e.step = d.step AND e.kind = 'end'"""
+    engine.run(f"CREATE OR REPLACE TEMP TABLE diagnosed AS {_with(_device_phase_ctes(engine), select)}")
 
 
 @dataclass
@@ -356,8 +466,8 @@ def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
     threshold_ns = int(round(threshold_ms * 1e6))
     _build_cells(engine, threshold_ns)
     _decide(engine, threshold_ns)
-    _deepest_device_phase(engine)
-    _chain_origins(engine, threshold_ns)
+    _chain_origins(engine, threshold_ns)  # before the device sub-phases: they change no column a chain reads
+    _write_diagnosed(engine)
     return Diagnosis(late_starts=_late_start_items(engine), tail_steps=_tail_items(engine))
 
 
