@@ -3,8 +3,8 @@
 Each command parses its options and calls one function of :mod:`dsprof.commands`,
 so everything here can also be done from Python; of dsprof, this module imports
 only those (each inside its command: ``dsprof X`` imports command X alone, and
-the options' values come from :mod:`dsprof.commands.choices`), :mod:`dsprof.errors`,
-:mod:`dsprof.allocators` and the group (:mod:`dsprof.cli.group`). Errors the user can act on
+the options' values come from :mod:`dsprof.commands.choices`), :mod:`dsprof.errors`
+and the group (:mod:`dsprof.cli.group`). Errors the user can act on
 (:class:`~dsprof.errors.DsprofError`, and files that cannot be read or written)
 print as one line ``dsprof: error: <message>`` on stderr with exit status 2;
 ``--debug`` shows the traceback instead. Progress goes to stderr.
@@ -18,7 +18,6 @@ from pathlib import Path
 
 import click
 
-from dsprof.allocators import bound_reservations
 from dsprof.cli.group import (
     EXPECTED_RANKS,
     PRESET,
@@ -30,6 +29,7 @@ from dsprof.cli.group import (
     progress_printer,
     window_options,
 )
+from dsprof.commands import bound_reservations
 from dsprof.commands.choices import ENGINES, EXPORT_FORMATS, MAX_MARGIN, MEMORY_LIMIT_DEFAULT
 
 __all__ = ["cli", "main"]

@@ -6,7 +6,9 @@ never import it.
 """
 
 from dsprof import __version__
+from dsprof.allocators import bound_reservations
 from dsprof.interrupts import watch_signals
 
-# for the CLI's --version and its stop handlers: it imports nothing of dsprof but the commands and the errors
-__all__ = ["__version__", "watch_signals"]
+# for the CLI's --version, its allocator bounds and its stop handlers: it imports nothing of dsprof but the commands
+# and the errors
+__all__ = ["__version__", "bound_reservations", "watch_signals"]
