@@ -181,7 +181,7 @@ class Straggler(TypedDict):
     ms_per_step: float | None
     saved_ms: NotRequired[float | None]
     steps: NotRequired[int]
-    p_value: NotRequired[float | None]  # one-sided bootstrap p of the costliest rank against the others' mean
+    p_value: NotRequired[float | None]  # randomization p: a rank as costly as the costliest, were each cost's rank a fair draw
     pattern: NotRequired[str]  # none | rank | spread
     share_ci: NotRequired[list[float] | None]  # 95% bootstrap interval of ``share``
     parts: NotRequired[int]  # quarters of the run in which the costliest rank cost more than the others' mean

@@ -17,7 +17,7 @@ import pytest
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.stages.noise import require_evidence
-from dsprof.analysis.stages.straggler import most_hit_chance
+from dsprof.analysis.stages.straggler import most_hit_chance, rank_label_p
 from dsprof.testing.coupled import MS, Fault, Scenario, Shape, step_intervals
 from dsprof.testing.coupled_log import write_log
 
@@ -74,6 +74,16 @@ def test_faults_spread_over_ranks_name_no_rank(tmp_path):
     assert summary["verdict"]["status"] == "degraded"
 
 
+def test_a_rank_late_at_five_of_seven_faults_by_luck_is_no_straggler(tmp_path):
+    """Four ranks, faults drawn 5 to rank 2 and 2 to rank 0: some rank gets 5 of 7 in 5% of fair draws."""
+    steps = FAULT_STEPS[::2] + FAULT_STEPS[-1:]  # spread over the run, so every other test of the verdict is met
+    faults = [Fault(step, 0 if i in (1, 4) else 2, "device", 25 * MS) for i, step in enumerate(steps)]
+    summary, _ = _summary(tmp_path, faults)
+    straggler = summary["tail_steps"]["straggler"]
+    assert straggler["p_value"] >= 0.04 and straggler["pattern"] != "rank", straggler  # a bootstrap over the steps said p 0.00x
+    assert straggler["share"] >= 0.05 and straggler["steps"] >= 5 and straggler["parts"] >= 3  # only luck is against it
+
+
 def test_the_same_trace_gives_the_same_verdict(tmp_path):
     faults = [Fault(step, 1, "run_queue", 20 * MS) for step in FAULT_STEPS[::2]]
     first, _ = _summary(tmp_path / "a", faults)
@@ -117,3 +127,21 @@ def test_evidence_under_half_the_excess_leaves_the_item_unattributed():
 )
 def test_the_chance_of_a_rank_hit_that_often(items, most, ranks, chance):
     assert most_hit_chance(items, most, ranks) == pytest.approx(chance)
+
+
+@pytest.mark.parametrize(
+    ("costs", "ranks", "exact"),
+    [
+        ({0: [1.0] * 5, 1: [1.0] * 2}, 2, 58 / 128),  # 5 of 7 on one of two ranks, or 2 of 7: P(Bin(7, 1/2) >= 5 or <= 2)
+        ({0: [1.0] * 5}, 2, 2 / 32),  # all five on the same rank
+        ({0: [1.0] * 5}, 4, 4 * 0.25**5),
+        ({0: [100.0], 1: [1.0] * 6}, 2, 1.0),  # one big cost is the costliest rank whichever rank it lands on
+        ({0: [1.0] * 12}, 2, 2 / 4096),
+    ],
+)
+def test_the_chance_that_a_fair_draw_of_ranks_makes_one_as_costly(costs, ranks, exact):
+    cost = {rank: np.array([*values, 0.0, 0.0]) for rank, values in costs.items()}
+    p = rank_label_p(cost, ranks)
+    draws = 2000
+    assert abs(p - exact) <= 4 * np.sqrt(exact * (1 - exact) / draws) + 2 / draws, (p, exact)
+    assert p == rank_label_p(cost, ranks)  # seeded: the same costs, the same p
