@@ -3,7 +3,7 @@
 The span dataset's writer puts each row in the time window of its
 invocation's earliest host start among the rows of its piece
 (:func:`dsprof.analysis.store.dataset.window_of_rows`). The compiled helper
-(``_strace_scan.invocation_starts``) does it, the Arrow group-by where it is
+(``_invocation_starts.c``) does it, the Arrow group-by where it is
 not built; the SQL of the same thing (:func:`~dsprof.analysis.store.predicates.row_host_start`,
 a window function) is the definition the other paths share. This times the
 three on the pieces of an 8-rank, 20,000-step synthetic log as ingest hands
@@ -25,10 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.ingest import read_paths
-from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV
 from dsprof.analysis.ingest.strace_pieces import PIECE_BYTES
 from dsprof.analysis.store import dataset
 from dsprof.analysis.store.predicates import query_arrow, row_host_start
+from dsprof.compiled import PURE_PYTHON_ENV
 from dsprof.testing.synthetic import SyntheticRun
 
 

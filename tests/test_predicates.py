@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module
 from dsprof.analysis.store import dataset
 from dsprof.analysis.store.predicates import in_window, query_arrow, row_host_start, serving_row, starts_in
 from dsprof.analysis.store.spans import MAX_TIME_NS
+from dsprof.compiled import PURE_PYTHON_ENV
 from dsprof.profiler import strace_format as fmt
 
 NEVER = np.iinfo(np.int64).max
@@ -64,7 +64,7 @@ def _sql_starts(table: pa.Table) -> np.ndarray:
 @pytest.mark.parametrize("compiled", [True, False], ids=["compiled", "arrow"])
 @given(rows=ROWS)
 def test_the_dataset_writer_finds_the_invocation_starts_the_sql_defines(compiled, rows):
-    if compiled and compiled_module() is None:
+    if compiled and dataset.compiled_starts is None:
         pytest.skip("the compiled helpers are not built")
     with pytest.MonkeyPatch.context() as env:
         if not compiled:

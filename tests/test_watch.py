@@ -18,7 +18,6 @@ import pyarrow as pa
 import pytest
 
 from dsprof.analysis.ingest import read_strace_log
-from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV
 from dsprof.analysis.ingest.follow import LogFollower
 from dsprof.analysis.live.live_analysis import LiveAnalysis
 from dsprof.analysis.outputs import live_view
@@ -27,6 +26,7 @@ from dsprof.analysis.outputs.live_view import FindingLines, format_live_view
 from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.watch import Alerts, Events, WatchOptions, finish_watch
+from dsprof.compiled import PURE_PYTHON_ENV
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 from dsprof.testing.coupled import Scenario, Shape, known_answers, scenario_for

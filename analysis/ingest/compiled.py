@@ -1,4 +1,4 @@
-"""The compiled helpers (``_strace_scan.c``): the STRACE scanner and the span dataset's invocation starts.
+"""The compiled STRACE scanner (``_strace_scan.c``): glue to the reader.
 
 The scanner reads the lines whose records all follow the plain grammar and
 hands back the rest ("islands": torn, continued or garbled records, other
@@ -33,6 +33,7 @@ from dsprof.analysis.store.spans import (
     SPAN_COLUMNS,
     SPAN_SCHEMA,
 )
+from dsprof.compiled import use_compiled
 from dsprof.profiler import strace_format as fmt
 from dsprof.profiler.strace_format import FIELD_KINDS, REQUIRED_FIELDS, STRACE_MARKER, STRACE_VERSION, VALUE_FIELDS
 
@@ -42,8 +43,6 @@ except ImportError:  # not built here (no C compiler at install time): the Pytho
     _strace_scan = None
 _BUILT: ModuleType | None = _strace_scan
 
-# Set to 1 to read with the Python code only (tests compare the two; benchmarks time both).
-PURE_PYTHON_ENV = "DSPROF_PURE_PYTHON"
 # Threads of one scan: the piece is shared out at lines that open with '[', in parts of at least SCAN_MIN_PART_BYTES.
 SCAN_THREADS = max(1, min(len(os.sched_getaffinity(0)), 16))
 SCAN_MIN_PART_BYTES = 1 << 20
@@ -52,10 +51,8 @@ _T = TypeVar("_T")
 
 
 def compiled_module() -> Any | None:
-    """The compiled helpers (_strace_scan), or None: not built, not importable, or :data:`PURE_PYTHON_ENV` asks for Python."""
-    if os.environ.get(PURE_PYTHON_ENV, "") not in ("", "0"):
-        return None
-    return _BUILT
+    """The compiled scanner's module, or None: not built, not importable, or ``PURE_PYTHON_ENV`` asks for Python."""
+    return use_compiled(_BUILT)
 
 
 def compiled_scanner() -> Any | None:

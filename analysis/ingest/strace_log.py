@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow as pa
 
 from dsprof.analysis.ingest import strace_pieces
-from dsprof.analysis.ingest.compiled import PURE_PYTHON_ENV, compiled_module, compiled_scanner, scanned_pieces
+from dsprof.analysis.ingest.compiled import compiled_module, compiled_scanner, scanned_pieces
 from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.ingest.strace_lines import ParsedPiece, as_utf8, parse_piece
 from dsprof.analysis.ingest.strace_pieces import (
@@ -33,6 +33,7 @@ from dsprof.analysis.ingest.strace_pieces import (
     read_head,
 )
 from dsprof.analysis.store.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
+from dsprof.compiled import PURE_PYTHON_ENV
 from dsprof.errors import InputError
 from dsprof.profiler.strace_format import ANCHOR_MARKER, CHIP_READY_MARKER, STRACE_MARKER
 from dsprof.progress import Progress

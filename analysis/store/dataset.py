@@ -59,7 +59,6 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
-from dsprof.analysis.ingest.compiled import compiled_module
 from dsprof.analysis.store.dataset_check import Fields, check_part, check_part_entries, check_trace_fields, read_manifest
 from dsprof.analysis.store.spans import (
     ANCHOR_SCHEMA,
@@ -71,9 +70,15 @@ from dsprof.analysis.store.spans import (
     SPAN_SCHEMA,
     Trace,
 )
+from dsprof.compiled import use_compiled
 from dsprof.errors import InputError
 from dsprof.fileio import OutputError, atomic_output, atomic_write_text, file_kind, move_regular, open_dir, unlink_at
 from dsprof.profiler import artifacts
+
+try:
+    from dsprof.analysis.store import _invocation_starts as compiled_starts  # type: ignore[attr-defined]
+except ImportError:  # not built here (no C compiler at install time): an Arrow group-by does it
+    compiled_starts = None
 
 DATASET_SCHEMA = "dsprof.span_dataset/1"
 MANIFEST = artifacts.SPAN_DATASET_MANIFEST
@@ -240,7 +245,7 @@ def _invocation_starts(table: pa.Table, ts: np.ndarray, host: np.ndarray) -> np.
     """
     n = table.num_rows
     has_inv = table.column("inv").is_valid()
-    module = compiled_module()
+    module = use_compiled(compiled_starts)
     if module is not None:
         starts = np.empty(n, np.int64)
         pid = _int64s(table.column("pid").fill_null(0))
