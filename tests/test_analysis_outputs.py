@@ -87,6 +87,7 @@ def test_trace_text_is_inert_in_markdown_and_on_a_terminal():
     assert "\x1b" not in terminal_safe(hostile) and "\x07" not in terminal_safe(hostile)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", READERS)
 def test_dropped_records_get_one_console_line_with_the_first_place_of_each_reason(tmp_path, reader, monkeypatch):
     """A record torn mid-way and one without ``dur=``: the swimlane line counts them, the drop line says where."""

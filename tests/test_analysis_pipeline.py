@@ -133,6 +133,7 @@ def stack_rule_verdict(log_dir) -> tuple[bool, int]:
     return ok and checked > 0, checked
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "options",
     [

@@ -206,6 +206,7 @@ def _synthetic(tmp_path: Path, name: str, **kwargs) -> Path:
     return SyntheticRun(**kwargs).write(tmp_path / name)
 
 
+@pytest.mark.slow
 def test_analyze_report_export_on_a_run_with_one_late_start(tmp_path):
     import numpy as np
 
@@ -241,6 +242,7 @@ def test_analyze_report_export_on_a_run_with_one_late_start(tmp_path):
     assert sum(e.get("name") == "chip.run" and e.get("ph") == "X" for e in events) >= 48
 
 
+@pytest.mark.slow
 def test_ci_rules_pass_a_pipelined_trace_and_fail_a_serialized_one(tmp_path):
     runner = CliRunner()
     rules = str(Path(__file__).resolve().parents[1] / "examples" / "ci-rules.toml")

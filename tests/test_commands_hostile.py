@@ -165,6 +165,7 @@ def test_hostile_values_in_summary_json(pristine, tmp_path, path, value):
         _contained(CliRunner().invoke(cli, args))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name, content",
     [

@@ -128,6 +128,7 @@ ATTACKER = textwrap.dedent(
 ).format(evil=EVIL, journal=JOURNAL_NAME, planted=json.dumps(PLANTED))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not _attacker_can_run(), reason="needs root and setpriv to run the attacker as another uid")
 def test_another_uid_racing_the_reader_never_moves_the_victims_file():
     """A real race: uid 65534 flips the staging folder between a folder and a link while the victim reads, ≥ 20 times."""

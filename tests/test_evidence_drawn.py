@@ -31,6 +31,7 @@ def _gc_events(events: list[dict]) -> list[tuple[int, int, int]]:
     return sorted((e["pid"], round(e["ts"] * 1000), round(e["dur"] * 1000)) for e in events if e.get("ph") == "X" and e["name"] == fmt.GC)
 
 
+@pytest.mark.slow
 def test_collections_and_run_queue_waits_in_the_combined_swimlane_and_the_json_export(analysed, tmp_path):
     out, _, collections = analysed
     export = export_from_dir(out, tmp_path / "trace.json", format="perfetto-json")

@@ -60,6 +60,7 @@ def runs(tmp_path_factory):
     return healthy, crashed, half
 
 
+@pytest.mark.slow
 def test_the_runtime_figure_of_the_crashed_run_reads_higher(runs, tmp_path):
     healthy, _, _ = runs
     written = CrashedRun(ranks=2, steps=STEPS).performance_summary_dict()

@@ -136,6 +136,7 @@ def test_a_followed_file_replaced_by_a_fifo_is_refused_at_once(tmp_path, logs, k
         follower.close()
 
 
+@pytest.mark.slow
 def test_cli_watch_refuses_a_fifo_in_one_line_and_leaves_no_temporary_folder(tmp_path, logs):
     run = _run_dir(tmp_path, logs[0])
     tmpdir, events = tmp_path / "tmp", tmp_path / "events.jsonl"
@@ -155,6 +156,7 @@ def test_cli_watch_refuses_a_fifo_in_one_line_and_leaves_no_temporary_folder(tmp
     assert list(tmpdir.iterdir()) == []
 
 
+@pytest.mark.slow
 def test_cli_watch_of_more_fragments_than_descriptors_writes_its_outputs(tmp_path, logs):
     run = _run_dir(tmp_path, logs[0], fragments=FRAGMENTS)
     tmpdir = tmp_path / "tmp"

@@ -190,6 +190,7 @@ def _sparse_log(path: Path, spans: int, gap_ns: int, first_inv: int = 1) -> Path
     return path
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("gap_windows", [1, 1000])
 def test_sparse_timestamps_make_a_bounded_number_of_windows_and_parts(tmp_path, monkeypatch, gap_windows):
     """Past MAX_WINDOWS the windows grow (parts moved, small ones merged): few windows and parts, the same rows and figures."""

@@ -253,6 +253,7 @@ def _with_strace_times(run_dir: Path, tmp_path: Path, ts: int, dur: int) -> Path
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("reader", ["compiled", "python"])
 @pytest.mark.parametrize(("ts", "dur"), [(NEAR[0], 10), (NEAR[1], 0), (NEAR[2], 10), (10, 2**63 - 20)])
 def test_strace_times_near_the_int64_limit_are_dropped_and_counted(run_dir, tmp_path, monkeypatch, reader, ts, dur):
@@ -266,6 +267,7 @@ def test_strace_times_near_the_int64_limit_are_dropped_and_counted(run_dir, tmp_
     assert dropped.get("bad_value") == 1, dropped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("anchor", ["mono_ns=1 wall_ns=9223372036854775807", "mono_ns=-9223372036854775807 wall_ns=5"])
 def test_clock_anchor_near_the_int64_limit_is_dropped_and_counted(run_dir, tmp_path, anchor):
     target = tmp_path / "run"
@@ -281,6 +283,7 @@ def test_clock_anchor_near_the_int64_limit_is_dropped_and_counted(run_dir, tmp_p
     assert dropped.get("bad_anchor") == 1, dropped
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "event",
     [
@@ -478,6 +481,7 @@ OUTPUT_COMMANDS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["symlink", "dangling symlink", "fifo", "device", "directory"])
 @pytest.mark.parametrize("command", OUTPUT_COMMANDS)
 def test_output_onto_anything_but_a_regular_file_is_refused(analysed, tmp_path, command, kind):
@@ -510,6 +514,7 @@ def test_analyze_onto_a_linked_summary_is_refused(run_dir, tmp_path):
     assert victim.read_text() == "keep me"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", ["report", "gate", "diff", "export"])
 def test_fifo_summary_does_not_block(analysed, tmp_path, command):
     target = tmp_path / "run"
@@ -544,6 +549,7 @@ def test_step_summary_that_is_not_a_regular_file_does_not_block_gate(analysed, t
 # -- 6. escaped text everywhere a person reads it ----------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_file_names_in_progress_and_report_lines_are_escaped(run_dir, tmp_path):
     hostile = tmp_path / "x\x1b]0;pwned\x07\u202e.log"
     shutil.copy(run_dir / "server.log", hostile)
@@ -619,6 +625,7 @@ def test_repeated_file_line_rows_keep_the_serving_join_linear(dataset, tmp_path)
 # -- 7. sparse timestamps --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_sparse_timestamps_do_not_open_a_file_per_window(run_dir, tmp_path):
     from dsprof.analysis.store.dataset import DEFAULT_WINDOW_NS, MAX_WINDOWS
 
@@ -662,6 +669,7 @@ def _leaves(node, path=()):
         yield from _leaves(child, (*path, key))
 
 
+@pytest.mark.slow
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data())
 def test_any_manifest_value_replaced_is_read_or_refused_in_one_line(dataset, tmp_path_factory, data):
@@ -697,6 +705,7 @@ RETYPINGS = {
 }
 
 
+@pytest.mark.slow
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(column=st.sampled_from(SPAN_SCHEMA.names), retype=st.sampled_from(sorted(RETYPINGS)), statistics=st.booleans())
 @example(column="depth", retype="int64 min", statistics=False)  # a device span's parent depth overflowed int64 (track layout)
@@ -718,6 +727,7 @@ def test_any_part_column_retyped_is_read_or_refused_in_one_line(dataset, tmp_pat
 # -- values of the right type that the analysis once tripped on ----------------------------------------------
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("column", "value", "refused"),
     [

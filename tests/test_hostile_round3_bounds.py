@@ -141,6 +141,7 @@ def _with_inputs(analysed: Path, target: Path, files: list[str]) -> Path:
     return target
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("named", ["fifo outside", "readable file outside", "link out of the directory"])
 def test_inputs_a_summary_names_outside_its_directory_are_not_read(analysed, tmp_path, named):
     outside = tmp_path / "outside.log"

@@ -184,6 +184,7 @@ def logs(draw) -> bytes:
     return bytes(data)
 
 
+@pytest.mark.slow
 @SETTINGS
 @given(
     data=logs(),

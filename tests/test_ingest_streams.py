@@ -61,6 +61,7 @@ def test_a_piped_log_gives_the_spans_and_anchors_of_the_file(reader, tmp_path):
 DSPROF = [sys.executable, "-c", "from dsprof.cli.main import main; main()"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("source", ["device", "pipe"])
 def test_endless_binary_input_is_refused_in_one_line(reader, tmp_path, source):
     """/dev/zero never ends: only a look at its head can refuse it (a timeout stands in for a hang)."""

@@ -76,6 +76,7 @@ def _write_kineto(run: Path, skew_ns: int = 0) -> None:
         (folder / artifacts.torch_profile_name(rank)).write_text(json.dumps(document))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("device_phases", [False, True])
 def test_kineto_joins_the_strace_runs_on_their_clock(tmp_path, device_phases):
     run = SyntheticRun(ranks=RANKS, steps=STEPS, device_phases=device_phases, sa_profile=False).write(tmp_path / "run")

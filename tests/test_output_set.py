@@ -65,6 +65,7 @@ def _only_outputs(out: Path) -> None:
     assert sorted(p.name for p in out.iterdir()) == sorted(OUTPUTS), "a staging directory, journal or lock file was left"
 
 
+@pytest.mark.slow
 def test_a_write_error_leaves_the_whole_previous_set(two_runs, tmp_path):
     (_, new_run), (old, _) = two_runs
     out = _old_outputs(tmp_path / "out", old)
@@ -86,6 +87,7 @@ def test_a_write_error_leaves_the_whole_previous_set(two_runs, tmp_path):
     _only_outputs(out)
 
 
+@pytest.mark.slow
 def test_a_new_directory_is_removed_after_a_write_error(two_runs, tmp_path):
     (_, new_run), _ = two_runs
     out = tmp_path / "fresh"
@@ -112,6 +114,7 @@ def test_a_crash_between_two_renames_is_completed_by_the_next_reader(two_runs, t
     _only_outputs(out)
 
 
+@pytest.mark.slow
 def test_sigterm_between_two_renames_waits_for_the_set(two_runs, tmp_path):
     (_, new_run), (old, new) = two_runs
     out = _old_outputs(tmp_path / "out", old)
@@ -123,6 +126,7 @@ def test_sigterm_between_two_renames_waits_for_the_set(two_runs, tmp_path):
     _only_outputs(out)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("action", "signum"), [("term-staged", signal.SIGTERM), ("int-staged", signal.SIGINT)])
 @pytest.mark.parametrize("staged", ["summary.json", "report.html"])
 def test_a_signal_while_staging_leaves_the_previous_set_and_no_staging(two_runs, tmp_path, staged, action, signum):
@@ -137,6 +141,7 @@ def test_a_signal_while_staging_leaves_the_previous_set_and_no_staging(two_runs,
     _only_outputs(out)
 
 
+@pytest.mark.slow
 def test_a_second_writer_waits_for_the_first_to_finish_its_set(two_runs, tmp_path):
     """The first writer is stopped holding the lock, one file moved; the second must wait, then replace the whole set."""
     (first_run, second_run), (first, second) = two_runs
@@ -160,6 +165,7 @@ def _waits_for_a_lock(pid: int) -> bool:
     return any(line.split()[1] == "->" and line.split()[5] == str(pid) for line in Path("/proc/locks").read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_outputs_keep_the_umask_mode(two_runs, tmp_path):
     (run, _), _ = two_runs
     out = tmp_path / "out"

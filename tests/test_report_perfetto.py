@@ -563,6 +563,7 @@ def contention(tmp_path_factory):
     return run, outcome.result, trace
 
 
+@pytest.mark.slow
 def test_pftrace_of_a_contention_run_has_its_device_spans_and_one_marker_per_finding(contention):
     _, result, trace = contention
     slices = _pftrace_slices(trace)

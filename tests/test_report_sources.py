@@ -34,6 +34,7 @@ def _drawn_events(path) -> int:
     return len([e for e in json.loads(path.read_text())["traceEvents"] if e.get("ph") == "X"])
 
 
+@pytest.mark.slow
 def test_report_and_export_read_the_inputs_the_summary_names_inside_the_directory(analysed_elsewhere):
     analyze_paths(["run"], "run")  # the inputs lie inside the analysed directory
     notes: list[str] = []
@@ -52,6 +53,7 @@ def test_inputs_named_outside_the_directory_are_read_only_when_given(analysed_el
     assert notes == ["reading the spans from run"]
 
 
+@pytest.mark.slow
 def test_moved_inputs_give_one_line_naming_the_option(analysed_elsewhere):
     shutil.copytree("run", "out", dirs_exist_ok=True)
     analyze_paths(["out"], "out")  # inputs inside the directory, then moved away
@@ -67,6 +69,7 @@ def test_moved_inputs_give_one_line_naming_the_option(analysed_elsewhere):
     assert notes == ["reading the spans from moved"]
 
 
+@pytest.mark.slow
 def test_the_kept_span_dataset_is_recorded_and_read(analysed_elsewhere):
     analyze_paths(["run"], "out2", spans_dir="out2/kept")
     assert json.loads((analysed_elsewhere / "out2" / artifacts.SUMMARY_JSON).read_text())["inputs"]["span_dataset"] == "out2/kept"
@@ -77,6 +80,7 @@ def test_the_kept_span_dataset_is_recorded_and_read(analysed_elsewhere):
     assert _drawn_events(analysed_elsewhere / "out2" / "t.json") == _drawn_events(analysed_elsewhere / "out2" / artifacts.COMBINED_SWIMLANE)
 
 
+@pytest.mark.slow
 def test_cli_report_says_where_it_read_and_errors_in_one_line(analysed_elsewhere):
     result = CliRunner().invoke(cli, ["report", "out", "--inputs", "run"])
     assert result.exit_code == 0, result.output
@@ -89,6 +93,7 @@ def test_cli_report_says_where_it_read_and_errors_in_one_line(analysed_elsewhere
     assert result.exit_code == 0, result.output
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("fmt", "name", "message"),
     [

@@ -83,6 +83,7 @@ def _stop_while_reading(args: list[str], tmp_path, signum: int, **launch) -> tup
     return process.returncode, rest
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(("signum", "status"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
 def test_a_signal_stops_ingest_with_one_line_and_no_output(tmp_path, signum, status):
     code, stderr = _stop_while_reading(["ingest", "-o", "deep/spans/"], tmp_path, signum)
@@ -93,12 +94,14 @@ def test_a_signal_stops_ingest_with_one_line_and_no_output(tmp_path, signum, sta
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]
 
 
+@pytest.mark.slow
 def test_sigterm_stops_analyze_leaving_no_output_dir_and_no_temporary_files(tmp_path):
     code, stderr = _stop_while_reading(["analyze", "-o", "out"], tmp_path, signal.SIGTERM)
     assert code == 143 and "Traceback" not in stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]  # no out/, no dsprof-spans-*, no .tmp
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_stops_a_spilled_analyze_leaving_no_temporary_dataset(tmp_path, signum):
     """A big log is analysed out of core, from a span dataset in TMPDIR: the signal lands while it is being written."""
@@ -107,6 +110,7 @@ def test_a_signal_stops_a_spilled_analyze_leaving_no_temporary_dataset(tmp_path,
     assert sorted(p.name for p in tmp_path.iterdir()) == ["run", "side"]  # no dsprof-spans-*, no dsprof-duckdb-*
 
 
+@pytest.mark.slow
 def test_the_folders_a_killed_analyze_left_are_removed_by_the_next_one(tmp_path):
     """SIGKILL leaves the temporary dataset and DuckDB's spill; the next analysis sees their owner gone and removes them."""
     code, _ = _stop_while_reading(["analyze", "-o", "out"], tmp_path, signal.SIGKILL, launcher=("-c", SPILLING_CLI))
@@ -160,6 +164,7 @@ analysis_job.analyze_trace = query_first
 from dsprof.cli.main import main; main()"""
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_a_signal_during_a_duckdb_query_stops_with_one_line(tmp_path, signum):
     SyntheticRun(ranks=2, steps=6).write(tmp_path / "run")

@@ -85,6 +85,7 @@ def found(summary: dict, fault: dict) -> bool:
 # -- the producer itself (these pass without the new analysis) ---------------------------------
 
 
+@pytest.mark.slow
 def test_the_log_reads_whole_as_steps_times_ranks_decode_roots(case):
     shape = case.scenario.shape
     assert case.trace.dropped_total == 0, case.trace.dropped

@@ -28,6 +28,7 @@ from dsprof.testing.synthetic import SyntheticRun
 SMALL_LIMIT = 128 << 20  # far below the default (a tenth of RAM); the span-sized pass of these 55k spans needs about 64 MiB
 
 
+@pytest.mark.slow
 def test_a_step_heavy_run_under_a_small_memory_limit_gives_the_same_summary(tmp_path):
     steps = 2_500
     fence = np.full((2, steps), 9_000_000, dtype=np.int64)
@@ -59,6 +60,7 @@ def test_memory_that_runs_out_outside_duckdb_is_one_line_with_the_remedies():
 ADDRESS_SPACE_CAP = 1 << 30  # 1 GiB of address space (ulimit -v): the analysis below needs about 0.7 GiB with the bounds
 
 
+@pytest.mark.slow
 def test_the_cli_analyses_under_an_address_space_cap_that_the_allocators_defaults_overrun(tmp_path):
     """dsprof.allocators: the allocators reserve no more than the analysis uses, so ``ulimit -v`` caps what it uses.
 

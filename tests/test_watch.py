@@ -134,6 +134,7 @@ def _follow(live: LiveAnalysis, pieces: list[bytes], log: Path, every: int = 3, 
     return summaries
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("rotated_name", ["server.log.1", "server-1.log"])  # the second one a watched directory lists too
 def test_final_summary_equals_analyze_with_rotation_and_a_torn_end(tmp_path, faulty, rotated_name):
     data = faulty[0]
@@ -158,6 +159,7 @@ def test_final_summary_equals_analyze_with_rotation_and_a_torn_end(tmp_path, fau
     assert want["inputs"]["dropped"] == {"torn_record": 1}
 
 
+@pytest.mark.slow
 def test_findings_name_the_injected_ranks_and_the_ring_stays_bounded(tmp_path, faulty):
     data, answers = faulty
     log = tmp_path / "server.log"
@@ -183,6 +185,7 @@ def _finding(line: str) -> tuple[str, int, int]:
     return title, int(step), int(rest.split()[0])
 
 
+@pytest.mark.slow
 def test_a_clean_run_says_nothing(tmp_path, clean):
     log = tmp_path / "server.log"
     log.touch()
@@ -194,6 +197,7 @@ def test_a_clean_run_says_nothing(tmp_path, clean):
     assert lines == []
 
 
+@pytest.mark.slow
 def test_an_alert_runs_the_hook_once_per_window(tmp_path, faulty):
     log = tmp_path / "server.log"
     log.touch()
@@ -227,6 +231,7 @@ def _dsprof(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "dsprof.cli.main", *args], capture_output=True, text=True, timeout=300, check=False)
 
 
+@pytest.mark.slow
 def test_cli_watch_ends_when_idle_with_analyzes_outputs_and_exits_1_on_an_alert(tmp_path, faulty):
     run = tmp_path / "run"
     run.mkdir()
@@ -244,6 +249,7 @@ def test_cli_watch_ends_when_idle_with_analyzes_outputs_and_exits_1_on_an_alert(
     assert json.loads((tmp_path / "ev.jsonl").read_text().splitlines()[-1])["last_step"] == SHAPE.steps - 1
 
 
+@pytest.mark.slow
 def test_cli_watch_refuses_bad_input_in_one_line(tmp_path):
     binary = tmp_path / "blob.log"
     binary.write_bytes(b"\0\1\2" * 100)
@@ -260,6 +266,7 @@ def test_cli_watch_refuses_bad_input_in_one_line(tmp_path):
     )  # the input, not a dataset
 
 
+@pytest.mark.slow
 def test_ctrl_c_ends_the_watch_with_analyzes_outputs(tmp_path, faulty):
     run = tmp_path / "run"
     run.mkdir()
@@ -294,6 +301,7 @@ def test_run_live_writes_the_runs_outputs_as_analyze_does(tmp_path):
     assert (out_dir / artifacts.SUMMARY_JSON).read_bytes() == (tmp_path / "a" / artifacts.SUMMARY_JSON).read_bytes()
 
 
+@pytest.mark.slow
 def test_a_log_not_written_yet_is_waited_for(tmp_path, clean):
     log = tmp_path / "server.log"
     live = LiveAnalysis([log], tmp_path / "spans", window=20)

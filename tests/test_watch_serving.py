@@ -195,6 +195,7 @@ def _serving_of(requests: list[dict]) -> dict:
         engine.close()
 
 
+@pytest.mark.slow
 def test_window_serving_figures_are_those_of_its_requests_read_whole_and_alerts_use_them(tmp_path, job):
     run, log, fragment = _job_dir(tmp_path)
     (tmp_path / "rules.toml").write_text(RULES)
@@ -221,6 +222,7 @@ def test_window_serving_figures_are_those_of_its_requests_read_whole_and_alerts_
     assert below and all(rate < 0.75 and first <= bad[-1] and last >= bad[0] for (first, last), rate in below), below
 
 
+@pytest.mark.slow
 def test_final_summary_with_fragments_equals_analyze(tmp_path, job):
     run, log, fragment = _job_dir(tmp_path)
     live = LiveAnalysis([run], tmp_path / "spans", window=15)

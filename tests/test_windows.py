@@ -126,6 +126,7 @@ def _dataset_by_pieces(run: Path, out: Path, rows_per_piece: int) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_a_dataset_window_reads_few_row_groups_and_gives_the_same_figures(tmp_path):
     fence = np.full((2, 500), 2_000_000, dtype=np.int64)
     fence[0, [250, 262, 279]] += 9_000_000
@@ -172,6 +173,7 @@ def _iso(wall_ns: int) -> str:
     return datetime.fromtimestamp(seconds, UTC).strftime("%Y-%m-%dT%H:%M:%S") + f".{fraction:09d}Z"
 
 
+@pytest.mark.slow
 def test_time_windows_by_offset_and_by_wall_clock_agree(run):
     starts, run_start, offset = _root_starts(run)
     since, until = starts[FIRST], starts[LAST + 1]
@@ -211,6 +213,7 @@ def test_a_window_that_cuts_steps_keeps_whole_steps_with_the_runs_own_numbers_an
     assert "2 steps it cut left out whole" in format_console_summary(window)
 
 
+@pytest.mark.slow
 def test_report_and_export_draw_only_the_window(run, tmp_path):
     out = tmp_path / "out"
     analyze_paths([run], out)
