@@ -5,7 +5,7 @@ Targets on the development machine: STRACE emit ≤ 3 µs per span enabled and
 less than calling any Python function with the same arguments (CPython builds
 the ``**attrs`` dict before the callee runs), so the disabled target is judged
 on what the emitter adds over that floor; the absolute figures are printed too,
-beside the ``strace.ENABLED``-guarded idiom that skips the call.
+beside the ``strace.TRACER.enabled``-guarded idiom that skips the call.
 
 Host evidence (SPEC §2.1) is printed on and off side by side: a span with
 evidence takes two host samples (thread CPU clock + a ``pread`` of the
@@ -57,7 +57,7 @@ def strace_spans(n: int) -> None:
 def strace_spans_guarded(n: int) -> None:
     """The zero-cost idiom of the strace module docstring: skip the call while off."""
     for i in range(n):
-        with strace.span(fmt.BIND, inv=1234567890123, hid="9f3ab2", step=i) if strace.ENABLED else strace.NOOP_SPAN:
+        with strace.span(fmt.BIND, inv=1234567890123, hid="9f3ab2", step=i) if strace.TRACER.enabled else strace.NOOP_SPAN:
             pass
 
 
@@ -69,7 +69,7 @@ def strace_records(n: int) -> None:
 
 def strace_records_guarded(n: int) -> None:
     for i in range(n):
-        if strace.ENABLED:
+        if strace.TRACER.enabled:
             strace.record(fmt.DEVICE_WALL, inv=1234567890123, hid="9f3ab2", depth=2, ts_ns=i, dur_ns=100, clk="dev")
 
 
@@ -199,9 +199,9 @@ def main() -> None:
             Case(FLOOR_LABEL, off, span_floor),
             Case(RECORD_FLOOR_LABEL, off, record_floor),
             Case("strace span, disabled", off, strace_spans, STRACE_DISABLED_TARGET_US, FLOOR_LABEL, judge_added=True),
-            Case("strace span, disabled, ENABLED-guarded", off, strace_spans_guarded, STRACE_DISABLED_TARGET_US),
+            Case("strace span, disabled, enabled-guarded", off, strace_spans_guarded, STRACE_DISABLED_TARGET_US),
             Case("strace record, disabled", off, strace_records, STRACE_DISABLED_TARGET_US, RECORD_FLOOR_LABEL, judge_added=True),
-            Case("strace record, disabled, ENABLED-guarded", off, strace_records_guarded, STRACE_DISABLED_TARGET_US),
+            Case("strace record, disabled, enabled-guarded", off, strace_records_guarded, STRACE_DISABLED_TARGET_US),
             Case(write_devnull, off, os_writes(devnull)),
             Case(write_file, off, os_writes(log_fd)),
             Case(span_plain, bare(devnull), strace_spans, STRACE_ENABLED_TARGET_US, write_devnull),

@@ -197,7 +197,7 @@ class CpuDevice:
             if item is None:
                 return
             fn, fence, signal_delay_s, label = item
-            evidence = strace.SAMPLING
+            evidence = strace.TRACER.sampling
             if evidence or fence.measure_rq:
                 self._threads.refresh()  # threads started since (the executor waited on its queue anyway)
             rq_start = thread_run_queue_ns() if fence.measure_rq else -1

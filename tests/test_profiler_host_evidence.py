@@ -137,7 +137,7 @@ def test_each_thread_reports_its_own_evidence(emitter):
 
 def test_a_forked_child_samples_its_own_thread(emitter):
     strace.host_sample()  # the parent's thread has its schedstat open now
-    parent_fd = strace._per_thread.state.schedstat_fd
+    parent_fd = strace.TRACER.per_thread.state.schedstat_fd
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:
@@ -145,7 +145,7 @@ def test_a_forked_child_samples_its_own_thread(emitter):
         try:
             with strace.span("child", inv=3, hid="h"):
                 burn(20)
-            fd = strace._per_thread.state.schedstat_fd
+            fd = strace.TRACER.per_thread.state.schedstat_fd
             os.write(write_fd, f"{fd} {os.readlink(f'/proc/self/fd/{fd}')}".encode())
             code = 0
         finally:
@@ -181,13 +181,13 @@ def test_without_schedstat_cpu_comes_from_the_thread_and_rq_is_omitted(emitter, 
 
 def test_switched_off_there_is_no_evidence_and_no_sample(emitter):
     strace.set_host_evidence(False)
-    assert strace.host_sample() is None and strace.SAMPLING is False
+    assert strace.host_sample() is None and strace.TRACER.sampling is False
     with strace.span("plain", inv=5, hid="h", step=1):
         pass
     plain = records(emitter)[0]
     assert not set(HOST_EVIDENCE_ATTRS) & set(plain) and plain["step"] == "1"
     strace.set_host_evidence(True)
-    assert strace.SAMPLING is True and len(strace.host_sample()) == 4
+    assert strace.TRACER.sampling is True and len(strace.host_sample()) == 4
     strace.disable()  # the emitter off: no sampling either
     assert strace.host_sample() is None
 
@@ -225,10 +225,10 @@ def test_every_collection_is_a_host_gc_span_of_the_collecting_thread(tmp_path):
         thread.join()
         strace.disable()
         gc.collect()  # after disable: the callback is gone, nothing is written
-        assert strace._on_gc not in gc.callbacks
+        assert strace.TRACER.on_gc not in gc.callbacks
         strace.enable(fd, gc_spans=False)
         gc.collect()
-        assert strace._on_gc not in gc.callbacks
+        assert strace.TRACER.on_gc not in gc.callbacks
     finally:
         strace.disable()
         os.close(fd)

@@ -382,15 +382,15 @@ def test_enabled_flag_follows_enable_and_guarded_idiom_writes_the_same(tmp_path)
     path = tmp_path / "guarded.log"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
-        assert strace.ENABLED is False
-        with strace.span("x", inv=1, hid="h") if strace.ENABLED else strace.NOOP_SPAN as sp:
+        assert strace.TRACER.enabled is False
+        with strace.span("x", inv=1, hid="h") if strace.TRACER.enabled else strace.NOOP_SPAN as sp:
             sp.set(a=1)
         strace.enable(fd, gc_spans=False)
-        assert strace.ENABLED is True and strace.is_enabled()
-        with strace.span("x", inv=1, hid="h", step=3) if strace.ENABLED else strace.NOOP_SPAN as sp:
+        assert strace.TRACER.enabled is True and strace.is_enabled()
+        with strace.span("x", inv=1, hid="h", step=3) if strace.TRACER.enabled else strace.NOOP_SPAN as sp:
             sp.set(a=1)
         strace.disable()
-        assert strace.ENABLED is False and not strace.is_enabled()
+        assert strace.TRACER.enabled is False and not strace.is_enabled()
     finally:
         strace.disable()
         os.close(fd)
@@ -452,10 +452,32 @@ def test_encoding_caches_stay_bounded_and_output_stays_exact(log):
     distinct = strace._ENCODED_CACHE_MAX + 500
     for i in range(distinct):
         strace.record("chip.run", inv=1, hid="h", depth=0, ts_ns=i, dur_ns=1, **{f"k{i}": f"v {i}"})
-    assert len(strace._key_texts) <= strace._ENCODED_CACHE_MAX
-    assert len(strace._encoded) <= strace._ENCODED_CACHE_MAX
+    assert len(strace.TRACER.key_texts) <= strace._ENCODED_CACHE_MAX
+    assert len(strace.TRACER.encoded) <= strace._ENCODED_CACHE_MAX
     lines = log()[1:]
     assert len(lines) == distinct
     for i in (0, distinct - 1):  # one written while the caches filled, one after they were full
         f = parse_line(lines[i])["fields"]
         assert f[f"k{i}"] == "v%20" + str(i) and f["ts"] == str(i)
+
+
+def test_a_tracer_of_its_own_writes_its_own_records_and_leaves_the_process_tracer_alone(tmp_path):
+    """The emitter's state is one Tracer object: a second one has its own fd, anchor, depth and invocation ids."""
+    path = tmp_path / "own.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    own = strace.Tracer()
+    own.set_host_evidence(False)
+    try:
+        own.enable(fd, gc_spans=False)
+        assert own.enabled and not strace.TRACER.enabled
+        with own.span("outer", inv=own.new_invocation(), hid="h"), own.span("inner", inv=7, hid="h", step=2):
+            strace.record("elsewhere", inv=1, hid="h", depth=0, ts_ns=1, dur_ns=1)  # the process tracer is off: nothing
+        own.record("chip.run", inv=7, hid="h", depth=1, ts_ns=10, dur_ns=5, clk="dev")
+    finally:
+        own.disable()
+        os.close(fd)
+    lines = path.read_text().splitlines()
+    assert parse_line(lines[0])["kind"] == "anchor"
+    records = [parse_line(line)["fields"] for line in lines[1:]]
+    assert [(r["name"], r["depth"]) for r in records] == [("inner", "1"), ("outer", "0"), ("chip.run", "1")]
+    assert records[0]["step"] == "2" and records[2]["clk"] == "dev"
