@@ -22,7 +22,7 @@ import pyarrow as pa
 
 from dsprof.analysis.ingest.strace_lines import ParsedPiece, parse_piece
 from dsprof.analysis.ingest.strace_pieces import Piece, SkippedLines
-from dsprof.analysis.ingest.strace_records import FIELD_COLUMNS, constant_columns
+from dsprof.analysis.ingest.strace_records import FIELD_COLUMNS, Drops, constant_columns
 from dsprof.analysis.store.spans import (
     ANCHOR_SCHEMA,
     ATTRS_TYPE,
@@ -78,14 +78,12 @@ def scanner_of(module: Any) -> Any:
     )
 
 
-def scanned_pieces(
-    scanner: Any, pieces: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0
-) -> Iterator[ParsedPiece | SkippedLines]:
-    """Each piece read by ``scanner`` (or the count of overlong lines skipped); drops are added to ``dropped``.
+def scanned_pieces(scanner: Any, pieces: Iterable[Piece], file: str, line_base: int = 0) -> Iterator[ParsedPiece | SkippedLines]:
+    """Each piece read by ``scanner``, with what it dropped (or the count of overlong lines skipped).
 
     ``line_base``: lines of the file before the first piece (a follower hands on a file's new bytes only).
     """
-    assemble = _Assembler(file, dropped)
+    assemble = _Assembler(file)
     for scanned in _read_ahead(_scanned(scanner, pieces, line_base)):
         yield scanned if isinstance(scanned, SkippedLines) else assemble(*scanned)
 
@@ -126,8 +124,8 @@ def _read_ahead(items: Iterator[_T]) -> Iterator[_T]:
 class _Assembler:
     """Turns the scanner's buffers for one piece into a :class:`ParsedPiece`; its islands go to :func:`parse_piece`."""
 
-    def __init__(self, file: str, dropped: dict[str, int]):
-        self.file, self.dropped = file, dropped
+    def __init__(self, file: str):
+        self.file = file
 
     def __call__(self, scan: dict, n_bytes: int) -> ParsedPiece:
         tables = [self._part_table(part) for part in scan["parts"] if part["rows"]]
@@ -135,20 +133,22 @@ class _Assembler:
         table = _in_line_order(tables, islands.table)
         records_found = sum(t.num_rows for t in tables) + islands.records_found
         return ParsedPiece(
-            table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes, islands.drop_lines
+            table, islands.anchors, islands.chips, records_found, scan["n_lines"], _binary_line(scan), n_bytes, islands.drops
         )
 
     def _islands(self, scan: dict) -> ParsedPiece:
         """What the Python reader makes of the lines the scanner left, numbered as in the log."""
         text = memoryview(scan["islands"])
         if not len(text):
-            return ParsedPiece(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0)
-        part = parse_piece(text, self.file, 0, self.dropped)
+            return ParsedPiece(PARQUET_SCHEMA.empty_table(), ANCHOR_SCHEMA.empty_table(), CHIP_SCHEMA.empty_table(), 0, 0, None, 0, Drops())
+        part = parse_piece(text, self.file, 0)
         numbers = np.frombuffer(scan["island_lines"], np.int64)
         if part.table.num_rows:
             line = numbers[part.table.column("line").to_numpy() - 1]
             part = part._replace(table=part.table.set_column(SPAN_COLUMNS.index("line"), "line", pa.array(line)))
-        return part._replace(drop_lines={reason: int(numbers[at - 1]) for reason, at in (part.drop_lines or {}).items()})
+        return part._replace(
+            drops=Drops(part.drops.counts, {reason: int(numbers[at - 1]) for reason, at in part.drops.first_lines.items()})
+        )
 
     def _part_table(self, part: dict) -> pa.Table:
         """One thread's rows, wrapping the scanner's buffers (no copy)."""

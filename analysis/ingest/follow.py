@@ -123,7 +123,7 @@ class LogFollower:
         """Parse complete bytes with the whole-file reader's functions, lines numbered on from the file's count."""
         if not data:
             return
-        for part in parsed_pieces(mapped_pieces(data), self.name, self.counts.dropped, self._line_base):
+        for part in parsed_pieces(mapped_pieces(data), self.name, self._line_base):
             self.counts.add(part)
             if isinstance(part, SkippedLines):
                 self._line_base += part.count

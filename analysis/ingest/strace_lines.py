@@ -28,9 +28,9 @@ from dsprof.analysis.ingest.strace_records import (
     STRACE_PATTERN,
     STRACE_RE,
     TEXT_FIELDS,
+    Drops,
     Records,
     add_table,
-    count_drop,
     integers,
     read_anchors,
     read_chip_devices,
@@ -61,37 +61,36 @@ class ParsedPiece(NamedTuple):
     n_lines: int
     binary_at: int | None
     n_bytes: int
-    drop_lines: dict[str, int] | None = None  # reason -> first line (1-based, as ``line``) of a record dropped for it
+    drops: Drops  # what the piece could not use; first lines numbered as ``line``
 
 
-def parse_piece(data: memoryview, file: str, line_base: int, dropped: dict[str, int]) -> ParsedPiece:
-    """Rows of one piece of a log whose first line is line ``line_base + 1``; drops are added to ``dropped``."""
+def parse_piece(data: memoryview, file: str, line_base: int) -> ParsedPiece:
+    """Rows of one piece of a log whose first line is line ``line_base + 1``, and what it dropped."""
     n_bytes = len(data)
     text, binary_at = as_utf8(data)
     log = _Log(text)
-    record_drops = sum(dropped.values())
     # each batch becomes typed Arrow columns at once, so the text of its fields never piles up
     tables: list[pa.Table] = []
     orders: list[np.ndarray] = []
     slow: list[_SlowRecord] = []
-    sites: dict[str, int] = {}  # first line (of the piece) of each reason's drops
+    drops = Drops()  # first lines numbered within the piece until the end
     for start, stop in _batches(log, file, line_base):
-        records, batch_slow = _extract_batch(log, start, stop, dropped, sites)
-        add_table(tables, orders, records, file, line_base, dropped, sites)
+        records, batch_slow = _extract_batch(log, start, stop, drops)
+        add_table(tables, orders, records, file, line_base, drops)
         slow.extend(batch_slow)
     slow.extend(_marker_split_records(log))
-    add_table(tables, orders, _finish_slow_records(slow, log, dropped, sites), file, line_base, dropped, sites)
-    records_found = sum(t.num_rows for t in tables) + sum(dropped.values()) - record_drops  # only record drops are counted so far
+    add_table(tables, orders, _finish_slow_records(slow, log, drops), file, line_base, drops)
+    records_found = sum(t.num_rows for t in tables) + drops.total()  # only record drops are counted so far
 
     side = _side_lines(log)
-    anchors = read_anchors(side, dropped)
-    chips = read_chip_devices(side, dropped)
+    anchors = read_anchors(side, drops)
+    chips = read_chip_devices(side, drops)
     table = pa.concat_tables(tables) if tables else PARQUET_SCHEMA.empty_table()
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
-    drop_lines = {reason: line + line_base for reason, line in sites.items()}
-    return ParsedPiece(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, drop_lines)
+    drops.first_lines = {reason: line + line_base for reason, line in drops.first_lines.items()}
+    return ParsedPiece(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, drops)
 
 
 def _side_lines(log: _Log) -> pa.Array:
@@ -194,7 +193,7 @@ _SlowRecord = tuple[int, str, int | None, int]
 _ORDER_STRIDE = 1 << 20
 
 
-def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int], sites: dict[str, int]) -> tuple[Records, list[_SlowRecord]]:
+def _extract_batch(log: _Log, first: int, stop: int, drops: Drops) -> tuple[Records, list[_SlowRecord]]:
     """The records of lines [first, stop): plain ones by separator positions, others by regex, the rest in Python.
 
     A line is plain when it holds one marker followed by a plain record up to
@@ -216,7 +215,7 @@ def _extract_batch(log: _Log, first: int, stop: int, dropped: dict[str, int], si
     other_lines = with_marker[~plain]
     slow: list[_SlowRecord] = []
     if len(other_lines):
-        records, slow = _segment_records(log, other_lines, dropped, sites)
+        records, slow = _segment_records(log, other_lines, drops)
         parts.append(records)
     return Records.concat(parts), slow
 
@@ -296,9 +295,7 @@ class _PieceTexts:
         return pa.Array.from_buffers(pa.string(), cells, [every_other, pa.py_buffer(bounds), self.data])
 
 
-def _segment_records(
-    log: _Log, line_index: np.ndarray, dropped: dict[str, int], sites: dict[str, int]
-) -> tuple[Records, list[_SlowRecord]]:
+def _segment_records(log: _Log, line_index: np.ndarray, drops: Drops) -> tuple[Records, list[_SlowRecord]]:
     """Records of lines that are not plain: split at every marker, parsed by the capturing regex."""
     pieces = pc.split_pattern(log.lines.take(pa.array(line_index)), STRACE_MARKER)
     list_offsets = pieces.offsets.to_numpy().astype(np.int64)
@@ -318,9 +315,7 @@ def _segment_records(
     matched = fields.is_valid().to_numpy(zero_copy_only=False)
     version_ok = pc.equal(fields.field(VERSION_FIELD), str(STRACE_VERSION)).fill_null(False).to_numpy(zero_copy_only=False)
     other_version = matched & ~version_ok
-    count_drop(
-        dropped, "unknown_version", other_version.sum(), sites, int(seg_line[other_version].min()) + 1 if other_version.any() else None
-    )
+    drops.count("unknown_version", other_version.sum(), int(seg_line[other_version].min()) + 1 if other_version.any() else None)
     good = matched & version_ok & ~continues
     mask = pa.array(good)
     records = Records.from_tails(
@@ -365,7 +360,7 @@ def _marker_split_records(log: _Log) -> list[_SlowRecord]:
     return found
 
 
-def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, int], sites: dict[str, int]) -> Records:
+def _finish_slow_records(slow: list[_SlowRecord], log: _Log, drops: Drops) -> Records:
     """Rejoin records cut by newlines; count why the others are dropped."""
     found = []
     for line_idx, segment, next_line, order in slow:
@@ -373,7 +368,7 @@ def _finish_slow_records(slow: list[_SlowRecord], log: _Log, dropped: dict[str, 
         if match and match.group(VERSION_FIELD) == str(STRACE_VERSION):
             found.append((line_idx + 1, order, match.groupdict()))
             continue
-        count_drop(dropped, "unknown_version" if match else _drop_reason(segment), 1, sites, line_idx + 1)
+        drops.count("unknown_version" if match else _drop_reason(segment), 1, line_idx + 1)
     if not found:
         return Records.empty()
     return Records.from_tails(

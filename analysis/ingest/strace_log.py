@@ -91,7 +91,7 @@ def _parse_pieces(pieces: Iterable[Piece], file: str, size: int, progress: Progr
     tally = LogTally()
     tables: list[pa.Table] = []
     bytes_done = 0
-    for part in parsed_pieces(pieces, file, tally.dropped):
+    for part in parsed_pieces(pieces, file):
         tally.add(part)
         if isinstance(part, SkippedLines):  # counted, no rows
             continue
@@ -136,7 +136,9 @@ class LogTally:
         if part.chips.num_rows:
             self.chips.append(part.chips)
         self.records_found += part.records_found
-        for reason, line in (part.drop_lines or {}).items():
+        for reason, n in part.drops.counts.items():
+            self.dropped[reason] = self.dropped.get(reason, 0) + n
+        for reason, line in part.drops.first_lines.items():
             self.drop_lines.setdefault(reason, line)  # pieces come in file order
         if self.binary_at is None and part.binary_at is not None:
             self.binary_at = self.lines + part.binary_at
@@ -159,26 +161,26 @@ class LogTally:
         return trace
 
 
-def parsed_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int = 0) -> Iterator[ParsedPiece | SkippedLines]:
-    """Each piece parsed (or the count of overlong lines skipped), by the compiled scanner where it is available.
+def parsed_pieces(chunks: Iterable[Piece], file: str, line_base: int = 0) -> Iterator[ParsedPiece | SkippedLines]:
+    """Each piece parsed, with what it dropped (or the count of overlong lines skipped), by the compiled scanner where it is available.
 
     Lines are numbered from ``line_base`` + 1: a follower (:mod:`.follow`) parses a file's new bytes, numbered as in the whole file.
     """
     scanner = compiled_scanner()
     if scanner is None:
-        yield from _python_pieces(chunks, file, dropped, line_base)
+        yield from _python_pieces(chunks, file, line_base)
     else:
-        yield from scanned_pieces(scanner, chunks, file, dropped, line_base)
+        yield from scanned_pieces(scanner, chunks, file, line_base)
 
 
-def _python_pieces(chunks: Iterable[Piece], file: str, dropped: dict[str, int], line_base: int) -> Iterator[ParsedPiece | SkippedLines]:
+def _python_pieces(chunks: Iterable[Piece], file: str, line_base: int) -> Iterator[ParsedPiece | SkippedLines]:
     """The pure-Python reader: each piece parsed by :func:`parse_piece`."""
     for data in chunks:
         if isinstance(data, SkippedLines):
             line_base += data.count
             yield data
             continue
-        part = parse_piece(data, file, line_base, dropped)
+        part = parse_piece(data, file, line_base)
         del data  # so that the next piece may reuse its buffer
         line_base += part.n_lines
         yield part

@@ -11,6 +11,7 @@ makes span rows of them (dropping and counting what cannot be a span);
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 
 import numpy as np
 import pyarrow as pa
@@ -239,12 +240,27 @@ def integers(digits: pa.Array, dtype: type) -> tuple[np.ndarray, np.ndarray]:
     return data[values.offset : values.offset + len(values)], overflow
 
 
-def count_drop(dropped: dict[str, int], reason: str, n: int, sites: dict[str, int] | None = None, line: int | None = None) -> None:
-    """Count ``n`` records dropped for ``reason``; ``sites`` keeps the first ``line`` (1-based) each reason was seen at."""
-    if n:
-        dropped[reason] = dropped.get(reason, 0) + int(n)
-        if sites is not None and line is not None and (reason not in sites or line < sites[reason]):
-            sites[reason] = int(line)
+@dataclass
+class Drops:
+    """What a piece of a log could not use: records by reason, and the first line (1-based) each record reason was seen at.
+
+    Each piece's reader fills its own and returns it with the rows
+    (:class:`~dsprof.analysis.ingest.strace_lines.ParsedPiece`); whoever reads
+    the whole log adds the pieces' up.
+    """
+
+    counts: dict[str, int] = field(default_factory=dict)
+    first_lines: dict[str, int] = field(default_factory=dict)
+
+    def count(self, reason: str, n: int, line: int | None = None) -> None:
+        """Count ``n`` records dropped for ``reason``, the first of them at ``line`` where known."""
+        if n:
+            self.counts[reason] = self.counts.get(reason, 0) + int(n)
+            if line is not None and (reason not in self.first_lines or line < self.first_lines[reason]):
+                self.first_lines[reason] = int(line)
+
+    def total(self) -> int:
+        return sum(self.counts.values())
 
 
 def out_of_range(digits: pa.Array, signed: bool) -> np.ndarray:
@@ -310,8 +326,7 @@ def add_table(
     records: Records,
     file: str,
     line_base: int,
-    dropped: dict[str, int],
-    sites: dict[str, int] | None = None,
+    drops: Drops,
 ) -> None:
     """Append the span rows of ``records``; drop and count what cannot be a span.
 
@@ -327,7 +342,7 @@ def add_table(
     bad = records.overflow | (ts < 0) | past_bound
     negative = ~bad & (dur < 0)
     for reason, mask in (("bad_value", bad), ("negative_duration", negative)):
-        count_drop(dropped, reason, mask.sum(), sites, int(records.line[mask].min()) if mask.any() else None)  # line in the piece
+        drops.count(reason, mask.sum(), int(records.line[mask].min()) if mask.any() else None)  # line in the piece
     records = records.filter(~(bad | negative))
     n = len(records)
     if n == 0:
@@ -347,7 +362,7 @@ def add_table(
     orders.append(records.order)
 
 
-def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
+def read_anchors(lines: pa.Array, drops: Drops) -> pa.Table:
     """One row per clock anchor that is a complete record (see ANCHOR_PATTERN); wall ns stay int64.
 
     Anything else that names ``[CLOCK_ANCHOR]`` (a copy inside another message,
@@ -359,13 +374,13 @@ def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
         return ANCHOR_SCHEMA.empty_table()
     fields = pc.extract_regex(candidates, ANCHOR_PATTERN)
     valid = fields.is_valid()
-    count_drop(dropped, "bad_anchor", len(candidates) - pc.sum(valid).as_py())
+    drops.count("bad_anchor", len(candidates) - pc.sum(valid).as_py())
     fields = fields.filter(valid)
     version, *numbers = fmt.ANCHOR_FIELDS
     ok = pc.equal(fields.field(version), str(fmt.ANCHOR_VERSION)).to_numpy(zero_copy_only=False)
     for name in numbers:
         ok &= ~out_of_range(fields.field(name), signed=True)
-    count_drop(dropped, "bad_anchor", (~ok).sum())
+    drops.count("bad_anchor", (~ok).sum())
     fields = fields.filter(pa.array(ok))
     columns = {column: fields.field(name).cast(pa.int64()) for column, name in zip(ANCHOR_SCHEMA.names, numbers, strict=True)}
     anchors = pa.table(columns, schema=ANCHOR_SCHEMA)
@@ -374,11 +389,11 @@ def read_anchors(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     for column in ("mono_ns", "wall_ns"):
         values = anchors.column(column).to_numpy()
         in_bounds &= (values >= 0) & (values < MAX_TIME_NS)
-    count_drop(dropped, "bad_anchor", (~in_bounds).sum())
+    drops.count("bad_anchor", (~in_bounds).sum())
     return anchors.filter(pa.array(in_bounds)) if not in_bounds.all() else anchors
 
 
-def read_chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
+def read_chip_devices(lines: pa.Array, drops: Drops) -> pa.Table:
     """One row per ``[chip_process pid=P dev=D] ready`` line."""
     candidates = lines.filter(pc.match_substring(lines, fmt.CHIP_READY_MARKER))
     if not len(candidates):
@@ -386,7 +401,7 @@ def read_chip_devices(lines: pa.Array, dropped: dict[str, int]) -> pa.Table:
     fields = pc.extract_regex(candidates, CHIP_PATTERN)
     fields = fields.filter(fields.is_valid())
     ok = ~out_of_range(fields.field(_CHIP_PID), signed=True)
-    count_drop(dropped, "bad_chip_process", len(candidates) - len(fields) + int((~ok).sum()))
+    drops.count("bad_chip_process", len(candidates) - len(fields) + int((~ok).sum()))
     fields = fields.filter(pa.array(ok))
     devices = pa.array([decode_value(d) for d in fields.field(_CHIP_DEVICE).to_pylist()], pa.string())  # one per rank process
     return pa.table([fields.field(_CHIP_PID).cast(pa.int64()), devices], schema=CHIP_SCHEMA)
