@@ -74,14 +74,14 @@ def test_faults_spread_over_ranks_name_no_rank(tmp_path):
     assert summary["verdict"]["status"] == "degraded"
 
 
-def test_a_rank_late_at_five_of_seven_faults_by_luck_is_no_straggler(tmp_path):
-    """Four ranks, faults drawn 5 to rank 2 and 2 to rank 0: some rank gets 5 of 7 in 5% of fair draws."""
+def test_a_rank_late_at_four_of_seven_faults_by_luck_is_no_straggler(tmp_path):
+    """Four ranks, faults drawn 4 to rank 2 and one to each other rank: some rank gets 4 of 7 in 28% of fair draws."""
     steps = FAULT_STEPS[::2] + FAULT_STEPS[-1:]  # spread over the run, so every other test of the verdict is met
-    faults = [Fault(step, 0 if i in (1, 4) else 2, "device", 25 * MS) for i, step in enumerate(steps)]
+    faults = [Fault(step, {1: 0, 3: 1, 5: 3}.get(i, 2), "device", 25 * MS) for i, step in enumerate(steps)]
     summary, _ = _summary(tmp_path, faults)
     straggler = summary["tail_steps"]["straggler"]
-    assert straggler["p_value"] >= 0.04 and straggler["pattern"] != "rank", straggler  # a bootstrap over the steps said p 0.00x
-    assert straggler["share"] >= 0.05 and straggler["steps"] >= 5 and straggler["parts"] >= 3  # only luck is against it
+    assert straggler["p_value"] >= 0.1 and straggler["pattern"] != "rank", straggler  # a bootstrap over the steps said p 0.053
+    assert straggler["share"] >= 0.05 and straggler["steps"] >= 4 and straggler["parts"] >= 3  # only luck is against it
 
 
 def test_the_same_trace_gives_the_same_verdict(tmp_path):

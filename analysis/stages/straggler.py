@@ -5,11 +5,11 @@ names the unlucky. A rank is a straggler only when it stands out: what its
 own causes cost in the what-if replay (findings above the noise floor only) is
 more than luck would give the costliest rank, were each cost's rank a fair
 draw (p below :data:`ALPHA`); it costs more than the others' mean in
-:data:`SPREAD_PARTS` of the run's
-:data:`RUN_PARTS` quarters, on :data:`MIN_STEPS` steps or more, with a
-material effect (:data:`MATERIAL_SHARE` of the decode wall time). Late work
-that costs as much but names no such rank is ``spread``: the per-rank counts,
-the chance that one rank would be hit that often, and the total cost.
+:data:`SPREAD_PARTS` of the run's :data:`RUN_PARTS` quarters, on
+:data:`MIN_STEPS` steps or more, with a material effect (:data:`MATERIAL_SHARE`
+of the decode wall time). Late work that names no such rank but costs more
+than host noise alone (:data:`SPREAD_SHARE`) is ``spread``: the per-rank
+counts, the chance that one rank would be hit that often, and the total cost.
 docs/FIGURES.md "Straggler" has the method.
 """
 
@@ -29,8 +29,10 @@ from dsprof.profiler import strace_format as fmt
 Flagged = TailStep | SlowStep
 
 # a straggler's p below this (docs/FIGURES.md "Straggler")
-ALPHA = 0.01
+ALPHA = 0.05
 MATERIAL_SHARE = 0.05
+# late work on no standing-out rank is tested for its size only: it must exceed what host noise alone costs (FIGURES.md)
+SPREAD_SHARE = 0.10
 MIN_STEPS = 3
 # a rank behind more than this share of the flagged steps: where the replay saves little, their excess is its cost
 BEHIND_MOST = 0.5
@@ -127,7 +129,7 @@ def _spread(verdict: Straggler, what_if: WhatIf, flagged: list[Flagged], ranks: 
             counts[int(cause["rank"])] = counts.get(int(cause["rank"]), 0) + 1  # type: ignore[arg-type]
     found = sum(counts.values())
     share = float(what_if.get("share_of_decode_wall") or 0.0)
-    if found < MIN_STEPS or share < MATERIAL_SHARE:
+    if found < MIN_STEPS or share < SPREAD_SHARE:
         return verdict
     most = max(counts.values())
     chance = most_hit_chance(found, most, max(ranks, len(counts)))
