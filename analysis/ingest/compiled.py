@@ -146,9 +146,7 @@ class _Assembler:
         if part.table.num_rows:
             line = numbers[part.table.column("line").to_numpy() - 1]
             part = part._replace(table=part.table.set_column(SPAN_COLUMNS.index("line"), "line", pa.array(line)))
-        return part._replace(
-            drops=Drops(part.drops.counts, {reason: int(numbers[at - 1]) for reason, at in part.drops.first_lines.items()})
-        )
+        return part._replace(drops=part.drops.renumbered(lambda at: int(numbers[at - 1])))
 
     def _part_table(self, part: dict) -> pa.Table:
         """One thread's rows, wrapping the scanner's buffers (no copy)."""

@@ -89,8 +89,8 @@ def parse_piece(data: memoryview, file: str, line_base: int) -> ParsedPiece:
     order = np.concatenate(orders + [np.empty(0, np.int64)])
     if np.any(np.diff(order) < 0):  # records from the slow path go back to their place
         table = table.take(pa.array(np.argsort(order, kind="stable")))
-    drops.first_lines = {reason: line + line_base for reason, line in drops.first_lines.items()}
-    return ParsedPiece(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, drops)
+    in_log = drops.renumbered(lambda line: line + line_base)
+    return ParsedPiece(table, anchors, chips, records_found, len(log.lines), binary_at, n_bytes, in_log)
 
 
 def _side_lines(log: _Log) -> pa.Array:

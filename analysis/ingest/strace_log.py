@@ -32,6 +32,7 @@ from dsprof.analysis.ingest.strace_pieces import (
     mapped_pieces,
     read_head,
 )
+from dsprof.analysis.ingest.strace_records import Drops
 from dsprof.analysis.store.spans import ANCHOR_SCHEMA, CHIP_SCHEMA, SPAN_SCHEMA, Trace
 from dsprof.compiled import PURE_PYTHON_ENV
 from dsprof.errors import InputError
@@ -117,8 +118,7 @@ class LogTally:
 
     anchors: list[pa.Table] = field(default_factory=list)
     chips: list[pa.Table] = field(default_factory=list)
-    dropped: dict[str, int] = field(default_factory=dict)
-    drop_lines: dict[str, int] = field(default_factory=dict)  # reason -> first line of a record dropped for it
+    drops: Drops = field(default_factory=Drops)
     records_found: int = 0
     lines: int = 0
     binary_at: int | None = None  # the first line of binary data seen, should no record be found at all
@@ -127,8 +127,7 @@ class LogTally:
     def add(self, part: ParsedPiece | SkippedLines) -> None:
         """Count one result of :func:`parsed_pieces` (a parsed piece, or a count of overlong lines skipped)."""
         if isinstance(part, SkippedLines):
-            if part.count:
-                self.dropped["overlong_line"] = self.dropped.get("overlong_line", 0) + part.count
+            self.drops.count("overlong_line", part.count)
             self.lines += part.count
             return
         if part.anchors.num_rows:
@@ -136,10 +135,7 @@ class LogTally:
         if part.chips.num_rows:
             self.chips.append(part.chips)
         self.records_found += part.records_found
-        for reason, n in part.drops.counts.items():
-            self.dropped[reason] = self.dropped.get(reason, 0) + n
-        for reason, line in part.drops.first_lines.items():
-            self.drop_lines.setdefault(reason, line)  # pieces come in file order
+        self.drops.add(part.drops)
         if self.binary_at is None and part.binary_at is not None:
             self.binary_at = self.lines + part.binary_at
         self.lines += part.n_lines
@@ -152,8 +148,8 @@ class LogTally:
         found_anything = self.records_found or trace.anchors.num_rows or trace.chip_devices.num_rows
         if not found_anything and self.binary_at is not None:
             raise InputError(file, "binary data, not a text log", line=self.binary_at, expected="a text log with [STRACE] records")
-        trace.dropped = {k: v for k, v in sorted(self.dropped.items()) if v}
-        trace.drop_sites = {reason: f"{file}:{line}" for reason, line in sorted(self.drop_lines.items())}
+        trace.dropped = {k: v for k, v in sorted(self.drops.counts.items()) if v}
+        trace.drop_sites = {reason: f"{file}:{line}" for reason, line in sorted(self.drops.first_lines.items())}
         side_drops = trace.dropped.get("bad_anchor", 0) + trace.dropped.get("bad_chip_process", 0)
         trace.records_read = self.records_found + trace.anchors.num_rows + trace.chip_devices.num_rows + side_drops
         trace.lines_read = self.lines

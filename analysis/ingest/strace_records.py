@@ -11,6 +11,7 @@ makes span rows of them (dropping and counting what cannot be a span);
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -261,6 +262,17 @@ class Drops:
 
     def total(self) -> int:
         return sum(self.counts.values())
+
+    def add(self, other: Drops) -> None:
+        """Count the drops of a later piece too: a reason's first line stays the one seen first."""
+        for reason, n in other.counts.items():
+            self.counts[reason] = self.counts.get(reason, 0) + n
+        for reason, line in other.first_lines.items():
+            self.first_lines.setdefault(reason, line)
+
+    def renumbered(self, line: Callable[[int], int]) -> Drops:
+        """The same drops, each first line given by ``line`` (a piece's line numbers made the log's)."""
+        return Drops(dict(self.counts), {reason: line(at) for reason, at in self.first_lines.items()})
 
 
 def out_of_range(digits: pa.Array, signed: bool) -> np.ndarray:
