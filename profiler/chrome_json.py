@@ -26,6 +26,8 @@ NOT_OBJECT = "not_object"
 TOO_DEEP = "too_deep"
 BAD_VALUE = "bad_value"
 OVERLONG_LINE = "overlong_line"
+# The first bytes of a gzip stream: a JSON trace gzipped is read as one, whatever its name.
+GZIP_MAGIC = b"\x1f\x8b"
 
 
 @dataclass(frozen=True)

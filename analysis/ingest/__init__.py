@@ -13,26 +13,26 @@ import os
 import stat
 from collections.abc import Sequence
 from pathlib import Path
+from typing import NamedTuple
 
 import pyarrow as pa
 
-from dsprof.analysis.ingest.chrome import read_chrome_trace
-from dsprof.analysis.ingest.json_stream import GZIP_MAGIC
-from dsprof.analysis.ingest.kineto import SOURCE, is_kineto, read_kineto_traces
-from dsprof.analysis.ingest.kineto_join import RunIndex, join_device_timeline
-from dsprof.analysis.ingest.sa_profile import fragment_home, read_sa_profile
+from dsprof.analysis.ingest.kineto_join import RunIndex
 from dsprof.analysis.ingest.side_files import read_side_file
 from dsprof.analysis.ingest.sink import SpanSink
 from dsprof.analysis.ingest.strace_log import read_strace_log
 from dsprof.analysis.store.spans import ANCHOR_SCHEMA, PARQUET_SCHEMA, Trace, empty_spans, merge_traces
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
-from dsprof.profiler.chrome_json import DEFAULT_LIMITS, JsonLimits
+from dsprof.profiler.chrome_json import DEFAULT_LIMITS, GZIP_MAGIC, JsonLimits
 from dsprof.progress import Progress
 
 __all__ = ["Progress", "SpanSink", "fragment_source", "is_text_log", "read_paths", "read_strace_log"]
 
 SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
+
+# The JSON readers (SA_PROFILE, Chrome, Kineto) are imported where a JSON input is met: ``dsprof ingest`` of a
+# text log, whose start-up is a third of its time on a small log, loads none of them (benchmarks/bench_ingest.py).
 
 
 def read_paths(
@@ -45,20 +45,15 @@ def read_paths(
 ) -> Trace:
     """Read every path (see the module docstring) and merge the results.
 
+    Every path is looked at before any is read (:func:`plan_inputs`): a missing one is refused at once, and the
+    STRACE runs a Kineto join needs are gathered only when there are Kineto traces to join.
     ``limits`` bound JSON input; ``logs=False`` leaves text logs out (the cluster engine reads them elsewhere);
     ``step_marker``: the ``record_function`` label of a Kineto trace's steps (default ``ProfilerStep#N``).
     """
-    if isinstance(paths, (str, os.PathLike)):
-        paths = [paths]
-    traces: list[Trace] = []
-    seen: set[Path] = set()
-    kineto: list[Path] = []  # the ranks of one job, read together
-    index = RunIndex(sink) if sink is not None else None  # the STRACE runs handed to the sink, for the Kineto join
-    for path in map(Path, paths):
-        if path.resolve() in seen:  # the same input named twice is read once
-            continue
-        seen.add(path.resolve())
-        traces.extend(_read_one(path, progress, index, limits, logs, kineto))
+    plan = plan_inputs([paths] if isinstance(paths, (str, os.PathLike)) else paths, limits, logs)
+    kineto = [item.path for item in plan if item.kind == KINETO]  # the ranks of one job, read together
+    index = RunIndex(sink) if sink is not None and kineto else None  # the STRACE runs handed to the sink, for the join
+    traces = [_read_input(item, progress, index or sink, limits) for item in plan if item.kind != KINETO]
     if kineto:
         in_memory = RunIndex()
         for trace in traces:
@@ -67,6 +62,50 @@ def read_paths(
         anchors = pa.concat_tables([ANCHOR_SCHEMA.empty_table(), *(t.anchors for t in traces)])
         traces.append(_kineto_job(kineto, step_marker, limits, progress, sink, runs, anchors))
     return merge_traces(traces)
+
+
+# What a path is read as (the reader chosen by :func:`plan_inputs`).
+STRACE_LOG, SA_PROFILE, CHROME_TRACE, SIDE_FILE, KINETO = "strace_log", "sa_profile", "chrome_trace", "side_file", "kineto"
+
+
+class Input(NamedTuple):
+    """One input to read: its path and the reader it goes to."""
+
+    kind: str
+    path: Path
+
+
+def plan_inputs(paths: Sequence[str | os.PathLike], limits: JsonLimits = DEFAULT_LIMITS, logs: bool = True) -> list[Input]:
+    """What each path is read as, in order, directories looked into (docs/FORMATS.md, "Which reader reads a path").
+
+    Nothing is read but the few head bytes that tell JSON formats apart; the same input named twice is read once.
+    InputError for a path that does not exist, or a directory holding no dsprof input.
+    """
+    plan: list[Input] = []
+    seen: set[Path] = set()
+    for path in map(Path, paths):
+        if path.resolve() in seen:
+            continue
+        seen.add(path.resolve())
+        plan += _plan_directory(path, limits, logs) if path.is_dir() else _plan_file(path, limits, logs)
+    return plan
+
+
+def _read_input(item: Input, progress: Progress, sink: SpanSink | None, limits: JsonLimits) -> Trace:
+    """Read one input of the plan (not a Kineto trace: those are read together, as a job)."""
+    if item.kind == SIDE_FILE:
+        return read_side_file(item.path)
+    if item.kind == SA_PROFILE:
+        from dsprof.analysis.ingest.sa_profile import read_sa_profile
+
+        return read_sa_profile(item.path, progress=progress, limits=limits, sink=sink)
+    if item.kind == CHROME_TRACE:
+        from dsprof.analysis.ingest.chrome import read_chrome_trace
+
+        return read_chrome_trace(item.path, progress=progress, limits=limits, sink=sink)
+    if progress is not None:
+        progress(f"reading {item.path}")
+    return read_strace_log(item.path, progress=progress, sink=sink)
 
 
 def _kineto_job(
@@ -80,6 +119,9 @@ def _kineto_job(
 ) -> Trace:
     """The Kineto files' runs, or where STRACE ``runs`` were read, their device timeline (:mod:`.kineto_join`);
     handed to ``sink`` when there is one (they are a few rows per step)."""
+    from dsprof.analysis.ingest.kineto import SOURCE, read_kineto_traces
+    from dsprof.analysis.ingest.kineto_join import join_device_timeline
+
     alone = not runs.num_rows  # no STRACE runs to join: the rows can go to the sink as they are made
     trace = read_kineto_traces(sorted(set(paths)), step_marker=step_marker, limits=limits, progress=progress, sink=sink if alone else None)
     joined = None if alone else join_device_timeline(trace, runs, anchors)
@@ -103,6 +145,8 @@ def fragment_source(path: Path) -> Path | None:
     output, and there :func:`~.sa_profile.fragment_home`; a fragment named
     directly. ``dsprof watch`` follows them (:mod:`.fragment_follow`).
     """
+    from dsprof.analysis.ingest.sa_profile import fragment_home
+
     if path.suffix == ".jsonl":
         return path if path.is_file() else None
     output = _sa_profile_output(path) if path.is_dir() else path if path.suffix == ".json" else None
@@ -119,41 +163,27 @@ def _sa_profile_output(directory: Path) -> Path | None:
     return directory if holds or artifacts.fragment_files(directory) else None
 
 
-def _read_one(path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool, kineto: list[Path]) -> list[Trace]:
+def _plan_file(path: Path, limits: JsonLimits, logs: bool) -> list[Input]:
     if not path.exists():
         if artifacts.fragments_dir(path).is_dir():  # an SA_PROFILE .json output whose merge was never written
-            return [read_sa_profile(path, progress=progress, limits=limits, sink=sink)]
+            return [Input(SA_PROFILE, path)]
         raise InputError(path, "no such file or directory")
-    if path.is_dir():
-        return _read_directory(path, progress, sink, limits, logs, kineto)
     if path.name in SIDE_FILES:
-        return [read_side_file(path)]
+        return [Input(SIDE_FILE, path)]
     json_trace = path.suffix != ".jsonl" and (path.suffix in (".json", ".gz") or _starts_with_gzip_magic(path))
     serving_merge = json_trace and _is_sa_profile_merge(path)
-    if json_trace and not serving_merge and is_kineto(path, limits):
-        kineto.append(path)  # read with the job's other ranks, which says "reading" for each
-        return []
-    if progress is not None:
-        progress(f"reading {path}")
     if path.suffix == ".jsonl" or serving_merge:
-        return [read_sa_profile(path, limits=limits, sink=sink)]
+        return [Input(SA_PROFILE, path)]
     if json_trace:
-        return [read_chrome_trace(path, limits=limits, sink=sink)]
-    return [read_strace_log(path, progress=progress, sink=sink)] if logs else []
+        return [Input(KINETO if _is_kineto(path, limits) else CHROME_TRACE, path)]
+    return [Input(STRACE_LOG, path)] if logs else []
 
 
-def _read_directory(
-    path: Path, progress: Progress, sink: SpanSink | None, limits: JsonLimits, logs: bool, kineto: list[Path]
-) -> list[Trace]:
-    traces = []
-    for log in sorted(path.glob("*.log")) if logs else []:
-        if log.is_file():
-            if progress is not None:
-                progress(f"reading {log}")
-            traces.append(read_strace_log(log, progress=progress, sink=sink))
+def _plan_directory(path: Path, limits: JsonLimits, logs: bool) -> list[Input]:
+    plan = [Input(STRACE_LOG, log) for log in sorted(path.glob("*.log")) if logs and log.is_file()]
     serving = _sa_profile_output(path)
     if serving is not None:
-        traces.append(read_sa_profile(serving, progress=progress, limits=limits, sink=sink))
+        plan.append(Input(SA_PROFILE, serving))
     chrome = {p for p in [*path.glob("*.trace.json"), *path.glob("*.trace.json.gz")] if p.is_file() and p.name != artifacts.MERGED_TRACE}
     ranks = [
         p
@@ -163,22 +193,22 @@ def _read_directory(
     profiles = path / artifacts.TORCH_PROFILER_DIR  # dsprof run --torch-profiler: one Kineto trace per rank
     if profiles.is_dir():
         ranks += sorted(p for p in profiles.iterdir() if p.is_file() and artifacts.TORCH_PROFILE_PATTERN.match(p.name))
-    for json_file in ranks:
-        if is_kineto(json_file, limits):
-            kineto.append(json_file)
-            chrome.discard(json_file)
-    for trace_file in sorted(chrome):
-        traces.append(read_chrome_trace(trace_file, progress=progress, limits=limits, sink=sink))
-    for name in SIDE_FILES:
-        if (path / name).is_file():
-            traces.append(read_side_file(path / name))
-    if not traces and not any(path in (p.parent, p.parent.parent) for p in kineto) and logs:
+    kineto = [Input(KINETO, p) for p in ranks if _is_kineto(p, limits)]
+    plan += [Input(CHROME_TRACE, p) for p in sorted(chrome - {item.path for item in kineto})]
+    plan += [Input(SIDE_FILE, path / name) for name in SIDE_FILES if (path / name).is_file()]
+    if not plan and not kineto and logs:
         raise InputError(
             path,
             "directory holds no dsprof inputs",
             expected="*.log, serving-trace/, trace.json, fragments/, trace.<pid>.jsonl or PyTorch-profiler *.json",
         )
-    return traces
+    return plan + kineto
+
+
+def _is_kineto(path: Path, limits: JsonLimits) -> bool:
+    from dsprof.analysis.ingest.kineto import is_kineto
+
+    return is_kineto(path, limits)
 
 
 def _is_sa_profile_merge(path: Path) -> bool:

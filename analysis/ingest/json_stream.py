@@ -27,6 +27,7 @@ from dsprof.profiler.chrome_json import (
     BAD_VALUE,
     DEFAULT_LIMITS,
     EVENTS_DECODER,
+    GZIP_MAGIC,
     NOT_OBJECT,
     READ_BYTES,
     TOO_DEEP,
@@ -41,7 +42,6 @@ from dsprof.profiler.chrome_json import (
     string_delimiters,
 )
 
-GZIP_MAGIC = b"\x1f\x8b"
 EXPECTED = 'a Chrome trace: a list of events or {"traceEvents": [...]}'
 _WHITESPACE = re.compile(rb"[ \t\r\n]*")
 _COMMA_AFTER = re.compile(rb"[ \t\r\n]*,")

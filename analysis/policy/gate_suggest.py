@@ -16,7 +16,6 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from dsprof.analysis.summary import is_number
 from dsprof.textsafe import toml_string
 
 DEFAULT_MARGIN = 1.5
@@ -60,6 +59,8 @@ OVERLAP_SLACK = 0.1  # below the worst healthy overlap share
 
 def _values(summaries: Sequence[dict], path: str) -> list | None:
     """The figure at ``path`` in every summary, or None when one of them lacks a number there (or one as huge as 1e308)."""
+    from dsprof.analysis.summary import is_number  # summary.json's reader: the CLI imports this module for MAX_MARGIN alone
+
     values = []
     for summary in summaries:
         node: object = summary

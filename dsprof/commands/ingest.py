@@ -10,18 +10,18 @@ Chrome), which read whole files, are written after them.
 
 from __future__ import annotations
 
+import functools
 import gc
 import importlib.abc
 import os
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from dsprof.analysis.ingest.onto_disk import SpanWriter, read_onto
-from dsprof.analysis.outputs.span_table import SpanTableWriter
 from dsprof.analysis.store.dataset import MANIFEST, SpanDatasetWriter
 from dsprof.analysis.store.spans import Trace
 from dsprof.commands.printing import Printer, safe_lines, safe_progress
@@ -66,10 +66,17 @@ def ingest_paths(
     A bad output extension fails before anything is read; after an error no
     dataset manifest and no partial file is left.
     """
-    dataset = is_dataset_output(output)
-    folder = Path(output) if dataset else Path(output).parent
-    make_writer: Callable[[], SpanWriter] = (lambda: SpanDatasetWriter(output)) if dataset else (lambda: SpanTableWriter(output))
-    return read_onto(paths, output, make_writer, folder=folder, progress=progress, step_marker=step_marker)
+    folder = Path(output) if is_dataset_output(output) else Path(output).parent
+    return read_onto(paths, output, functools.partial(span_writer, output), folder=folder, progress=progress, step_marker=step_marker)
+
+
+def span_writer(output: str | os.PathLike) -> SpanWriter:
+    """The writer of ``output``: the span dataset, or one span table file."""
+    if is_dataset_output(output):
+        return SpanDatasetWriter(output)
+    from dsprof.analysis.outputs.span_table import SpanTableWriter  # its CSV and JSON writers: for a file output only
+
+    return SpanTableWriter(output)
 
 
 def format_ingest_report(trace: Trace) -> str:
