@@ -139,7 +139,7 @@ def _memory(run: ChildRun) -> str:
 def compare(directory: Path, hta: str | None) -> None:
     size = sum(p.stat().st_size for p in directory.glob("*.json")) / 2**20
     print(f"traces: {directory} ({len(list(directory.glob('*.json')))} files, {size:.1f} MiB)")
-    ours = run_child([sys.executable, "-c", DSPROF_LOAD, str(directory)])
+    ours = run_child([sys.executable, "-c", DSPROF_LOAD, str(directory)], tree=True)
     print(f"dsprof read_inputs (as analyze reads): {ours.seconds:.2f} s, peak {_memory(ours)}")
     breakdown = dsprof_breakdown(directory)
     if hta is None:
@@ -147,7 +147,7 @@ def compare(directory: Path, hta: str | None) -> None:
         for rank, figures in sorted(breakdown.items()):
             print(f"rank {rank}: {figures}")
         return
-    theirs = run_child([hta, "-c", HTA_LOAD, str(directory)])
+    theirs = run_child([hta, "-c", HTA_LOAD, str(directory)], tree=True)
     print(f"HTA TraceAnalysis load: {theirs.seconds:.2f} s, peak {_memory(theirs)}")
     share = ours.peak_tree_pss_mib / theirs.peak_tree_pss_mib if theirs.peak_tree_pss_mib else float("nan")
     print(f"speed: {theirs.seconds / ours.seconds:.2f}x (target >= 3x); memory (process trees): {share:.2f} of HTA's (target <= 0.33)")

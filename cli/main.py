@@ -29,7 +29,7 @@ from dsprof.cli.group import (
     progress_printer,
     window_options,
 )
-from dsprof.commands import bound_reservations
+from dsprof.commands import bound_reservations, one_blas_thread
 from dsprof.commands.choices import ENGINES, EXPORT_FORMATS, MAX_MARGIN, MEMORY_LIMIT_DEFAULT
 
 __all__ = ["cli", "main"]
@@ -567,6 +567,7 @@ def history_report(store, output) -> None:
 def main() -> None:
     """Console-script entry point; SIGTERM and Ctrl-C stop a command (cleanup runs, one line, exit 143 or 130)."""
     bound_reservations()
+    one_blas_thread()
     install_stop_handlers()
     cli(prog_name="dsprof")
 

@@ -175,26 +175,34 @@ class SpanParquetFile:
 
 
 # Parquet jobs (a table to encode, a file to close) queued at most: bounds the pieces held in memory.
-MAX_PENDING_WRITES = 2
+MAX_PENDING_WRITES = 3
+# Threads encoding Parquet: two files' jobs (a log piece's rows of two time windows) are encoded side by side.
+WRITE_THREADS = 2
 
 
 class BackgroundWrites:
-    """Runs Parquet jobs on one worker thread, in the order given, a few queued at most.
+    """Runs Parquet jobs on worker threads, each file's jobs in the order given, a few queued at most.
 
-    Encoding releases the GIL, so it goes on while the caller reads and
+    A job is a bound method of the file it writes (``part.write``, ``part.close``); a job of a file waits for that
+    file's job before it. Encoding releases the GIL, so it goes on while the caller reads and
     scans the next piece of a log. An error of a job is raised by the next
     :meth:`run` or by :meth:`wait`.
     """
 
     def __init__(self) -> None:
-        self._pool = ThreadPoolExecutor(1, thread_name_prefix="span-parquet")
+        self._pool = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="span-parquet")
         self._pending: deque[Future] = deque()
+        self._latest: dict[int, Future] = {}  # each file's last job queued, by the file's id
 
     def run(self, job: Callable[..., None], *args: object) -> None:
         while len(self._pending) >= MAX_PENDING_WRITES:
             self._pending[0].result()  # an interrupted wait leaves the job in the queue, for stop() to wait on
             self._pending.popleft()
-        self._pending.append(self._pool.submit(job, *args))
+        file = id(job.__self__)  # type: ignore[attr-defined]  # a bound method of the file written
+        self._latest = {key: future for key, future in self._latest.items() if not future.done()}
+        future = self._pool.submit(_after, self._latest.get(file), job, *args)
+        self._latest[file] = future
+        self._pending.append(future)
 
     def settle(self) -> None:
         """Wait for every job queued so far (more may be queued after); raises the first error."""
@@ -214,6 +222,13 @@ class BackgroundWrites:
         wait(self._pending)
         self._pending.clear()
         self._pool.shutdown()
+
+
+def _after(before: Future | None, job: Callable[..., None], *args: object) -> None:
+    """Run ``job`` once the job ``before`` it (of the same file) has ended; its error is this job's too."""
+    if before is not None:
+        before.result()
+    job(*args)
 
 
 def window_of_rows(table: pa.Table, window_ns: int) -> np.ndarray:
@@ -340,7 +355,7 @@ class SpanDatasetWriter:
         else:
             order = np.argsort(windows, kind="stable")
             for rows in np.split(order, np.flatnonzero(np.diff(windows[order])) + 1):  # one piece per window touched
-                self._jobs.run(self._file(int(windows[rows[0]])).write, rows_of(table, np.sort(rows)))
+                self._jobs.run(self._file(int(windows[rows[0]])).write, rows_of(table, rows))  # a stable sort: rows ascend
         self._close_behind(first - OPEN_WINDOWS_BEHIND)
 
     def _file(self, window: int) -> SpanParquetFile:
@@ -527,10 +542,16 @@ class SpanDatasetWriter:
                 self.directory.rmdir()
 
 
+# Windows this close together are told apart by counting, not sorting.
+_DENSE_WINDOWS = 1024
+
+
 def _distinct(windows: np.ndarray) -> list[int]:
     """The windows a table's rows touch (one, mostly: no sort then)."""
     first, last = int(windows.min()), int(windows.max())
-    return [first] if first == last else np.unique(windows).tolist()
+    if last - first < _DENSE_WINDOWS:  # a piece of a log: a few neighbouring windows, counted without a sort
+        return (np.flatnonzero(np.bincount(windows - first)) + first).tolist()
+    return np.unique(windows).tolist()
 
 
 def open_dataset(directory: str | os.PathLike) -> Trace:

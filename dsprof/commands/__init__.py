@@ -6,9 +6,9 @@ never import it.
 """
 
 from dsprof import __version__
-from dsprof.allocators import bound_reservations
+from dsprof.allocators import bound_reservations, one_blas_thread
 from dsprof.interrupts import watch_signals
 
-# for the CLI's --version, its allocator bounds and its stop handlers: it imports nothing of dsprof but the commands
+# for the CLI's --version, its allocator bounds, its BLAS thread and its stop handlers: it imports nothing of dsprof but the commands
 # and the errors
-__all__ = ["__version__", "bound_reservations", "watch_signals"]
+__all__ = ["__version__", "bound_reservations", "one_blas_thread", "watch_signals"]
