@@ -3,8 +3,9 @@
 docs/FORMATS.md (STRACE): an invocation is the set of STRACE rows sharing ``(pid, inv)``; its
 root is the host-clock ``depth == 0`` row, every other row is a child by
 ``inv`` (never by timestamp containment), known by its span name. This is the
-one span-sized pass of the analysis: a single grouped aggregation, so it runs
-out of core over a span dataset and, on a cluster, per time window.
+one span-sized pass of the analysis: a grouped aggregation, so it runs
+out of core over a span dataset, on a large trace in passes over shares of the
+invocations (:func:`create_invocations`), and on a cluster per time window.
 
 Columns (ns; null where the phase or attribute is absent): ``pid, inv,
 n_roots`` (host depth-0 rows; 0 = the root never closed, > 1 = duplicates), ``n_spans``,
@@ -27,8 +28,17 @@ device-phase markers off).
 
 from __future__ import annotations
 
-from dsprof.analysis.store.predicates import gc_row, host_root, runtime_row
+from typing import TYPE_CHECKING
+
+from dsprof.analysis.store.predicates import gc_row, host_root, in_share, runtime_row
 from dsprof.profiler import strace_format as fmt
+
+if TYPE_CHECKING:
+    from dsprof.analysis.store.engine import Engine
+
+# Spans aggregated in one pass at most: the aggregation's hash table and its plain result are sized by the
+# invocations of a pass (64 x 30k steps, 17M spans: 2.3 GB at peak in one pass, 1.4 GB in four, as fast).
+SPANS_PER_PASS = 5_000_000
 
 _HOST_ROOT = host_root()
 
@@ -124,6 +134,19 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
         f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM spans WHERE {runtime_row()} AND ({where})) "
         f"SELECT {', '.join(columns)} FROM {_base(having)} {joins}"
     )
+
+
+def create_invocations(engine: Engine) -> None:
+    """Make the table ``invocations`` from ``spans``: in one pass, or for a large trace in passes over shares of
+    the invocations (:func:`~dsprof.analysis.store.predicates.in_share`), each compressed before the next."""
+    passes = -(-engine.trace.span_count // SPANS_PER_PASS)
+    if passes <= 1:
+        engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
+        return
+    engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query(where='FALSE')}")
+    for share in range(passes):
+        engine.run(f"INSERT INTO invocations {invocation_query(where=in_share(share, passes))}")
+        engine.compact()
 
 
 def gc_query() -> str:

@@ -103,7 +103,7 @@ def _check_inputs(engine: Engine, declared: Stage) -> None:
 
 
 def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
-    """Record the declared writes; drop the stage's undeclared scratch relations."""
+    """Record the declared writes; drop the stage's undeclared scratch relations; compress the tables written."""
     after = engine.relation_kinds()
     absent = [t for t in declared.writes if t not in after]
     if absent:
@@ -113,6 +113,8 @@ def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
     for table in declared.writes:
         _check_columns(engine, declared.name, table)
         engine.written[table] = declared.name
+    if any(after[t] == "table" for t in declared.writes):
+        engine.compact()
 
 
 def _check_columns(engine: Engine, stage_name: str, table: str) -> None:

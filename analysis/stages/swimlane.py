@@ -15,7 +15,7 @@ import pyarrow as pa
 
 from dsprof.analysis.ingest.kineto import HID_PREFIX as KINETO_HID
 from dsprof.analysis.ingest.kineto import token_ready_sql
-from dsprof.analysis.stages.invocations import gc_query, invocation_query
+from dsprof.analysis.stages.invocations import create_invocations, gc_query
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.store.predicates import serving_row
@@ -52,10 +52,11 @@ def build_swimlane(engine: Engine, invocations: pa.Table | None = None, steps: t
     last): the decode steps analysed, a window of the run, by its step numbers.
     """
     if invocations is None:
-        engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
+        create_invocations(engine)
     else:
         engine.con.register("invocations_in", invocations)
         engine.run("CREATE OR REPLACE TABLE invocations AS SELECT * FROM invocations_in")
+    engine.compact()  # before ``runs`` is made beside it
     engine.run(f"CREATE OR REPLACE TABLE gc AS {gc_query()}")
     window = _serving_window(engine)
     lo, hi = window if window else (-(2**63), 2**63 - 1)

@@ -63,6 +63,12 @@ def invocation_start() -> str:
     return f"coalesce(min(ts_ns) FILTER (WHERE {host_root()}), {host_start()}, min(ts_ns))"
 
 
+def in_share(share: int, shares: int) -> str:
+    """SQL per row: its invocation falls in share ``share`` of ``shares`` (by a hash of ``(pid, inv)``): a pass over
+    one share holds every row of each of its invocations."""
+    return f"hash(pid, inv) % {int(shares)} = {int(share)}"
+
+
 def starts_in(start: str, from_ns: int | None, until_ns: int | None) -> str:
     """SQL: ``start`` (an invocation's start, as SQL) lies in ``[from_ns, until_ns)``; a side None is open."""
     bounds = [f"{start} >= {int(from_ns)}"] if from_ns is not None else []
