@@ -11,6 +11,7 @@ from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.stages import invocations as invocations_module
 from dsprof.analysis.stages.invocations import create_invocations
+from dsprof.analysis.store import engine as engine_module
 from dsprof.analysis.store.engine import open_engine
 from dsprof.testing.synthetic import SyntheticRun
 
@@ -51,16 +52,23 @@ def test_an_analysis_in_passes_writes_the_summary_of_one_pass(trace, monkeypatch
     assert summary_text(5) == summary_text(1)
 
 
-def test_a_compacted_table_takes_a_fraction_of_its_plain_size(trace):
+def _table_bytes(engine) -> int:
+    return engine.scalar("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'")
+
+
+def test_a_compacted_table_takes_a_fraction_of_its_plain_size(trace, monkeypatch):
     engine = open_engine(trace)
     try:
         engine.run(
             "CREATE TABLE wide AS SELECT i AS step, i % 64 AS rank, i * 1000 AS ts_ns, NULL::BIGINT AS absent FROM range(1000000) t(i)"
         )
-        plain = engine.scalar("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'")
+        plain = _table_bytes(engine)
+        monkeypatch.setattr(engine_module, "COMPACT_BYTES", plain + 1)
+        engine.compact()  # below the size worth a checkpoint: left plain
+        assert _table_bytes(engine) == plain
+        monkeypatch.setattr(engine_module, "COMPACT_BYTES", plain)
         engine.compact()
-        compressed = engine.scalar("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'")
-        assert plain > 8 * compressed, (plain, compressed)
+        assert plain > 8 * _table_bytes(engine), (plain, _table_bytes(engine))
         assert engine.rows("SELECT count(*), sum(step), max(rank), count(absent) FROM wide") == [(1_000_000, 499_999_500_000, 63, 0)]
     finally:
         engine.close()

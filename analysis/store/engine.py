@@ -64,8 +64,11 @@ class Engine:
         return rows[0][0] if rows else None
 
     def compact(self) -> None:
-        """Compress the tables written since the last call (an in-memory database compresses only at a checkpoint)."""
-        self.run("CHECKPOINT")
+        """Compress the tables written since the last call (an in-memory database compresses only at a checkpoint),
+        once they hold COMPACT_BYTES: a small analysis (a live view's window) is not slowed by checkpoints."""
+        held = self.scalar("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'")
+        if (held or 0) >= COMPACT_BYTES:
+            self.run("CHECKPOINT")
 
     def relations(self) -> set[str]:
         """Names of every table and view (registered Arrow tables included) on the connection."""
@@ -97,6 +100,8 @@ class Engine:
 
 # The in-memory database the analysis' tables are made in: compressed, at each checkpoint (:meth:`Engine.compact`).
 WORK_DATABASE = "work"
+# Tables this large in memory are compressed when a stage has written them; smaller ones are left plain.
+COMPACT_BYTES = 64 << 20
 
 
 def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str | os.PathLike | None = None) -> Engine:
