@@ -9,8 +9,8 @@ Shapes, each generated here (or reused from ``--keep``):
 Each is analysed twice in a child process: without a limit (the engine's
 default, a tenth of RAM), and with ``--memory-limit 1GB``. Targets: both
 complete, the limited run's peak RSS (``wait4``) stays under 4 GiB, and its
-summary.json is the one the unlimited run wrote. Peak RSS and wall time of
-both are printed.
+summary.json is the one the unlimited run wrote; 64 x 30k without a limit
+under 2.5 GB (issue 30). Peak RSS and wall time of both are printed.
 
 ``--cap as`` runs the limited analysis under a 4 GiB address-space cap
 (``RLIMIT_AS``, ``ulimit -v``), as issue 28 asks: the log is mapped 256 MiB at
@@ -42,6 +42,8 @@ LIMIT = "1GB"
 CAP_BYTES = 4 << 30
 _CAPS = {"data": resource.RLIMIT_DATA, "as": resource.RLIMIT_AS}
 TARGET_RSS_GIB = 4
+# issue 30: the analysis without a limit, in GB (10**9 bytes) of peak RSS, for the shapes it names
+UNLIMITED_TARGET_GB = {(64, 30_000): 2.5}
 # sets the cap, then becomes the command (the same process: wait4 measures it)
 _CAPPED = "import os, resource, sys; resource.setrlimit({}, ({cap}, {cap})); os.execv(sys.argv[1], sys.argv[1:])"
 
@@ -87,8 +89,13 @@ def main() -> None:
             capped = f", {args.cap} rlimit 4 GiB" if args.cap else ""
             print(f"== {ranks} x {steps:,}: without a limit, then --memory-limit {LIMIT}{capped}; target peak RSS < {TARGET_RSS_GIB} GiB")
             run = generate(base / f"r{ranks}x{steps}", ranks, steps)
-            figures, _, unlimited = analyze(run, base / "out-unlimited")
+            figures, unlimited_rss, unlimited = analyze(run, base / "out-unlimited")
             print(f"  no limit: {figures}")
+            target = UNLIMITED_TARGET_GB.get((ranks, steps))
+            if target is not None:
+                met = unlimited is not None and unlimited_rss * 2**30 < target * 1e9
+                print(f"  no limit: peak RSS {unlimited_rss * 2**30 / 1e9:.2f} GB {'meets' if met else 'misses'} issue 30's {target} GB")
+                failed |= not met
             cap = _CAPS[args.cap] if args.cap else None
             figures, rss, limited = analyze(run, base / "out-limited", "--memory-limit", LIMIT, cap=cap)
             print(f"  --memory-limit {LIMIT}{capped}: {figures}")

@@ -115,7 +115,9 @@ def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray
     def column(name: str) -> np.ndarray:
         return table.column(name).cast(pa.float64()).fill_null(np.nan).to_numpy()
 
-    host = np.stack([grid(column(f"{e}_ns")) for e in HOST_EVENTS], axis=2)
+    host = np.full((*shape, len(HOST_EVENTS)), np.nan)  # filled in place: no grid per event beside the stacked one
+    for event_index, e in enumerate(HOST_EVENTS):
+        host[rank_index, step_index, event_index] = column(f"{e}_ns")
     device_start = grid(column("runner_ts_ns") + column("device_ts_ns"))
     device_end = device_start + grid(column("device_wall_ns"))
     waits = _waits(engine, origin, rank_values, step_values)
