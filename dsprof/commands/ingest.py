@@ -45,7 +45,9 @@ def ingest_command(
 
     Made for a process of its own (the CLI's): it turns the cyclic garbage
     collector off (the readers make no reference cycles worth collecting, and
-    it would only take CPU from them) and keeps pandas out.
+    it would only take CPU from them), freezes what is left when it is done
+    (the interpreter's collection at exit took 25 ms of a 0.7 s ingest), and
+    keeps pandas out.
     """
     gc.disable()
     keep_pandas_out()
@@ -53,6 +55,7 @@ def ingest_command(
     trace = ingest_paths(paths, output, progress=progress)
     out(format_ingest_report(trace))
     out(output_description(output, trace))
+    gc.freeze()
 
 
 def ingest_paths(
