@@ -1,10 +1,12 @@
 """Read any mix of dsprof inputs into one :class:`~dsprof.analysis.store.spans.Trace`.
 
-:func:`read_paths` decides what each path is and hands it to its reader
-(docs/FORMATS.md, "Which reader reads a path"). With a ``sink``, text logs hand
-their span tables to it chunk by chunk
+:func:`read_paths` decides what each path is (:func:`plan_inputs`, before any
+is read) and hands it to its reader (docs/FORMATS.md, "Which reader reads a
+path"). With a ``sink``, text logs hand their span tables to it chunk by chunk
 (:class:`~dsprof.analysis.ingest.sink.SpanSink`), so a log of any size is read
-in bounded memory.
+in bounded memory. The JSON readers (SA_PROFILE, Chrome, Kineto) are imported
+where a JSON input is met: ``dsprof ingest`` of a text log, whose start-up is a
+third of its time on a small log, loads none of them.
 """
 
 from __future__ import annotations
@@ -27,12 +29,19 @@ from dsprof.profiler import artifacts
 from dsprof.profiler.chrome_json import DEFAULT_LIMITS, GZIP_MAGIC, JsonLimits
 from dsprof.progress import Progress
 
-__all__ = ["Progress", "SpanSink", "fragment_source", "is_text_log", "read_paths", "read_strace_log"]
+__all__ = ["Input", "Progress", "SpanSink", "fragment_source", "is_text_log", "plan_inputs", "read_paths", "read_strace_log"]
 
 SIDE_FILES = (artifacts.PERFORMANCE_SUMMARY, artifacts.FAULTS)
 
-# The JSON readers (SA_PROFILE, Chrome, Kineto) are imported where a JSON input is met: ``dsprof ingest`` of a
-# text log, whose start-up is a third of its time on a small log, loads none of them (benchmarks/bench_ingest.py).
+# What a path is read as (the reader chosen by :func:`plan_inputs`).
+STRACE_LOG, SA_PROFILE, CHROME_TRACE, SIDE_FILE, KINETO = "strace_log", "sa_profile", "chrome_trace", "side_file", "kineto"
+
+
+class Input(NamedTuple):
+    """One input to read: its path and the reader it goes to."""
+
+    kind: str
+    path: Path
 
 
 def read_paths(
@@ -62,17 +71,6 @@ def read_paths(
         anchors = pa.concat_tables([ANCHOR_SCHEMA.empty_table(), *(t.anchors for t in traces)])
         traces.append(_kineto_job(kineto, step_marker, limits, progress, sink, runs, anchors))
     return merge_traces(traces)
-
-
-# What a path is read as (the reader chosen by :func:`plan_inputs`).
-STRACE_LOG, SA_PROFILE, CHROME_TRACE, SIDE_FILE, KINETO = "strace_log", "sa_profile", "chrome_trace", "side_file", "kineto"
-
-
-class Input(NamedTuple):
-    """One input to read: its path and the reader it goes to."""
-
-    kind: str
-    path: Path
 
 
 def plan_inputs(paths: Sequence[str | os.PathLike], limits: JsonLimits = DEFAULT_LIMITS, logs: bool = True) -> list[Input]:
