@@ -62,7 +62,7 @@ def read_paths(
     plan = plan_inputs([paths] if isinstance(paths, (str, os.PathLike)) else paths, limits, logs)
     kineto = [item.path for item in plan if item.kind == KINETO]  # the ranks of one job, read together
     index = RunIndex(sink) if sink is not None and kineto else None  # the STRACE runs handed to the sink, for the join
-    traces = [_read_input(item, progress, index or sink, limits) for item in plan if item.kind != KINETO]
+    traces = [_read_input(item, progress, sink if index is None else index, limits) for item in plan if item.kind != KINETO]
     if kineto:
         in_memory = RunIndex()
         for trace in traces:

@@ -192,13 +192,13 @@ class BackgroundWrites:
     def __init__(self) -> None:
         self._pool = ThreadPoolExecutor(WRITE_THREADS, thread_name_prefix="span-parquet")
         self._pending: deque[Future] = deque()
-        self._latest: dict[int, Future] = {}  # each file's last job queued, by the file's id
+        self._latest: dict[object, Future] = {}  # each file's last job queued (the file itself the key: no id reused)
 
     def run(self, job: Callable[..., None], *args: object) -> None:
         while len(self._pending) >= MAX_PENDING_WRITES:
             self._pending[0].result()  # an interrupted wait leaves the job in the queue, for stop() to wait on
             self._pending.popleft()
-        file = id(job.__self__)  # type: ignore[attr-defined]  # a bound method of the file written
+        file = job.__self__  # type: ignore[attr-defined]  # a bound method of the file written
         self._latest = {key: future for key, future in self._latest.items() if not future.done()}
         future = self._pool.submit(_after, self._latest.get(file), job, *args)
         self._latest[file] = future
