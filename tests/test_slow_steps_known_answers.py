@@ -21,6 +21,7 @@ import pytest
 
 from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
+from dsprof.analysis.stages.slow_steps import culprit_cause
 from dsprof.testing.coupled import KINDS, Scenario, Shape, chain_scenario, flags, scenario_for, write_scenario
 
 # 8 ranks with peer=, 8 without (arrival order must come from the aligned device axis), 16 with peer=
@@ -222,3 +223,26 @@ def test_chains_whose_origin_was_held_back_by_microseconds_name_it_exactly(chain
         for f, i, causes in _chain_causes(chain)
     ]
     assert all(("carried_over", origin) in causes for origin, _, _, causes in named), named
+
+
+def _culprit_row(end: tuple[str, str, float], own: tuple[str, str, float], excess_ms: float) -> dict:
+    """A critical-path culprit's diagnosed cell, as the real runtime wrote one (a gc_pause run, step 46, rank 3)."""
+    row = {"culprit_rank": 3, "culprit_device": "cpu:3", "via": "chip.run.runner_run.device_wall.forward.a2a_wait"}
+    row |= {"slow_excess_ns": excess_ms * 1e6, "has_waits": True, "start_excess_ns": 2.7e6}
+    for which, (phase, mechanism, evidence_ms) in (("end", end), ("end_own", own)):
+        row |= {f"{which}_phase": phase, f"{which}_mechanism": mechanism, f"{which}_evidence_ns": evidence_ms * 1e6}
+        row[f"{which}_detail"] = {"gc": "collection in native_fence_wait", "run_queue": "runnable but waiting for a CPU in bind"}[mechanism]
+    return row
+
+
+def test_a_culprit_whose_end_explains_little_is_named_by_its_own_evidence():
+    """Behind the all-to-all every rank ends late together: the culprit's end is 0.8 ms past the typical rank's, its
+    cause (1.3 ms waiting for a CPU in bind) explains 3% of the 38.5 ms the step lost; the 37.9 ms collection during
+    its fence wait, which held its device thread at the exchange, is the answer."""
+    row = _culprit_row(("bind", "run_queue", 1.269), ("native_fence_wait", "gc", 37.9), 38.475)
+    cause = culprit_cause(row, 5.0)
+    assert (cause["mechanism"], cause["phase"], cause["evidence_ms"], cause["rank"]) == ("gc", "native_fence_wait", 37.9, 3)
+    enough = _culprit_row(("bind", "run_queue", 20.0), ("native_fence_wait", "gc", 37.9), 38.475)
+    assert culprit_cause(enough, 5.0)["mechanism"] == "run_queue"  # its end's cause explains half: it stands
+    less = _culprit_row(("bind", "run_queue", 1.269), ("native_fence_wait", "gc", 1.0), 38.475)
+    assert culprit_cause(less, 5.0)["mechanism"] == "run_queue"  # its own evidence explains no more

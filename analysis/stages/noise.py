@@ -2,9 +2,10 @@
 
 A shared host makes every rank late now and then. A late item is a finding
 only when it stands out against the run's own spread: the healthy majority's
-variation, measured robustly (median and MAD, which a minority of real faults
-does not move), with a Bonferroni-corrected one-sided normal bound over the
-steps tested. Items below the floor stay in summary.json, marked
+variation, measured robustly (median and MAD, with the values that stand out
+set aside until none more does, so that faults at a third of the steps do not
+widen it), with a Bonferroni-corrected one-sided normal bound over the steps
+tested. Items below the floor stay in summary.json, marked
 ``noise: true``. A mechanism is named only on evidence for at least half of an
 item's excess; otherwise the item is ``unattributed`` with its partial evidence.
 """
@@ -28,7 +29,12 @@ from dsprof.profiler import strace_format as fmt
 ALPHA = 0.05
 # a MAD times this estimates the standard deviation of normally distributed values
 MAD_TO_SIGMA = 1.4826
-METHOD = "level + z(1 - alpha/n) * 1.4826 * MAD of the run's own values (one-sided, Bonferroni over the n values), alpha 0.05"
+METHOD = (
+    "level + z(1 - alpha/n) * 1.4826 * MAD of the run's own values, those above the bound set aside until none more is "
+    "(one-sided, Bonferroni over the n values), alpha 0.05"
+)
+# setting aside the values above the bound stops here at the latest (it settles in two or three rounds)
+MAX_ROUNDS = 20
 
 
 @dataclass(frozen=True)
@@ -68,27 +74,55 @@ def noise_floor(engine: Engine) -> NoiseFloor:
     persistent straggler) widens nothing: its lateness stands out against the
     jitter of all.
     """
-    row = engine.rows("""
+    engine.run("""
+        CREATE OR REPLACE TABLE _noise_values AS
         WITH d AS (SELECT rank, step, runner_ts_ns AS s, runner_end_ns AS e FROM decode
                    WHERE runner_ts_ns IS NOT NULL AND runner_end_ns IS NOT NULL),
              m AS (SELECT step, median(s) AS ms, median(e) AS me, count(*) AS n FROM d GROUP BY step HAVING count(*) >= 2),
              l AS (SELECT d.rank, (d.s - m.ms) * m.n / (m.n - 1.0) AS ls, (d.e - m.me) * m.n / (m.n - 1.0) AS le
-                   FROM d JOIN m USING (step)),
-             c AS (SELECT ls - median(ls) OVER (PARTITION BY rank) AS ds, le - median(le) OVER (PARTITION BY rank) AS de FROM l)
-        SELECT count(*), mad(ds), mad(de) FROM c""")[0]
-    cells, start_mad, end_mad = (0 if v is None else v for v in row)
-    steps, intervals, interval_mad = engine.rows("SELECT count(*), count(interval_ns), mad(interval_ns) FROM step_intervals")[0]
-    z_cells = bound_z(int(cells))
-
-    def floor(level: float, mad: float, z: float) -> float:
-        return ns_to_ms(float(level) + z * MAD_TO_SIGMA * float(mad or 0))
-
+                   FROM d JOIN m USING (step))
+        SELECT ls - median(ls) OVER (PARTITION BY rank) AS late_start, le - median(le) OVER (PARTITION BY rank) AS late_end
+        FROM l""")  # scratch: the stage runner drops it
+    cells, start_mad = _settled_mad(engine, "_noise_values", "late_start")
+    _, end_mad = _settled_mad(engine, "_noise_values", "late_end")
+    intervals, interval_mad = _settled_mad(engine, "step_intervals", "interval_ns")
+    steps = int(engine.scalar("SELECT count(*) FROM step_intervals"))
+    z_cells = bound_z(cells)
     return NoiseFloor(
-        slow_steps_ms=floor(0.0, interval_mad or 0, bound_z(int(intervals or 0))),
-        late_starts_ms=floor(0.0, start_mad, z_cells),
-        tail_steps_ms=floor(0.0, end_mad, z_cells),
-        steps=int(steps),
+        slow_steps_ms=_floor_ms(interval_mad, bound_z(intervals)),
+        late_starts_ms=_floor_ms(start_mad, z_cells),
+        tail_steps_ms=_floor_ms(end_mad, z_cells),
+        steps=steps,
     )
+
+
+def _floor_ms(mad_ns: float, z: float) -> float:
+    """The floor above level 0 (every kind's excess is against its typical value): z normal sigmas, from the MAD."""
+    return ns_to_ms(z * MAD_TO_SIGMA * mad_ns)
+
+
+def _settled_mad(engine: Engine, table: str, column: str) -> tuple[int, float]:
+    """(values tested, MAD of those left once every value above the bound is set aside, round after round).
+
+    A fault adds time and never takes it away, so the values it touches all
+    lie above the healthy ones. Faults at a third of the steps (and the steps
+    they hold back) move the plain MAD up by half or more; setting aside
+    what stands out and measuring again leaves the healthy majority's own
+    spread. The bound's z stays that of all the values tested.
+    """
+    tested, level, mad = engine.rows(f"SELECT count({column}), median({column}), mad({column}) FROM {table}")[0]
+    if not tested:
+        return 0, 0.0
+    z, kept = bound_z(int(tested)), int(tested)
+    for _ in range(MAX_ROUNDS):
+        bound = float(level) + z * MAD_TO_SIGMA * float(mad)
+        now_kept, level, mad = engine.rows(
+            f"SELECT count({column}), median({column}), mad({column}) FROM {table} WHERE {column} <= ?", [bound]
+        )[0]
+        if now_kept == kept:
+            break
+        kept = int(now_kept)
+    return int(tested), float(mad or 0.0)
 
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import TypedDict
 
+from dsprof.analysis.stages.cause_rules import EXPLAINS_SHARE
 from dsprof.analysis.stages.causes import cause_item
 from dsprof.analysis.stages.collectives import SOURCE_ARRIVAL, SOURCE_PEER
 from dsprof.analysis.stages.runner import stage
@@ -119,7 +120,7 @@ def slow_step_items(engine: Engine, threshold_ms: float) -> list[SlowStep]:
         victims.setdefault(step, []).append(_victim(devices, rank, name, wait_ns, culprit))
     items: list[SlowStep] = []
     for row in rows:  # one per slow step: the output items themselves
-        cause = _culprit_cause(row, threshold_ms)
+        cause = culprit_cause(row, threshold_ms)
         items.append(
             {
                 "step": row["slow_step"],
@@ -160,7 +161,7 @@ def _phase_of(span_name: str) -> str:
     return span_name[len(prefix) :] if span_name.startswith(prefix) else span_name
 
 
-def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
+def culprit_cause(row: dict, threshold_ms: float) -> Cause:
     """Why the culprit was late: its validate's, its end's, else its start's cause; ``unattributed`` names what was missing."""
     rank, device = row["culprit_rank"], row["culprit_device"]
     if row["via"] == VIA_STEP_END and row.get("token_mechanism") is not None:  # it gave the step's token late in validate
@@ -174,6 +175,8 @@ def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
         # the culprit's own evidence: e.g. a collection that stalled it inside a collective after the release,
         # which its device work and its start do not show
         which = "end_own"
+    elif _own_explains_more(row):
+        which = "end_own"
     elif row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
         which = "start" if (row["start_excess_ns"] or 0) > threshold_ms * 1e6 else "end"
     if which == "end" and row["end_mechanism"] == fmt.MECH_PEER_WAIT:
@@ -185,6 +188,21 @@ def _culprit_cause(row: dict, threshold_ms: float) -> Cause:
         cause["detail"] += f"; no collective {fmt.WAIT_SUFFIX} spans to follow the critical path"
     cause.pop("late_rank", None)
     return cause
+
+
+def _own_explains_more(row: dict) -> bool:
+    """The culprit's own evidence is the answer where its end's cause explains under half the step's excess and it more.
+
+    Its end's cause is judged against the typical rank's end; behind an
+    all-to-all every rank ends late together, so that excess can be a
+    millisecond while the step lost forty (a collection on the culprit's host
+    thread during the fence wait, holding its device thread at the exchange).
+    """
+    own = row.get("end_own_evidence_ns")
+    if row.get("end_own_mechanism") in (None, *_NO_CAUSE_OF_ITS_OWN) or own is None:
+        return False
+    end = row.get("end_evidence_ns") or 0
+    return end < EXPLAINS_SHARE * (row["slow_excess_ns"] or 0) and own > end
 
 
 def _unattributed(row: dict, phase: str, detail: str) -> Cause:
