@@ -22,7 +22,7 @@ from dsprof.analysis.ingest.follow import LogFollower
 from dsprof.analysis.live.live_analysis import LiveAnalysis
 from dsprof.analysis.outputs import live_view
 from dsprof.analysis.outputs.findings import LATE_LISTS
-from dsprof.analysis.outputs.live_view import FindingLines, format_live_view
+from dsprof.analysis.outputs.live_view import FindingLines, format_live_view, window_steps
 from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.commands.analysis_job import analyze_paths
 from dsprof.commands.watch import Alerts, Events, WatchOptions, finish_watch
@@ -169,6 +169,8 @@ def test_findings_name_the_injected_ranks_and_the_ring_stays_bounded(tmp_path, f
     for summary in _follow(live, _pieces(data, seed=4, most=120_000), log, every=2):
         lines += findings.new_lines(summary)
         ring.append(live.ring.rows)
+        steps = window_steps(summary)
+        assert steps is None or all(step >= steps[0] for _, step, _ in findings.said)  # kept for the window only
         assert "steps" in format_live_view(summary, bytes_read=live.bytes_read)
     expected = {(TITLES[f["section"]], f["step"], f["rank"]) for fault in answers["faults"] for f in fault["flags"]}
     said = {_finding(line) for line in lines if not line.startswith("straggler: ")}

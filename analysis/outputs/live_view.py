@@ -46,6 +46,8 @@ def straggler_of(summary: Summary) -> dict[str, Any]:
 class FindingLines:
     """One line per finding, each said once across refreshes: a late item by (list, step, rank), the verdict when it changes.
 
+    What was said is kept for the window's steps only, so a job of any length holds no more.
+
     A step's finding is said once the window has a later step: its cause may
     be seen in the next step (the bind of the next run), so it is final then.
     """
@@ -59,6 +61,8 @@ class FindingLines:
         steps = window_steps(summary)
         if steps is None:
             return []
+        # a step before the window is never shown again (a step number met again after a restart is a new step)
+        self.said = {said for said in self.said if said[1] >= steps[0]}
         found: list[tuple[int, str]] = []
         for key, title in LATE_LISTS:
             block: Mapping[str, Any] = summary.get(key) or {}  # type: ignore[assignment]
