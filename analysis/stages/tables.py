@@ -108,7 +108,7 @@ _TYPICAL = (
     *("start_ns", "end_ns", "root_ts_ns", "admissible_ns", "drain_after_ns", "bind_ns", "launch_gap_ns", "runner_ns"),
     *("fence_ns", "drain_lag_ns", "signal_lag_ns", "next_bind_ns", "next_bind_cpu_ns", "next_bind_rq_ns"),
     *("device_wall_ns", "device_wait_ns", "device_wait_rq_ns", "device_work_ns", "bind_rq_ns", "bind_cpu_ns"),
-    *("runner_rq_ns", "runner_cpu_ns", "fence_rq_ns", "fence_cpu_ns", "device_rq_ns", "device_work_rq_ns", "device_cpu_ns"),
+    *("runner_rq_ns", "runner_cpu_ns", "fence_rq_ns", "fence_cpu_ns", "device_rq_ns", "device_cpu_ns"),
     *("validate_end_ns", "validate_ns", "validate_rq_ns", "validate_cpu_ns"),
 )
 _GC_WINDOWS = {
@@ -168,7 +168,6 @@ DIAGNOSED_COLUMNS = (
         ("device_wait_ns", HUGEINT, "device clock: waits on peers inside it"),
         ("device_work_ns", HUGEINT, "device clock: the device program less its waits"),
         ("device_wait_rq_ns", HUGEINT, "run-queue wait of the device's waits"),
-        ("device_work_rq_ns", HUGEINT, "the executor's run-queue wait outside its waits, at least (its wall's less the waits')"),
         ("device_markers", BIGINT, "device-phase marker spans of the run"),
     ),
     *_phase_evidence("bind", "bind", rq_first=True),

@@ -71,18 +71,13 @@ class Fault:
 
 @dataclass(frozen=True)
 class Shape:
-    """What is simulated: ranks, decode steps, layers per program, whether wait spans name their peer.
-
-    ``busy_waits``: the share of each all-to-all wait that the rank's device threads spent runnable but waiting for
-    a CPU (a host where something else keeps the cores busy): the wait spans' ``os.rq_ns``, and the device wall's.
-    """
+    """What is simulated: ranks, decode steps, layers per program, whether wait spans name their peer."""
 
     ranks: int = 8
     steps: int = 150
     layers: int = 3
     seed: int = 0
     peer: bool = True
-    busy_waits: float = 0.0
 
 
 @dataclass

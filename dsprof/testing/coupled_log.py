@@ -74,9 +74,7 @@ class HostEvidence:
         d, shape = scenario.draws, scenario.shape
         assert d is not None
         self.draws = d
-        # a busy host: the device threads wait for a CPU for a share of every all-to-all wait (Shape.busy_waits)
-        self.wait_rq = np.rint(shape.busy_waits * (tl.release[:, None, :] - tl.arrival)).astype(np.int64)
-        self.device_rq = d.device_rq + self.wait_rq.sum(axis=2)
+        self.device_rq = d.device_rq.copy()
         self.device_cpu = (d.work.sum(axis=2) + d.verify + d.mtp) * 24 // 25
         for f in scenario.faults:
             if f.kind == "run_queue":
@@ -161,8 +159,6 @@ class RankLog:
 
         for layer in range(tl.layer_ts.shape[2]):
             waited = {"peer": int(tl.peer[s, layer])} if self.scenario.shape.peer else {}
-            if self.scenario.shape.busy_waits:
-                waited["os.rq_ns"] = int(self.ev.wait_rq[s, r, layer])
             release = int(tl.release[s, layer])
             dev(5, f"forward.layer{layer}.a2a_wait", tl.arrival[s, r, layer], release, waited)
             dev(4, f"forward.layer{layer}", tl.layer_ts[s, r, layer], release)

@@ -10,7 +10,6 @@ per step make bigger traces. Each rank writes ``rank<r>.json``. Needs torch.
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -22,9 +21,9 @@ import torch.distributed as dist
 from torch.profiler import ProfilerActivity, profile, schedule
 
 
-def rank_main(rank, world, out, port, steps, faults, ops):
-    os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"] = "127.0.0.1", str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
+def rank_main(rank, world, out, steps, faults, ops):
+    # a file rendezvous: no port to pick, so none another job on the host can take first
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(out, "rendezvous"), rank=rank, world_size=world)
     torch.set_num_threads(1)
     torch.manual_seed(rank)
     x = torch.randn(64, 64)
@@ -51,16 +50,10 @@ def rank_main(rank, world, out, port, steps, faults, ops):
 if __name__ == "__main__":
     import torch.multiprocessing as mp
 
-    out, port, steps, faults = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), json.loads(sys.argv[4])
-    world, ops = int(sys.argv[5]), int(sys.argv[6])
-    mp.spawn(rank_main, args=(world, out, port, steps, faults, ops), nprocs=world)
+    out, steps, faults = sys.argv[1], int(sys.argv[2]), json.loads(sys.argv[3])
+    world, ops = int(sys.argv[4]), int(sys.argv[5])
+    mp.spawn(rank_main, args=(world, out, steps, faults, ops), nprocs=world)
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_job(out: Path, *, ranks: int, steps: int, faults: dict[str, str], ops: int = 3, timeout: float = 600) -> list[Path]:
@@ -68,7 +61,11 @@ def run_job(out: Path, *, ranks: int, steps: int, faults: dict[str, str], ops: i
     out.mkdir(parents=True, exist_ok=True)
     script = out / "job.py"
     script.write_text(JOB)
-    command = [sys.executable, str(script), str(out), str(free_port()), str(steps), json.dumps(faults), str(ranks), str(ops)]
-    subprocess.run(command, check=True, timeout=timeout, capture_output=True)
+    (out / "rendezvous").unlink(missing_ok=True)  # the file store must start empty
+    command = [sys.executable, str(script), str(out), str(steps), json.dumps(faults), str(ranks), str(ops)]
+    done = subprocess.run(command, check=False, timeout=timeout, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"the Kineto job failed ({done.returncode}): {done.stderr[-3000:]}")
     script.unlink()
+    (out / "rendezvous").unlink(missing_ok=True)
     return sorted(out.glob("rank*.json"))
