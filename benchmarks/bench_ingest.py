@@ -25,7 +25,7 @@ each as its own process:
 * ``python``: the same with ``DSPROF_PURE_PYTHON=1`` (the pure-Python reader);
 * ``wc -l``: the physical floor, one pass over the file's bytes;
 
-(each process reads bytecode compiled beforehand, as an install has it: child_process.py)
+each reading bytecode compiled beforehand, as an install has it (child_process.py),
 and prints wall times, the peak RSS of each process (its own rusage, from
 ``wait4``) and the ratios of the medians against the targets (issue 30): fast
 >= 10x the peer on both logs (the goal: 25x), peak RSS <= 600 MB.

@@ -171,11 +171,9 @@ def culprit_cause(row: dict, threshold_ms: float) -> Cause:
     if row.get("end_mechanism") is None:
         return _unattributed(row, fmt.PHASE_RUNNER, "the culprit's run lacks the phases needed to say why")
     which = "end"
-    if row["end_mechanism"] in _NO_CAUSE_OF_ITS_OWN and row.get("end_own_mechanism") is not None:
+    if (row["end_mechanism"] in _NO_CAUSE_OF_ITS_OWN and row.get("end_own_mechanism") is not None) or _own_explains_more(row):
         # the culprit's own evidence: e.g. a collection that stalled it inside a collective after the release,
-        # which its device work and its start do not show
-        which = "end_own"
-    elif _own_explains_more(row):
+        # which its device work and its start do not show, or one that explains more than its end's cause
         which = "end_own"
     elif row["end_mechanism"] == fmt.MECH_PEER_WAIT:  # it waited too: what held it back is before its run, if anything
         which = "start" if (row["start_excess_ns"] or 0) > threshold_ms * 1e6 else "end"
