@@ -168,6 +168,7 @@ def replay(
         command = [str(DSPROF), "watch", str(log), "-o", str(work / "out"), "--idle-exit", str(args.idle_exit), "--events", str(events)]
         command += ["--window", str(args.window)] if args.window else []
         command += ["--interval", str(args.interval)] if args.interval else []
+        command += ["--workers", str(args.workers)] if args.workers else []
         command += ["--alert", str(alert_rules)] if alert_rules else []
         with tempfile.TemporaryFile() as stderr:
             child = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=stderr)
@@ -195,6 +196,8 @@ def replay(
                 shutil.copyfile(events, args.keep / f"{name}.events.jsonl")
             (args.keep / f"{name}.stderr").write_text(text)
         step, wall = appender.written_steps()
+        if args.keep:
+            np.savez(args.keep / f"{name}.written.npz", step=step, wall=wall)
         return Replay(
             pace,
             step,
@@ -327,6 +330,7 @@ def main() -> None:
     parser.add_argument("--torn-every", type=int, default=7, help="cut the last line of every n-th block in two writes (0: never)")
     parser.add_argument("--window", type=int, help="passed to watch --window (default: watch's)")
     parser.add_argument("--interval", type=float, help="passed to watch --interval (default: watch's)")
+    parser.add_argument("--workers", type=int, help="passed to watch --workers (default: watch's)")
     parser.add_argument("--idle-exit", type=float, default=5.0, help="passed to watch --idle-exit")
     parser.add_argument("--startup-s", type=float, default=3.0, help="seconds watch gets to start before the first write")
     parser.add_argument("--exit-timeout", type=float, default=600.0, help="seconds watch gets to write its outputs and exit")

@@ -270,7 +270,10 @@ def ingest(paths, output) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path), help="Final outputs [default: as analyze].")
 @click.option("--window", type=click.IntRange(min=2), default=200, show_default=True, help="Decode steps analysed live (the last N).")
-@click.option("--interval", type=click.FloatRange(min=0.05), default=1.0, show_default=True, help="Seconds between refreshes.")
+@click.option(
+    "--interval", type=click.FloatRange(min=0.05), default=0.25, show_default=True, help="Least seconds between two windows taken."
+)
+@click.option("--workers", type=click.IntRange(min=1), default=1, show_default=True, help="Window analyses under way at once (threads).")
 @THRESHOLD
 @click.option(
     "--idle-exit", type=click.FloatRange(min=0, min_open=True), show_default="never", help="End after S seconds without new bytes."
@@ -289,7 +292,9 @@ def ingest(paths, output) -> None:
     show_default="any number",
     help="Show a step only once this many ranks reached it; fail validation unless this many ranks appear.",
 )
-def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks) -> None:
+def watch(
+    paths, out_dir, window, interval, workers, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks
+) -> None:
     """Follow a running job's logs: a live view of its last steps, then analyze's outputs.
 
     Ends on Ctrl-C, when performance_summary.json appears in a watched artifact dir, or after --idle-exit. Exit status:
@@ -297,7 +302,9 @@ def watch(paths, out_dir, window, interval, threshold_ms, idle_exit, alert_rules
     """
     from dsprof.commands.watch import WatchOptions, watch_command
 
-    options = WatchOptions(out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks)
+    options = WatchOptions(
+        out_dir, window, interval, threshold_ms, idle_exit, alert_rules, on_alert, events, spans_dir, expect_ranks, workers
+    )
     screen = _screen if sys.stdout.isatty() else None
     click.get_current_context().exit(watch_command(paths, options, out=out_line, screen=screen))
 

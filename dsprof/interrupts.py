@@ -22,11 +22,13 @@ from typing import TypeVar
 Connection = TypeVar("Connection")
 
 _connections: weakref.WeakSet = weakref.WeakSet()  # open DuckDB connections; a closed or collected one drops out
+_connections_lock = threading.Lock()  # connections are opened on worker threads too (dsprof watch's window analyses)
 
 
 def interruptible(con: Connection) -> Connection:
     """Register a DuckDB connection to be interrupted when a signal stops the command; returns it."""
-    _connections.add(con)
+    with _connections_lock:
+        _connections.add(con)
     return con
 
 
@@ -41,6 +43,8 @@ def watch_signals(stops: Callable[[int], bool]) -> None:
 def _interrupt_on_signals(read_end: int, stops: Callable[[int], bool]) -> None:
     while received := os.read(read_end, 64):
         if any(stops(signum) for signum in received):
-            for con in list(_connections):
+            with _connections_lock:
+                open_now = list(_connections)
+            for con in open_now:
                 with contextlib.suppress(Exception):  # a connection closed meanwhile: nothing to interrupt
                     con.interrupt()

@@ -25,7 +25,7 @@ from dsprof.analysis.outputs.findings import LATE_LISTS
 from dsprof.analysis.outputs.live_view import FindingLines, format_live_view, window_steps
 from dsprof.analysis.store.spans import SPAN_SCHEMA
 from dsprof.commands.analysis_job import analyze_paths
-from dsprof.commands.watch import Alerts, Events, WatchOptions, finish_watch
+from dsprof.commands.watch import Alerts, Events, WatchOptions, WindowAnalyses, finish_watch
 from dsprof.compiled import PURE_PYTHON_ENV
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
@@ -178,6 +178,46 @@ def test_findings_name_the_injected_ranks_and_the_ring_stays_bounded(tmp_path, f
     assert len(lines) == len(set(lines))  # each finding said once
     rows_per_step = read_strace_log(log).spans.num_rows / SHAPE.steps
     assert max(ring) < 3 * 15 * rows_per_step  # the ring holds about the window, not the run
+
+
+def test_a_window_is_one_chunk_however_many_polls_filled_it(tmp_path, faulty):
+    """Each poll adds a small table; the window taken (and the ring kept) is one chunk per column, which every
+    query of the analysis scans at the cost of one (hundreds of chunks doubled the take, benchmarks/README.md)."""
+    log = tmp_path / "server.log"
+    log.touch()
+    live = LiveAnalysis([log], tmp_path / "spans", window=15)
+    pieces = _pieces(faulty[0], seed=6, most=8_000)
+    for piece in pieces[: len(pieces) // 2]:
+        _append(log, piece)
+        live.poll()
+    trace = live.window_trace()
+    assert trace is not None and trace.spans.num_rows
+    assert {column.num_chunks for column in trace.spans.columns} == {1}
+    live.abort()
+
+
+def test_window_analyses_come_back_in_the_order_they_were_taken(tmp_path, faulty):
+    """Two analyses under way at once: the older window is shown first, whichever ends first; no step yet is None."""
+    log = tmp_path / "server.log"
+    log.touch()
+    live = LiveAnalysis([log], tmp_path / "spans", window=15)
+    windows = WindowAnalyses(workers=2, threshold_ms=5.0)
+    try:
+        windows.start(live)  # nothing read yet: no window to analyse
+        assert [summary for summary, _ in windows.done(wait=False)] == [None]
+        data = faulty[0]
+        half = data.index(b"\n[", len(data) // 2) + 1
+        for part in (data[:half], data[half:]):
+            _append(log, part)
+            live.poll()
+            windows.start(live)
+        assert not windows.free()
+        shown = [window_steps(summary) for summary, _ in windows.done(wait=True)]
+    finally:
+        windows.close()
+        live.abort()
+    assert len(shown) == 2 and shown[0] is not None and shown[1] is not None
+    assert shown[0][1] < shown[1][1] and windows.free()
 
 
 def _finding(line: str) -> tuple[str, int, int]:

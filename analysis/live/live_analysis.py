@@ -42,6 +42,7 @@ from dsprof.analysis.stages.serving import request_spans
 from dsprof.analysis.store.dataset import SpanDatasetWriter
 from dsprof.analysis.store.predicates import host_root, host_row, host_start, query_arrow
 from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace, concat_spans, merge_traces
+from dsprof.analysis.summary import Summary
 from dsprof.errors import InputError
 from dsprof.profiler import artifacts
 
@@ -93,7 +94,8 @@ class StepRing:
         """Trim the ring to the window and return the rows of its complete steps (SPAN_SCHEMA)."""
         if not self._tables:
             return SPAN_SCHEMA.empty_table()
-        ring = pa.concat_tables(self._tables, promote_options="permissive") if len(self._tables) > 1 else self._tables[0]
+        # one chunk per column: a poll's tables are small, and a query over hundreds of chunks pays for each
+        ring = pa.concat_tables(self._tables, promote_options="permissive").combine_chunks() if len(self._tables) > 1 else self._tables[0]
         cut = self._cut(ring)
         ring = ring.filter(pa.array(cut.keep))
         self._tables = [ring]
@@ -136,6 +138,18 @@ def _ring_query(window: int, expect_ranks: int) -> str:
                          WHEN r.inv IS NULL THEN r.ts_ns >= b.floor AND r.ts_ns <= b.done
                          ELSE m.keep AND m.rooted AND m.settled END, FALSE) AS analyse
     FROM ring r CROSS JOIN bounds b LEFT JOIN marks m ON r.pid = m.pid AND r.inv = m.inv"""
+
+
+def window_summary(trace: Trace, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> Summary:
+    """The summary of a window taken by :meth:`LiveAnalysis.window_trace`, its engine closed.
+
+    Safe on a worker thread while the logs are polled: it reads only ``trace`` and opens an engine of its own.
+    """
+    result = analyze_trace(trace, threshold_ms=threshold_ms)
+    try:
+        return result.summary
+    finally:
+        result.engine.close()
 
 
 class ServingRows:

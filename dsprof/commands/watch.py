@@ -22,13 +22,15 @@ import shutil
 import signal
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, NoReturn
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, check_threshold
-from dsprof.analysis.live.live_analysis import DEFAULT_WINDOW_STEPS, LiveAnalysis
+from dsprof.analysis.live.live_analysis import DEFAULT_WINDOW_STEPS, LiveAnalysis, window_summary
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.live_view import CLEAR_SCREEN, FindingLines, format_live_view, window_steps
 from dsprof.analysis.policy.gate import evaluate_gate
@@ -49,8 +51,9 @@ from dsprof.fileio import OutputError, open_append
 from dsprof.tempdirs import make_owned_dir, remove_owned_dir
 from dsprof.textsafe import terminal_safe
 
-DEFAULT_INTERVAL_S = 1.0
-POLL_S = 0.1  # how often the logs are polled between refreshes
+DEFAULT_INTERVAL_S = 0.25  # the least time between two windows taken
+DEFAULT_WORKERS = 1  # window analyses under way at once
+POLL_S = 0.1  # how often the logs are polled
 # The runtime writes faults.json just after performance_summary.json: the watch ends this long after the latter appears.
 JOB_END_GRACE_S = 1.0
 # watch has no --memory-limit: the final analysis is analyze's, of the span dataset --spans keeps.
@@ -72,12 +75,15 @@ class WatchOptions:
     events: str | os.PathLike | None = None
     spans_dir: str | os.PathLike | None = None
     expect_ranks: int | None = None
+    workers: int = DEFAULT_WORKERS
 
     def check(self) -> None:
         """Refuse bad options before anything is read (one line, exit 2)."""
         check_threshold(self.threshold_ms)
         if not self.interval_s > 0:
             raise DsprofError(f"--interval must be a number of seconds > 0, got {self.interval_s!r}")
+        if not (isinstance(self.workers, int) and self.workers >= 1):
+            raise DsprofError(f"--workers must be a whole number >= 1, got {self.workers!r}")
         if self.idle_exit_s is not None and not self.idle_exit_s > 0:
             raise DsprofError(f"--idle-exit must be a number of seconds > 0, got {self.idle_exit_s!r}")
         if self.on_alert is not None and self.alert_rules is None:
@@ -312,6 +318,46 @@ def _signals_end(follower: _Follower) -> Iterator[None]:
             signal.signal(signum, handler)
 
 
+class WindowAnalyses:
+    """Window analyses under way on worker threads (each opens an engine of its own), taken back in the order they began.
+
+    The logs are polled while a window is analysed, and the next window is taken as soon as an analysis is free:
+    a step waits for the analysis under way and its own, not for a clock. An analysis costs the fixed cost of its
+    queries whatever the window holds (benchmarks/README.md), so more than one ``workers`` helps only on free cores.
+    """
+
+    def __init__(self, workers: int, threshold_ms: float):
+        self.workers, self.threshold_ms = workers, threshold_ms
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsprof-window")
+        self.running: deque[tuple[float, Future[Summary | None]]] = deque()
+
+    def free(self) -> bool:
+        return len(self.running) < self.workers
+
+    def start(self, live: LiveAnalysis) -> None:
+        """Take the window of ``live`` on this thread (the ring is the poller's), analyse it on a worker (None: no
+        complete step yet)."""
+        taken = time.monotonic()
+        trace = live.window_trace()
+        if trace is None:
+            future: Future[Summary | None] = Future()
+            future.set_result(None)
+        else:
+            future = self.pool.submit(window_summary, trace, self.threshold_ms)
+        self.running.append((taken, future))
+
+    def done(self, *, wait: bool) -> Iterator[tuple[Summary | None, float]]:
+        """Each ended analysis, oldest first, up to the first still running (``wait``: every one); its summary and age."""
+        while self.running and (wait or self.running[0][1].done()):
+            started, future = self.running.popleft()
+            yield future.result(), time.monotonic() - started
+
+    def close(self) -> None:
+        """Wait for the analyses under way (their engines close) and let the threads go."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.running.clear()
+
+
 class _Follower:
     """The watch loop: poll, refresh the window every interval, print, alert, and say why it ended."""
 
@@ -319,44 +365,53 @@ class _Follower:
         self.live, self.options, self.out, self.screen, self.events = live, options, out, screen, events
         self.findings = FindingLines()
         self.alerts = Alerts(options.alert_rules, options.on_alert)
+        self.windows = WindowAnalyses(options.workers, options.threshold_ms)
         self.end_seen: float | None = None
         self.signalled: str | None = None  # set by a signal handler (_signals_end)
 
     def run(self, stop: threading.Event | None) -> str:
         """Follow until the job ends; why it ended."""
-        last_new = next_refresh = time.monotonic()
+        last_new = next_start = time.monotonic()
+        fresh = True  # bytes came since the window was last taken (and before the first)
         try:
             while True:
                 if self.live.poll():
-                    last_new = time.monotonic()
+                    last_new, fresh = time.monotonic(), True
+                if self._show_done(wait=False):
+                    return "an alert fired"
                 now = time.monotonic()
-                if now >= next_refresh:
-                    next_refresh = now + self.options.interval_s
-                    if self.refresh() and self.options.on_alert is None:
-                        return "an alert fired"
+                if fresh and now >= next_start and self.windows.free():
+                    next_start, fresh = now + self.options.interval_s, False
+                    self.windows.start(self.live)
                 ended = self._ended(stop, now - last_new)
                 if ended is not None:
+                    if self._show_done(wait=True):
+                        return "an alert fired"
                     self.live.drain()
-                    fired = self.refresh(final=True)  # the last window, to its last record
+                    self.windows.start(self.live)  # the last window, to its last record
+                    fired = self._show_done(wait=True, final=True)
                     return "an alert fired" if fired and self.options.on_alert is None else ended
                 time.sleep(POLL_S)
         except KeyboardInterrupt as interrupt:
             return f"stopped by {interrupt or 'Ctrl-C'}"
+        finally:
+            self.windows.close()
 
-    def refresh(self, final: bool = False) -> bool:
-        """Analyse the window, print what is new, evaluate the alerts; whether one fired (``final``: the job ended)."""
+    def _show_done(self, *, wait: bool, final: bool = False) -> bool:
+        """Show the window analyses that have ended, oldest first (``wait``: all, once they end); whether an alert
+        fired that ends the watch (without ``--on-alert``; with ``final``, whether any fired)."""
+        for summary, seconds in self.windows.done(wait=wait):
+            if self.show(summary, seconds, final=final) and (final or self.options.on_alert is None):
+                return True
+        return False
+
+    def show(self, summary: Summary | None, seconds: float, final: bool = False) -> bool:
+        """Print what is new in one window's summary (None: no complete step yet), evaluate the alerts; whether one
+        fired (``final``: the job ended). ``seconds``: since the window was taken."""
         started = time.monotonic()
-        result = self.live.window()
-        summary, steps, fired = None, None, []
-        if result is not None:
-            try:
-                summary = result.summary
-            finally:
-                result.engine.close()
-            steps = window_steps(summary)
-            if steps is not None and (final or steps[1] - steps[0] + 1 >= self.options.window):
-                fired = self.alerts.check(summary, steps)  # a window still filling judges too few steps
-        self.events.write(steps, fired, time.monotonic() - started)
+        steps, fired = None if summary is None else window_steps(summary), []
+        if summary is not None and steps is not None and (final or steps[1] - steps[0] + 1 >= self.options.window):
+            fired = self.alerts.check(summary, steps)  # a window still filling judges too few steps
         if self.screen is not None:
             view = format_live_view(
                 summary,
@@ -370,6 +425,7 @@ class _Follower:
             for line in ([] if summary is None else self.findings.new_lines(summary, final)) + fired + self.alerts.notes:
                 self.out(line)
         self.alerts.notes.clear()
+        self.events.write(steps, fired, seconds + time.monotonic() - started)
         return bool(fired)
 
     def _ended(self, stop: threading.Event | None, idle_s: float) -> str | None:
