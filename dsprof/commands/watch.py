@@ -330,6 +330,7 @@ class WindowAnalyses:
         self.workers, self.threshold_ms = workers, threshold_ms
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsprof-window")
         self.running: deque[tuple[float, Future[Summary | None]]] = deque()
+        self.ended = threading.Event()  # set when an analysis ends: the poller wakes at once to show it
 
     def free(self) -> bool:
         return len(self.running) < self.workers
@@ -344,6 +345,7 @@ class WindowAnalyses:
             future.set_result(None)
         else:
             future = self.pool.submit(window_summary, trace, self.threshold_ms)
+            future.add_done_callback(lambda _: self.ended.set())
         self.running.append((taken, future))
 
     def done(self, *, wait: bool) -> Iterator[tuple[Summary | None, float]]:
@@ -375,6 +377,7 @@ class _Follower:
         fresh = True  # bytes came since the window was last taken (and before the first)
         try:
             while True:
+                self.windows.ended.clear()  # before looking: an analysis that ends after this wakes the wait below
                 if self.live.poll():
                     last_new, fresh = time.monotonic(), True
                 if self._show_done(wait=False):
@@ -391,7 +394,7 @@ class _Follower:
                     self.windows.start(self.live)  # the last window, to its last record
                     fired = self._show_done(wait=True, final=True)
                     return "an alert fired" if fired and self.options.on_alert is None else ended
-                time.sleep(POLL_S)
+                self.windows.ended.wait(POLL_S)
         except KeyboardInterrupt as interrupt:
             return f"stopped by {interrupt or 'Ctrl-C'}"
         finally:
