@@ -361,7 +361,8 @@ class WindowAnalyses:
 
 
 class _Follower:
-    """The watch loop: poll, refresh the window every interval, print, alert, and say why it ended."""
+    """The watch loop: poll, take the window when new bytes came and an analysis is free, show each analysed window
+    (print, alert), and say why it ended."""
 
     def __init__(self, live: LiveAnalysis, options: WatchOptions, out: Printer, screen: Screen | None, events: Events):
         self.live, self.options, self.out, self.screen, self.events = live, options, out, screen, events
