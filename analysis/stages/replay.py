@@ -88,9 +88,11 @@ class Removal:
 
 @dataclass
 class _HostChains:
-    """Each rank's host events in thread order, padded to one length (kind -1 past a rank's end)."""
+    """Each rank's host events in thread order, padded to one length (kind -1 past a rank's end).
 
-    t: np.ndarray  # [ranks, n] measured time (ns)
+    An event's measured time is not kept: it is ``DecodeRuns.host[rank, step, kind]`` (8 bytes an event less).
+    """
+
     kind: np.ndarray  # [ranks, n] int
     step: np.ndarray  # [ranks, n] int
     slack_pred: np.ndarray  # [ranks, n] slack of the previous event on the thread
@@ -119,7 +121,6 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
     lengths = (~np.isnan(runs.host)).sum(axis=(1, 2)).astype(np.int64)
     n = int(lengths.max(initial=0))
     out = _HostChains(
-        t=np.full((ranks, n), np.nan),
         kind=np.full((ranks, n), -1, np.int8),
         step=np.zeros((ranks, n), np.int32),
         slack_pred=np.full((ranks, n), _FREE),
@@ -143,7 +144,7 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
 def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, step: np.ndarray, runs: DecodeRuns) -> None:
     """Slack of each event's dependencies on rank ``r``: the thread's previous event, the device end, the slot."""
     m = len(t)
-    out.t[r, :m], out.kind[r, :m], out.step[r, :m] = t, kind, step
+    out.kind[r, :m], out.step[r, :m] = kind, step
     previous = np.concatenate(([np.nan], t[:-1]))
     extra = np.full(m, np.nan)
     extra_step = out.extra_step[r, :m]  # a view: written in place

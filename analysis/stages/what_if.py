@@ -299,7 +299,8 @@ class WhatIf:
         removals: list[Removal] = []
         chains = self.replayer.chains
         m = chains.length[r]
-        t, kind, step, lag = chains.t[r, :m], chains.kind[r, :m], chains.step[r, :m], chains.lag[r, :m]
+        kind, step, lag = chains.kind[r, :m], chains.step[r, :m], chains.lag[r, :m]
+        t = self.runs.host[r, step, kind]
         taken = self._collections_taken.setdefault(column, set())
         for g0, g1 in hit:  # the few collections of one cause
             if (r, g0) in taken:  # one collection is removed once, however many causes cite it
