@@ -96,8 +96,11 @@ class _HostChains:
     kind: np.ndarray  # [ranks, n] int
     step: np.ndarray  # [ranks, n] int
     slack_pred: np.ndarray  # [ranks, n] slack of the previous event on the thread
-    slack_extra: np.ndarray  # [ranks, n] slack of the extra dependency (device end or slot's previous run)
-    extra_step: np.ndarray  # [ranks, n] the step index of the extra dependency (-1: none)
+    # per run, not per event (only two kinds of event have an extra dependency): the slack of runner_run end's device
+    # end and of bind start's slot predecessor (_FREE: none), and which step index that predecessor is (-1: none)
+    end_slack: np.ndarray  # [ranks, steps]
+    bind_slack: np.ndarray  # [ranks, steps]
+    bind_after: np.ndarray  # [ranks, steps] int
     lag: np.ndarray  # [ranks, n] how long after its latest dependency the event happened (what a removal can take)
     runner_index: np.ndarray  # [ranks, steps] index of each run's runner_run start in its chain (-1: absent)
     length: np.ndarray  # [ranks]
@@ -124,8 +127,9 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
         kind=np.full((ranks, n), -1, np.int8),
         step=np.zeros((ranks, n), np.int32),
         slack_pred=np.full((ranks, n), _FREE),
-        slack_extra=np.full((ranks, n), _FREE),
-        extra_step=np.full((ranks, n), -1, np.int32),
+        end_slack=np.full((ranks, steps), _FREE),
+        bind_slack=np.full((ranks, steps), _FREE),
+        bind_after=np.full((ranks, steps), -1, np.int32),
         lag=np.zeros((ranks, n)),
         runner_index=np.full((ranks, steps), -1, np.int64),
         length=lengths,
@@ -147,7 +151,7 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     out.kind[r, :m], out.step[r, :m] = kind, step
     previous = np.concatenate(([np.nan], t[:-1]))
     extra = np.full(m, np.nan)
-    extra_step = out.extra_step[r, :m]  # a view: written in place
+    extra_step = np.full(m, -1, np.int32)
     ends = np.flatnonzero(kind == RUNNER_END)
     extra[ends] = runs.device_end[r, step[ends]]
     extra_step[ends] = step[ends]
@@ -164,7 +168,11 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & no_extra
     free = np.isnan(previous) | pinned
     out.slack_pred[r, :m] = np.where(free, _FREE, latest - previous)
-    out.slack_extra[r, :m] = np.where(no_extra, _FREE, latest - extra)
+    slack_extra = np.where(no_extra, _FREE, latest - extra)
+    out.end_slack[r, step[ends]] = slack_extra[ends]
+    every_bind = np.flatnonzero(kind == BIND_TS)
+    out.bind_slack[r, step[every_bind]] = slack_extra[every_bind]
+    out.bind_after[r, step[every_bind]] = extra_step[every_bind]
     out.lag[r, :m] = np.where(np.isnan(latest) | pinned, 0.0, t - latest)
     runner = np.flatnonzero(kind == RUNNER_TS)
     out.runner_index[r, step[runner]] = runner
@@ -276,7 +284,7 @@ class Replayer:
         kind, step = chains.kind[rows, index], chains.step[rows, index]
         slack = np.where(valid, chains.slack_pred[rows, index], 0.0)
         pinned = np.isinf(slack)
-        extra = self._extra_deltas(state, rows, index, kind, valid)
+        extra = self._extra_deltas(state, rows, step, kind, valid)
         extra = np.where(pinned[:, :, None] & np.isneginf(extra), 0.0, extra)  # a pinned start keeps its time
         removed = plan.host_removed(rows, index, valid)
         A = np.cumsum(np.where(pinned, _PINNED, slack)[:, :, None] + removed, axis=0)
@@ -291,22 +299,26 @@ class Replayer:
                 written[r, step[i, r] % _RING] = step[i, r]
         position[:] = np.where(target >= 0, np.maximum(position, target), position)
 
-    def _extra_deltas(self, state: _State, rows: np.ndarray, index: np.ndarray, kind: np.ndarray, valid: np.ndarray) -> np.ndarray:
+    def _extra_deltas(self, state: _State, rows: np.ndarray, step: np.ndarray, kind: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """Δ − slack of each event's extra dependency (the device end of its run, or its slot's previous validate); −inf if none."""
         chains = self.chains
-        extra_step = np.where(valid, chains.extra_step[rows, index], -1)
         out = np.full((*kind.shape, state.host_last.shape[1]), -np.inf)
-        for kind_of, ring, written in (
-            (RUNNER_END, state.device_end, state.device_written),
-            (BIND_TS, state.validate_end, state.validate_written),
+        for kind_of, ring, written, slack_of, after_of in (
+            (RUNNER_END, state.device_end, state.device_written, chains.end_slack, None),
+            (BIND_TS, state.validate_end, state.validate_written, chains.bind_slack, chains.bind_after),
         ):
-            i, r = np.nonzero((kind == kind_of) & (extra_step >= 0))
-            if not len(r):
+            i, r = np.nonzero(valid & (kind == kind_of))
+            run = step[i, r]
+            slack = slack_of[r, run]
+            has = np.isfinite(slack)  # the dependency existed
+            if not has.any():
                 continue
-            slot = extra_step[i, r] % _RING
-            known = written[r, slot] == extra_step[i, r]  # a dependency not yet replayed here has not moved
+            i, r, run, slack = i[has], r[has], run[has], slack[has]
+            depends_on = run if after_of is None else after_of[r, run]
+            slot = depends_on % _RING
+            known = written[r, slot] == depends_on  # a dependency not yet replayed here has not moved
             values = np.where(known[:, None], ring[r, slot], 0.0)
-            out[i, r] = values - chains.slack_extra[r, index[i, r]][:, None]
+            out[i, r] = values - slack[:, None]
         return out
 
     def _device(self, state: _State, j: int, plan: _RemovalPlan) -> None:
