@@ -60,7 +60,8 @@ class DecodeRuns:
     wait_ns: np.ndarray
     slot: np.ndarray  # [ranks, steps]: ping-pong slot (int)
     # [ranks, steps, waits], from ``collectives``: how long before the last arrival the rank arrived (``ahead_ns``),
-    # and the last arrival where the instance is aligned (NaN where not: its ranks all left together)
+    # and the last arrival where the instance is aligned (NaN where not: its ranks all left together); a Replayer
+    # takes both over (where a run has no such wait: _FREE and NaN)
     wait_ahead: np.ndarray
     wait_release: np.ndarray
 
@@ -222,9 +223,12 @@ class Replayer:
         """
         present = ~np.isnan(runs.wait_ns)
         self.coupled = present.all(axis=0)  # [steps, waits]: a collective couples the ranks that all have it
-        self.arrival_slack = np.where(present, runs.wait_ahead, _FREE)
+        # the runs' own arrays, taken over (nothing else reads them; at 64 x 100k each is hundreds of MB)
+        self.arrival_slack = runs.wait_ahead
+        self.arrival_slack[~present] = _FREE
         # the part of each wait after the release, on ranks whose exit can be told apart from the others'
-        self.exit_start = np.where(present, runs.wait_release, np.nan)
+        self.exit_start = runs.wait_release
+        self.exit_start[~present] = np.nan
 
     def lag(self, rank: int, step: int, kind: int) -> float:
         """The measured lag of one host event after its latest dependency (0 where the event is absent)."""

@@ -147,9 +147,14 @@ def _waits(engine: Engine, origin: str, rank_values: np.ndarray, step_values: np
 def _segments(runs: DecodeRuns) -> tuple[np.ndarray, np.ndarray]:
     """[rank, step, k]: the device work before collective k (the last: after the last collective), and where it starts."""
     waits = runs.wait_ns.shape[2]
-    starts = np.concatenate([runs.device_start[:, :, None], runs.wait_start + runs.wait_ns], axis=2)
-    ends = np.concatenate([runs.wait_start, runs.device_end[:, :, None]], axis=2)
-    segments = ends - starts
+    # filled in place: at 64 x 100k each [rank, step, k] array is hundreds of MB, and concatenations made two more
+    starts = np.empty((*runs.shape, waits + 1))
+    starts[:, :, 0] = runs.device_start
+    np.add(runs.wait_start, runs.wait_ns, out=starts[:, :, 1:])
+    segments = np.empty_like(starts)  # the ends first, then less the starts
+    segments[:, :, :waits] = runs.wait_start
+    segments[:, :, waits] = runs.device_end
+    segments -= starts
     # a run with fewer waits: its last segment is after its own last wait
     count = (~np.isnan(runs.wait_ns)).sum(axis=2)
     last_start = np.take_along_axis(starts, count[:, :, None], axis=2)[:, :, 0]
