@@ -113,14 +113,21 @@ class DsprofGroup(click.Group):
                 printer.done()  # the error starts on its own line
             if ctx.meta.get(_DEBUG_KEY):
                 raise
+            if _stopping_signals:  # raised on the way out of a stop, by something the stop cut off half-done
+                raise _stopped_error() from None
             if isinstance(exc, DsprofError):
                 raise UserError(str(exc), exc.exit_code) from exc
             raise UserError(os_error_message(exc)) from exc
         except Exception:
             if not _stopping_signals or ctx.meta.get(_DEBUG_KEY):
                 raise
-            message, status = _stop_message(Stopped(_stopping_signals[-1]))  # what the signal's exception became
-            raise UserError(message, status) from None
+            raise _stopped_error() from None  # what the signal's exception became
+
+
+def _stopped_error() -> UserError:
+    """The stop's line and status, whatever the exception that reached the command's top after the stop."""
+    message, status = _stop_message(Stopped(_stopping_signals[-1]))
+    return UserError(message, status)
 
 
 class ProgressPrinter:

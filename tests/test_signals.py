@@ -394,3 +394,22 @@ def test_a_stop_that_lands_in_a_finalizer_is_delivered_again():
     """A generator closed on the way or a __del__ swallows the handler's exception; the command still stops."""
     done = subprocess.run([sys.executable, "-c", SWALLOWING_FINALIZER], check=True, capture_output=True, text=True, timeout=60)
     assert done.stdout.split() == ["stopped", "15"], done.stderr
+
+
+CLEANUP_RAISING_AFTER_A_STOP = """import os, signal, time
+from dsprof.cli.main import cli, main
+@cli.command("half-built")
+def half_built():
+    try:
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+    finally:  # as a Parquet writer closed after a stop cut off its write: its own error, raised over the stop
+        raise OSError("Column 9 had 5147 while previous column had 2048")
+import sys; sys.argv = ["dsprof", "half-built"]; main()
+"""
+
+
+def test_an_error_raised_on_the_way_out_of_a_stop_does_not_hide_it():
+    """Cleanup that a stop cut off half-way may raise on its own (an OSError, a bad-input error): the stop's line and status win."""
+    done = subprocess.run([sys.executable, "-c", CLEANUP_RAISING_AFTER_A_STOP], check=False, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stderr) == (143, "dsprof: error: stopped by SIGTERM; no partial output is left\n")

@@ -167,9 +167,14 @@ class SpanParquetFile:
         self._stack.close()
 
     def discard(self) -> None:
-        """Give up the file: the temporary is removed, an older file of that name stays."""
+        """Give up the file: the temporary is removed, an older file of that name stays.
+
+        A writer cut off inside a write (a stop landing in its file's write call) cannot finish its row group, and
+        says so when closed; the file is thrown away, so that says nothing, and must not replace what cut it off.
+        """
         try:
-            self._writer.close()
+            with contextlib.suppress(Exception):
+                self._writer.close()
         finally:
             self._stack.__exit__(RuntimeError, RuntimeError("discarded"), None)
 
