@@ -12,7 +12,8 @@ from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.stages import invocations as invocations_module
 from dsprof.analysis.stages.invocations import create_invocations
 from dsprof.analysis.store import engine as engine_module
-from dsprof.analysis.store.engine import open_engine
+from dsprof.analysis.store.dataset import SpanDatasetWriter, files_by_window, open_dataset
+from dsprof.analysis.store.engine import open_engine, parquet_source
 from dsprof.testing.synthetic import SyntheticRun
 
 
@@ -72,3 +73,37 @@ def test_a_compacted_table_takes_a_fraction_of_its_plain_size(trace, monkeypatch
         assert engine.rows("SELECT count(*), sum(step), max(rank), count(absent) FROM wide") == [(1_000_000, 499_999_500_000, 63, 0)]
     finally:
         engine.close()
+
+
+def _dataset_in_slices(trace, directory, window_ns: int, slice_rows: int):
+    """``trace``'s spans written as a span dataset a slice of rows at a time, as a log's pieces are: an invocation cut
+    between slices has rows in the window of each slice's earliest start of it, so windows this short spread some wide."""
+    writer = SpanDatasetWriter(directory, window_ns=window_ns)
+    for start in range(0, trace.spans.num_rows, slice_rows):
+        writer.add(trace.spans.slice(start, slice_rows))
+    writer.finish(trace)
+    return open_dataset(directory)
+
+
+def _spread(dataset) -> dict[int, int]:
+    """How many invocations lie in how many windows past their first one (0: all rows in one window)."""
+    engine = open_engine(dataset)
+    try:
+        rows = engine.rows(
+            f"SELECT d, count(*) FROM (SELECT max(time_window) - min(time_window) AS d FROM {parquet_source(dataset.span_files)} "
+            "WHERE inv IS NOT NULL GROUP BY pid, inv) GROUP BY d"
+        )
+    finally:
+        engine.close()
+    return dict(rows)
+
+
+def test_the_invocations_of_a_span_dataset_in_passes_over_its_windows_are_those_of_one(trace, tmp_path, monkeypatch):
+    dataset = _dataset_in_slices(trace, tmp_path / "spans", window_ns=10_000_000, slice_rows=97)
+    windows = files_by_window(dataset.span_files)
+    assert windows is not None and len(windows) > 20  # passes over runs of windows, not shares of the invocations
+    spread = _spread(dataset)
+    assert spread.get(1) and sum(n for d, n in spread.items() if d > 1), spread  # rows in the next window, and strays
+    one = _invocations(trace, 1, monkeypatch)
+    for passes in (2, 5, 11, 1000):  # 1000: a window a pass, so that rows in the next window and strays cross passes
+        assert _invocations(dataset, passes, monkeypatch) == one

@@ -28,8 +28,13 @@ device-phase markers off).
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow.parquet as pq
+
+from dsprof.analysis.store.dataset import files_by_window
+from dsprof.analysis.store.engine import parquet_source
 from dsprof.analysis.store.predicates import gc_row, host_root, in_share, runtime_row
 from dsprof.profiler import strace_format as fmt
 
@@ -115,8 +120,8 @@ def _base(having: str) -> str:
                 FROM runtime GROUP BY pid, inv HAVING {having})"""
 
 
-def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
-    """SQL for the invocation table of the runtime rows of ``spans`` that satisfy ``where`` (groups: ``having``)."""
+def invocation_query(where: str = "TRUE", having: str = "TRUE", source: str = "spans") -> str:
+    """SQL for the invocation table of the runtime rows of ``source`` that satisfy ``where`` (groups: ``having``)."""
     parts = _parts()
     joins = " ".join(f"LEFT JOIN {subquery} USING (pid, inv)" for _, subquery, _ in parts)
     columns = [
@@ -131,22 +136,71 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE") -> str:
         "device_markers",
     ]
     return (
-        f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM spans WHERE {runtime_row()} AND ({where})) "
+        f"WITH runtime AS NOT MATERIALIZED (SELECT * FROM {source} WHERE {runtime_row()} AND ({where})) "
         f"SELECT {', '.join(columns)} FROM {_base(having)} {joins}"
     )
 
 
 def create_invocations(engine: Engine) -> None:
-    """Make the table ``invocations`` from ``spans``: in one pass, or for a large trace in passes over shares of
-    the invocations (:func:`~dsprof.analysis.store.predicates.in_share`), each compressed before the next."""
-    passes = -(-engine.trace.span_count // SPANS_PER_PASS)
+    """Make the table ``invocations`` from ``spans``: in one pass, or for a large trace in passes, each compressed
+    before the next: over runs of time windows where the spans are one span dataset (each pass reads its own
+    files), else over shares of the invocations (:func:`~dsprof.analysis.store.predicates.in_share`; each pass
+    reads every span)."""
+    trace = engine.trace
+    passes = -(-trace.span_count // SPANS_PER_PASS)
     if passes <= 1:
         engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
         return
     engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query(where='FALSE')}")
+    windows = None if trace.spans.num_rows else files_by_window(trace.span_files)
+    if windows is not None:
+        _insert_by_windows(engine, windows)
+        return
     for share in range(passes):
         engine.run(f"INSERT INTO invocations {invocation_query(where=in_share(share, passes))}")
         engine.compact()
+
+
+def _insert_by_windows(engine: Engine, windows: dict[int, list[Path]]) -> None:
+    """The invocations of a span dataset, a run of windows holding SPANS_PER_PASS spans or more at a time.
+
+    Each pass reads only its windows' files. Nearly every invocation lies in one
+    window (:mod:`~dsprof.analysis.store.dataset`: a row goes to the window of
+    its invocation's earliest host start in its piece of the log); the few
+    whose rows a cut between pieces spread over several windows are found
+    first, in one pass over the keys, left out of the passes, and aggregated
+    last from the files of the windows they lie in.
+    """
+    every = parquet_source([path for paths in windows.values() for path in paths])
+    engine.run(
+        "CREATE OR REPLACE TEMP TABLE _spread AS SELECT pid, inv, min(time_window) AS first_window, max(time_window) AS last_window "
+        f"FROM {every} WHERE {runtime_row()} GROUP BY pid, inv HAVING first_window < last_window"
+    )
+    spread = [row[0] for row in engine.rows("SELECT DISTINCT w FROM _spread, range(first_window, last_window + 1) AS t(w) ORDER BY w")]
+    left_out = " ANTI JOIN _spread USING (pid, inv)" if spread else ""
+    for first, last in _window_runs(windows):
+        files = [path for window, paths in windows.items() if first <= window <= last for path in paths]
+        engine.run(f"INSERT INTO invocations {invocation_query(source=parquet_source(files) + left_out)}")
+        engine.compact()
+    if spread:
+        files = [path for window in spread for path in windows.get(window, [])]
+        engine.run(f"INSERT INTO invocations {invocation_query(source=parquet_source(files) + ' SEMI JOIN _spread USING (pid, inv)')}")
+    engine.run("DROP TABLE _spread")
+
+
+def _window_runs(windows: dict[int, list[Path]]) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, last)`` of the windows, each holding SPANS_PER_PASS spans or more (the last: what is left)."""
+    runs: list[tuple[int, int]] = []
+    first, rows = None, 0
+    for window, paths in windows.items():
+        first = window if first is None else first
+        rows += sum(pq.ParquetFile(path).metadata.num_rows for path in paths)
+        if rows >= SPANS_PER_PASS:
+            runs.append((first, window))
+            first, rows = None, 0
+    if first is not None:
+        runs.append((first, max(windows)))
+    return runs
 
 
 def gc_query() -> str:

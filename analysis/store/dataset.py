@@ -559,6 +559,21 @@ def _distinct(windows: np.ndarray) -> list[int]:
     return np.unique(windows).tolist()
 
 
+def files_by_window(span_files: list[Path]) -> dict[int, list[Path]] | None:
+    """The span files of one dataset by time window (ascending); None where they are not all parts of one dataset
+    (files of several datasets may differ in ``window_ns``, and a lone Parquet file has no window)."""
+    windows: dict[int, list[Path]] = {}
+    for path in span_files:
+        if not path.parent.name.startswith(WINDOW_DIR) or path.parent.parent != span_files[0].parent.parent:
+            return None
+        try:
+            window = int(path.parent.name.removeprefix(WINDOW_DIR))
+        except ValueError:
+            return None
+        windows.setdefault(window, []).append(path)
+    return dict(sorted(windows.items())) if windows else None
+
+
 def open_dataset(directory: str | os.PathLike) -> Trace:
     """The Trace of a complete span dataset: its files listed in ``span_files``, side tables loaded.
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import os
 import weakref
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import duckdb
 import pyarrow as pa
@@ -143,11 +144,10 @@ def _registered(con: duckdb.DuckDBPyConnection, trace: Trace) -> Engine:
     con.execute("SET enable_progress_bar = false")  # progress is the caller's (one line per stage), not bars on stderr
     con.register("spans_in_memory", trace.spans)
     if trace.span_files:
-        files = ", ".join(_sql_text(str(p)) for p in trace.span_files)
         on_disk = (
-            f"SELECT * EXCLUDE (time_window) FROM read_parquet([{files}], hive_partitioning = true)"
+            f"SELECT * EXCLUDE (time_window) FROM {parquet_source(trace.span_files)}"
             if any("time_window=" in str(p) for p in trace.span_files)
-            else f"SELECT * FROM read_parquet([{files}])"
+            else f"SELECT * FROM read_parquet([{', '.join(_sql_text(str(p)) for p in trace.span_files)}])"
         )
         con.execute(f"CREATE VIEW spans AS {on_disk} UNION ALL BY NAME SELECT * FROM spans_in_memory")
     else:
@@ -155,6 +155,11 @@ def _registered(con: duckdb.DuckDBPyConnection, trace: Trace) -> Engine:
     con.register("anchors", with_sequence(trace.anchors))
     con.register("chip_devices", with_sequence(trace.chip_devices))
     return Engine(con, trace)
+
+
+def parquet_source(files: list[Path]) -> str:
+    """SQL relation: the span rows of ``files``, parts of span datasets, with each row's ``time_window`` (its folder's)."""
+    return f"read_parquet([{', '.join(_sql_text(str(p)) for p in files)}], hive_partitioning = true)"
 
 
 def _sql_text(text: str) -> str:
