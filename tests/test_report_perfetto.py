@@ -12,6 +12,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 
 import numpy as np
+import pyarrow as pa
 import pytest
 from perfetto.protos.perfetto.trace import perfetto_trace_pb2 as pb
 
@@ -681,3 +682,43 @@ def test_unanchored_run_exports_without_wall_clock(tmp_path):
     out = export_from_dir(tmp_path / "run", tmp_path / "t.json")
     spans = _spans(json.loads(out.read_text())["traceEvents"])
     assert spans and all("wall_ns" not in e["args"] for e in spans)
+
+
+def test_the_runs_whose_device_spans_are_drawn_are_those_whose_spans_nest():
+    from dsprof.analysis.outputs.perfetto_tracks import _build_device_runs
+    from dsprof.analysis.store.engine import open_engine
+    from dsprof.analysis.store.spans import SPAN_SCHEMA, Trace
+
+    # run (inv) -> its device spans (depth, start, end) on the device clock; each run's device_wall is [0, 100)
+    device_spans = {
+        1: [(2, 10, 90)],  # one span inside the wall: drawn
+        2: [(2, 10, 120)],  # one span past the wall: left out
+        3: [(2, 0, 100), (3, 10, 40), (3, 40, 90)],  # children inside their parent, one after the other: drawn
+        4: [(2, 0, 100), (3, 10, 50), (3, 40, 90)],  # children of one depth overlap: left out
+        5: [(2, 0, 50), (3, 40, 60)],  # a child past its parent's end: left out
+        6: [(2, 0, 30), (2, 40, 70), (3, 45, 60)],  # a child inside the latest parent that started before it: drawn
+        7: [(2, 0, 30), (2, 40, 70), (3, 20, 35)],  # a child past the end of the parent it started in: left out
+        8: [(2, -5, 50), (3, 10, 20)],  # a parent before the wall's start: left out
+        9: [(2, 10, 20)],  # a run without a device_wall: left out
+    }
+    rows = [(inv, depth, start, end) for inv, spans in device_spans.items() for depth, start, end in spans]
+    n = len(rows)
+    columns = {field.name: pa.nulls(n, field.type) for field in SPAN_SCHEMA}
+    columns |= {
+        "pid": pa.array([7] * n, pa.int64()),
+        "tid": pa.array([1] * n, pa.int64()),
+        "name": pa.array(["device.program"] * n),
+        "inv": pa.array([r[0] for r in rows], pa.uint64()),
+        "depth": pa.array([r[1] for r in rows], pa.int64()),
+        "ts_ns": pa.array([r[2] for r in rows], pa.int64()),
+        "dur_ns": pa.array([r[3] - r[2] for r in rows], pa.int64()),
+        "clk": pa.array([fmt.CLK_DEVICE] * n),
+    }
+    engine = open_engine(Trace(spans=pa.table(columns, schema=SPAN_SCHEMA)))
+    try:
+        walls = ", ".join(f"(7, {inv}, 1000, 0, {'NULL' if inv == 9 else 100})" for inv in device_spans)
+        engine.run(f"CREATE TABLE runs AS SELECT * FROM (VALUES {walls}) t(pid, inv, runner_ts_ns, device_ts_ns, device_wall_ns)")
+        _build_device_runs(engine)
+        assert sorted(inv for _, inv in engine.rows("SELECT pid, inv FROM device_runs")) == [1, 3, 6]
+    finally:
+        engine.close()

@@ -203,20 +203,39 @@ def _build_device_runs(engine: Engine) -> None:
     """
     if "device_runs" in engine.relations():
         return
-    engine.run(f"""CREATE TEMP TABLE device_runs AS
+    # the first start and last end of each run's device spans: a run whose spans all lie inside its device_wall and
+    # that has one span nests; only the runs with several need the nesting check, which sorts their spans
+    engine.run(f"""CREATE OR REPLACE TEMP TABLE _device_extents AS
+        SELECT x.pid, x.inv, x.spans FROM (SELECT s.pid, s.inv, count(*) AS spans, min(s.ts_ns) AS first_ts, max(s.ts_ns + s.dur_ns) AS last_end
+                                           FROM spans s WHERE {_device_row("s")} GROUP BY s.pid, s.inv) x
+        JOIN runs r ON r.pid = x.pid AND r.inv = x.inv
+        WHERE r.runner_ts_ns IS NOT NULL AND r.device_wall_ns IS NOT NULL
+          AND x.first_ts >= r.device_ts_ns AND x.last_end <= r.device_ts_ns + r.device_wall_ns""")
+    nested = "SELECT pid, inv FROM _device_extents WHERE spans = 1"
+    if engine.scalar("SELECT count(*) FROM _device_extents WHERE spans > 1"):
+        nested += f" UNION ALL SELECT pid, inv FROM ({_nested_runs_sql('(SELECT pid, inv FROM _device_extents WHERE spans > 1)')})"
+    engine.run(f"CREATE TEMP TABLE device_runs AS {nested}")
+    engine.run("DROP TABLE _device_extents")
+
+
+def _device_row(alias: str) -> str:
+    """SQL: a runtime span on the device clock."""
+    return f"{runtime_row(alias)} AND {alias}.clk = '{fmt.CLK_DEVICE}'"
+
+
+def _nested_runs_sql(runs: str) -> str:
+    """SQL: the runs of ``runs`` (pid, inv) whose device spans of one depth never overlap and each lie inside the latest
+    span one depth up that started at or before it (the spans of the top depth: no parent)."""
+    return f"""
         WITH d AS (SELECT s.pid, s.inv, s.depth, CAST(s.depth AS HUGEINT) - 1 AS parent_depth, s.ts_ns AS ts, s.ts_ns + s.dur_ns AS end_ns
-                   FROM spans s WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}'),
+                   FROM spans s SEMI JOIN {runs} k ON k.pid = s.pid AND k.inv = s.inv WHERE {_device_row("s")}),
              checked AS (
                 SELECT c.pid, c.inv, c.depth, c.ts, c.end_ns, p.end_ns AS parent_end, min(c.depth) OVER (PARTITION BY c.pid, c.inv) AS top,
                        max(c.end_ns) OVER (PARTITION BY c.pid, c.inv, c.depth ORDER BY c.ts, c.end_ns
                                            ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING) AS before_end
                 FROM d c ASOF LEFT JOIN d p ON p.pid = c.pid AND p.inv = c.inv AND p.depth = c.parent_depth AND p.ts <= c.ts)
-        SELECT c.pid, c.inv FROM checked c JOIN runs r ON r.pid = c.pid AND r.inv = c.inv
-        WHERE r.runner_ts_ns IS NOT NULL AND r.device_wall_ns IS NOT NULL
-        GROUP BY c.pid, c.inv
-        HAVING bool_and(c.ts >= r.device_ts_ns AND c.end_ns <= r.device_ts_ns + r.device_wall_ns
-                        AND coalesce(c.before_end <= c.ts, TRUE)
-                        AND (c.depth = c.top OR coalesce(c.end_ns <= c.parent_end, FALSE)))""")
+        SELECT pid, inv FROM checked GROUP BY pid, inv
+        HAVING bool_and(coalesce(before_end <= ts, TRUE) AND (depth = top OR coalesce(end_ns <= parent_end, FALSE)))"""
 
 
 def device_spans_drawn_sql(runs: str) -> str:
