@@ -49,12 +49,15 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     group_start = np.flatnonzero(np.r_[True, t[1:] != t[:-1]])
     group = np.repeat(np.arange(len(group_start)), np.diff(np.r_[group_start, n]))
     started = np.arange(n) - group_start[group]  # runs of the thread started before this one
-    # runs in flight at each start = started before it - ended at or before it, within the thread;
-    # times are dense-ranked so that (thread, time) packs into one sortable int64 key
-    times, codes = np.unique(np.concatenate([s, e]), return_inverse=True)
-    width = len(times) + 1
-    end_key = np.sort(t * width + codes[n:])
-    ended = np.searchsorted(end_key, t * width + codes[:n], side="right") - np.searchsorted(end_key, t * width, side="left")
+    # runs in flight at each start = started before it - ended at or before it, within the thread: starts and ends
+    # in one order by thread, time, ends first; the ends before a start less those of the threads before its own
+    # (a stable sort of runs of sorted times, where ranking every time to pack thread and time into a key sorted twice)
+    start_row = np.lexsort((np.r_[np.zeros(n, np.int8), np.ones(n, np.int8)], np.r_[e, s], np.r_[t, t]))
+    ends_so_far = np.cumsum(start_row < n)
+    is_start = start_row >= n
+    ended = np.empty(n, np.int64)
+    ended[start_row[is_start] - n] = ends_so_far[is_start]
+    ended -= group_start[group]
     depth = np.maximum.reduceat(np.maximum(started - ended, 0), group_start)[group] + 1
     slot_known = np.logical_and.reduceat(known >= 0, group_start)[group]
     lane = np.where(slot_known, known, started % depth)
