@@ -51,7 +51,8 @@ def assign_lanes(thread: np.ndarray, start: np.ndarray, end: np.ndarray, slot: n
     started = np.arange(n) - group_start[group]  # runs of the thread started before this one
     # runs in flight at each start = started before it - ended at or before it, within the thread: starts and ends
     # in one order by thread, time, ends first; the ends before a start less those of the threads before its own
-    # (a stable sort of runs of sorted times, where ranking every time to pack thread and time into a key sorted twice)
+    # (one stable sort of times already sorted within each half; ranking every time to pack thread and time into
+    # one key took two sorts more)
     start_row = np.lexsort((np.r_[np.zeros(n, np.int8), np.ones(n, np.int8)], np.r_[e, s], np.r_[t, t]))
     ends_so_far = np.cumsum(start_row < n)
     is_start = start_row >= n
