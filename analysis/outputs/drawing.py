@@ -14,7 +14,7 @@ import pyarrow as pa
 
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.store.predicates import runtime_row, serving_row
+from dsprof.analysis.store.predicates import runtime_device_row, runtime_row, serving_row
 from dsprof.analysis.store.spans import anchor_offsets_sql
 from dsprof.profiler import strace_format as fmt
 
@@ -218,7 +218,7 @@ def device_spans_sql(runs: str | None = None) -> str:
            r.runner_ts_ns + s.ts_ns + a.offset_ns AS wall_ns, coalesce(r.device_lane, 0) AS device_lane
     FROM spans s JOIN {runs or f"({drawn_runs_sql()})"} r ON r.pid = s.pid AND r.inv = s.inv
     LEFT JOIN anchor_offsets a ON a.pid = s.pid
-    WHERE {runtime_row("s")} AND s.clk = '{fmt.CLK_DEVICE}' AND r.runner_ts_ns IS NOT NULL
+    WHERE {runtime_device_row("s")} AND r.runner_ts_ns IS NOT NULL
     """
 
 

@@ -30,7 +30,7 @@ from dsprof.analysis.outputs.drawing import (
 )
 from dsprof.analysis.outputs.finding_markers import SLOW_STEP, build_finding_markers
 from dsprof.analysis.store.engine import Engine
-from dsprof.analysis.store.predicates import runtime_row, serving_row
+from dsprof.analysis.store.predicates import runtime_device_row, serving_row
 from dsprof.analysis.summary_schema import StepRow
 from dsprof.profiler import sa_profile
 from dsprof.profiler import strace_format as fmt
@@ -207,20 +207,15 @@ def _build_device_runs(engine: Engine) -> None:
     # that has one span nests; only the runs with several need the nesting check, which sorts their spans
     engine.run(f"""CREATE OR REPLACE TEMP TABLE _device_extents AS
         SELECT x.pid, x.inv, x.spans FROM (SELECT s.pid, s.inv, count(*) AS spans, min(s.ts_ns) AS first_ts, max(s.ts_ns + s.dur_ns) AS last_end
-                                           FROM spans s WHERE {_device_row("s")} GROUP BY s.pid, s.inv) x
+                                           FROM spans s WHERE {runtime_device_row("s")} GROUP BY s.pid, s.inv) x
         JOIN runs r ON r.pid = x.pid AND r.inv = x.inv
         WHERE r.runner_ts_ns IS NOT NULL AND r.device_wall_ns IS NOT NULL
           AND x.first_ts >= r.device_ts_ns AND x.last_end <= r.device_ts_ns + r.device_wall_ns""")
-    nested = "SELECT pid, inv FROM _device_extents WHERE spans = 1"
-    if engine.scalar("SELECT count(*) FROM _device_extents WHERE spans > 1"):
-        nested += f" UNION ALL SELECT pid, inv FROM ({_nested_runs_sql('(SELECT pid, inv FROM _device_extents WHERE spans > 1)')})"
+    nested, several = "SELECT pid, inv FROM _device_extents WHERE spans = 1", "(SELECT pid, inv FROM _device_extents WHERE spans > 1)"
+    if engine.scalar(f"SELECT count(*) FROM {several}"):
+        nested += f" UNION ALL SELECT pid, inv FROM ({_nested_runs_sql(several)})"
     engine.run(f"CREATE TEMP TABLE device_runs AS {nested}")
     engine.run("DROP TABLE _device_extents")
-
-
-def _device_row(alias: str) -> str:
-    """SQL: a runtime span on the device clock."""
-    return f"{runtime_row(alias)} AND {alias}.clk = '{fmt.CLK_DEVICE}'"
 
 
 def _nested_runs_sql(runs: str) -> str:
@@ -228,7 +223,7 @@ def _nested_runs_sql(runs: str) -> str:
     span one depth up that started at or before it (the spans of the top depth: no parent)."""
     return f"""
         WITH d AS (SELECT s.pid, s.inv, s.depth, CAST(s.depth AS HUGEINT) - 1 AS parent_depth, s.ts_ns AS ts, s.ts_ns + s.dur_ns AS end_ns
-                   FROM spans s SEMI JOIN {runs} k ON k.pid = s.pid AND k.inv = s.inv WHERE {_device_row("s")}),
+                   FROM spans s SEMI JOIN {runs} k ON k.pid = s.pid AND k.inv = s.inv WHERE {runtime_device_row("s")}),
              checked AS (
                 SELECT c.pid, c.inv, c.depth, c.ts, c.end_ns, p.end_ns AS parent_end, min(c.depth) OVER (PARTITION BY c.pid, c.inv) AS top,
                        max(c.end_ns) OVER (PARTITION BY c.pid, c.inv, c.depth ORDER BY c.ts, c.end_ns

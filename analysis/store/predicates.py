@@ -42,6 +42,11 @@ def runtime_row(alias: str = "") -> str:
     return f"{a}inv IS NOT NULL AND {a}depth IS NOT NULL AND {a}name NOT LIKE '{fmt.EXTERNAL_PREFIX}%' AND {a}name <> '{fmt.GC}'"
 
 
+def runtime_device_row(alias: str = "") -> str:
+    """SQL: a runtime row on the device clock (a run's device program and its phases)."""
+    return f"{runtime_row(alias)} AND {_prefix(alias)}clk = '{fmt.CLK_DEVICE}'"
+
+
 def serving_row(alias: str = "") -> str:
     """SQL: a serving row (SA_PROFILE or Chrome): anything that is not a STRACE record."""
     a = _prefix(alias)
