@@ -91,18 +91,19 @@ class Removal:
 class _HostChains:
     """Each rank's host events in thread order, padded to one length (kind -1 past a rank's end).
 
-    An event's measured time is not kept: it is ``DecodeRuns.host[rank, step, kind]`` (8 bytes an event less).
+    Only where each event sits is kept (5 bytes an event): its measured time
+    is ``DecodeRuns.host[rank, step, kind]``, and its slack and lag come from
+    the times of its dependencies (:meth:`Replayer.timing`), 16 bytes an event
+    less (0.9 GB at 64 x 100k).
     """
 
     kind: np.ndarray  # [ranks, n] int
     step: np.ndarray  # [ranks, n] int
-    slack_pred: np.ndarray  # [ranks, n] slack of the previous event on the thread
     # per run, not per event (only two kinds of event have an extra dependency): the slack of runner_run end's device
     # end and of bind start's slot predecessor (_FREE: none), and which step index that predecessor is (-1: none)
     end_slack: np.ndarray  # [ranks, steps]
     bind_slack: np.ndarray  # [ranks, steps]
     bind_after: np.ndarray  # [ranks, steps] int
-    lag: np.ndarray  # [ranks, n] how long after its latest dependency the event happened (what a removal can take)
     runner_index: np.ndarray  # [ranks, steps] index of each run's runner_run start in its chain (-1: absent)
     length: np.ndarray  # [ranks]
     event_index: np.ndarray  # [ranks, steps, kinds]: where each event sits in its chain (-1: absent)
@@ -127,11 +128,9 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
     out = _HostChains(
         kind=np.full((ranks, n), -1, np.int8),
         step=np.zeros((ranks, n), np.int32),
-        slack_pred=np.full((ranks, n), _FREE),
         end_slack=np.full((ranks, steps), _FREE),
         bind_slack=np.full((ranks, steps), _FREE),
         bind_after=np.full((ranks, steps), -1, np.int32),
-        lag=np.zeros((ranks, n)),
         runner_index=np.full((ranks, steps), -1, np.int64),
         length=lengths,
         event_index=np.full((ranks, steps, len(HOST_EVENTS)), -1, np.int32),
@@ -147,7 +146,7 @@ def _host_chains(runs: DecodeRuns) -> _HostChains:
 
 
 def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, step: np.ndarray, runs: DecodeRuns) -> None:
-    """Slack of each event's dependencies on rank ``r``: the thread's previous event, the device end, the slot."""
+    """Rank ``r``'s chain, and the slack of each run's extra dependencies: the device end, the slot's previous run."""
     m = len(t)
     out.kind[r, :m], out.step[r, :m] = kind, step
     previous = np.concatenate(([np.nan], t[:-1]))
@@ -165,16 +164,11 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     extra[extra == previous] = np.nan  # the thread's previous event itself: already a dependency
     no_extra = np.isnan(extra)
     extra_step[no_extra] = -1
-    latest = np.fmax(previous, extra)
-    pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & no_extra
-    free = np.isnan(previous) | pinned
-    out.slack_pred[r, :m] = np.where(free, _FREE, latest - previous)
-    slack_extra = np.where(no_extra, _FREE, latest - extra)
+    slack_extra = np.where(no_extra, _FREE, np.fmax(previous, extra) - extra)
     out.end_slack[r, step[ends]] = slack_extra[ends]
     every_bind = np.flatnonzero(kind == BIND_TS)
     out.bind_slack[r, step[every_bind]] = slack_extra[every_bind]
     out.bind_after[r, step[every_bind]] = extra_step[every_bind]
-    out.lag[r, :m] = np.where(np.isnan(latest) | pinned, 0.0, t - latest)
     runner = np.flatnonzero(kind == RUNNER_TS)
     out.runner_index[r, step[runner]] = runner
     out.event_index[r, step, kind] = np.arange(m, dtype=np.int32)
@@ -230,10 +224,39 @@ class Replayer:
         self.exit_start = runs.wait_release
         self.exit_start[~present] = np.nan
 
+    def timing(self, rows: np.ndarray, index: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Of the host events at chain positions ``index`` of ranks ``rows``: the slack of the thread's previous
+        event (_FREE: none, or a pinned start), and the lag after the latest dependency (what a removal can take).
+
+        The latest dependency is the previous event on the thread, or the run's
+        extra one where it held the event (``end_slack``/``bind_after`` say
+        where it did); a bind after an idle gap of :data:`PIN_GAP_NS` that no
+        extra dependency explains is pinned (lag 0).
+        """
+        chains, host = self.chains, self.runs.host
+        kind, step = chains.kind[rows, index], chains.step[rows, index]
+        t = host[rows, step, kind]
+        before = np.maximum(index - 1, 0)
+        previous = np.where(index > 0, host[rows, chains.step[rows, before], chains.kind[rows, before]], np.nan)
+        extra = np.full(t.shape, np.nan)
+        device = (kind == RUNNER_END) & np.isfinite(chains.end_slack[rows, step])
+        extra[device] = self.runs.device_end[rows[device], step[device]]
+        after = np.where(kind == BIND_TS, chains.bind_after[rows, step], -1)
+        slot = after >= 0
+        extra[slot] = host[rows[slot], after[slot], VALIDATE_END]
+        latest = np.fmax(previous, extra)
+        pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & np.isnan(extra)
+        slack = np.where(np.isnan(previous) | pinned, _FREE, latest - previous)
+        return slack, np.where(np.isnan(latest) | pinned, 0.0, t - latest)
+
+    def lags(self, rows: np.ndarray, index: np.ndarray) -> np.ndarray:
+        """The measured lag of each host event at ``(rows, index)`` after its latest dependency."""
+        return self.timing(rows, index)[1]
+
     def lag(self, rank: int, step: int, kind: int) -> float:
         """The measured lag of one host event after its latest dependency (0 where the event is absent)."""
         where = self.chains.position_of(rank, step, kind)
-        return float(self.chains.lag[rank, where]) if where >= 0 else 0.0
+        return float(self.lags(np.array([rank]), np.array([where]))[0]) if where >= 0 else 0.0
 
     def replay(self, removals: list[Removal], columns: int, first_step: int = 0) -> ReplayResult:
         """How far the decode wall's end moves in each column with its removals applied."""
@@ -286,7 +309,7 @@ class Replayer:
         rows = np.broadcast_to(np.arange(self.ranks)[None, :], valid.shape)
         index = np.where(valid, position[None, :] + offsets[:, None], 0)
         kind, step = chains.kind[rows, index], chains.step[rows, index]
-        slack = np.where(valid, chains.slack_pred[rows, index], 0.0)
+        slack = np.where(valid, self.timing(rows, index)[0], 0.0)
         pinned = np.isinf(slack)
         extra = self._extra_deltas(state, rows, step, kind, valid)
         extra = np.where(pinned[:, :, None] & np.isneginf(extra), 0.0, extra)  # a pinned start keeps its time

@@ -250,7 +250,8 @@ class WhatIf:
         allocations that provoked it, which a run without it does not do either.
         """
         positions = self.replayer.chains.event_index[:, j, kind]
-        lags = np.array([self.replayer.chains.lag[rank, where] for rank, where in enumerate(positions) if where >= 0 and rank != r])
+        others = np.flatnonzero((positions >= 0) & (np.arange(len(positions)) != r))
+        lags = self.replayer.lags(others, positions[others])
         own = self.replayer.lag(r, j, kind)
         return max(0.0, own - float(np.median(lags))) if len(lags) else 0.0
 
@@ -304,7 +305,7 @@ class WhatIf:
         removals: list[Removal] = []
         chains = self.replayer.chains
         m = chains.length[r]
-        kind, step, lag = chains.kind[r, :m], chains.step[r, :m], chains.lag[r, :m]
+        kind, step, lag = chains.kind[r, :m], chains.step[r, :m], self.replayer.lags(np.full(m, r), np.arange(m))
         t = self.runs.host[r, step, kind]
         taken = self._collections_taken.setdefault(column, set())
         for g0, g1 in hit:  # the few collections of one cause
