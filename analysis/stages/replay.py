@@ -29,10 +29,18 @@ more than :data:`PIN_GAP_NS` (no dependency explains it).
 Scenarios (columns) are replayed together, vectorised over ranks; a column
 stops as soon as every rank's frontier has moved by the same amount and no
 removal of it lies ahead: from there on everything moves by that amount.
+
+A replay holds one window of steps at a time (:class:`ReplayWindow`: its
+runs, with a margin of :data:`MARGIN_STEPS` on each side): a step's events
+depend on the thread's previous events and on the last :data:`_RING` runs,
+never further back, so memory is sized by the window, not by the run. Where a
+window's margin does not hold what a step depends on, :class:`WindowTooSmall`
+says so and the caller replays in one window.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -46,11 +54,21 @@ PIN_GAP_NS = 1_000_000_000
 _FREE = np.inf  # the slack of a dependency that did not exist
 _PINNED = 1e13  # stands for an infinite slack inside the running sums (10,000 s: far beyond any lag, exact in float64)
 _RING = 4  # runs of a rank whose events later events may still depend on (depth 2, plus margin)
+# steps a window holds on each side of the steps it replays: what the first of them depend on, and what the last
+# ones' events interleave with on the thread
+MARGIN_STEPS = 8
+
+
+class WindowTooSmall(Exception):
+    """A window's margin does not hold what its steps depend on (a rank idle for longer, a long collection)."""
 
 
 @dataclass
 class DecodeRuns:
-    """Measured times of every decode run, ``[rank, step]`` arrays of ns (NaN where absent)."""
+    """Measured times of the decode runs of a window of steps, ``[rank, step]`` arrays of ns (NaN where absent).
+
+    Step index ``j`` of the arrays is step index ``first_step + j`` of the run.
+    """
 
     host: np.ndarray  # [ranks, steps, len(HOST_EVENTS)]
     device_start: np.ndarray  # [ranks, steps]: device program start on the host axis
@@ -58,16 +76,30 @@ class DecodeRuns:
     # collective waits in start order: arrival (host axis) and duration, [ranks, steps, waits]; NaN past a run's own count
     wait_start: np.ndarray
     wait_ns: np.ndarray
-    slot: np.ndarray  # [ranks, steps]: ping-pong slot (int)
+    # [ranks, steps]: the run's step index that last used the same ping-pong slot (-1: none), and its validate end
+    slot_after: np.ndarray
+    slot_after_validate: np.ndarray
     # [ranks, steps, waits], from ``collectives``: how long before the last arrival the rank arrived (``ahead_ns``),
     # and the last arrival where the instance is aligned (NaN where not: its ranks all left together); a Replayer
     # takes both over (where a run has no such wait: _FREE and NaN)
     wait_ahead: np.ndarray
     wait_release: np.ndarray
+    first_step: int = 0
 
     @property
     def shape(self) -> tuple[int, int]:
         return self.host.shape[0], self.host.shape[1]
+
+
+@dataclass
+class RunEnds:
+    """What a replay's end reads of the whole run: each rank's last run with a validate end, and the latest end."""
+
+    last_step: np.ndarray  # [ranks] step index (-1: none)
+    last_validate: np.ndarray  # [ranks] its validate end (ns)
+    end_ns: float
+    last_runner: np.ndarray  # [ranks] the last step index with a runner_run start (-1: none)
+    last_run: np.ndarray  # [ranks] the last step index with a run
 
 
 @dataclass
@@ -81,7 +113,7 @@ class Removal:
 
     column: int
     rank: int
-    step: int
+    step: int  # the run's step index
     target: int | str
     ns: float
     segment: int = 0
@@ -100,7 +132,7 @@ class _HostChains:
     kind: np.ndarray  # [ranks, n] int
     step: np.ndarray  # [ranks, n] int
     # per run, not per event (only two kinds of event have an extra dependency): the slack of runner_run end's device
-    # end and of bind start's slot predecessor (_FREE: none), and which step index that predecessor is (-1: none)
+    # end and of bind start's slot predecessor (_FREE: none), and which step index of the run that is (-1: none)
     end_slack: np.ndarray  # [ranks, steps]
     bind_slack: np.ndarray  # [ranks, steps]
     bind_after: np.ndarray  # [ranks, steps] int
@@ -156,10 +188,9 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     extra[ends] = runs.device_end[r, step[ends]]
     extra_step[ends] = step[ends]
     binds = np.flatnonzero(kind == BIND_TS)
-    slot_previous = _slot_predecessor(runs.slot[r])
-    binds = binds[slot_previous[step[binds]] >= 0]
-    extra_step[binds] = slot_previous[step[binds]]
-    extra[binds] = runs.host[r, extra_step[binds], VALIDATE_END]
+    binds = binds[runs.slot_after[r, step[binds]] >= 0]
+    extra_step[binds] = runs.slot_after[r, step[binds]]
+    extra[binds] = runs.slot_after_validate[r, step[binds]]
     extra[extra > t] = np.nan  # a dependency that had not happened yet did not hold the event
     extra[extra == previous] = np.nan  # the thread's previous event itself: already a dependency
     no_extra = np.isnan(extra)
@@ -174,27 +205,32 @@ def _chain_slacks(out: _HostChains, r: int, t: np.ndarray, kind: np.ndarray, ste
     out.event_index[r, step, kind] = np.arange(m, dtype=np.int32)
 
 
-def _slot_predecessor(slot: np.ndarray) -> np.ndarray:
-    """For each step index, the previous step index that used the same slot (-1: none)."""
-    previous = np.full(len(slot), -1, np.int64)
-    last: dict[int, int] = {}
-    for j, s in enumerate(slot.tolist()):  # one entry per step of one rank
-        previous[j] = last.get(s, -1)
-        last[s] = j
-    return previous
+def slot_predecessors(slot: np.ndarray) -> np.ndarray:
+    """[ranks, steps]: for each run, the previous step index of its rank that used the same slot (-1: none)."""
+    ranks, steps = slot.shape
+    rank, step = np.divmod(np.arange(ranks * steps), steps)
+    flat = slot.reshape(-1)
+    order = np.lexsort((step, flat, rank))
+    same = np.flatnonzero((rank[order][1:] == rank[order][:-1]) & (flat[order][1:] == flat[order][:-1])) + 1
+    previous = np.full(ranks * steps, -1, np.int32)
+    previous[order[same]] = step[order[same - 1]]
+    return previous.reshape(ranks, steps)
 
 
-class Replayer:
-    """Replays the decode runs for a set of scenario columns (see the module docstring)."""
+class ReplayWindow:
+    """One window of the replay model: its runs' host chains, device slacks and collectives (module docstring).
 
-    def __init__(self, runs: DecodeRuns):
+    ``core`` is the step indices of the run it replays; the rest of its runs
+    are the margins those depend on.
+    """
+
+    def __init__(self, runs: DecodeRuns, core: tuple[int, int] | None = None):
         self.runs = runs
         self.chains = _host_chains(runs)
-        ranks, steps = runs.shape
-        self.ranks, self.steps = ranks, steps
+        self.ranks, self.steps = runs.shape
+        self.offset = runs.first_step
+        self.core = core or (self.offset, self.offset + self.steps)
         self._device_slacks()
-        last_validate = runs.host[:, :, VALIDATE_END]
-        self.end_ns = float(np.nanmax(last_validate)) if np.isfinite(last_validate).any() else 0.0
 
     def _device_slacks(self) -> None:
         runs = self.runs
@@ -243,7 +279,7 @@ class Replayer:
         extra[device] = self.runs.device_end[rows[device], step[device]]
         after = np.where(kind == BIND_TS, chains.bind_after[rows, step], -1)
         slot = after >= 0
-        extra[slot] = host[rows[slot], after[slot], VALIDATE_END]
+        extra[slot] = self.runs.slot_after_validate[rows[slot], step[slot]]
         latest = np.fmax(previous, extra)
         pinned = (kind == BIND_TS) & (t - previous > PIN_GAP_NS) & np.isnan(extra)
         slack = np.where(np.isnan(previous) | pinned, _FREE, latest - previous)
@@ -258,38 +294,20 @@ class Replayer:
         where = self.chains.position_of(rank, step, kind)
         return float(self.lags(np.array([rank]), np.array([where]))[0]) if where >= 0 else 0.0
 
-    def replay(self, removals: list[Removal], columns: int, first_step: int = 0) -> ReplayResult:
-        """How far the decode wall's end moves in each column with its removals applied."""
-        plan = _RemovalPlan(removals, columns, self.chains, self.ranks)
-        state = _State(self.ranks, columns)
-        # before first_step nothing has moved: start each chain just before that step's first event
-        position = self._start_positions(first_step)
-        shift = np.full(columns, np.nan)
-        converged: list[int | None] = [None] * columns
-        for j in range(first_step, self.steps):
-            self._advance_host(state, position, self.chains.runner_index[:, j], plan)
-            self._device(state, j, plan)
-            self._check_converged(state, j, plan, shift, converged)
-            if not np.isnan(shift).any():
-                return ReplayResult(shift, converged)
-        self._advance_host(state, position, self.chains.length - 1, plan)
-        open_columns = np.isnan(shift)
-        shift[open_columns] = self._final_end_shift(state)[open_columns]
-        return ReplayResult(shift, converged)
-
-    def _start_positions(self, first_step: int) -> np.ndarray:
-        """Chain index just before the first event of ``first_step``'s run on each rank (a later run's, where it has none)."""
-        if first_step >= self.steps:
+    def start_positions(self, first_step: int) -> np.ndarray:
+        """Chain index just before the first event of run ``first_step``'s on each rank (a later run's, where it has none)."""
+        local = first_step - self.offset
+        if local >= self.steps:
             return self.chains.length - 1
         # a rank's runs start in step order, so its first event of a run from first_step on is among the next few runs
-        window = self.chains.event_index[:, first_step : first_step + 3, :]
+        window = self.chains.event_index[:, local : local + 3, :]
         if (window < 0).all(axis=(1, 2)).any():
-            window = self.chains.event_index[:, first_step:, :]
+            window = self.chains.event_index[:, local:, :]
         first = window.reshape(self.ranks, -1).astype(np.int64)
         first = np.where(first >= 0, first, np.iinfo(np.int64).max).min(axis=1)
         return np.where(first == np.iinfo(np.int64).max, self.chains.length, first) - 1
 
-    def _advance_host(self, state: _State, position: np.ndarray, target: np.ndarray, plan: _RemovalPlan) -> None:
+    def advance_host(self, state: _State, position: np.ndarray, target: np.ndarray, plan: _RemovalPlan) -> None:
         """Process each rank's host events after ``position`` up to ``target`` (inclusive), in thread order.
 
         Along a thread ``Δ_i = max(Δ_{i-1} − a_i, b_i)`` (a: slack on the
@@ -321,9 +339,10 @@ class Replayer:
         state.host_last[moved] = delta[count[moved] - 1, moved]
         for kind_of, ring, written in ((RUNNER_TS, state.runner_start, None), (VALIDATE_END, state.validate_end, state.validate_written)):
             i, r = np.nonzero(valid & (kind == kind_of))
-            ring[r, step[i, r] % _RING] = delta[i, r]
+            run = step[i, r] + self.offset
+            ring[r, run % _RING] = delta[i, r]
             if written is not None:
-                written[r, step[i, r] % _RING] = step[i, r]
+                written[r, run % _RING] = run
         position[:] = np.where(target >= 0, np.maximum(position, target), position)
 
     def _extra_deltas(self, state: _State, rows: np.ndarray, step: np.ndarray, kind: np.ndarray, valid: np.ndarray) -> np.ndarray:
@@ -341,62 +360,152 @@ class Replayer:
             if not has.any():
                 continue
             i, r, run, slack = i[has], r[has], run[has], slack[has]
-            depends_on = run if after_of is None else after_of[r, run]
+            depends_on = run + self.offset if after_of is None else after_of[r, run]
             slot = depends_on % _RING
             known = written[r, slot] == depends_on  # a dependency not yet replayed here has not moved
             values = np.where(known[:, None], ring[r, slot], 0.0)
             out[i, r] = values - slack[:, None]
         return out
 
-    def _device(self, state: _State, j: int, plan: _RemovalPlan) -> None:
+    def device(self, state: _State, j: int, plan: _RemovalPlan) -> None:
         """The device programs of step ``j`` on every rank, coupled at their collectives."""
-        slot = j % _RING
-        launch = state.runner_start[:, slot] - self.device_slack_launch[:, j, None]
-        previous = state.device_end[:, (j - 1) % _RING] - self.device_slack_previous[:, j, None] if j else np.full_like(launch, -np.inf)
+        slot, local = j % _RING, j - self.offset
+        launch = state.runner_start[:, slot] - self.device_slack_launch[:, local, None]
+        previous = state.device_end[:, (j - 1) % _RING] - self.device_slack_previous[:, local, None] if j else np.full_like(launch, -np.inf)
         delta = np.maximum(launch, previous)
         delta[np.isneginf(delta)] = 0.0
         waits = self.runs.wait_ns.shape[2]
         for k in range(waits + 1):  # work segment k, then collective k (the last segment has none after it)
             delta = delta - plan.device_removed(j, k)
-            if k < waits and self.coupled[j, k]:
-                released = np.max(delta - self.arrival_slack[:, j, k, None], axis=0)
+            if k < waits and self.coupled[local, k]:
+                released = np.max(delta - self.arrival_slack[:, local, k, None], axis=0)
                 delta = np.broadcast_to(released, delta.shape) - plan.exit_removed(j, k)
-        has = self.has_device[:, j]
+        has = self.has_device[:, local]
         state.device_end[:, slot] = np.where(has[:, None], delta, state.device_end[:, slot])
         state.device_written[has, slot] = j
 
-    def _check_converged(self, state: _State, j: int, plan: _RemovalPlan, shift: np.ndarray, converged: list[int | None]) -> None:
-        """Close the columns whose every frontier moved by one amount and that remove nothing later.
+    def carry(self, position: np.ndarray, to: ReplayWindow, tail: _Tail) -> np.ndarray:
+        """Where each rank's replay goes on in the next window ``to``: the chain index there of its last event done.
 
-        The frontier is what later events can still depend on: each thread's
-        last event, the last two device programs, and the validate ends written
-        for the last two steps (slot reuse).
+        A rank that will not run again (no runner_run from ``to``'s first step on)
+        has the rest of its thread done now, on a copy of its state (``tail``),
+        as the end of a replay would do it. :class:`WindowTooSmall` where
+        ``to``'s margin does not hold a rank's last event done and what follows.
         """
-        parts = [state.host_last]
-        for back in (0, 1):
-            ring = (j - back) % _RING
-            parts.append(state.device_end[state.device_written[:, ring] == j - back, ring])
-        for back in (1, 2):
-            ring = (j - back) % _RING
-            parts.append(state.validate_end[state.validate_written[:, ring] == j - back, ring])
-        frontier = np.concatenate(parts, axis=0)
-        low, high = frontier.min(axis=0), frontier.max(axis=0)
-        done = np.isnan(shift) & (high - low < 1.0) & (plan.last_step <= j - 2)  # run j-2 is fully on the threads by now
-        for column in np.flatnonzero(done):  # columns closing at this step
-            shift[column] = high[column]
-            converged[column] = j
+        carried = np.full(self.ranks, -1, np.int64)
+        for r in range(self.ranks):  # one per rank
+            p, m = int(position[r]), int(self.chains.length[r])
+            after = self.chains.step[r, p + 1 : m].astype(np.int64) + self.offset
+            if (after < to.offset).any():
+                if tail.runs_again(r, to.core[0]):
+                    raise WindowTooSmall(f"rank index {r}: events of step index {int(after.min())} are not yet replayed")
+                tail.finish(self, r, position)
+                carried[r] = to.chains.length[r] - 1
+                continue
+            if p < 0:
+                continue
+            step = int(self.chains.step[r, p]) + self.offset
+            if step < to.offset:
+                if to.chains.length[r] > 0 and tail.runs_again(r, to.core[0]):
+                    raise WindowTooSmall(f"rank index {r}: its last replayed event, of step index {step}, is before the window")
+                carried[r] = to.chains.length[r] - 1
+                continue
+            carried[r] = to.chains.event_index[r, step - to.offset, self.chains.kind[r, p]]
+            done = to.chains.step[r, : carried[r] + 1].astype(np.int64) + to.offset
+            if (done >= self.offset + self.steps).any():
+                raise WindowTooSmall(f"rank index {r}: events of steps past the window came before its last replayed one")
+        return carried
 
-    def _final_end_shift(self, state: _State) -> np.ndarray:
+
+class _Tail:
+    """The end of the thread of ranks that stopped running before the replay's last window (a rank that crashed)."""
+
+    def __init__(self, state: _State, plan: _RemovalPlan, ends: RunEnds):
+        self.state, self.plan, self.ends = state, plan, ends
+        self.validate_end: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # rank -> its validate ring and written steps
+
+    def runs_again(self, r: int, step: int) -> bool:
+        return bool(self.ends.last_runner[r] >= step)
+
+    def finish(self, window: ReplayWindow, r: int, position: np.ndarray) -> None:
+        """Replay the rest of rank r's thread in ``window`` on a copy of the state: what the replay's end would do."""
+        if self.ends.last_run[r] >= window.offset + window.steps:
+            raise WindowTooSmall(f"rank index {r} has runs after the window but no runner_run start in them")
+        state = self.state.copy()
+        target = np.full(window.ranks, -1, np.int64)
+        target[r] = window.chains.length[r] - 1
+        window.advance_host(state, position.copy(), target, self.plan)
+        self.validate_end[r] = (state.validate_end[r].copy(), state.validate_written[r].copy())
+
+
+class Replayer:
+    """Replays the decode runs for a set of scenario columns, one window of steps at a time (module docstring).
+
+    ``window_of(j)`` gives the window whose core holds step index ``j`` (a
+    window's runs and chains are built when it is first asked for).
+    """
+
+    def __init__(self, window_of: Callable[[int], ReplayWindow], steps: int, ends: RunEnds):
+        self.window_of, self.steps, self.ends = window_of, steps, ends
+
+    def replay(self, removals: list[Removal], columns: int, first_step: int = 0) -> ReplayResult:
+        """How far the decode wall's end moves in each column with its removals applied."""
+        window = self.window_of(min(first_step, self.steps - 1))
+        plan = _RemovalPlan(removals, columns, window.ranks)
+        state = _State(window.ranks, columns)
+        tail = _Tail(state, plan, self.ends)
+        plan.bind(window)
+        # before first_step nothing has moved: start each chain just before that step's first event
+        position = window.start_positions(first_step)
+        shift = np.full(columns, np.nan)
+        converged: list[int | None] = [None] * columns
+        for j in range(first_step, self.steps):
+            if j >= window.core[1]:
+                following = self.window_of(j)
+                position = window.carry(position, following, tail)
+                window = following
+                plan.bind(window)
+            window.advance_host(state, position, window.chains.runner_index[:, j - window.offset], plan)
+            window.device(state, j, plan)
+            _check_converged(state, j, plan, shift, converged)
+            if not np.isnan(shift).any():
+                return ReplayResult(shift, converged)
+        window.advance_host(state, position, window.chains.length - 1, plan)
+        open_columns = np.isnan(shift)
+        shift[open_columns] = self._final_end_shift(state, tail)[open_columns]
+        return ReplayResult(shift, converged)
+
+    def _final_end_shift(self, state: _State, tail: _Tail) -> np.ndarray:
         """How far the latest validate end moved, per column."""
-        validate = self.runs.host[:, :, VALIDATE_END]
-        has = ~np.isnan(validate)
-        last = np.where(has.any(axis=1), self.steps - 1 - np.argmax(has[:, ::-1], axis=1), -1)
-        ends = np.full((self.ranks, state.host_last.shape[1]), -np.inf)
-        for r in np.flatnonzero(last >= 0):  # one per rank
-            ring = last[r] % _RING
-            moved = state.validate_end[r, ring] if state.validate_written[r, ring] == last[r] else 0.0
-            ends[r] = validate[r, last[r]] + moved
-        return ends.max(axis=0) - self.end_ns
+        ends = np.full(state.host_last.shape, -np.inf)
+        for r in np.flatnonzero(self.ends.last_step >= 0):  # one per rank
+            last = int(self.ends.last_step[r])
+            ring_values, written = tail.validate_end.get(int(r), (state.validate_end[r], state.validate_written[r]))
+            moved = ring_values[last % _RING] if written[last % _RING] == last else 0.0
+            ends[r] = self.ends.last_validate[r] + moved
+        return ends.max(axis=0) - self.ends.end_ns
+
+
+def _check_converged(state: _State, j: int, plan: _RemovalPlan, shift: np.ndarray, converged: list[int | None]) -> None:
+    """Close the columns whose every frontier moved by one amount and that remove nothing later.
+
+    The frontier is what later events can still depend on: each thread's
+    last event, the last two device programs, and the validate ends written
+    for the last two steps (slot reuse).
+    """
+    parts = [state.host_last]
+    for back in (0, 1):
+        ring = (j - back) % _RING
+        parts.append(state.device_end[state.device_written[:, ring] == j - back, ring])
+    for back in (1, 2):
+        ring = (j - back) % _RING
+        parts.append(state.validate_end[state.validate_written[:, ring] == j - back, ring])
+    frontier = np.concatenate(parts, axis=0)
+    low, high = frontier.min(axis=0), frontier.max(axis=0)
+    done = np.isnan(shift) & (high - low < 1.0) & (plan.last_step <= j - 2)  # run j-2 is fully on the threads by now
+    for column in np.flatnonzero(done):  # columns closing at this step
+        shift[column] = high[column]
+        converged[column] = j
 
 
 class _State:
@@ -411,34 +520,50 @@ class _State:
         self.validate_written = np.full((ranks, _RING), -1, np.int64)
         self.device_written = np.full((ranks, _RING), -1, np.int64)
 
+    def copy(self) -> _State:
+        other = _State.__new__(_State)
+        other.__dict__ = {name: value.copy() for name, value in self.__dict__.items()}
+        return other
+
 
 class _RemovalPlan:
-    """The removals, indexed for the replay loop: per host event (by chain position) and per device segment."""
+    """The removals, indexed for the replay loop: per host event (by its chain position in the window at hand) and
+    per device segment."""
 
-    def __init__(self, removals: list[Removal], columns: int, chains: _HostChains, ranks: int):
+    def __init__(self, removals: list[Removal], columns: int, ranks: int):
         self.columns = columns
         self.device: dict[tuple[int, int], np.ndarray] = {}
         self.exit: dict[tuple[int, int], np.ndarray] = {}
         self.last_step = np.full(columns, -1, np.int64)
-        host: dict[tuple[int, int], np.ndarray] = {}
+        self.host: dict[tuple[int, int, int], np.ndarray] = {}  # (rank, step index, event kind) -> per column
         for removal in removals:  # one entry per cause and scenario: a few per flagged step
             if removal.target in ("device", "exit"):
                 table = self.device if removal.target == "device" else self.exit
                 amounts = table.setdefault((removal.step, removal.segment), np.zeros((ranks, columns)))
                 amounts[removal.rank, removal.column] += removal.ns
             else:
-                where = chains.position_of(removal.rank, removal.step, int(removal.target))
-                if where >= 0:
-                    host.setdefault((removal.rank, where), np.zeros(columns))[removal.column] += removal.ns
+                self.host.setdefault((removal.rank, removal.step, int(removal.target)), np.zeros(columns))[removal.column] += removal.ns
             self.last_step[removal.column] = max(self.last_step[removal.column], removal.step)
-        # removed host events as sorted keys (rank * chain width + position); row 0 of the amounts: nothing removed
-        self._width = chains.kind.shape[1]
-        keys = sorted(host)
-        self.host_keys = np.array([rank * self._width + where for rank, where in keys], np.int64)
-        self.host_amounts = np.zeros((len(keys) + 1, columns))
-        for row, key in enumerate(keys, start=1):  # one per removed host event
-            self.host_amounts[row] = host[key]
         self._zero = np.zeros((ranks, columns))
+        self.host_keys = np.zeros(0, np.int64)
+        self.host_amounts = np.zeros((1, columns))
+        self._width = 1
+
+    def bind(self, window: ReplayWindow) -> None:
+        """Index the host removals by their events' chain positions in ``window`` (those of its runs present)."""
+        self._width = window.chains.kind.shape[1]
+        found: dict[int, np.ndarray] = {}
+        for (rank, step, kind), amounts in self.host.items():  # one per removed host event
+            local = step - window.offset
+            where = window.chains.position_of(rank, local, kind) if 0 <= local < window.steps else -1
+            if where >= 0:
+                found[rank * self._width + where] = amounts
+        # removed host events as sorted keys (rank * chain width + position); row 0 of the amounts: nothing removed
+        keys = sorted(found)
+        self.host_keys = np.array(keys, np.int64)
+        self.host_amounts = np.zeros((len(keys) + 1, self.columns))
+        for row, key in enumerate(keys, start=1):  # one per removed host event
+            self.host_amounts[row] = found[key]
 
     def host_removed(self, rows: np.ndarray, index: np.ndarray, valid: np.ndarray) -> np.ndarray:
         """[events, ranks, columns]: what is taken off each event of a segment."""

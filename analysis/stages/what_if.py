@@ -21,7 +21,6 @@ from dataclasses import dataclass
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from dsprof.analysis.stages.noise import Findings
 from dsprof.analysis.stages.replay import (
@@ -29,6 +28,7 @@ from dsprof.analysis.stages.replay import (
     BIND_TS,
     FENCE_TS,
     HOST_EVENTS,
+    MARGIN_STEPS,
     RUNNER_END,
     RUNNER_TS,
     VALIDATE_END,
@@ -36,6 +36,10 @@ from dsprof.analysis.stages.replay import (
     DecodeRuns,
     Removal,
     Replayer,
+    ReplayWindow,
+    RunEnds,
+    WindowTooSmall,
+    slot_predecessors,
 )
 from dsprof.analysis.stages.runner import stage
 from dsprof.analysis.store.engine import Engine
@@ -91,23 +95,72 @@ def own_causes(late_starts: list[LateStart], tail_steps: list[TailStep], slow_st
     return sorted(found.values(), key=lambda c: (c.step, c.rank, c.phase))
 
 
-def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray]:
-    """The decode runs as replay arrays, with the rank and step values of each index.
+# steps a window of the replay model replays (and holds, with its margins): the stage's memory is sized by it
+WINDOW_STEPS = 4096
+
+
+@dataclass
+class RunGrid:
+    """What every window of the replay model shares: the run's ranks and steps, and the few per-run figures a window
+    cannot see by itself (which run last used a slot, the last validate ends)."""
+
+    rank_values: np.ndarray
+    step_values: np.ndarray
+    slot_after: np.ndarray  # [ranks, steps] step index of the run's slot predecessor (-1: none)
+    validate: np.ndarray  # [ranks, steps] validate end (NaN where absent)
+    ends: RunEnds
+    waits: int  # the most collective waits of any run
+
+    @property
+    def steps(self) -> int:
+        return len(self.step_values)
+
+
+_ORIGIN = "(SELECT min(root_ts_ns) FROM decode)"
+
+
+def load_run_grid(engine: Engine) -> RunGrid:
+    """The grid of (rank, step) and what a window needs from outside it.
 
     Host times count from the earliest decode root, so that they stay exact as floats (a Kineto
     trace's times are wall-clock nanoseconds, past 2**53). The validate end is the run's token
     (``token_ns``: the same, except on a source without validate, whose token is its run's end).
     """
-    origin = "(SELECT min(root_ts_ns) FROM decode)"
-    columns = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
-    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, device_ts_ns, device_wall_ns,
-                                    {", ".join(f"{column}_ns - {origin} AS {e}_ns" for e, column in columns.items())}
-                             FROM decode ORDER BY rank, step""")
+    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, token_ns - {_ORIGIN} AS validate_end_ns,
+                                    runner_ts_ns IS NOT NULL AS has_runner FROM decode""")
     rank_values, rank_index = np.unique(table.column("rank").to_numpy(zero_copy_only=False), return_inverse=True)
     step_values, step_index = np.unique(table.column("step").to_numpy(zero_copy_only=False), return_inverse=True)
     shape = (len(rank_values), len(step_values))
+    slot = np.zeros(shape, np.int64)
+    slot[rank_index, step_index] = table.column("slot").fill_null(0).to_numpy()
+    validate = np.full(shape, np.nan)
+    validate[rank_index, step_index] = table.column("validate_end_ns").cast(pa.float64()).fill_null(np.nan).to_numpy()
+    last_run, last_runner = np.full(shape[0], -1, np.int64), np.full(shape[0], -1, np.int64)
+    np.maximum.at(last_run, rank_index, step_index)
+    runner = table.column("has_runner").fill_null(False).to_numpy(zero_copy_only=False)
+    np.maximum.at(last_runner, rank_index[runner], step_index[runner])
+    del table
+    has = ~np.isnan(validate)
+    last_step = np.where(has.any(axis=1), shape[1] - 1 - np.argmax(has[:, ::-1], axis=1), -1)
+    last_validate = np.where(last_step >= 0, validate[np.arange(shape[0]), np.maximum(last_step, 0)], np.nan)
+    end_ns = float(np.nanmax(validate)) if has.any() else 0.0
+    waits = engine.scalar("SELECT max(wait_index) + 1 FROM collectives") or 0
+    ends = RunEnds(last_step, last_validate, end_ns, last_runner, last_run)
+    return RunGrid(rank_values, step_values, slot_predecessors(slot), validate, ends, int(waits))
 
-    def grid(values: np.ndarray) -> np.ndarray:
+
+def load_decode_runs(engine: Engine, grid: RunGrid, lo: int, hi: int) -> DecodeRuns:
+    """The decode runs of step indices [lo, hi) as replay arrays (times as in :func:`load_run_grid`)."""
+    columns = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
+    within = f"step BETWEEN {int(grid.step_values[lo])} AND {int(grid.step_values[hi - 1])}"
+    table = engine.arrow(f"""SELECT rank, step, device_ts_ns, device_wall_ns,
+                                    {", ".join(f"{column}_ns - {_ORIGIN} AS {e}_ns" for e, column in columns.items())}
+                             FROM decode WHERE {within}""")
+    rank_index = np.searchsorted(grid.rank_values, table.column("rank").to_numpy(zero_copy_only=False))
+    step_index = np.searchsorted(grid.step_values, table.column("step").to_numpy(zero_copy_only=False)) - lo
+    shape = (len(grid.rank_values), hi - lo)
+
+    def on_grid(values: np.ndarray) -> np.ndarray:
         out = np.full(shape, np.nan)
         out[rank_index, step_index] = values
         return out
@@ -118,26 +171,25 @@ def load_decode_runs(engine: Engine) -> tuple[DecodeRuns, np.ndarray, np.ndarray
     host = np.full((*shape, len(HOST_EVENTS)), np.nan)  # filled in place: no grid per event beside the stacked one
     for event_index, e in enumerate(HOST_EVENTS):
         host[rank_index, step_index, event_index] = column(f"{e}_ns")
-    device_start = grid(column("runner_ts_ns") + column("device_ts_ns"))
-    device_end = device_start + grid(column("device_wall_ns"))
-    waits = _waits(engine, origin, rank_values, step_values)
-    slot = np.zeros(shape, np.int64)
-    slot[rank_index, step_index] = table.column("slot").fill_null(0).to_numpy()
-    runs = DecodeRuns(host, device_start, device_end, waits[0], waits[1], slot, waits[2], waits[3])
-    return runs, rank_values, step_values
+    device_start = on_grid(column("runner_ts_ns") + column("device_ts_ns"))
+    device_end = device_start + on_grid(column("device_wall_ns"))
+    waits = _waits(engine, grid, lo, hi, within)
+    slot_after = grid.slot_after[:, lo:hi]
+    ranks = np.arange(shape[0])[:, None]
+    slot_after_validate = np.where(slot_after >= 0, grid.validate[ranks, np.maximum(slot_after, 0)], np.nan)
+    return DecodeRuns(host, device_start, device_end, waits[0], waits[1], slot_after, slot_after_validate, waits[2], waits[3], lo)
 
 
-def _waits(engine: Engine, origin: str, rank_values: np.ndarray, step_values: np.ndarray) -> list[np.ndarray]:
+def _waits(engine: Engine, grid: RunGrid, lo: int, hi: int, within: str) -> list[np.ndarray]:
     """[rank, step, k] of each run's k-th collective wait, from ``collectives``: arrival, duration, ahead, release."""
-    table = engine.arrow(f"""SELECT rank, step, wait_index, CAST(arrival_ns - {origin} AS DOUBLE) AS arrival,
+    table = engine.arrow(f"""SELECT rank, step, wait_index, CAST(arrival_ns - {_ORIGIN} AS DOUBLE) AS arrival,
                                     CAST(wait_ns AS DOUBLE) AS wait, CAST(ahead_ns AS DOUBLE) AS ahead,
-                                    CAST(CASE WHEN aligned THEN last_arrival_ns - {origin} END AS DOUBLE) AS release
-                             FROM collectives""")
-    count = int(pc.max(table.column("wait_index")).as_py()) + 1 if table.num_rows else 0
-    out = [np.full((len(rank_values), len(step_values), count), np.nan) for _ in range(4)]
-    if count:
-        r = np.searchsorted(rank_values, table.column("rank").to_numpy())
-        j = np.searchsorted(step_values, table.column("step").to_numpy())
+                                    CAST(CASE WHEN aligned THEN last_arrival_ns - {_ORIGIN} END AS DOUBLE) AS release
+                             FROM collectives WHERE {within}""")
+    out = [np.full((len(grid.rank_values), hi - lo, grid.waits), np.nan) for _ in range(4)]
+    if table.num_rows:
+        r = np.searchsorted(grid.rank_values, table.column("rank").to_numpy())
+        j = np.searchsorted(grid.step_values, table.column("step").to_numpy()) - lo
         k = table.column("wait_index").to_numpy()
         for array, name in zip(out, ("arrival", "wait", "ahead", "release"), strict=True):
             array[r, j, k] = table.column(name).fill_null(np.nan).to_numpy()
@@ -163,36 +215,49 @@ def _segments(runs: DecodeRuns) -> tuple[np.ndarray, np.ndarray]:
     return segments, starts
 
 
-class WhatIf:
-    """Removals of causes from one run's replay model."""
+class CauseWindow:
+    """One window of the run's replay model, and the removals that take away the causes of its steps.
 
-    def __init__(self, runs: DecodeRuns, rank_values: np.ndarray, step_values: np.ndarray, device_on_host: np.ndarray | None = None):
-        self.runs = runs
-        self.replayer = Replayer(runs)
-        self.rank_of = {int(r): i for i, r in enumerate(rank_values)}
-        self.step_of = {int(s): j for j, s in enumerate(step_values)}
+    Step indices are the run's (``j``); arrays are the window's (``j - offset``).
+    A removal may touch only what the window holds: a cause whose phase or
+    collection reaches past its margins raises :class:`WindowTooSmall`.
+    """
+
+    def __init__(self, runs: DecodeRuns, core: tuple[int, int], run: WhatIf):
+        self.runs, self.run = runs, run
+        self.offset, self.end = runs.first_step, runs.first_step + runs.shape[1]
+        self.replayer = ReplayWindow(runs, core)
         self.segments, self.segment_starts = _segments(runs)
-        # per rank index: its device is a thread of the rank process (a CPU device: its spans carry host evidence)
-        self.device_on_host = np.zeros(len(rank_values), bool) if device_on_host is None else device_on_host
-        self.collections: dict[int, np.ndarray] = {}  # rank index -> [n, 2] GC start and end (ns)
-        self._collections_taken: dict[int, set[tuple[int, float]]] = {}  # per scenario column, while building its removals
+        self.covered = self._covered_span(run.steps)
+
+    def _covered_span(self, steps: int) -> np.ndarray:
+        """[ranks, 2]: per rank, the time span within which every event and device program is of a run the window holds."""
+        times = np.concatenate([self.runs.host, self.runs.device_start[:, :, None], self.runs.device_end[:, :, None]], axis=2)
+        # NaN where a rank has no run at the edge: nothing of it is covered
+        first = np.fmax.reduce(times[:, :3].reshape(len(times), -1), axis=1) if self.offset > 0 else np.full(len(times), -np.inf)
+        last = np.fmin.reduce(times[:, -3:].reshape(len(times), -1), axis=1) if self.end < steps else np.full(len(times), np.inf)
+        return np.stack([np.nan_to_num(first, nan=np.inf), np.nan_to_num(last, nan=-np.inf)], axis=1)
+
+    def _within(self, r: int, lo: float, hi: float) -> None:
+        if not (self.covered[r, 0] <= lo and hi <= self.covered[r, 1]):
+            raise WindowTooSmall(f"rank index {r}: [{lo}, {hi}] reaches past the window's runs")
 
     def segment_excess(self, r: int, j: int) -> np.ndarray:
         """How much longer each device work segment of run (r, j) took than the median of the other ranks'."""
-        others = np.delete(self.segments[:, j], r, axis=0)
+        others = np.delete(self.segments[:, j - self.offset], r, axis=0)
         if not len(others):
             return np.zeros(self.segments.shape[2])
         with np.errstate(all="ignore"):
             typical = np.nanmedian(others, axis=0)
-        return np.clip(np.nan_to_num(self.segments[r, j] - typical), 0, None)
+        return np.clip(np.nan_to_num(self.segments[r, j - self.offset] - typical), 0, None)
 
-    def removals(self, cause: OwnCause, column: int) -> list[Removal]:
-        """The removals that take ``cause``'s excess away (none when its run is not in the model)."""
-        r, j = self.rank_of.get(cause.rank), self.step_of.get(cause.step)
-        if r is None or j is None:
-            return []
-        has_device = bool(self.replayer.has_device[r, j])
-        if cause.mechanism == fmt.MECH_GC and r in self.collections:
+    def lag(self, r: int, j: int, kind: int) -> float:
+        return self.replayer.lag(r, j - self.offset, kind)
+
+    def removals(self, cause: OwnCause, r: int, j: int, column: int) -> list[Removal]:
+        """The removals that take ``cause``'s excess (rank index r, step index j) away."""
+        has_device = bool(self.replayer.has_device[r, j - self.offset])
+        if cause.mechanism == fmt.MECH_GC and r in self.run.collections:
             found = self._collection_removals(r, j, cause, column)
             if found:
                 return found
@@ -210,9 +275,9 @@ class WhatIf:
                 *(Removal(column, r, j, "exit", share * e, k) for k, e in enumerate(exits) if e > 0),
             ]
         target = _HOST_TARGET.get(cause.phase, RUNNER_END)
-        own = Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.replayer.lag(r, j, target)))
-        if cause.mechanism == fmt.MECH_HOST_CPU and self.device_on_host[r]:
-            return [own, *self._device_stall_removals(r, *self._phase_window(r, j, cause.phase), column)]
+        own = Removal(column, r, j, target, min(max(cause.evidence_ns, self.lag_excess(r, j, target)), self.lag(r, j, target)))
+        if cause.mechanism == fmt.MECH_HOST_CPU and self.run.device_on_host[r]:
+            return [own, *self._device_stall_removals(r, *self.phase_window(r, j, cause.phase), column)]
         return [own]
 
     def _device_stall_removals(self, r: int, lo: float, hi: float, column: int) -> list[Removal]:
@@ -228,18 +293,21 @@ class WhatIf:
 
         ``amount(overlap, excess over the other ranks, size)`` says how much of each to take.
         """
+        self._within(r, lo, hi)
         removals: list[Removal] = []
         seg_start = self.segment_starts[r]
         seg_overlap = np.minimum(seg_start + self.segments[r], hi) - np.maximum(seg_start, lo)
         for jj, k in zip(*np.nonzero(np.nan_to_num(seg_overlap) > 0), strict=True):
-            ns = amount(float(seg_overlap[jj, k]), float(self.segment_excess(r, int(jj))[k]), float(self.segments[r, jj, k]))
+            j = int(jj) + self.offset
+            ns = amount(float(seg_overlap[jj, k]), float(self.segment_excess(r, j)[k]), float(self.segments[r, jj, k]))
             if ns > 0:
-                removals.append(Removal(column, r, int(jj), "device", ns, int(k)))
+                removals.append(Removal(column, r, j, "device", ns, int(k)))
         exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], hi) - np.maximum(self.replayer.exit_start[r], lo)
         for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
-            ns = amount(float(exit_overlap[jj, k]), self._exit_excess(r, int(jj), int(k)), np.inf)
+            j = int(jj) + self.offset
+            ns = amount(float(exit_overlap[jj, k]), self._exit_excess(r, j, int(k)), np.inf)
             if ns > 0:
-                removals.append(Removal(column, r, int(jj), "exit", ns, int(k)))
+                removals.append(Removal(column, r, j, "exit", ns, int(k)))
         return removals
 
     def lag_excess(self, r: int, j: int, kind: int) -> float:
@@ -249,11 +317,113 @@ class WhatIf:
         "the cause's excess were zero" means: a collection comes with the
         allocations that provoked it, which a run without it does not do either.
         """
-        positions = self.replayer.chains.event_index[:, j, kind]
+        positions = self.replayer.chains.event_index[:, j - self.offset, kind]
         others = np.flatnonzero((positions >= 0) & (np.arange(len(positions)) != r))
         lags = self.replayer.lags(others, positions[others])
-        own = self.replayer.lag(r, j, kind)
+        own = self.lag(r, j, kind)
         return max(0.0, own - float(np.median(lags))) if len(lags) else 0.0
+
+    def cited_collections(self, r: int, j: int, phase: str) -> np.ndarray:
+        """[n, 2]: the collections of rank r's process that overlap ``phase`` of its run at step index j."""
+        lo, hi = self.phase_window(r, j, phase)
+        gcs = self.run.collections[r]
+        return gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo)]
+
+    def phase_window(self, r: int, j: int, phase: str) -> tuple[float, float]:
+        """Where on the host axis the cause's phase of run (r, j) lay."""
+        local = j - self.offset
+        host = self.runs.host[r, local]
+        windows = {
+            fmt.PHASE_BIND: (host[BIND_TS], host[BIND_END]),
+            "before bind": (host[BIND_TS] - self.lag(r, j, BIND_TS), host[BIND_TS]),
+            "launch": (host[BIND_END], host[RUNNER_TS]),
+            fmt.PHASE_FENCE_WAIT: (host[FENCE_TS], host[RUNNER_END]),
+            fmt.PHASE_DEVICE_WALL: (self.runs.device_start[r, local], self.runs.device_end[r, local]),
+            fmt.PHASE_VALIDATE: (host[VALIDATE_TS], host[VALIDATE_END]),
+        }
+        return windows.get(phase, (host[RUNNER_TS], host[RUNNER_END]))
+
+    def _collection_removals(self, r: int, j: int, cause: OwnCause, column: int) -> list[Removal]:
+        """Take the cause's collections away wherever they held the rank: its host thread and its device programs.
+
+        A collection stops every thread of the process (it holds the GIL), so
+        one collection can lengthen a host phase of one run and the device
+        work of the next; removing it removes it from both.
+        """
+        hit = self.cited_collections(r, j, cause.phase)
+        removals: list[Removal] = []
+        chains = self.replayer.chains
+        m = chains.length[r]
+        kind, step = chains.kind[r, :m], chains.step[r, :m]
+        lag = self.replayer.lags(np.full(m, r), np.arange(m))
+        t = self.runs.host[r, step, kind]
+        taken = self.run.collections_taken.setdefault(column, set())
+        for g0, g1 in hit:  # the few collections of one cause
+            if (r, g0) in taken:  # one collection is removed once, however many causes cite it
+                continue
+            taken.add((r, g0))
+            self._within(r, g0, g1)
+            overlap = np.minimum(t, g1) - np.maximum(t - lag, g0)
+            for i in np.flatnonzero(overlap > 0):
+                at = int(step[i]) + self.offset
+                amount = min(max(float(overlap[i]), self.lag_excess(r, at, int(kind[i]))), float(lag[i]))
+                removals.append(Removal(column, r, at, int(kind[i]), amount))
+            # what the collection touched goes back to typical (the allocations that provoked it come with it)
+            removals += self._device_removals(r, g0, g1, column, lambda overlap, excess, size: min(max(overlap, excess), size))
+        return removals + self._rest_of_phase(r, j, cause, column, removals)
+
+    def _exit_excess(self, r: int, j: int, k: int) -> float:
+        """How much later rank r left collective k of step j than the other ranks' median exit lag after the release."""
+        local = j - self.offset
+        exit_lag = self.runs.wait_start[:, local, k] + self.runs.wait_ns[:, local, k] - self.replayer.exit_start[:, local, k]
+        others = np.delete(exit_lag, r)
+        others = others[~np.isnan(others)]
+        return max(0.0, float(exit_lag[r] - np.median(others))) if len(others) and not np.isnan(exit_lag[r]) else 0.0
+
+    def _rest_of_phase(self, r: int, j: int, cause: OwnCause, column: int, removals: list[Removal]) -> list[Removal]:
+        """What is left of the cause's host phase excess once its collections are gone (the allocations that provoked them)."""
+        target = _HOST_TARGET.get(cause.phase)
+        if target is None:
+            return []
+        taken = sum(x.ns for x in removals if x.step == j and x.target == target)
+        rest = min(self.lag_excess(r, j, target), self.lag(r, j, target)) - taken
+        return [Removal(column, r, j, target, rest)] if rest > 0 else []
+
+
+class WhatIf:
+    """Removals of causes from one run's replay model, and their replay, one window of steps at a time."""
+
+    def __init__(self, engine: Engine, grid: RunGrid, device_on_host: np.ndarray | None = None, window_steps: int = WINDOW_STEPS):
+        self.engine, self.grid, self.window_steps = engine, grid, window_steps
+        self.steps = grid.steps
+        self.rank_of = {int(r): i for i, r in enumerate(grid.rank_values)}
+        self.step_of = {int(s): j for j, s in enumerate(grid.step_values)}
+        # per rank index: its device is a thread of the rank process (a CPU device: its spans carry host evidence)
+        self.device_on_host = np.zeros(len(grid.rank_values), bool) if device_on_host is None else device_on_host
+        self.collections: dict[int, np.ndarray] = {}  # rank index -> [n, 2] GC start and end (ns)
+        self.collections_taken: dict[int, set[tuple[int, float]]] = {}  # per scenario column, while building its removals
+        self._windows: dict[int, CauseWindow] = {}  # the two windows used last, by number, the latest last
+        self.replayer = Replayer(lambda j: self.window(j).replayer, self.steps, grid.ends)
+
+    def window(self, j: int) -> CauseWindow:
+        """The window whose core holds step index j (built from the engine when first asked for; two are kept)."""
+        number = j // self.window_steps
+        window = self._windows.pop(number, None)
+        if window is None:
+            lo, hi = number * self.window_steps, min(self.steps, (number + 1) * self.window_steps)
+            start, end = max(0, lo - MARGIN_STEPS), min(self.steps, hi + MARGIN_STEPS)
+            if len(self._windows) >= 2:
+                del self._windows[next(iter(self._windows))]  # the one used longest ago
+            window = CauseWindow(load_decode_runs(self.engine, self.grid, start, end), (lo, hi), self)
+        self._windows[number] = window  # the most recently used last
+        return window
+
+    def removals(self, cause: OwnCause, column: int) -> list[Removal]:
+        """The removals that take ``cause``'s excess away (none when its run is not in the model)."""
+        r, j = self.rank_of.get(cause.rank), self.step_of.get(cause.step)
+        if r is None or j is None:
+            return []
+        return self.window(j).removals(cause, r, j, column)
 
     def add_collections(self, ranks: np.ndarray, windows: np.ndarray) -> None:
         """The garbage collections of each rank's process: ``windows[i]`` = (start, end) ns on ``ranks[i]``."""
@@ -269,76 +439,15 @@ class WhatIf:
             if cause.mechanism != fmt.MECH_GC or r is None or j is None or r not in self.collections:
                 kept.append(cause)
                 continue
-            cited = {(r, float(g0)) for g0 in self._cited_collections(r, j, cause.phase)[:, 0]}
+            cited = {(r, float(g0)) for g0 in self.window(j).cited_collections(r, j, cause.phase)[:, 0]}
             if not cited or not cited <= seen:
                 kept.append(cause)
             seen |= cited
         return kept
 
-    def _cited_collections(self, r: int, j: int, phase: str) -> np.ndarray:
-        """[n, 2]: the collections of rank r's process that overlap ``phase`` of its run at step index j."""
-        lo, hi = self._phase_window(r, j, phase)
-        gcs = self.collections[r]
-        return gcs[(gcs[:, 0] < hi) & (gcs[:, 1] > lo)]
-
-    def _phase_window(self, r: int, j: int, phase: str) -> tuple[float, float]:
-        """Where on the host axis the cause's phase of run (r, j) lay."""
-        host = self.runs.host[r, j]
-        windows = {
-            fmt.PHASE_BIND: (host[BIND_TS], host[BIND_END]),
-            "before bind": (host[BIND_TS] - self.replayer.lag(r, j, BIND_TS), host[BIND_TS]),
-            "launch": (host[BIND_END], host[RUNNER_TS]),
-            fmt.PHASE_FENCE_WAIT: (host[FENCE_TS], host[RUNNER_END]),
-            fmt.PHASE_DEVICE_WALL: (self.runs.device_start[r, j], self.runs.device_end[r, j]),
-            fmt.PHASE_VALIDATE: (host[VALIDATE_TS], host[VALIDATE_END]),
-        }
-        return windows.get(phase, (host[RUNNER_TS], host[RUNNER_END]))
-
-    def _collection_removals(self, r: int, j: int, cause: OwnCause, column: int) -> list[Removal]:
-        """Take the cause's collections away wherever they held the rank: its host thread and its device programs.
-
-        A collection stops every thread of the process (it holds the GIL), so
-        one collection can lengthen a host phase of one run and the device
-        work of the next; removing it removes it from both.
-        """
-        hit = self._cited_collections(r, j, cause.phase)
-        removals: list[Removal] = []
-        chains = self.replayer.chains
-        m = chains.length[r]
-        kind, step, lag = chains.kind[r, :m], chains.step[r, :m], self.replayer.lags(np.full(m, r), np.arange(m))
-        t = self.runs.host[r, step, kind]
-        taken = self._collections_taken.setdefault(column, set())
-        for g0, g1 in hit:  # the few collections of one cause
-            if (r, g0) in taken:  # one collection is removed once, however many causes cite it
-                continue
-            taken.add((r, g0))
-            overlap = np.minimum(t, g1) - np.maximum(t - lag, g0)
-            for i in np.flatnonzero(overlap > 0):
-                amount = min(max(float(overlap[i]), self.lag_excess(r, int(step[i]), int(kind[i]))), float(lag[i]))
-                removals.append(Removal(column, r, int(step[i]), int(kind[i]), amount))
-            # what the collection touched goes back to typical (the allocations that provoked it come with it)
-            removals += self._device_removals(r, g0, g1, column, lambda overlap, excess, size: min(max(overlap, excess), size))
-        return removals + self._rest_of_phase(r, j, cause, column, removals)
-
-    def _exit_excess(self, r: int, j: int, k: int) -> float:
-        """How much later rank r left collective k of step j than the other ranks' median exit lag after the release."""
-        exit_lag = self.runs.wait_start[:, j, k] + self.runs.wait_ns[:, j, k] - self.replayer.exit_start[:, j, k]
-        others = np.delete(exit_lag, r)
-        others = others[~np.isnan(others)]
-        return max(0.0, float(exit_lag[r] - np.median(others))) if len(others) and not np.isnan(exit_lag[r]) else 0.0
-
-    def _rest_of_phase(self, r: int, j: int, cause: OwnCause, column: int, removals: list[Removal]) -> list[Removal]:
-        """What is left of the cause's host phase excess once its collections are gone (the allocations that provoked them)."""
-        target = _HOST_TARGET.get(cause.phase)
-        if target is None:
-            return []
-        taken = sum(x.ns for x in removals if x.step == j and x.target == target)
-        rest = min(self.lag_excess(r, j, target), self.replayer.lag(r, j, target)) - taken
-        return [Removal(column, r, j, target, rest)] if rest > 0 else []
-
     def saved_ns(self, scenarios: list[list[OwnCause]]) -> np.ndarray:
         """Per scenario (a set of causes removed together), the decode wall time saved."""
-        self._collections_taken = {}
+        self.collections_taken = {}
         removals = [removal for column, causes in enumerate(scenarios) for c in causes for removal in self.removals(c, column)]
         steps = [removal.step for removal in removals]
         first = max(0, min(steps, default=0) - 2)
@@ -360,9 +469,18 @@ def what_if_section(engine: Engine, findings: Findings) -> WhatIfSection:
             by_rank={},
             items=[],
         )
-    runs, rank_values, step_values = load_decode_runs(engine)
+    try:
+        return _replayed(engine, causes, wall_ns, WINDOW_STEPS)
+    except WindowTooSmall:  # a rank idle for longer than a window's margins, a long collection: the run in one window
+        return _replayed(engine, causes, wall_ns, None)
+
+
+def _replayed(engine: Engine, causes: list[OwnCause], wall_ns: int, window_steps: int | None) -> WhatIfSection:
+    """The what-if section, replaying windows of ``window_steps`` (None: the whole run in one)."""
+    grid = load_run_grid(engine)
     on_host = {int(r) for (r,) in engine.rows("SELECT DISTINCT rank FROM decode WHERE device_cpu_ns IS NOT NULL")}
-    model = WhatIf(runs, rank_values, step_values, np.array([int(r) in on_host for r in rank_values], bool))
+    device_on_host = np.array([int(r) in on_host for r in grid.rank_values], bool)
+    model = WhatIf(engine, grid, device_on_host, window_steps or max(1, grid.steps))
     gcs = engine.arrow("SELECT p.rank, g.gc_ts_ns, g.gc_end_ns FROM gc g JOIN processes p USING (pid) ORDER BY p.rank, g.gc_ts_ns")
     model.add_collections(
         gcs.column("rank").to_numpy(), np.stack([gcs.column(c).to_numpy().astype(float) for c in ("gc_ts_ns", "gc_end_ns")], axis=1)
