@@ -53,6 +53,26 @@ def test_an_analysis_in_passes_writes_the_summary_of_one_pass(trace, monkeypatch
     assert summary_text(5) == summary_text(1)
 
 
+def test_a_smaller_memory_limit_aggregates_fewer_spans_a_pass(trace, monkeypatch):
+    one = _invocations(trace, 1, monkeypatch)
+    limit = 512 << 20
+    engine = open_engine(trace, memory_limit=limit)
+    try:
+        assert engine.memory_limit == limit
+        assert invocations_module.spans_per_pass(engine) == min(invocations_module.SPANS_PER_PASS, limit // 400)
+        # as if each span took a third of the limit: three passes, the same table
+        monkeypatch.setattr(invocations_module, "PASS_BYTES_PER_SPAN", limit // -(-trace.span_count // 3))
+        assert -(-trace.span_count // invocations_module.spans_per_pass(engine)) == 3
+        statements: list[str] = []
+        run = engine.run
+        monkeypatch.setattr(engine, "run", lambda query, params=None: (statements.append(query), run(query, params))[1])
+        create_invocations(engine)
+        assert sum(q.startswith("INSERT INTO invocations") for q in statements) == 3
+        assert engine.rows("SELECT * FROM invocations ORDER BY pid, inv") == one
+    finally:
+        engine.close()
+
+
 def _table_bytes(engine) -> int:
     return engine.scalar("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'")
 

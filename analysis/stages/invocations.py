@@ -44,6 +44,10 @@ if TYPE_CHECKING:
 # Spans aggregated in one pass at most: the aggregation's hash table and its plain result are sized by the
 # invocations of a pass (64 x 30k steps, 17M spans: 2.3 GB at peak in one pass, 1.4 GB in four, as fast).
 SPANS_PER_PASS = 5_000_000
+# ... and at most one per this many bytes of the engine's memory limit, whose operators a pass must fit in: at
+# 64 x 100k a pass of 5M spans ran out of a 1.5 GB limit one run in three and of 1 GB every time, and passes of
+# 2.5M spans completed under 1 GB (benchmarks/README.md)
+PASS_BYTES_PER_SPAN = 400
 
 _HOST_ROOT = host_root()
 
@@ -147,22 +151,27 @@ def create_invocations(engine: Engine) -> None:
     files), else over shares of the invocations (:func:`~dsprof.analysis.store.predicates.in_share`; each pass
     reads every span)."""
     trace = engine.trace
-    passes = -(-trace.span_count // SPANS_PER_PASS)
+    passes = -(-trace.span_count // spans_per_pass(engine))
     if passes <= 1:
         engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
         return
     engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query(where='FALSE')}")
     windows = None if trace.spans.num_rows else files_by_window(trace.span_files)
     if windows is not None:
-        _insert_by_windows(engine, windows)
+        _insert_by_windows(engine, windows, spans_per_pass(engine))
         return
     for share in range(passes):
         engine.run(f"INSERT INTO invocations {invocation_query(where=in_share(share, passes))}")
         engine.compact()
 
 
-def _insert_by_windows(engine: Engine, windows: dict[int, list[Path]]) -> None:
-    """The invocations of a span dataset, a run of windows holding SPANS_PER_PASS spans or more at a time.
+def spans_per_pass(engine: Engine) -> int:
+    """How many spans one invocation pass aggregates at most: :data:`SPANS_PER_PASS`, fewer under a small memory limit."""
+    return max(1, min(SPANS_PER_PASS, engine.memory_limit // PASS_BYTES_PER_SPAN))
+
+
+def _insert_by_windows(engine: Engine, windows: dict[int, list[Path]], per_pass: int) -> None:
+    """The invocations of a span dataset, a run of windows holding ``per_pass`` spans or more at a time.
 
     Each pass reads only its windows' files. Nearly every invocation lies in one
     window (:mod:`~dsprof.analysis.store.dataset`: a row goes to the window of
@@ -178,7 +187,7 @@ def _insert_by_windows(engine: Engine, windows: dict[int, list[Path]]) -> None:
     )
     spread = [row[0] for row in engine.rows("SELECT DISTINCT w FROM _spread, range(first_window, last_window + 1) AS t(w) ORDER BY w")]
     left_out = " ANTI JOIN _spread USING (pid, inv)" if spread else ""
-    for first, last in _window_runs(windows):
+    for first, last in _window_runs(windows, per_pass):
         files = [path for window, paths in windows.items() if first <= window <= last for path in paths]
         engine.run(f"INSERT INTO invocations {invocation_query(source=parquet_source(files) + left_out)}")
         engine.compact()
@@ -188,14 +197,14 @@ def _insert_by_windows(engine: Engine, windows: dict[int, list[Path]]) -> None:
     engine.run("DROP TABLE _spread")
 
 
-def _window_runs(windows: dict[int, list[Path]]) -> list[tuple[int, int]]:
-    """Consecutive runs ``(first, last)`` of the windows, each holding SPANS_PER_PASS spans or more (the last: what is left)."""
+def _window_runs(windows: dict[int, list[Path]], per_pass: int) -> list[tuple[int, int]]:
+    """Consecutive runs ``(first, last)`` of the windows, each holding ``per_pass`` spans or more (the last: what is left)."""
     runs: list[tuple[int, int]] = []
     first, rows = None, 0
     for window, paths in windows.items():
         first = window if first is None else first
         rows += sum(pq.ParquetFile(path).metadata.num_rows for path in paths)
-        if rows >= SPANS_PER_PASS:
+        if rows >= per_pass:
             runs.append((first, window))
             first, rows = None, 0
     if first is not None:

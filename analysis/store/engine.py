@@ -43,6 +43,8 @@ class Engine:
     trace: Trace
     # table -> the stage that wrote it (analysis/stages/runner.py keeps this)
     written: dict[str, str] = field(default_factory=dict)
+    # bytes DuckDB may hold before spilling (open_engine sets it): what a pass of the work may be sized by
+    memory_limit: int = field(default_factory=default_memory_limit)
     # removes the engine's own spill folder (open_engine sets it; once only)
     _spill_cleanup: weakref.finalize | None = field(default=None, repr=False)
 
@@ -117,11 +119,12 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
     engine never closed, when it is collected or the process exits.
     """
     own_spill = None if spill_dir is not None else make_owned_dir(SPILL_PREFIX)
+    memory_limit = memory_limit or default_memory_limit()
     try:
         con = interruptible(
             duckdb.connect(
                 config={
-                    "memory_limit": f"{memory_limit or default_memory_limit()}B",
+                    "memory_limit": f"{memory_limit}B",
                     "temp_directory": str(spill_dir if spill_dir is not None else own_spill),
                     "preserve_insertion_order": True,
                 }
@@ -130,6 +133,7 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
         con.execute(f"ATTACH ':memory:' AS {WORK_DATABASE} (COMPRESS)")
         con.execute(f"USE {WORK_DATABASE}")
         engine = _registered(con, trace)
+        engine.memory_limit = memory_limit
     except BaseException:
         remove_owned_dir(own_spill)
         raise

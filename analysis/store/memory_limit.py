@@ -10,19 +10,26 @@ import re
 
 from dsprof.errors import DsprofError
 
-# Share of physical memory DuckDB may hold before spilling (``--memory-limit`` overrides):
-# at 10% a 64 x 100k analysis stays under 4 GB peak RSS on a 24 GiB machine (benchmarks/bench_analyze.py).
+# Share of physical memory DuckDB may hold before spilling (``--memory-limit`` overrides), and at most this much:
+# the analysis' own arrays sit beside it, and a 64 x 100k analysis peaks at 1.58 GiB RSS under 1 GB (103 s), against
+# 2.80 GiB (94 s) at a tenth of a 24 GiB machine (benchmarks/README.md "Scale, round 2").
 DEFAULT_MEMORY_SHARE = 0.10
+DEFAULT_MEMORY_CAP = 1 << 30
 MIN_MEMORY_LIMIT = 256 << 20
 
 
-def default_memory_limit() -> int:
-    """Bytes: a share of this machine's RAM, so a big analysis spills instead of exhausting memory."""
+def physical_memory() -> int:
+    """Bytes of RAM on this machine (8 GiB where it cannot be read)."""
     try:
-        physical = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     except (ValueError, OSError, AttributeError):
-        physical = 8 << 30
-    return max(MIN_MEMORY_LIMIT, int(physical * DEFAULT_MEMORY_SHARE))
+        return 8 << 30
+
+
+def default_memory_limit() -> int:
+    """Bytes: a share of this machine's RAM, at most :data:`DEFAULT_MEMORY_CAP`, so a big analysis spills instead of
+    exhausting memory."""
+    return max(MIN_MEMORY_LIMIT, min(DEFAULT_MEMORY_CAP, int(physical_memory() * DEFAULT_MEMORY_SHARE)))
 
 
 # The largest ``--memory-limit`` taken: 1 PiB, past any machine (DuckDB's own bound, 2**63 bytes, is
@@ -40,7 +47,7 @@ def parse_memory_limit(text: str) -> int:
     number = float(match.group(1)) if match else 0.0
     if match and match.group(2) == "%":
         if 0 < number <= 100:
-            return max(MIN_MEMORY_LIMIT, int(default_memory_limit() / DEFAULT_MEMORY_SHARE * number / 100))
+            return max(MIN_MEMORY_LIMIT, int(physical_memory() * number / 100))
     elif match and 0 < number * _MEMORY_UNITS[match.group(2)] <= MAX_MEMORY_LIMIT:
         return max(MIN_MEMORY_LIMIT, int(number * _MEMORY_UNITS[match.group(2)]))
     raise DsprofError(f"bad memory limit {text[:100]!r} (expected e.g. 4GB, 512MiB or 25%, at most {MAX_MEMORY_LIMIT >> 40} TiB)")
