@@ -5,7 +5,8 @@ the window, not by the run. Its answer must not depend on where the windows fall
 windows of 1, 5 and 16 steps and with the whole run in one, and the ``what_if`` sections must be equal, to the
 last digit. The logs have late work to replay (the coupled loop's faults, a carry-over chain, late fences every
 few steps) and a rank whose thread ends long before the others' (the rest of its thread is replayed when the
-replay leaves its last window; where its last run ends after every other, that rest decides the end). A window whose margins cannot hold what its steps depend on says so, and the stage replays the run in one.
+replay leaves its last window; where its last run ends after every other, that rest decides the end), and so do
+the Kineto traces of a real gloo job (no validate: a run's token is its end). A window whose margins cannot hold what its steps depend on says so, and the stage replays the run in one.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_paths
 from dsprof.analysis.stages import replay, what_if
 from dsprof.testing.coupled import Shape, chain_scenario, scenario_for, write_scenario
+from dsprof.testing.kineto_job import run_job
 from dsprof.testing.synthetic import SyntheticRun
 
 WINDOWS = (1, 5, 16)
@@ -77,6 +79,18 @@ def test_windows_of_any_size_replay_as_the_whole_run_does(log, tmp_path, monkeyp
         loads: list[tuple[int, int, int]] = []
         assert _what_if(trace, threshold_ms, monkeypatch, window_steps, loads) == whole, window_steps
         assert len(loads) > 2 and all(hi - lo < steps for lo, hi, steps in loads)  # several windows, never the whole run
+
+
+@pytest.mark.runtime
+def test_a_pytorch_profiler_job_replays_alike_in_windows(tmp_path, monkeypatch):
+    """Kineto traces of a real gloo job (no validate: a run's token is its end), late ranks at four steps."""
+    traces = tmp_path / "traces"
+    run_job(traces, ranks=4, steps=28, faults={"4:1": "sleep", "9:2": "compute", "15:0": "sleep", "22:3": "compute"})
+    trace = read_paths(sorted(traces.glob("rank*.json")))
+    whole = _what_if(trace, 5.0, monkeypatch, 100_000, [])
+    assert whole["items"] and whole["total_saved_ms"] > 0
+    for window_steps in (1, 5):
+        assert _what_if(trace, 5.0, monkeypatch, window_steps, []) == whole, window_steps
 
 
 def test_a_margin_too_small_for_a_step_replays_the_run_in_one_window(tmp_path, monkeypatch):
