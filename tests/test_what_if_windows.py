@@ -93,15 +93,23 @@ def test_a_pytorch_profiler_job_replays_alike_in_windows(tmp_path, monkeypatch):
         assert _what_if(trace, 5.0, monkeypatch, window_steps, []) == whole, window_steps
 
 
-def test_a_margin_too_small_for_a_step_replays_the_run_in_one_window(tmp_path, monkeypatch):
-    trace, threshold_ms = _late_fences(tmp_path, {})
+@pytest.mark.parametrize(
+    ("log", "margin", "why"),
+    [
+        # no margin: a window's first runs miss the thread events of the runs before them
+        ("late fences", 0, "are not yet replayed"),
+        # one step: the span a cause's removals scan reaches past the runs the window holds
+        ("coupled 8 ranks", 1, "reaches past the window's runs"),
+    ],
+)
+def test_a_margin_too_small_replays_the_run_in_one_window(log, margin, why, tmp_path, monkeypatch):
+    trace, threshold_ms = LOGS[log](tmp_path)
     whole = _what_if(trace, threshold_ms, monkeypatch, 100_000, [])
-    # with no margin, a window's first runs miss the thread events of the runs before them
-    monkeypatch.setattr(replay, "MARGIN_STEPS", 0)
-    monkeypatch.setattr(what_if, "MARGIN_STEPS", 0)
+    monkeypatch.setattr(replay, "MARGIN_STEPS", margin)
+    monkeypatch.setattr(what_if, "MARGIN_STEPS", margin)
     raised: list[str] = []
-    monkeypatch.setattr(replay.WindowTooSmall, "__init__", lambda self, why: raised.append(why))
+    monkeypatch.setattr(replay.WindowTooSmall, "__init__", lambda self, said: raised.append(said))
     loads: list[tuple[int, int, int]] = []
     assert _what_if(trace, threshold_ms, monkeypatch, 5, loads) == whole
     first, end, steps = loads[-1]
-    assert raised and (first, end) == (0, steps)  # it said why, then replayed the run in one window
+    assert why in raised[0] and (first, end) == (0, steps)  # it said why, then replayed the run in one window

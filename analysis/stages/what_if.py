@@ -16,6 +16,7 @@ of runner_run, which cannot see a slowdown that every rank shares.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -228,14 +229,20 @@ class CauseWindow:
         self.offset, self.end = runs.first_step, runs.first_step + runs.shape[1]
         self.replayer = ReplayWindow(runs, core)
         self.segments, self.segment_starts = _segments(runs)
-        self.covered = self._covered_span(run.steps)
 
-    def _covered_span(self, steps: int) -> np.ndarray:
-        """[ranks, 2]: per rank, the time span within which every event and device program is of a run the window holds."""
-        times = np.concatenate([self.runs.host, self.runs.device_start[:, :, None], self.runs.device_end[:, :, None]], axis=2)
+    @functools.cached_property
+    def covered(self) -> np.ndarray:
+        """[ranks, 2]: per rank, the time span within which every event and device program is of a run the window
+        holds (read off its first and last three steps; worked out when a removal is first checked against it)."""
+        runs, ranks = self.runs, self.runs.shape[0]
+
+        def edge(steps: slice) -> np.ndarray:
+            times = np.concatenate([runs.host[:, steps], runs.device_start[:, steps, None], runs.device_end[:, steps, None]], axis=2)
+            return times.reshape(ranks, -1)
+
         # NaN where a rank has no run at the edge: nothing of it is covered
-        first = np.fmax.reduce(times[:, :3].reshape(len(times), -1), axis=1) if self.offset > 0 else np.full(len(times), -np.inf)
-        last = np.fmin.reduce(times[:, -3:].reshape(len(times), -1), axis=1) if self.end < steps else np.full(len(times), np.inf)
+        first = np.fmax.reduce(edge(slice(0, 3)), axis=1) if self.offset > 0 else np.full(ranks, -np.inf)
+        last = np.fmin.reduce(edge(slice(-3, None)), axis=1) if self.end < self.run.steps else np.full(ranks, np.inf)
         return np.stack([np.nan_to_num(first, nan=np.inf), np.nan_to_num(last, nan=-np.inf)], axis=1)
 
     def _within(self, r: int, lo: float, hi: float) -> None:
