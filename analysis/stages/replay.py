@@ -80,8 +80,8 @@ class DecodeRuns:
     slot_after: np.ndarray
     slot_after_validate: np.ndarray
     # [ranks, steps, waits], from ``collectives``: how long before the last arrival the rank arrived (``ahead_ns``),
-    # and the last arrival where the instance is aligned (NaN where not: its ranks all left together); a Replayer
-    # takes both over (where a run has no such wait: _FREE and NaN)
+    # and the last arrival where the instance is aligned (NaN where not: its ranks all left together); a
+    # ReplayWindow takes both over (where a run has no such wait: _FREE and NaN)
     wait_ahead: np.ndarray
     wait_release: np.ndarray
     first_step: int = 0
@@ -125,7 +125,7 @@ class _HostChains:
 
     Only where each event sits is kept (5 bytes an event): its measured time
     is ``DecodeRuns.host[rank, step, kind]``, and its slack and lag come from
-    the times of its dependencies (:meth:`Replayer.timing`), 16 bytes an event
+    the times of its dependencies (:meth:`ReplayWindow.timing`), 16 bytes an event
     less (0.9 GB at 64 x 100k).
     """
 
@@ -224,12 +224,12 @@ class ReplayWindow:
     are the margins those depend on.
     """
 
-    def __init__(self, runs: DecodeRuns, core: tuple[int, int] | None = None):
+    def __init__(self, runs: DecodeRuns, core: tuple[int, int]):
         self.runs = runs
         self.chains = _host_chains(runs)
         self.ranks, self.steps = runs.shape
         self.offset = runs.first_step
-        self.core = core or (self.offset, self.offset + self.steps)
+        self.core = core
         self._device_slacks()
 
     def _device_slacks(self) -> None:

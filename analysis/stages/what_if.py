@@ -136,18 +136,23 @@ def load_run_grid(engine: Engine) -> RunGrid:
     slot[rank_index, step_index] = table.column("slot").fill_null(0).to_numpy()
     validate = np.full(shape, np.nan)
     validate[rank_index, step_index] = table.column("validate_end_ns").cast(pa.float64()).fill_null(np.nan).to_numpy()
-    last_run, last_runner = np.full(shape[0], -1, np.int64), np.full(shape[0], -1, np.int64)
-    np.maximum.at(last_run, rank_index, step_index)
-    runner = table.column("has_runner").fill_null(False).to_numpy(zero_copy_only=False)
-    np.maximum.at(last_runner, rank_index[runner], step_index[runner])
+    run = np.zeros(shape, bool)
+    run[rank_index, step_index] = True
+    runner = np.zeros(shape, bool)
+    runner[rank_index, step_index] = table.column("has_runner").fill_null(False).to_numpy(zero_copy_only=False)
     del table
     has = ~np.isnan(validate)
-    last_step = np.where(has.any(axis=1), shape[1] - 1 - np.argmax(has[:, ::-1], axis=1), -1)
+    last_step = _last_index(has)
     last_validate = np.where(last_step >= 0, validate[np.arange(shape[0]), np.maximum(last_step, 0)], np.nan)
     end_ns = float(np.nanmax(validate)) if has.any() else 0.0
     waits = engine.scalar("SELECT max(wait_index) + 1 FROM collectives") or 0
-    ends = RunEnds(last_step, last_validate, end_ns, last_runner, last_run)
+    ends = RunEnds(last_step, last_validate, end_ns, _last_index(runner), _last_index(run))
     return RunGrid(rank_values, step_values, slot_predecessors(slot), validate, ends, int(waits))
+
+
+def _last_index(mask: np.ndarray) -> np.ndarray:
+    """[rows]: the last column index where each row of ``mask`` holds (-1: none)."""
+    return np.where(mask.any(axis=1), mask.shape[1] - 1 - np.argmax(mask[:, ::-1], axis=1), -1)
 
 
 def load_decode_runs(engine: Engine, grid: RunGrid, lo: int, hi: int) -> DecodeRuns:
@@ -227,7 +232,7 @@ class CauseWindow:
     def __init__(self, runs: DecodeRuns, core: tuple[int, int], run: WhatIf):
         self.runs, self.run = runs, run
         self.offset, self.end = runs.first_step, runs.first_step + runs.shape[1]
-        self.replayer = ReplayWindow(runs, core)
+        self.model = ReplayWindow(runs, core)  # its replay model: chains, device slacks, collectives
         self.segments, self.segment_starts = _segments(runs)
 
     @functools.cached_property
@@ -259,11 +264,11 @@ class CauseWindow:
         return np.clip(np.nan_to_num(self.segments[r, j - self.offset] - typical), 0, None)
 
     def lag(self, r: int, j: int, kind: int) -> float:
-        return self.replayer.lag(r, j - self.offset, kind)
+        return self.model.lag(r, j - self.offset, kind)
 
     def removals(self, cause: OwnCause, r: int, j: int, column: int) -> list[Removal]:
         """The removals that take ``cause``'s excess (rank index r, step index j) away."""
-        has_device = bool(self.replayer.has_device[r, j - self.offset])
+        has_device = bool(self.model.has_device[r, j - self.offset])
         if cause.mechanism == fmt.MECH_GC and r in self.run.collections:
             found = self._collection_removals(r, j, cause, column)
             if found:
@@ -309,7 +314,7 @@ class CauseWindow:
             ns = amount(float(seg_overlap[jj, k]), float(self.segment_excess(r, j)[k]), float(self.segments[r, jj, k]))
             if ns > 0:
                 removals.append(Removal(column, r, j, "device", ns, int(k)))
-        exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], hi) - np.maximum(self.replayer.exit_start[r], lo)
+        exit_overlap = np.minimum(self.runs.wait_start[r] + self.runs.wait_ns[r], hi) - np.maximum(self.model.exit_start[r], lo)
         for jj, k in zip(*np.nonzero(np.nan_to_num(exit_overlap) > 0), strict=True):
             j = int(jj) + self.offset
             ns = amount(float(exit_overlap[jj, k]), self._exit_excess(r, j, int(k)), np.inf)
@@ -324,9 +329,9 @@ class CauseWindow:
         "the cause's excess were zero" means: a collection comes with the
         allocations that provoked it, which a run without it does not do either.
         """
-        positions = self.replayer.chains.event_index[:, j - self.offset, kind]
+        positions = self.model.chains.event_index[:, j - self.offset, kind]
         others = np.flatnonzero((positions >= 0) & (np.arange(len(positions)) != r))
-        lags = self.replayer.lags(others, positions[others])
+        lags = self.model.lags(others, positions[others])
         own = self.lag(r, j, kind)
         return max(0.0, own - float(np.median(lags))) if len(lags) else 0.0
 
@@ -359,10 +364,10 @@ class CauseWindow:
         """
         hit = self.cited_collections(r, j, cause.phase)
         removals: list[Removal] = []
-        chains = self.replayer.chains
+        chains = self.model.chains
         m = chains.length[r]
         kind, step = chains.kind[r, :m], chains.step[r, :m]
-        lag = self.replayer.lags(np.full(m, r), np.arange(m))
+        lag = self.model.lags(np.full(m, r), np.arange(m))
         t = self.runs.host[r, step, kind]
         taken = self.run.collections_taken.setdefault(column, set())
         for g0, g1 in hit:  # the few collections of one cause
@@ -382,7 +387,7 @@ class CauseWindow:
     def _exit_excess(self, r: int, j: int, k: int) -> float:
         """How much later rank r left collective k of step j than the other ranks' median exit lag after the release."""
         local = j - self.offset
-        exit_lag = self.runs.wait_start[:, local, k] + self.runs.wait_ns[:, local, k] - self.replayer.exit_start[:, local, k]
+        exit_lag = self.runs.wait_start[:, local, k] + self.runs.wait_ns[:, local, k] - self.model.exit_start[:, local, k]
         others = np.delete(exit_lag, r)
         others = others[~np.isnan(others)]
         return max(0.0, float(exit_lag[r] - np.median(others))) if len(others) and not np.isnan(exit_lag[r]) else 0.0
@@ -410,7 +415,7 @@ class WhatIf:
         self.collections: dict[int, np.ndarray] = {}  # rank index -> [n, 2] GC start and end (ns)
         self.collections_taken: dict[int, set[tuple[int, float]]] = {}  # per scenario column, while building its removals
         self._windows: dict[int, CauseWindow] = {}  # the two windows used last, by number, the latest last
-        self.replayer = Replayer(lambda j: self.window(j).replayer, self.steps, grid.ends)
+        self.replayer = Replayer(lambda j: self.window(j).model, self.steps, grid.ends)
 
     def window(self, j: int) -> CauseWindow:
         """The window whose core holds step index j (built from the engine when first asked for; two are kept)."""
