@@ -80,7 +80,7 @@ def stage(
         @functools.wraps(function)
         def run(engine: Engine, *args: P.args, **kwargs: P.kwargs) -> R:
             _check_inputs(engine, STAGES[name])
-            before = engine.relations()
+            before = engine.relations() if engine.settled_relations is None else engine.settled_relations
             result = function(engine, *args, **kwargs)
             _settle_outputs(engine, STAGES[name], before)
             return result
@@ -108,13 +108,16 @@ def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
     absent = [t for t in declared.writes if t not in after]
     if absent:
         raise StageOrderError(f"analysis stage {declared.name!r} declares table {absent[0]!r} but did not write it")
-    for table in sorted(after.keys() - before - set(declared.writes)):
+    scratch = sorted(after.keys() - before - set(declared.writes))
+    for table in scratch:
         engine.drop(table, after[table])
     for table in declared.writes:
         _check_columns(engine, declared.name, table)
         engine.written[table] = declared.name
     if any(after[t] == "table" for t in declared.writes):
         engine.compact()
+    if engine.settled_relations is not None:  # the next stage of run_stages starts from these
+        engine.settled_relations = after.keys() - set(scratch)
 
 
 def _check_columns(engine: Engine, stage_name: str, table: str) -> None:
@@ -168,11 +171,16 @@ def run_stages(
 ) -> dict[str, object]:
     """Run the ``wanted`` stages and what they need, in declaration order, each given its needs by name; their results by stage."""
     results: dict[str, object] = {}
-    for next_stage in in_order(_with_prerequisites(wanted)):
-        if announce:
-            announce(next_stage)
-        given = {need: results[need] if need in STAGES else inputs[need] for need in next_stage.needs if need in STAGES or need in inputs}
-        results[next_stage.name] = next_stage.function(engine, **given)
+    # nothing touches the engine between two stages here: each starts from the relations the one before left
+    engine.settled_relations = engine.relations()
+    try:
+        for next_stage in in_order(_with_prerequisites(wanted)):
+            if announce:
+                announce(next_stage)
+            given = {need: results[need] if need in STAGES else inputs[need] for need in next_stage.needs if need in STAGES or need in inputs}
+            results[next_stage.name] = next_stage.function(engine, **given)
+    finally:
+        engine.settled_relations = None
     return results
 
 

@@ -112,14 +112,15 @@ def _serving_window(engine: Engine) -> tuple[int, int] | None:
     Start-up spans (e.g. ``worker.init``) and warm-up rounds lie before the
     first request, so the request spans are the measured batch.
     """
-    for category in (sa_profile.CAT_REQUEST, sa_profile.CAT_SERVING, None):
-        condition = "TRUE" if category is None else f"cat = '{category}'"
-        row = engine.rows(
-            f"SELECT min(ts_ns), max(ts_ns + dur_ns) FROM spans WHERE {serving_row()} AND ph = 'X' "
-            f"AND clk <> '{fmt.CLK_DEVICE}' AND {condition}"
-        )[0]
-        if row is not None and row[0] is not None:
-            return int(row[0]), int(row[1])
+    categories = (sa_profile.CAT_REQUEST, sa_profile.CAT_SERVING, None)
+    bounds = ", ".join(
+        f"min(ts_ns) {within}, max(ts_ns + dur_ns) {within}"
+        for within in ("" if category is None else f"FILTER (WHERE cat = '{category}')" for category in categories)
+    )
+    row = engine.rows(f"SELECT {bounds} FROM spans WHERE {serving_row()} AND ph = 'X' AND clk <> '{fmt.CLK_DEVICE}'")[0]
+    for first, last in zip(row[::2], row[1::2], strict=True):  # one scan: the first category that has spans
+        if first is not None:
+            return int(first), int(last)
     return None
 
 

@@ -111,13 +111,11 @@ class RunGrid:
     validate: np.ndarray  # [ranks, steps] validate end (NaN where absent)
     ends: RunEnds
     waits: int  # the most collective waits of any run
+    origin_ns: int  # the earliest decode root: host times count from it
 
     @property
     def steps(self) -> int:
         return len(self.step_values)
-
-
-_ORIGIN = "(SELECT min(root_ts_ns) FROM decode)"
 
 
 def load_run_grid(engine: Engine) -> RunGrid:
@@ -127,7 +125,8 @@ def load_run_grid(engine: Engine) -> RunGrid:
     trace's times are wall-clock nanoseconds, past 2**53). The validate end is the run's token
     (``token_ns``: the same, except on a source without validate, whose token is its run's end).
     """
-    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, token_ns - {_ORIGIN} AS validate_end_ns,
+    origin_ns = int(engine.scalar("SELECT min(root_ts_ns) FROM decode") or 0)  # a literal below: a subquery per use costs planning
+    table = engine.arrow(f"""SELECT rank, step, coalesce(slot_id, position % 2) AS slot, token_ns - {origin_ns} AS validate_end_ns,
                                     runner_ts_ns IS NOT NULL AS has_runner FROM decode""")
     rank_values, rank_index = np.unique(table.column("rank").to_numpy(zero_copy_only=False), return_inverse=True)
     step_values, step_index = np.unique(table.column("step").to_numpy(zero_copy_only=False), return_inverse=True)
@@ -147,7 +146,7 @@ def load_run_grid(engine: Engine) -> RunGrid:
     end_ns = float(np.nanmax(validate)) if has.any() else 0.0
     waits = engine.scalar("SELECT max(wait_index) + 1 FROM collectives") or 0
     ends = RunEnds(last_step, last_validate, end_ns, _last_index(runner), _last_index(run))
-    return RunGrid(rank_values, step_values, slot_predecessors(slot), validate, ends, int(waits))
+    return RunGrid(rank_values, step_values, slot_predecessors(slot), validate, ends, int(waits), origin_ns)
 
 
 def _last_index(mask: np.ndarray) -> np.ndarray:
@@ -160,7 +159,7 @@ def load_decode_runs(engine: Engine, grid: RunGrid, lo: int, hi: int) -> DecodeR
     columns = {e: "token" if e == "validate_end" else e for e in HOST_EVENTS}
     within = f"step BETWEEN {int(grid.step_values[lo])} AND {int(grid.step_values[hi - 1])}"
     table = engine.arrow(f"""SELECT rank, step, device_ts_ns, device_wall_ns,
-                                    {", ".join(f"{column}_ns - {_ORIGIN} AS {e}_ns" for e, column in columns.items())}
+                                    {", ".join(f"{column}_ns - {grid.origin_ns} AS {e}_ns" for e, column in columns.items())}
                              FROM decode WHERE {within}""")
     rank_index = np.searchsorted(grid.rank_values, table.column("rank").to_numpy(zero_copy_only=False))
     step_index = np.searchsorted(grid.step_values, table.column("step").to_numpy(zero_copy_only=False)) - lo
@@ -188,9 +187,9 @@ def load_decode_runs(engine: Engine, grid: RunGrid, lo: int, hi: int) -> DecodeR
 
 def _waits(engine: Engine, grid: RunGrid, lo: int, hi: int, within: str) -> list[np.ndarray]:
     """[rank, step, k] of each run's k-th collective wait, from ``collectives``: arrival, duration, ahead, release."""
-    table = engine.arrow(f"""SELECT rank, step, wait_index, CAST(arrival_ns - {_ORIGIN} AS DOUBLE) AS arrival,
+    table = engine.arrow(f"""SELECT rank, step, wait_index, CAST(arrival_ns - {grid.origin_ns} AS DOUBLE) AS arrival,
                                     CAST(wait_ns AS DOUBLE) AS wait, CAST(ahead_ns AS DOUBLE) AS ahead,
-                                    CAST(CASE WHEN aligned THEN last_arrival_ns - {_ORIGIN} END AS DOUBLE) AS release
+                                    CAST(CASE WHEN aligned THEN last_arrival_ns - {grid.origin_ns} END AS DOUBLE) AS release
                              FROM collectives WHERE {within}""")
     out = [np.full((len(grid.rank_values), hi - lo, grid.waits), np.nan) for _ in range(4)]
     if table.num_rows:

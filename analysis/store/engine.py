@@ -43,6 +43,8 @@ class Engine:
     trace: Trace
     # table -> the stage that wrote it (analysis/stages/runner.py keeps this)
     written: dict[str, str] = field(default_factory=dict)
+    # the relations as the last stage left them, while run_stages runs stages back to back (None: look them up)
+    settled_relations: set[str] | None = None
     # bytes DuckDB may hold before spilling (open_engine sets it): what a pass of the work may be sized by
     memory_limit: int = field(default_factory=default_memory_limit)
     # removes the engine's own spill folder (open_engine sets it; once only)
