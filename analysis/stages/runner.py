@@ -177,7 +177,9 @@ def run_stages(
         for next_stage in in_order(_with_prerequisites(wanted)):
             if announce:
                 announce(next_stage)
-            given = {need: results[need] if need in STAGES else inputs[need] for need in next_stage.needs if need in STAGES or need in inputs}
+            given = {
+                need: results[need] if need in STAGES else inputs[need] for need in next_stage.needs if need in STAGES or need in inputs
+            }
             results[next_stage.name] = next_stage.function(engine, **given)
     finally:
         engine.settled_relations = None
