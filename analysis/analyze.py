@@ -73,12 +73,14 @@ def analyze_trace(
     expect_ranks: int | None = None,
     memory_limit: int | None = None,
     invocations: pa.Table | None = None,
+    known_invocations: pa.Table | None = None,
     window: Window | None = None,
     progress: Callable[[str], None] | None = None,
 ) -> AnalysisResult:
     """Every figure of an already-read trace: run the stages, build the summary.
 
-    ``invocations`` may come precomputed (cluster engine); ``window``: the trace
+    ``invocations`` may come precomputed (cluster engine), or some of them
+    (``known_invocations``: a live view's earlier window); ``window``: the trace
     was cut to it (:mod:`~dsprof.analysis.window_cut`); the summary states it.
     """
     threshold_ms = check_threshold(threshold_ms)
@@ -89,6 +91,7 @@ def analyze_trace(
         "threshold_ms": threshold_ms,
         "expect_ranks": expect_ranks,
         "invocations": invocations,
+        "known_invocations": known_invocations,
         "steps": _positional_steps(window),
     }
     wanted = [s.name for s in STAGES.values() if s.in_summary]

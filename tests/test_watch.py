@@ -17,9 +17,10 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from dsprof.analysis.analyze import analyze_trace
 from dsprof.analysis.ingest import read_strace_log
 from dsprof.analysis.ingest.follow import LogFollower
-from dsprof.analysis.live.live_analysis import LiveAnalysis
+from dsprof.analysis.live.live_analysis import RING_CHUNKS, LiveAnalysis, window_summary
 from dsprof.analysis.outputs import live_view
 from dsprof.analysis.outputs.findings import LATE_LISTS
 from dsprof.analysis.outputs.live_view import FindingLines, format_live_view, window_steps
@@ -180,9 +181,10 @@ def test_findings_name_the_injected_ranks_and_the_ring_stays_bounded(tmp_path, f
     assert max(ring) < 3 * 15 * rows_per_step  # the ring holds about the window, not the run
 
 
-def test_a_window_is_one_chunk_however_many_polls_filled_it(tmp_path, faulty):
-    """Each poll adds a small table; the window taken (and the ring kept) is one chunk per column, which every
-    query of the analysis scans at the cost of one (hundreds of chunks doubled the take, benchmarks/README.md)."""
+def test_a_window_is_a_few_chunks_however_many_polls_filled_it(tmp_path, faulty):
+    """Each poll adds a small table; the window taken (and the ring kept) is at most RING_CHUNKS chunks per column,
+    which every query of the analysis scans at the cost of a few (hundreds of chunks doubled the take,
+    benchmarks/README.md)."""
     log = tmp_path / "server.log"
     log.touch()
     live = LiveAnalysis([log], tmp_path / "spans", window=15)
@@ -190,9 +192,14 @@ def test_a_window_is_one_chunk_however_many_polls_filled_it(tmp_path, faulty):
     for piece in pieces[: len(pieces) // 2]:
         _append(log, piece)
         live.poll()
-    trace = live.window_trace()
-    assert trace is not None and trace.spans.num_rows
-    assert {column.num_chunks for column in trace.spans.columns} == {1}
+    chunks = []
+    for piece in pieces[len(pieces) // 2 :]:
+        _append(log, piece)
+        live.poll()
+        trace = live.window_trace()
+        assert trace is not None and trace.spans.num_rows
+        chunks += [column.num_chunks for column in (*trace.spans.columns, *live.ring._tables[0].columns)]
+    assert len(live.ring._tables) == 1 and max(chunks) <= RING_CHUNKS
     live.abort()
 
 
@@ -374,3 +381,42 @@ def test_the_live_view_fits_the_terminal_and_counts_what_it_leaves_out(tmp_path,
     assert min(counts.values()) > 3
     for title, n in counts.items():
         assert f"  … {n - 3} more" in wide[wide.index(f"{title} in the window: {n}") :]
+
+
+@pytest.mark.slow
+def test_a_window_keeps_the_invocations_of_the_window_before_only_where_their_rows_are_unchanged(tmp_path, faulty):
+    """Each window aggregates again only the invocations with rows read since the window before was taken; its summary
+    equals a whole analysis of the same rows, also after a row came late to an invocation already analysed."""
+    log = tmp_path / "server.log"
+    log.touch()
+    live = LiveAnalysis([log], tmp_path / "spans", window=15)
+    reused, late_row_seen = 0, False
+    for i, piece in enumerate(_pieces(faulty[0], seed=8, most=60_000)):
+        _append(log, piece)
+        live.poll()
+        if i == 6:  # a late child row of an invocation analysed already: a copy of one, a microsecond longer
+            rows = live._learned.invocations if live._learned is not None else None
+            assert rows is not None and rows.num_rows
+            spans = live.ring._tables[0]
+            pid, inv = rows.column("pid")[0].as_py(), rows.column("inv")[0].as_py()
+            mine = spans.filter(pa.compute.and_(pa.compute.equal(spans["pid"], pid), pa.compute.equal(spans["inv"], inv)))
+            child = mine.filter(pa.compute.greater(mine["depth"], 0)).slice(0, 1)
+            assert child.num_rows == 1
+            live._take(child.set_column(child.schema.get_field_index("dur_ns"), "dur_ns", pa.compute.add(child["dur_ns"], 1000)))
+            late_row_seen = True
+        window = live.take()
+        if window is None:
+            continue
+        result = window_summary(window)
+        live.learn(result)
+        if late_row_seen:
+            assert window.known_invocations is not None and window.known_invocations.num_rows
+            known = zip(window.known_invocations["pid"].to_pylist(), window.known_invocations["inv"].to_pylist(), strict=True)
+            assert (pid, inv) not in set(known)
+            late_row_seen = False
+        reused += window.known_invocations is not None and window.known_invocations.num_rows > 0
+        fresh = analyze_trace(window.trace)
+        fresh.engine.close()
+        assert json.dumps(result.summary, sort_keys=True, default=str) == json.dumps(fresh.summary, sort_keys=True, default=str)
+    live.abort()
+    assert reused >= 3

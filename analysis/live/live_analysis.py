@@ -49,6 +49,8 @@ from dsprof.profiler import artifacts
 DEFAULT_WINDOW_STEPS = 200
 # Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.
 WRITE_ROWS = 1 << 16
+# Chunks a column of the ring may be in before it is made one chunk again (StepRing.take_window).
+RING_CHUNKS = 8
 # Request spans held for the window's serving figures, at most (the oldest go first).
 SERVING_ROWS = 1 << 16
 
@@ -91,15 +93,25 @@ class StepRing:
         return sum(t.num_rows for t in self._tables)
 
     def take_window(self) -> pa.Table:
-        """Trim the ring to the window and return the rows of its complete steps (SPAN_SCHEMA)."""
+        """Trim the ring to the window and return the rows of its complete steps (SPAN_SCHEMA).
+
+        The polls' tables since the last take become one chunk (a query over hundreds of chunks pays for each), and
+        the ring is one chunk again once it holds :data:`RING_CHUNKS`: copying the whole ring at every take cost a
+        tenth of a refresh. The rows let go are nearly always the oldest and those analysed the first, so both are
+        slices where they can be (:func:`_rows_where`).
+        """
         if not self._tables:
             return SPAN_SCHEMA.empty_table()
-        # one chunk per column: a poll's tables are small, and a query over hundreds of chunks pays for each
-        ring = pa.concat_tables(self._tables, promote_options="permissive").combine_chunks() if len(self._tables) > 1 else self._tables[0]
+        held, new = self._tables[:1], self._tables[1:]
+        if new:
+            held.append(pa.concat_tables(new, promote_options="permissive").combine_chunks())
+        ring = pa.concat_tables(held, promote_options="permissive")
+        if ring.column(0).num_chunks > RING_CHUNKS:
+            ring = ring.combine_chunks()
         cut = self._cut(ring)
-        ring = ring.filter(pa.array(cut.keep))
+        ring = _rows_where(ring, cut.keep, kept=True)
         self._tables = [ring]
-        return ring.filter(pa.array(cut.analyse[cut.keep])).cast(SPAN_SCHEMA)
+        return _rows_where(ring, cut.analyse[cut.keep]).cast(SPAN_SCHEMA)
 
     def _cut(self, ring: pa.Table) -> RingCut:
         """Which rows stay and which are analysed: one query over the ring (DuckDB, in place)."""
@@ -110,6 +122,19 @@ class StepRing:
         keep[rows] = marks.column("keep").to_numpy(zero_copy_only=False)
         analyse[rows] = marks.column("analyse").to_numpy(zero_copy_only=False)
         return RingCut(keep, analyse)
+
+
+def _rows_where(table: pa.Table, mask: np.ndarray, *, kept: bool = False) -> pa.Table:
+    """The rows of ``table`` where ``mask`` holds: a slice (no copy) where they are one run of rows, else a filter.
+
+    ``kept``: the result is held on to, so a slice of less than half the table is copied instead (a slice would
+    hold the whole table's memory: the first poll of a long log reads all of it).
+    """
+    rows = np.flatnonzero(mask)
+    one_run = len(rows) > 0 and int(rows[-1]) - int(rows[0]) + 1 == len(rows)
+    if one_run and not (kept and 2 * len(rows) < table.num_rows):
+        return table.slice(int(rows[0]), len(rows))
+    return table.filter(pa.array(mask))
 
 
 def _ring_query(window: int, expect_ranks: int) -> str:
@@ -140,14 +165,37 @@ def _ring_query(window: int, expect_ranks: int) -> str:
     FROM ring r CROSS JOIN bounds b LEFT JOIN marks m ON r.pid = m.pid AND r.inv = m.inv"""
 
 
-def window_summary(trace: Trace, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> Summary:
-    """The summary of a window taken by :meth:`LiveAnalysis.window_trace`, its engine closed.
+@dataclass
+class LiveWindow:
+    """A window taken to be analysed: its trace, and the invocations an earlier window aggregated from rows it holds unchanged."""
 
-    Safe on a worker thread while the logs are polled: it reads only ``trace`` and opens an engine of its own.
+    trace: Trace
+    known_invocations: pa.Table | None
+    take: int  # the count of windows taken, this one included
+
+
+@dataclass
+class WindowResult:
+    """A window's summary, and its invocation table: what the next window need not aggregate again."""
+
+    summary: Summary
+    invocations: pa.Table
+    take: int
+
+
+def analyze_window(window: LiveWindow, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> AnalysisResult:
+    """The analysis of a window (``analyze``'s stages); close its engine when done."""
+    return analyze_trace(window.trace, threshold_ms=threshold_ms, known_invocations=window.known_invocations)
+
+
+def window_summary(window: LiveWindow, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> WindowResult:
+    """The summary of a window taken by :meth:`LiveAnalysis.take`, with its invocations, its engine closed.
+
+    Safe on a worker thread while the logs are polled: it reads only ``window`` and opens an engine of its own.
     """
-    result = analyze_trace(trace, threshold_ms=threshold_ms)
+    result = analyze_window(window, threshold_ms)
     try:
-        return result.summary
+        return WindowResult(result.summary, result.engine.arrow("SELECT * FROM invocations"), window.take)
     finally:
         result.engine.close()
 
@@ -206,6 +254,13 @@ def steps_time_range(spans: pa.Table) -> tuple[int, int] | None:
     return None if first is None else (first, last)
 
 
+def _untouched(invocations: pa.Table, touched: pa.Table) -> pa.Table:
+    """The rows of ``invocations`` whose (pid, inv) is not among ``touched``'s, in their order."""
+    keys = invocations.select(["pid", "inv"]).append_column("row", pa.array(np.arange(invocations.num_rows)))
+    rows = keys.join(touched, keys=["pid", "inv"], join_type="left anti").column("row").to_numpy()
+    return invocations.take(np.sort(rows))
+
+
 class LiveAnalysis:
     """The followed logs of ``paths``, their rows written to ``dataset_dir`` and kept for a window in memory."""
 
@@ -231,6 +286,9 @@ class LiveAnalysis:
         self._unwritten: list[pa.Table] = []
         self._unwritten_rows = 0
         self.bytes_read = 0
+        self.takes = 0
+        self._touched: list[pa.Table] = []  # the (pid, inv) of the rows read since the last window was taken
+        self._learned: WindowResult | None = None  # the invocations of the latest window analysed
 
     def poll(self) -> int:
         """Read the logs' and fragments' new bytes (picking up new ones in watched directories); how many bytes were new."""
@@ -250,8 +308,33 @@ class LiveAnalysis:
 
     def window(self) -> AnalysisResult | None:
         """The analysis of the window's complete steps, or None while it holds none. Close its engine when done."""
+        window = self.take()
+        if window is None:
+            return None
+        result = analyze_window(window, self.threshold_ms)
+        self.learn(WindowResult(result.summary, result.engine.arrow("SELECT * FROM invocations"), window.take))
+        return result
+
+    def take(self) -> LiveWindow | None:
+        """The window to analyse (:meth:`window_trace`), with the invocations known from the window before it.
+
+        An invocation's row of the window before is kept if none of its rows came since that window was taken: its
+        rows are then the same (the ring lets an invocation go whole), so its aggregate is. The window before must
+        have been analysed and learnt (:meth:`learn`) by now, else every invocation is aggregated again.
+        """
         trace = self.window_trace()
-        return None if trace is None else analyze_trace(trace, threshold_ms=self.threshold_ms)
+        if trace is None:
+            return None
+        touched = pa.concat_tables(self._touched) if self._touched else None
+        self._touched = []
+        self.takes += 1
+        known = self._learned.invocations if self._learned is not None and self._learned.take == self.takes - 1 else None
+        return LiveWindow(trace, None if known is None or touched is None else _untouched(known, touched), self.takes)
+
+    def learn(self, result: WindowResult) -> None:
+        """Keep the invocations of an analysed window for the next (the latest taken only)."""
+        if self._learned is None or result.take > self._learned.take:
+            self._learned = result
 
     def window_trace(self) -> Trace | None:
         """The window's complete steps with the request spans that overlap them, the clock anchors and chips seen so far."""
@@ -259,7 +342,7 @@ class LiveAnalysis:
         if not spans.num_rows:
             return None
         followed = merge_traces([f.trace() for f in self.followers.values()])
-        steps_time = steps_time_range(spans)
+        steps_time = steps_time_range(spans) if self.serving.rows else None  # no request spans followed: none to take
         requests = SPAN_SCHEMA.empty_table() if steps_time is None else self.serving.take(*steps_time)
         trace = Trace(spans=concat_spans([spans, requests]), files=followed.files)
         trace.anchors, trace.chip_devices = followed.anchors, followed.chip_devices
@@ -295,6 +378,7 @@ class LiveAnalysis:
 
     def _take(self, table: pa.Table) -> None:
         self.ring.add(table)
+        self._touched.append(table.select(["pid", "inv"]))
         self._unwritten.append(table)
         self._unwritten_rows += table.num_rows
         if self._unwritten_rows >= WRITE_ROWS:

@@ -31,6 +31,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from dsprof.analysis.store.dataset import files_by_window
@@ -145,13 +146,21 @@ def invocation_query(where: str = "TRUE", having: str = "TRUE", source: str = "s
     )
 
 
-def create_invocations(engine: Engine) -> None:
+def create_invocations(engine: Engine, known: pa.Table | None = None) -> None:
     """Make the table ``invocations`` from ``spans``: in one pass, or for a large trace in passes, each compressed
     before the next: over runs of time windows where the spans are one span dataset (each pass reads its own
     files), else over shares of the invocations (:func:`~dsprof.analysis.store.predicates.in_share`; each pass
-    reads every span)."""
+    reads every span).
+
+    ``known``: rows of this table aggregated before from exactly the rows ``spans`` holds of them (a live view's
+    earlier window, :mod:`~dsprof.analysis.live.live_analysis`); those whose invocation is in ``spans`` are kept
+    as they are and only the others are aggregated (one pass).
+    """
     trace = engine.trace
     passes = -(-trace.span_count // spans_per_pass(engine))
+    if known is not None and passes <= 1:
+        _create_beside_known(engine, known)
+        return
     if passes <= 1:
         engine.run(f"CREATE OR REPLACE TABLE invocations AS {invocation_query()}")
         return
@@ -163,6 +172,17 @@ def create_invocations(engine: Engine) -> None:
     for share in range(passes):
         engine.run(f"INSERT INTO invocations {invocation_query(where=in_share(share, passes))}")
         engine.compact()
+
+
+def _create_beside_known(engine: Engine, known: pa.Table) -> None:
+    """``invocations``: the ``known`` rows of the invocations in ``spans``, and the others aggregated from their rows."""
+    engine.con.register("_known_invocations", known)
+    engine.run(
+        "CREATE OR REPLACE TEMP TABLE _kept_invocations AS SELECT * FROM _known_invocations "
+        f"SEMI JOIN (SELECT DISTINCT pid, inv FROM spans WHERE {runtime_row()}) USING (pid, inv)"
+    )
+    others = invocation_query(source="spans ANTI JOIN _kept_invocations USING (pid, inv)")
+    engine.run(f"CREATE OR REPLACE TABLE invocations AS SELECT * FROM _kept_invocations UNION ALL BY NAME SELECT * FROM ({others})")
 
 
 def spans_per_pass(engine: Engine) -> int:

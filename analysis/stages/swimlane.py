@@ -44,15 +44,19 @@ class Swimlane:
 
 
 @stage("swimlane", reads=("spans", "anchors", "chip_devices"), writes=("invocations", "gc", "processes", "runs", "decode"))
-def build_swimlane(engine: Engine, invocations: pa.Table | None = None, steps: tuple[int, int] | None = None) -> Swimlane:
+def build_swimlane(
+    engine: Engine, invocations: pa.Table | None = None, steps: tuple[int, int] | None = None, known_invocations: pa.Table | None = None
+) -> Swimlane:
     """Create ``invocations``, ``runs``, ``decode`` and ``gc`` in the engine; return the structure's facts.
 
     ``invocations`` may be given already computed (e.g. gathered from cluster
-    workers); else it is aggregated from ``spans`` here. ``steps`` (first,
-    last): the decode steps analysed, a window of the run, by its step numbers.
+    workers); else it is aggregated from ``spans`` here, but for the
+    ``known_invocations`` whose rows are unchanged (:func:`create_invocations`).
+    ``steps`` (first, last): the decode steps analysed, a window of the run, by
+    its step numbers.
     """
     if invocations is None:
-        create_invocations(engine)
+        create_invocations(engine, known_invocations)
     else:
         engine.con.register("invocations_in", invocations)
         engine.run("CREATE OR REPLACE TABLE invocations AS SELECT * FROM invocations_in")

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import IO, NoReturn
 
 from dsprof.analysis.analyze import DEFAULT_THRESHOLD_MS, check_threshold
-from dsprof.analysis.live.live_analysis import DEFAULT_WINDOW_STEPS, LiveAnalysis, window_summary
+from dsprof.analysis.live.live_analysis import DEFAULT_WINDOW_STEPS, LiveAnalysis, WindowResult, window_summary
 from dsprof.analysis.outputs.console import format_console_summary
 from dsprof.analysis.outputs.live_view import CLEAR_SCREEN, FindingLines, format_live_view, window_steps
 from dsprof.analysis.policy.gate import evaluate_gate
@@ -329,7 +329,7 @@ class WindowAnalyses:
     def __init__(self, workers: int, threshold_ms: float):
         self.workers, self.threshold_ms = workers, threshold_ms
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsprof-window")
-        self.running: deque[tuple[float, Future[Summary | None]]] = deque()
+        self.running: deque[tuple[float, LiveAnalysis, Future[WindowResult | None]]] = deque()
         self.ended = threading.Event()  # set when an analysis ends: the poller wakes at once to show it
 
     def free(self) -> bool:
@@ -339,20 +339,26 @@ class WindowAnalyses:
         """Take the window of ``live`` on this thread (the ring is the poller's), analyse it on a worker (None: no
         complete step yet)."""
         taken = time.monotonic()
-        trace = live.window_trace()
-        if trace is None:
-            future: Future[Summary | None] = Future()
+        window = live.take()
+        if window is None:
+            future: Future[WindowResult | None] = Future()
             future.set_result(None)
         else:
-            future = self.pool.submit(window_summary, trace, self.threshold_ms)
+            future = self.pool.submit(window_summary, window, self.threshold_ms)
             future.add_done_callback(lambda _: self.ended.set())
-        self.running.append((taken, future))
+        self.running.append((taken, live, future))
 
     def done(self, *, wait: bool) -> Iterator[tuple[Summary | None, float]]:
-        """Each ended analysis, oldest first, up to the first still running (``wait``: every one); its summary and age."""
-        while self.running and (wait or self.running[0][1].done()):
-            started, future = self.running.popleft()
-            yield future.result(), time.monotonic() - started
+        """Each ended analysis, oldest first, up to the first still running (``wait``: every one); its summary and age.
+
+        Its invocations go back to the live analysis, for the next window taken (:meth:`LiveAnalysis.learn`).
+        """
+        while self.running and (wait or self.running[0][2].done()):
+            started, live, future = self.running.popleft()
+            result = future.result()
+            if result is not None:
+                live.learn(result)
+            yield None if result is None else result.summary, time.monotonic() - started
 
     def close(self) -> None:
         """Wait for the analyses under way (their engines close) and let the threads go."""
