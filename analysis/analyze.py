@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,15 +77,18 @@ def analyze_trace(
     known_invocations: pa.Table | None = None,
     window: Window | None = None,
     progress: Callable[[str], None] | None = None,
+    stage_workers: int = 1,
 ) -> AnalysisResult:
     """Every figure of an already-read trace: run the stages, build the summary.
 
     ``invocations`` may come precomputed (cluster engine), or some of them
     (``known_invocations``: a live view's earlier window); ``window``: the trace
     was cut to it (:mod:`~dsprof.analysis.window_cut`); the summary states it.
+    ``stage_workers``: stages run at once (:func:`~dsprof.analysis.stages.runner.run_stages`), sharing the cores:
+    each query of theirs has a share of them.
     """
     threshold_ms = check_threshold(threshold_ms)
-    engine = open_engine(trace, memory_limit=memory_limit)
+    engine = open_engine(trace, memory_limit=memory_limit, threads=max(1, (os.cpu_count() or 1) // stage_workers))
     inputs = {
         "trace": trace,
         "performance_summary": trace.performance_summary,
@@ -95,7 +99,7 @@ def analyze_trace(
         "steps": _positional_steps(window),
     }
     wanted = [s.name for s in STAGES.values() if s.in_summary]
-    results = run_stages(engine, inputs, wanted, announce=_announcer(progress))
+    results = run_stages(engine, inputs, wanted, announce=_announcer(progress), workers=stage_workers)
     summary = _summary(results, engine, _inputs_block(trace, window), threshold_ms)
     return AnalysisResult(summary=summary, swimlane=cast(Swimlane, results["swimlane"]), engine=engine, window=window)
 

@@ -7,6 +7,7 @@ import random
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +25,8 @@ from dsprof.analysis.stages.tables import TABLES, tables_markdown
 from dsprof.analysis.store.engine import ENGINE_TABLES, open_engine
 from dsprof.analysis.store.spans import SPAN_COLUMN_DOCS, SPAN_SCHEMA
 from dsprof.commands.analysis_job import write_outputs
+from dsprof.testing.coupled import Shape, scenario_for
+from dsprof.testing.coupled_log import write_log
 from dsprof.testing.synthetic import SyntheticRun
 
 ARCHITECTURE = Path(__file__).resolve().parents[1] / "docs" / "ARCHITECTURE.md"
@@ -63,6 +66,58 @@ def test_only_declared_tables_outlive_their_stage(trace):
     assert engine.relations() <= declared | set(ENGINE_TABLES)
     assert {"decode", "steps", "step_intervals", "critical_path", "diagnosed"} <= engine.relations()
     assert "cells" not in engine.relations() and "waits" not in engine.relations()  # scratch, dropped
+
+
+def test_scratch_that_is_not_temp_is_refused(trace):
+    """A stage run beside another sees its tables, not its TEMP ones: scratch must be TEMP to be the stage's own."""
+
+    @stage("test-shared-scratch", reads=("spans",))
+    def shared_scratch(engine) -> None:
+        """Leaves a table in the database, undeclared."""
+        engine.run("CREATE TABLE leftover AS SELECT 1 AS one")
+
+    try:
+        with pytest.raises(StageOrderError, match="made 'leftover', neither declared nor TEMP"):
+            shared_scratch(open_engine(trace))
+    finally:
+        STAGES.pop("test-shared-scratch")
+
+
+def _analysed(trace, workers: int) -> tuple[str, dict[str, list]]:
+    """The summary of ``trace`` (JSON) and every relation the analysis left, each table's rows sorted."""
+    result = analyze_trace(trace, stage_workers=workers)
+    try:
+        tables = {name: result.engine.rows(f'SELECT * FROM "{name}" ORDER BY ALL') for name in sorted(result.engine.relations())}
+        return json.dumps(result.summary, sort_keys=True, default=str), tables
+    finally:
+        result.engine.close()
+
+
+@pytest.mark.slow
+def test_stages_run_beside_each_other_analyse_as_one_at_a_time(trace, tmp_path, monkeypatch):
+    """With two workers, stages whose inputs are ready run at once on connections of their own (the live window's
+    analysis): the same summary and the same tables as one at a time, on a healthy run, a faulty coupled one with
+    host evidence, and a run with every rank's host spans."""
+    faulty = tmp_path / "coupled.log"
+    scenario = scenario_for(Shape(ranks=4, steps=60, layers=2, seed=3))
+    write_log(scenario, scenario.run(), faulty)
+    SyntheticRun(ranks=8, steps=30, host_evidence=True).write(tmp_path / "evidence")
+    spans: list[tuple[str, float, float]] = []
+    on_own_connection = stages_module._on_own_connection
+
+    def timed(engine, to_run, given):
+        started = time.perf_counter()
+        try:
+            return on_own_connection(engine, to_run, given)
+        finally:
+            spans.append((to_run.name, started, time.perf_counter()))
+
+    monkeypatch.setattr(stages_module, "_on_own_connection", timed)
+    for each in (trace, read_paths([faulty]), read_paths([tmp_path / "evidence"])):
+        assert _analysed(each, 2) == _analysed(each, 1)
+    assert {name for name, _, _ in spans} >= {"swimlane", "causes", "what_if", "verdict"}  # each on a connection of its own
+    overlapping = [(a, b) for a in spans for b in spans if a[0] < b[0] and a[1] < b[2] and b[1] < a[2]]
+    assert overlapping  # stages did run at once
 
 
 def test_architecture_lists_every_stage_and_table():

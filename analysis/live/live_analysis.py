@@ -49,6 +49,8 @@ from dsprof.profiler import artifacts
 DEFAULT_WINDOW_STEPS = 200
 # Rows gathered from polls before they go to the dataset: a poll's few rows would each make a small row group.
 WRITE_ROWS = 1 << 16
+# Stages of a window's analysis run at once: it is mostly the planning of many small queries, one core each.
+WINDOW_STAGE_WORKERS = min(2, os.cpu_count() or 1)
 # Chunks a column of the ring may be in before it is made one chunk again (StepRing.take_window).
 RING_CHUNKS = 8
 # Request spans held for the window's serving figures, at most (the oldest go first).
@@ -184,8 +186,10 @@ class WindowResult:
 
 
 def analyze_window(window: LiveWindow, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> AnalysisResult:
-    """The analysis of a window (``analyze``'s stages); close its engine when done."""
-    return analyze_trace(window.trace, threshold_ms=threshold_ms, known_invocations=window.known_invocations)
+    """The analysis of a window (``analyze``'s stages, :data:`WINDOW_STAGE_WORKERS` at once); close its engine when done."""
+    return analyze_trace(
+        window.trace, threshold_ms=threshold_ms, known_invocations=window.known_invocations, stage_workers=WINDOW_STAGE_WORKERS
+    )
 
 
 def window_summary(window: LiveWindow, threshold_ms: float = DEFAULT_THRESHOLD_MS) -> WindowResult:

@@ -449,7 +449,7 @@ def _write_diagnosed(engine: Engine) -> None:
         FROM refined d
         LEFT JOIN origins s ON s.rank = d.rank AND s.step = d.step AND s.kind = 'start'
         LEFT JOIN origins e ON e.rank = d.rank AND e.step = d.step AND e.kind = 'end'"""
-    engine.run(f"CREATE OR REPLACE TEMP TABLE diagnosed AS {_with(_device_phase_ctes(engine), select)}")
+    engine.run(f"CREATE OR REPLACE TABLE diagnosed AS {_with(_device_phase_ctes(engine), select)}")
 
 
 @dataclass

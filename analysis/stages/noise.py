@@ -78,7 +78,7 @@ def noise_floor(engine: Engine) -> NoiseFloor:
     jitter of all.
     """
     engine.run("""
-        CREATE OR REPLACE TABLE _noise_values AS
+        CREATE OR REPLACE TEMP TABLE _noise_values AS
         WITH d AS (SELECT rank, step, runner_ts_ns AS s, runner_end_ns AS e FROM decode
                    WHERE runner_ts_ns IS NOT NULL AND runner_end_ns IS NOT NULL),
              m AS (SELECT step, median(s) AS ms, median(e) AS me, count(*) AS n FROM d GROUP BY step HAVING count(*) >= 2),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable, Collection, Mapping
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import Concatenate, ParamSpec, TypeVar
 
@@ -103,18 +104,26 @@ def _check_inputs(engine: Engine, declared: Stage) -> None:
 
 
 def _settle_outputs(engine: Engine, declared: Stage, before: set[str]) -> None:
-    """Record the declared writes; drop the stage's undeclared scratch relations; compress the tables written."""
+    """Record the declared writes; drop the stage's undeclared scratch relations; compress the tables written.
+
+    Scratch is TEMP, the stage's connection's own: a stage run beside it (:func:`run_stages`' workers) makes
+    its tables in the same database, and they are no scratch of this one.
+    """
     after = engine.relation_kinds()
     absent = [t for t in declared.writes if t not in after]
     if absent:
         raise StageOrderError(f"analysis stage {declared.name!r} declares table {absent[0]!r} but did not write it")
-    scratch = sorted(after.keys() - before - set(declared.writes))
+    beside = {t for s in STAGES.values() for t in s.writes} if engine.beside else set()
+    scratch = sorted(after.keys() - before - set(declared.writes) - beside)
+    shared = [t for t in scratch if not after[t].temporary]
+    if shared:
+        raise StageOrderError(f"analysis stage {declared.name!r} made {shared[0]!r}, neither declared nor TEMP (scratch must be TEMP)")
     for table in scratch:
-        engine.drop(table, after[table])
+        engine.drop(table, after[table].kind)
     for table in declared.writes:
         _check_columns(engine, declared.name, table)
         engine.written[table] = declared.name
-    if any(after[t] == "table" for t in declared.writes):
+    if any(after[t].kind == "table" for t in declared.writes):
         engine.compact()
     if engine.settled_relations is not None:  # the next stage of run_stages starts from these
         engine.settled_relations = after.keys() - set(scratch)
@@ -167,23 +176,84 @@ def _with_prerequisites(wanted: Collection[str]) -> list[Stage]:
 
 
 def run_stages(
-    engine: Engine, inputs: Mapping[str, object], wanted: Collection[str], *, announce: Callable[[Stage], None] | None = None
+    engine: Engine,
+    inputs: Mapping[str, object],
+    wanted: Collection[str],
+    *,
+    announce: Callable[[Stage], None] | None = None,
+    workers: int = 1,
 ) -> dict[str, object]:
-    """Run the ``wanted`` stages and what they need, in declaration order, each given its needs by name; their results by stage."""
+    """Run the ``wanted`` stages and what they need, each given its needs by name; their results by stage.
+
+    One at a time in declaration order, or with ``workers`` > 1 each as soon as the stages it reads and takes
+    from have run, up to ``workers`` at once on connections of their own (:meth:`Engine.cursor`): a small
+    trace's analysis is mostly the planning of its queries, which runs on one core a query (a live view's window).
+    """
+    order = in_order(_with_prerequisites(wanted))
+    if workers > 1:
+        return _run_beside(engine, inputs, order, announce, workers)
     results: dict[str, object] = {}
     # nothing touches the engine between two stages here: each starts from the relations the one before left
     engine.settled_relations = engine.relations()
     try:
-        for next_stage in in_order(_with_prerequisites(wanted)):
+        for next_stage in order:
             if announce:
                 announce(next_stage)
-            given = {
-                need: results[need] if need in STAGES else inputs[need] for need in next_stage.needs if need in STAGES or need in inputs
-            }
-            results[next_stage.name] = next_stage.function(engine, **given)
+            results[next_stage.name] = next_stage.function(engine, **_given(next_stage, inputs, results))
     finally:
         engine.settled_relations = None
     return results
+
+
+def _given(to_run: Stage, inputs: Mapping[str, object], results: Mapping[str, object]) -> dict[str, object]:
+    """The stage's needs by name: earlier stages' results, or the run's inputs."""
+    return {need: results[need] if need in STAGES else inputs[need] for need in to_run.needs if need in STAGES or need in inputs}
+
+
+def _run_beside(
+    engine: Engine, inputs: Mapping[str, object], order: list[Stage], announce: Callable[[Stage], None] | None, workers: int
+) -> dict[str, object]:
+    """:func:`run_stages` with ``workers`` stages at once: each started, in ``order``, once its reads and needs are done."""
+    results: dict[str, object] = {}
+    done: set[str] = set(ENGINE_TABLES)
+    waiting_on = _dependents(order)
+    # the stages more wait on first: the chain to the verdict (swimlane, skew, causes, what_if) sets the time
+    pending = sorted(order, key=lambda s: -len(waiting_on[s.name]))
+    running = dict[Future, Stage]()
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="dsprof-stage") as pool:
+        while pending or running:
+            ready = [s for s in pending if _ready(s, done)] or ([] if running else pending[:1])  # none ready: the first fails
+            for to_run in ready[: workers - len(running)]:
+                pending.remove(to_run)
+                if announce:
+                    announce(to_run)
+                running[pool.submit(_on_own_connection, engine, to_run, _given(to_run, inputs, results))] = to_run
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in finished:
+                ran = running.pop(future)
+                results[ran.name] = future.result()  # a failure stops the run here (the stages under way end first)
+                done |= {*ran.writes, ran.name}
+    engine.compact()
+    return results
+
+
+def _dependents(order: list[Stage]) -> dict[str, set[str]]:
+    """Per stage, the stages of ``order`` that read its tables or take its result, directly or through others."""
+    dependents: dict[str, set[str]] = {s.name: set() for s in order}
+    for later in reversed(order):  # in_order puts every stage after those it depends on
+        for earlier in order:
+            if earlier is not later and (set(earlier.writes) & set(later.reads) or earlier.name in later.needs):
+                dependents[earlier.name] |= {later.name, *dependents[later.name]}
+    return dependents
+
+
+def _on_own_connection(engine: Engine, to_run: Stage, given: dict[str, object]) -> object:
+    """Run one stage on a connection of its own, closed after (its TEMP scratch goes with it)."""
+    beside = engine.cursor()
+    try:
+        return to_run.function(beside, **given)
+    finally:
+        beside.close()
 
 
 def stages_markdown() -> str:

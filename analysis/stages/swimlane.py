@@ -74,7 +74,8 @@ def build_swimlane(
     labels, decode_label = _callable_labels(engine)
     processes, conflicts = _processes(engine)
     engine.con.register("callable_labels", pa.table({"hid": list(labels), "label": list(labels.values())}, schema=_LABELS))
-    engine.con.register("processes", pa.Table.from_pylist(processes, schema=_PROCESSES))
+    engine.con.register("processes_in", pa.Table.from_pylist(processes, schema=_PROCESSES))
+    engine.run("CREATE OR REPLACE TABLE processes AS SELECT * FROM processes_in")  # a table: stages on other connections read it
     numbering = _number_steps(engine, decode_label)
     engine.run(
         f"""CREATE OR REPLACE TABLE runs AS

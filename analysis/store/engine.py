@@ -18,6 +18,7 @@ import os
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import duckdb
 import pyarrow as pa
@@ -35,6 +36,13 @@ SPILL_PREFIX = "dsprof-duckdb-"
 ENGINE_TABLES = ("spans", "spans_in_memory", "anchors", "chip_devices")
 
 
+class Relation(NamedTuple):
+    """A relation on a connection: ``table`` or ``view``, and whether it is TEMP (the connection's own)."""
+
+    kind: str
+    temporary: bool
+
+
 @dataclass
 class Engine:
     """A DuckDB connection with the trace's tables registered: ``spans``, ``anchors``, ``chip_devices``."""
@@ -45,6 +53,8 @@ class Engine:
     written: dict[str, str] = field(default_factory=dict)
     # the relations as the last stage left them, while run_stages runs stages back to back (None: look them up)
     settled_relations: set[str] | None = None
+    # a connection of its own beside the engine's (cursor()): a stage runs on it beside another
+    beside: bool = False
     # bytes DuckDB may hold before spilling (open_engine sets it): what a pass of the work may be sized by
     memory_limit: int = field(default_factory=default_memory_limit)
     # removes the engine's own spill folder (open_engine sets it; once only)
@@ -70,25 +80,44 @@ class Engine:
 
     def compact(self) -> None:
         """Compress the tables written since the last call (an in-memory database compresses only at a checkpoint),
-        once they hold COMPACT_BYTES: a small analysis (a live view's window) is not slowed by checkpoints."""
+        once they hold COMPACT_BYTES: a small analysis (a live view's window) is not slowed by checkpoints.
+
+        Not on a connection beside others (:meth:`cursor`): a checkpoint waits for their transactions; the
+        stage runner compacts once they have ended."""
+        if self.beside:
+            return
         held = self.scalar("SELECT sum(memory_usage_bytes) FROM duckdb_memory() WHERE tag = 'IN_MEMORY_TABLE'")
         if (held or 0) >= COMPACT_BYTES:
             self.run("CHECKPOINT")
+
+    def cursor(self) -> Engine:
+        """An engine on a connection of its own to the same database, with the trace's relations registered on it:
+        a stage runs on it beside another (:func:`~dsprof.analysis.stages.runner.run_stages`' workers).
+
+        The tables and views it makes are everyone's, its TEMP relations its own (a stage's scratch). Close it
+        when done; the database stays.
+        """
+        con = interruptible(self.con.cursor())
+        _register_inputs(con, self.trace)
+        return Engine(con, self.trace, self.written, memory_limit=self.memory_limit, beside=True)
 
     def relations(self) -> set[str]:
         """Names of every table and view (registered Arrow tables included) on the connection."""
         return set(self.relation_kinds())
 
-    def relation_kinds(self) -> dict[str, str]:
-        """Every relation on the connection: name -> ``table``, or ``view`` (registered Arrow tables included)."""
+    def relation_kinds(self) -> dict[str, Relation]:
+        """Every relation the connection sees: name -> its kind, and whether it is TEMP (registered Arrow tables are)."""
         rows = self.rows(
-            "SELECT table_name, 'table' FROM duckdb_tables() UNION ALL SELECT view_name, 'view' FROM duckdb_views() WHERE NOT internal"
+            "SELECT table_name, 'table', temporary FROM duckdb_tables() "
+            "UNION ALL SELECT view_name, 'view', temporary FROM duckdb_views() WHERE NOT internal"
         )
-        return dict(rows)
+        return {name: Relation(kind, temporary) for name, kind, temporary in rows}
 
     def drop(self, name: str, kind: str | None = None) -> None:
         """Remove one relation, whatever kind it is (``kind``: as :meth:`relation_kinds` gave it, else looked up)."""
-        kind = kind or self.relation_kinds().get(name)
+        if kind is None:
+            relation = self.relation_kinds().get(name)
+            kind = None if relation is None else relation.kind
         quoted = '"' + name.replace('"', '""') + '"'
         if kind == "table":
             self.run(f"DROP TABLE {quoted}")
@@ -109,8 +138,12 @@ WORK_DATABASE = "work"
 COMPACT_BYTES = 64 << 20
 
 
-def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str | os.PathLike | None = None) -> Engine:
+def open_engine(
+    trace: Trace, *, memory_limit: int | None = None, spill_dir: str | os.PathLike | None = None, threads: int | None = None
+) -> Engine:
     """An engine over ``trace``: its in-memory spans, or its span files, as one ``spans`` relation.
+
+    ``threads``: DuckDB's threads for a query (default: one per core).
 
     Tables are made in a compressed in-memory database (:data:`WORK_DATABASE`): the tables sized by runs (a row
     per rank and step) take a seventh of their plain size once :meth:`Engine.compact` has run.
@@ -133,7 +166,7 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
             )
         )
         con.execute(f"ATTACH ':memory:' AS {WORK_DATABASE} (COMPRESS)")
-        con.execute(f"USE {WORK_DATABASE}")
+        con.execute(f"SET threads = {threads or max(1, os.cpu_count() or 1)}")
         engine = _registered(con, trace)
         engine.memory_limit = memory_limit
     except BaseException:
@@ -146,9 +179,7 @@ def open_engine(trace: Trace, *, memory_limit: int | None = None, spill_dir: str
 
 def _registered(con: duckdb.DuckDBPyConnection, trace: Trace) -> Engine:
     """The engine of ``con`` with the trace's relations registered."""
-    con.execute(f"SET threads = {max(1, os.cpu_count() or 1)}")
-    con.execute("SET enable_progress_bar = false")  # progress is the caller's (one line per stage), not bars on stderr
-    con.register("spans_in_memory", trace.spans)
+    _register_inputs(con, trace)
     if trace.span_files:
         on_disk = (
             f"SELECT * EXCLUDE (time_window) FROM {parquet_source(trace.span_files)}"
@@ -158,9 +189,16 @@ def _registered(con: duckdb.DuckDBPyConnection, trace: Trace) -> Engine:
         con.execute(f"CREATE VIEW spans AS {on_disk} UNION ALL BY NAME SELECT * FROM spans_in_memory")
     else:
         con.execute("CREATE VIEW spans AS SELECT * FROM spans_in_memory")
+    return Engine(con, trace)
+
+
+def _register_inputs(con: duckdb.DuckDBPyConnection, trace: Trace) -> None:
+    """On ``con`` (working in :data:`WORK_DATABASE`): the trace's Arrow tables, which a connection sees only if registered on it."""
+    con.execute(f"USE {WORK_DATABASE}")
+    con.execute("SET enable_progress_bar = false")  # progress is the caller's (one line per stage), not bars on stderr
+    con.register("spans_in_memory", trace.spans)
     con.register("anchors", with_sequence(trace.anchors))
     con.register("chip_devices", with_sequence(trace.chip_devices))
-    return Engine(con, trace)
 
 
 def parquet_source(files: list[Path]) -> str:
