@@ -62,7 +62,7 @@ def build_swimlane(
         engine.run("CREATE OR REPLACE TABLE invocations AS SELECT * FROM invocations_in")
     engine.compact()  # before ``runs`` is made beside it
     engine.run(f"CREATE OR REPLACE TABLE gc AS {gc_query()}")
-    window = _serving_window(engine)
+    window, serving_spans = _serving_spans(engine)
     lo, hi = window if window else (-(2**63), 2**63 - 1)
     engine.run(  # lo and hi are ints: a view cannot take parameters
         f"CREATE OR REPLACE TEMP VIEW windowed AS SELECT * FROM invocations WHERE n_roots > 0 AND root_ts_ns < {int(hi)} "
@@ -103,7 +103,7 @@ def build_swimlane(
         processes=processes,
         device_conflicts=conflicts,
         unanchored_pids=sorted(p["pid"] for p in processes if p["pid"] not in anchored),
-        serving_spans=int(engine.scalar(f"SELECT count(*) FROM spans WHERE {serving_row()}")),
+        serving_spans=serving_spans,
     )
 
 
@@ -111,22 +111,23 @@ _LABELS = pa.schema([("hid", pa.string()), ("label", pa.string())])
 _PROCESSES = pa.schema([("pid", pa.int64()), ("rank", pa.int64()), ("device", pa.string()), ("device_source", pa.string())])
 
 
-def _serving_window(engine: Engine) -> tuple[int, int] | None:
-    """[first start, last end) of the request spans, else the serving spans, else every serving span.
+def _serving_spans(engine: Engine) -> tuple[tuple[int, int] | None, int]:
+    """The profile window: [first start, last end) of the request spans, else the serving spans, else every
+    serving span (None: none); and how many serving rows there are, in the same scan of ``spans``.
 
     Start-up spans (e.g. ``worker.init``) and warm-up rounds lie before the
     first request, so the request spans are the measured batch.
     """
     categories = (sa_profile.CAT_REQUEST, sa_profile.CAT_SERVING, None)
+    complete = f"ph = 'X' AND clk <> '{fmt.CLK_DEVICE}'"
     bounds = ", ".join(
-        f"min(ts_ns) {within}, max(ts_ns + dur_ns) {within}"
-        for within in ("" if category is None else f"FILTER (WHERE cat = '{category}')" for category in categories)
+        f"min(ts_ns) FILTER (WHERE {within}), max(ts_ns + dur_ns) FILTER (WHERE {within})"
+        for within in (complete if category is None else f"{complete} AND cat = '{category}'" for category in categories)
     )
-    row = engine.rows(f"SELECT {bounds} FROM spans WHERE {serving_row()} AND ph = 'X' AND clk <> '{fmt.CLK_DEVICE}'")[0]
-    for first, last in zip(row[::2], row[1::2], strict=True):  # one scan: the first category that has spans
-        if first is not None:
-            return int(first), int(last)
-    return None
+    row = engine.rows(f"SELECT count(*), {bounds} FROM spans WHERE {serving_row()}")[0]
+    count, ends = int(row[0]), row[1:]
+    window = next(((int(first), int(last)) for first, last in zip(ends[::2], ends[1::2], strict=True) if first is not None), None)
+    return window, count
 
 
 def _callable_labels(engine: Engine) -> tuple[dict[str, str], str | None]:
