@@ -177,12 +177,10 @@ def create_invocations(engine: Engine, known: pa.Table | None = None) -> None:
 def _create_beside_known(engine: Engine, known: pa.Table) -> None:
     """``invocations``: the ``known`` rows of the invocations in ``spans``, and the others aggregated from their rows."""
     engine.con.register("_known_invocations", known)
-    engine.run(
-        "CREATE OR REPLACE TEMP TABLE _kept_invocations AS SELECT * FROM _known_invocations "
-        f"SEMI JOIN (SELECT DISTINCT pid, inv FROM spans WHERE {runtime_row()}) USING (pid, inv)"
-    )
-    others = invocation_query(source="spans ANTI JOIN _kept_invocations USING (pid, inv)")
-    engine.run(f"CREATE OR REPLACE TABLE invocations AS SELECT * FROM _kept_invocations UNION ALL BY NAME SELECT * FROM ({others})")
+    kept = f"SELECT * FROM _known_invocations SEMI JOIN (SELECT DISTINCT pid, inv FROM spans WHERE {runtime_row()}) USING (pid, inv)"
+    # a row of an invocation known is one of a kept invocation: the others are aggregated from the rest
+    others = invocation_query(source="spans ANTI JOIN _known_invocations USING (pid, inv)")
+    engine.run(f"CREATE OR REPLACE TABLE invocations AS {kept} UNION ALL BY NAME SELECT * FROM ({others})")
 
 
 def spans_per_pass(engine: Engine) -> int:
