@@ -39,6 +39,15 @@ def trace(tmp_path_factory):
     return read_paths([run])
 
 
+@pytest.fixture(scope="module")
+def faulty_trace(tmp_path_factory):
+    """A coupled run with faults of every kind and host evidence: steps to diagnose."""
+    log = tmp_path_factory.mktemp("coupled") / "server.log"
+    scenario = scenario_for(Shape(ranks=4, steps=60, layers=2, seed=3))
+    write_log(scenario, scenario.run(), log)
+    return read_paths([log])
+
+
 def test_a_stage_run_before_the_one_that_writes_its_input_is_a_clear_error(trace):
     engine = open_engine(trace)
     with pytest.raises(StageOrderError, match="'skew' reads table 'decode', which is written by stage 'swimlane'"):
@@ -94,13 +103,10 @@ def _analysed(trace, workers: int) -> tuple[str, dict[str, list]]:
 
 
 @pytest.mark.slow
-def test_stages_run_beside_each_other_analyse_as_one_at_a_time(trace, tmp_path, monkeypatch):
+def test_stages_run_beside_each_other_analyse_as_one_at_a_time(trace, faulty_trace, tmp_path, monkeypatch):
     """With two workers, stages whose inputs are ready run at once on connections of their own (the live window's
     analysis): the same summary and the same tables as one at a time, on a healthy run, a faulty coupled one with
     host evidence, and a run with every rank's host spans."""
-    faulty = tmp_path / "coupled.log"
-    scenario = scenario_for(Shape(ranks=4, steps=60, layers=2, seed=3))
-    write_log(scenario, scenario.run(), faulty)
     SyntheticRun(ranks=8, steps=30, host_evidence=True).write(tmp_path / "evidence")
     spans: list[tuple[str, float, float]] = []
     on_own_connection = stages_module._on_own_connection
@@ -113,7 +119,7 @@ def test_stages_run_beside_each_other_analyse_as_one_at_a_time(trace, tmp_path, 
             spans.append((to_run.name, started, time.perf_counter()))
 
     monkeypatch.setattr(stages_module, "_on_own_connection", timed)
-    for each in (trace, read_paths([faulty]), read_paths([tmp_path / "evidence"])):
+    for each in (trace, faulty_trace, read_paths([tmp_path / "evidence"])):
         assert _analysed(each, 2) == _analysed(each, 1)
     assert {name for name, _, _ in spans} >= {"swimlane", "causes", "what_if", "verdict"}  # each on a connection of its own
     overlapping = [(a, b) for a in spans for b in spans if a[0] < b[0] and a[1] < b[2] and b[1] < a[2]]
@@ -127,8 +133,11 @@ def test_architecture_lists_every_stage_and_table():
     assert tables_markdown() in text, "docs/ARCHITECTURE.md is out of date: run scripts/stages_table.py"
 
 
-def test_every_table_handed_on_has_its_declared_columns_and_types(trace):
-    engine = analyze_trace(trace).engine
+@pytest.mark.parametrize("which", ["healthy", "faulty"])  # the causes of no flagged step are an empty table made as declared
+def test_every_table_handed_on_has_its_declared_columns_and_types(trace, faulty_trace, which):
+    engine = analyze_trace(trace if which == "healthy" else faulty_trace).engine
+    flagged = engine.scalar("SELECT count(*) FROM diagnosed")
+    assert flagged == 0 if which == "healthy" else flagged > 0
     build_lanes(engine)
     written = {table for s in STAGES.values() for table in s.writes}
     assert written == set(TABLES), "a declared table no stage writes, or the reverse"

@@ -41,6 +41,7 @@ from dsprof.analysis.stages.cause_rules import (
 )
 from dsprof.analysis.stages.collectives import arrived_last
 from dsprof.analysis.stages.runner import stage
+from dsprof.analysis.stages.tables import TABLES
 from dsprof.analysis.store.engine import Engine
 from dsprof.analysis.summary_schema import CarriedOver, Cause, LateRank, LateStart, Straggler, TailStep, TailSteps
 from dsprof.analysis.units import ns_to_ms
@@ -464,6 +465,11 @@ class Diagnosis:
 def diagnose(engine: Engine, threshold_ms: float) -> Diagnosis:
     """Decide the cause of every run of a flagged step (late start, tail or slow step) and list the late ones."""
     threshold_ns = int(round(threshold_ms * 1e6))
+    if not engine.scalar(f"SELECT count(*) FROM ({_flagged_sql(threshold_ns)})"):
+        # nothing to diagnose: the same empty table, without planning a dozen queries over no rows (a healthy window)
+        columns = ", ".join(f'"{column.name}" {column.type}' for column in TABLES["diagnosed"].columns)
+        engine.run(f"CREATE OR REPLACE TABLE diagnosed ({columns})")
+        return Diagnosis(late_starts=[], tail_steps=[])
     _build_cells(engine, threshold_ns)
     _decide(engine, threshold_ns)
     _chain_origins(engine, threshold_ns)  # before the device sub-phases: they change no column a chain reads
