@@ -19,15 +19,18 @@ Sections (default: replay and alert, a few minutes in all):
   written, RSS in the second minute and in the last minute of appending. RSS
   swings by some 80 MiB with every refresh (each opens an engine and copies
   the window), so one sample per minute lands anywhere in that swing: each
-  minute's highest sample is compared. Targets: p99 <= 2 s at the recorded
-  pace; the last minute's RSS within 10% of the second minute's (the issue
-  asks it over 30 min: ``--duration 1800``).
+  minute's highest sample is compared. Targets: p99 <= 1 s at the recorded
+  pace (issue 30); the last minute's RSS within 10% of the second minute's
+  (the issue asks it over 30 min: ``--duration 1800``). ``--fault-every N``
+  replays a log with rank 7's fence wait 50 ms longer at every N-th step, so
+  that every window has steps to diagnose (a clean window has none, and its
+  causes stage makes an empty table at once).
 * alert: the same log with rank 7's fence wait 50 ms longer for 20 steps from
   ``--fault-step``, followed with ``--alert benchmarks/watch_alert_rules.toml``;
   the time from the first faulty step's write to the first alert (target
   <= 2 s), and a clean replay that must raise none.
 * find-pace (``--find-pace``): paces 1, 2, 4, ... ``--max-pace``, ``--pace-run-s``
-  each; the highest at which p99 <= 2 s and the backlog does not grow.
+  each; the highest at which p99 <= 1 s and the backlog does not grow.
 
     .venv/bin/python benchmarks/bench_watch.py [--keep DIR] [--duration S] [--pace N] [--find-pace]
 """
@@ -57,17 +60,21 @@ STEP_OVERHEAD_NS = 570_000
 FAULT_RANK, FAULT_STEPS, FAULT_EXTRA_NS = 7, 20, 50_000_000
 # the alert replays go on this many steps after the fault
 AFTER_FAULT_STEPS = 40
-LATENCY_TARGET_S = 2.0
+LATENCY_TARGET_S = 1.0  # issue 30 (2 s before it)
+ALERT_TARGET_S = 2.0
 RSS_GROWTH_TARGET = 0.10
 # watch falls behind when its backlog grows by more than this much log time over a run
 BACKLOG_GROWTH_S = 1.0
 
 
-def plan(step_ms: float, steps: int, fault_step: int | None) -> dict:
-    """SyntheticRun arguments: a step every ``step_ms``, optionally one rank's fence wait longer for a stretch."""
+def plan(step_ms: float, steps: int, fault_step: int | None, fault_every: int = 0) -> dict:
+    """SyntheticRun arguments: a step every ``step_ms``, optionally one rank's fence wait longer for a stretch, or at
+    every ``fault_every``-th step (so that every window has steps to diagnose)."""
     fence = np.full((RANKS, steps), int(step_ms * 1e6) - STEP_OVERHEAD_NS, dtype=np.int64)
     if fault_step is not None:
         fence[FAULT_RANK, fault_step : fault_step + FAULT_STEPS] += FAULT_EXTRA_NS
+    if fault_every:
+        fence[FAULT_RANK, ::fault_every] += FAULT_EXTRA_NS
     return {"ranks": RANKS, "steps": steps, "host_evidence": True, "sa_worker_spans": False, "fence_wait_ns": fence}
 
 
@@ -240,9 +247,11 @@ def latency_figures(result: Replay) -> tuple[float, int]:
 
 
 def replay_section(cache: Path, args: argparse.Namespace) -> None:
-    print(f"== replay: {args.duration:g} s at {args.pace:g}x the recorded pace (a step every {args.step_ms:g} ms, {RANKS} ranks)")
-    loops = loops_for(cache / "clean", plan(args.step_ms, args.loop_steps, None), args.step_ms, args.duration, args.pace)
-    result = replay(loops, args, f"replay-{args.pace:g}x", args.pace, args.duration)
+    faults = f", rank {FAULT_RANK}'s fence wait +{FAULT_EXTRA_NS / 1e6:g} ms every {args.fault_every} steps" if args.fault_every else ""
+    print(f"== replay: {args.duration:g} s at {args.pace:g}x the recorded pace (a step every {args.step_ms:g} ms, {RANKS} ranks{faults})")
+    name = f"fault-every-{args.fault_every}" if args.fault_every else "clean"
+    loops = loops_for(cache / name, plan(args.step_ms, args.loop_steps, None, args.fault_every), args.step_ms, args.duration, args.pace)
+    result = replay(loops, args, f"replay-{args.pace:g}x" + (f"-{name}" if args.fault_every else ""), args.pace, args.duration)
     p99, unseen = latency_figures(result)
     ok = p99 <= LATENCY_TARGET_S and unseen == 0 if args.pace == 1 else None
     print(f"  target p99 <= {LATENCY_TARGET_S:g} s at the recorded pace, every step shown: {verdict(ok)}")
@@ -270,11 +279,11 @@ def alert_section(cache: Path, args: argparse.Namespace) -> None:
     fault_written = result.written_wall[result.step == args.fault_step]
     if alert_wall is None or not len(fault_written):
         print(f"  no alert (watch exit {result.returncode}); stderr: {result.stderr_tail or '(empty)'}")
-        print(f"  target alert within {LATENCY_TARGET_S:g} s of the faulty step: FAIL")
+        print(f"  target alert within {ALERT_TARGET_S:g} s of the faulty step: FAIL")
     else:
         delay = alert_wall - float(fault_written[0])
         print(f"  first alert {delay:.2f} s after the faulty step's last record was written (watch exit {result.returncode})")
-        print(f"  target alert within {LATENCY_TARGET_S:g} s of the faulty step (not before it): {verdict(0 <= delay <= LATENCY_TARGET_S)}")
+        print(f"  target alert within {ALERT_TARGET_S:g} s of the faulty step (not before it): {verdict(0 <= delay <= ALERT_TARGET_S)}")
     clean = loops_for(cache / "clean", plan(args.step_ms, steps, None), args.step_ms, seconds, 1)
     quiet = replay(clean, args, "alert-clean", 1.0, seconds, ALERT_RULES)
     alerts = sum(1 for e in quiet.events if e.get("alerts"))
@@ -327,6 +336,7 @@ def main() -> None:
     parser.add_argument("--step-ms", type=float, default=134.17, help="the recorded step period (production shape: 19.189 s / 143)")
     parser.add_argument("--loop-steps", type=int, default=2_000, help="steps in each generated loop of the log")
     parser.add_argument("--fault-step", type=int, default=150, help="first step of the injected fault (alert section)")
+    parser.add_argument("--fault-every", type=int, default=0, help="replay section: a fault at every n-th step (0: a clean log)")
     parser.add_argument("--torn-every", type=int, default=7, help="cut the last line of every n-th block in two writes (0: never)")
     parser.add_argument("--window", type=int, help="passed to watch --window (default: watch's)")
     parser.add_argument("--interval", type=float, help="passed to watch --interval (default: watch's)")
