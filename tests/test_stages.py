@@ -111,10 +111,10 @@ def test_stages_run_beside_each_other_analyse_as_one_at_a_time(trace, faulty_tra
     spans: list[tuple[str, float, float]] = []
     on_own_connection = stages_module._on_own_connection
 
-    def timed(engine, to_run, given):
+    def timed(engine, to_run, *given):
         started = time.perf_counter()
         try:
-            return on_own_connection(engine, to_run, given)
+            return on_own_connection(engine, to_run, *given)
         finally:
             spans.append((to_run.name, started, time.perf_counter()))
 

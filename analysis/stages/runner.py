@@ -216,6 +216,7 @@ def _run_beside(
     """:func:`run_stages` with ``workers`` stages at once: each started, in ``order``, once its reads and needs are done."""
     results: dict[str, object] = {}
     done: set[str] = set(ENGINE_TABLES)
+    initial = engine.relations()  # what each stage starts from, but the declared tables the stages before it wrote
     waiting_on = _dependents(order)
     # the stages more wait on first: the chain to the verdict (swimlane, skew, causes, what_if) sets the time
     pending = sorted(order, key=lambda s: -len(waiting_on[s.name]))
@@ -227,7 +228,7 @@ def _run_beside(
                 pending.remove(to_run)
                 if announce:
                     announce(to_run)
-                running[pool.submit(_on_own_connection, engine, to_run, _given(to_run, inputs, results))] = to_run
+                running[pool.submit(_on_own_connection, engine, to_run, _given(to_run, inputs, results), initial)] = to_run
             finished, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in finished:
                 ran = running.pop(future)
@@ -247,9 +248,14 @@ def _dependents(order: list[Stage]) -> dict[str, set[str]]:
     return dependents
 
 
-def _on_own_connection(engine: Engine, to_run: Stage, given: dict[str, object]) -> object:
-    """Run one stage on a connection of its own, closed after (its TEMP scratch goes with it)."""
+def _on_own_connection(engine: Engine, to_run: Stage, given: dict[str, object], initial: set[str]) -> object:
+    """Run one stage on a connection of its own, closed after (its TEMP scratch goes with it).
+
+    It starts from the relations ``initial`` (no catalog query): any other it sees after is a declared table of a
+    stage, or its own scratch.
+    """
     beside = engine.cursor()
+    beside.settled_relations = set(initial)
     try:
         return to_run.function(beside, **given)
     finally:
