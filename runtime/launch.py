@@ -428,10 +428,16 @@ def _failure(collector: _Collector, procs: list) -> tuple[int | None, str]:
 
 
 def _drain(channel, collector: _Collector) -> None:
+    """Handle the reports still queued; stop at the first that cannot be read.
+
+    After Ctrl-C or SIGTERM the launcher may have stopped in the middle of
+    reading a report: the next read then starts inside it and unpickles
+    garbage (any exception), which must not replace the interrupt.
+    """
     while True:
         try:
             collector.handle(channel.get_nowait())
-        except (queue_module.Empty, OSError, ValueError):
+        except Exception:  # none left (queue.Empty), a report torn by the interrupt, the channel closed: the rest is lost
             return
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import multiprocessing
 import os
 import threading
 import time
@@ -32,6 +33,7 @@ from dsprof.runtime.faults import (
 )
 from dsprof.runtime.injectors import CpuNeighbour, GcPause, ThreadRunQueues, burn_cpu, thread_run_queue_ns
 from dsprof.runtime.kv_cache import PagedKVCache, slots_for
+from dsprof.runtime.launch import _Collector, _drain
 from dsprof.runtime.serving import acceptance_table, plan_serving
 from dsprof.runtime.task_args import Placement, TaskArgs
 from dsprof.runtime.worker import DistributedWorker
@@ -423,3 +425,21 @@ def test_run_queue_waits_are_read_per_thread():
     threads.refresh()  # the ended thread's file is closed
     assert other.native_id not in threads.read()
     threads.close()
+
+
+def test_the_launcher_drains_reports_up_to_one_torn_by_an_interrupt():
+    """Ctrl-C can stop the launcher inside a report it was reading; the drain after it then meets the rest of that
+    report (garbage to unpickle), which must end the drain, not replace the interrupt with a traceback."""
+    config = RuntimeConfig.from_preset("demo")
+    collector = _Collector(config, plan_serving(config), None)
+    channel = multiprocessing.get_context("fork").Queue()
+    channel.put(("fault", {"kind": "gc_pause", "rank": 0}))
+    deadline = time.monotonic() + 10
+    while channel.empty() and time.monotonic() < deadline:  # the feeder thread has written it
+        time.sleep(0.01)
+    # what the next read meets after one stopped inside a report: bytes that are no pickle (taken as put() takes them)
+    channel._sem.acquire()
+    channel._writer.send_bytes(b"\x80\x05\x95 the rest of a report cut short")
+    _drain(channel, collector)
+    assert collector.faults == [{"kind": "gc_pause", "rank": 0}]
+    channel.close()
