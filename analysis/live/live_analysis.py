@@ -199,9 +199,14 @@ def window_summary(window: LiveWindow, threshold_ms: float = DEFAULT_THRESHOLD_M
     """
     result = analyze_window(window, threshold_ms)
     try:
-        return WindowResult(result.summary, result.engine.arrow("SELECT * FROM invocations"), window.take)
+        return _window_result(result, window)
     finally:
         result.engine.close()
+
+
+def _window_result(result: AnalysisResult, window: LiveWindow) -> WindowResult:
+    """What an analysed window hands on: its summary, and its invocation table (read before its engine closes)."""
+    return WindowResult(result.summary, result.engine.arrow("SELECT * FROM invocations"), window.take)
 
 
 class ServingRows:
@@ -316,7 +321,7 @@ class LiveAnalysis:
         if window is None:
             return None
         result = analyze_window(window, self.threshold_ms)
-        self.learn(WindowResult(result.summary, result.engine.arrow("SELECT * FROM invocations"), window.take))
+        self.learn(_window_result(result, window))
         return result
 
     def take(self) -> LiveWindow | None:
