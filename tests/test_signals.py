@@ -52,10 +52,13 @@ def _feed_without_end(fifo, data: bytes, done: threading.Event) -> threading.Thr
     """Write ``data`` into the FIFO and keep it open (no EOF) until ``done``."""
 
     def feed() -> None:
-        with open(fifo, "wb") as pipe:
-            pipe.write(data)
-            pipe.flush()
-            done.wait(60)
+        try:
+            with open(fifo, "wb") as pipe:
+                pipe.write(data)
+                pipe.flush()
+                done.wait(60)
+        except BrokenPipeError:  # the command was stopped before it read everything: nothing left to feed
+            pass
 
     thread = threading.Thread(target=feed, daemon=True)
     thread.start()
